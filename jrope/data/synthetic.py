@@ -1,0 +1,328 @@
+"""The "Jordan-friendly" synthetic classification task of the Jordan-RoPE paper.
+
+A sequence is ``T - 1`` fair random bits followed by one QUERY token. With
+signs ``s_p = 2 b_p - 1`` (``p = 0 .. T-2``) and the lag ``d = T - 1 - p``
+from the query back to bit ``p``, the hidden score and label are
+
+    S = sum_p s_p K(T - 1 - p)        label = 1[S > 0]   ('threshold')
+                                      label ~ Bernoulli(sigmoid(S / temperature))   ('stochastic')
+
+The model reads the last position's logits over the first two tokens and is
+trained with cross-entropy on the label. A kernel ``K`` that is a
+distance-modulated phase, ``(d/L) cos(w d)``, is exactly the relative feature
+an order-2 Jordan block produces and RoPE cannot, hence the task's name.
+
+Kernels (``x = d / L``, ``L`` the training length ``seq_len``, ``w`` and
+``w2`` two of the model's rotary frequencies, ``theta^(-2 i / head_dim)`` for
+``i = freq_index`` and ``second_freq_index``), defined for lags ``d >= 1``:
+
+    mixed_raw        x cos(w d)                                       (the paper's)
+    bounded_mixed    (tau(d) / L) cos(w d),   tau(d) = d / (1 + d/L)
+    damped_mixed     e^{-gamma d} (cos(w d) + a x sin(w d))           gamma = damping_gamma, a = damping_sin_weight
+    rhythm_envelope  (e0 + e1 x) (c1 cos(w d) + c2 sin(w2 d))         a linear envelope that keeps growing
+                                                                      past L, times a two-frequency carrier;
+                                                                      e0, e1 = envelope_offset, envelope_slope,
+                                                                      c1, c2 = carrier_cos_weight, carrier_sin_weight
+    high_jet         x^r cos(w d)                                     r = jet_power (the paper's v2)
+    scaled_high_jet  x^r e^{-c x} cos(w d)                            c = jet_decay
+
+The defaults of the parameters are the reference code's. ``K`` is divided by
+its L2 norm over ``d = 1 .. L-1`` at the training length; evaluation at a
+longer length ``T`` uses that same constant, so the growing kernels keep
+growing beyond ``L`` (which is what makes extrapolation hard).
+
+Randomness: every sequence has its own PCG64 generator seeded with
+``(seed, stream, step or length, sequence index)``; the train and eval
+streams differ, so evaluation data are independent of training data, fixed
+per ``(seed, length)``, and the same whatever the batch size or process count.
+All arithmetic is host-side numpy in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+BIT0 = 0
+BIT1 = 1
+QUERY = 2
+VOCAB_SIZE = 3
+NUM_CLASSES = 2
+
+KERNEL_NAMES = (
+    "mixed_raw",
+    "bounded_mixed",
+    "damped_mixed",
+    "rhythm_envelope",
+    "high_jet",
+    "scaled_high_jet",
+)
+LABEL_MODES = ("threshold", "stochastic")
+
+# First entropy word after the seed: keeps the train and eval streams disjoint.
+_TRAIN_STREAM = 0
+_EVAL_STREAM = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticTaskConfig:
+    """Everything that determines the synthetic task's data.
+
+    Attributes:
+      seq_len: training length L (the QUERY token included); also the
+        kernel's length scale and normalisation range.
+      seed: data seed; training and evaluation data are pure functions of it.
+      kernel: one of KERNEL_NAMES (formulas in the module docstring).
+      head_dim: head dimension of the model whose rotary frequencies the
+        kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
+      freq_index: index of the kernel's main frequency.
+      second_freq_index: index of the second carrier frequency ('rhythm_envelope').
+      theta: rotary base.
+      label_mode: 'threshold' (1[S > 0]) or 'stochastic'
+        (Bernoulli(sigmoid(S / temperature))).
+      temperature: stochastic-label temperature; the reference's logit scale
+        3 is temperature 1/3.
+      jet_power: r of 'high_jet' and 'scaled_high_jet'.
+      jet_decay: c of 'scaled_high_jet'.
+      damping_gamma: gamma of 'damped_mixed'.
+      damping_sin_weight: weight of the x sin(w d) term of 'damped_mixed'.
+      envelope_offset, envelope_slope: the 'rhythm_envelope' envelope e0 + e1 x.
+      carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
+    """
+
+    seq_len: int
+    seed: int = 0
+    kernel: str = "mixed_raw"
+    head_dim: int = 32
+    freq_index: int = 3
+    second_freq_index: int = 5
+    theta: float = 10000.0
+    label_mode: str = "threshold"
+    temperature: float = 1.0 / 3.0
+    jet_power: int = 2
+    jet_decay: float = 0.1
+    damping_gamma: float = 1e-4
+    damping_sin_weight: float = 0.75
+    envelope_offset: float = 0.25
+    envelope_slope: float = 0.85
+    carrier_cos_weight: float = 0.65
+    carrier_sin_weight: float = 0.35
+
+    def __post_init__(self):
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}.")
+        if self.kernel not in KERNEL_NAMES:
+            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}.")
+        if self.label_mode not in LABEL_MODES:
+            raise ValueError(f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}.")
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}.")
+        for name in ("freq_index", "second_freq_index"):
+            index = getattr(self, name)
+            if not 0 <= index < self.head_dim // 2:
+                raise ValueError(f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}.")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}.")
+        if self.jet_power < 0:
+            raise ValueError(f"jet_power must be >= 0, got {self.jet_power}.")
+
+    @property
+    def omega(self) -> float:
+        return rotary_frequency(self.theta, self.freq_index, self.head_dim)
+
+    @property
+    def second_omega(self) -> float:
+        return rotary_frequency(self.theta, self.second_freq_index, self.head_dim)
+
+
+def rotary_frequency(theta: float, index: int, head_dim: int) -> float:
+    """``theta^(-2 index / head_dim)``: the index-th rotary frequency of a head."""
+    return float(theta) ** (-2.0 * index / head_dim)
+
+
+# ---- Kernels: plain functions of an integer lag array d (any shape) -> float64, same shape.
+
+
+def mixed_raw(lags, *, train_len: int, omega: float) -> np.ndarray:
+    """(d/L) cos(w d): the paper's distance-modulated phase."""
+    d = np.asarray(lags, np.float64)
+    return (d / train_len) * np.cos(omega * d)
+
+
+def bounded_mixed(lags, *, train_len: int, omega: float) -> np.ndarray:
+    """(tau(d)/L) cos(w d) with the bounded time tau(d) = d / (1 + d/L)."""
+    d = np.asarray(lags, np.float64)
+    tau = d / (1.0 + d / train_len)
+    return (tau / train_len) * np.cos(omega * d)
+
+
+def damped_mixed(lags, *, train_len: int, omega: float, gamma: float, sin_weight: float) -> np.ndarray:
+    """e^{-gamma d} (cos(w d) + a (d/L) sin(w d))."""
+    d = np.asarray(lags, np.float64)
+    return np.exp(-gamma * d) * (np.cos(omega * d) + sin_weight * (d / train_len) * np.sin(omega * d))
+
+
+def rhythm_envelope(
+    lags,
+    *,
+    train_len: int,
+    omega: float,
+    second_omega: float,
+    envelope_offset: float,
+    envelope_slope: float,
+    cos_weight: float,
+    sin_weight: float,
+) -> np.ndarray:
+    """(e0 + e1 d/L) (c1 cos(w d) + c2 sin(w2 d)): a linear envelope on a two-tone carrier."""
+    d = np.asarray(lags, np.float64)
+    envelope = envelope_offset + envelope_slope * (d / train_len)
+    carrier = cos_weight * np.cos(omega * d) + sin_weight * np.sin(second_omega * d)
+    return envelope * carrier
+
+
+def high_jet(lags, *, train_len: int, omega: float, power: int) -> np.ndarray:
+    """(d/L)^r cos(w d): needs a Jordan block of order > r to be represented exactly."""
+    d = np.asarray(lags, np.float64)
+    return (d / train_len) ** power * np.cos(omega * d)
+
+
+def scaled_high_jet(lags, *, train_len: int, omega: float, power: int, decay: float) -> np.ndarray:
+    """(d/L)^r e^{-c d/L} cos(w d): the high jet under the scaled-exact damping gamma = c/L."""
+    d = np.asarray(lags, np.float64)
+    x = d / train_len
+    return x**power * np.exp(-decay * x) * np.cos(omega * d)
+
+
+def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
+    """The configured kernel at the given lags, before normalisation."""
+    common = dict(train_len=cfg.seq_len, omega=cfg.omega)
+    if cfg.kernel == "mixed_raw":
+        return mixed_raw(lags, **common)
+    if cfg.kernel == "bounded_mixed":
+        return bounded_mixed(lags, **common)
+    if cfg.kernel == "damped_mixed":
+        return damped_mixed(lags, **common, gamma=cfg.damping_gamma, sin_weight=cfg.damping_sin_weight)
+    if cfg.kernel == "rhythm_envelope":
+        return rhythm_envelope(
+            lags,
+            **common,
+            second_omega=cfg.second_omega,
+            envelope_offset=cfg.envelope_offset,
+            envelope_slope=cfg.envelope_slope,
+            cos_weight=cfg.carrier_cos_weight,
+            sin_weight=cfg.carrier_sin_weight,
+        )
+    if cfg.kernel == "high_jet":
+        return high_jet(lags, **common, power=cfg.jet_power)
+    # The config validated the name, so this is the last kernel.
+    return scaled_high_jet(lags, **common, power=cfg.jet_power, decay=cfg.jet_decay)
+
+
+def kernel_norm(cfg: SyntheticTaskConfig) -> float:
+    """L2 norm of the kernel over d = 1 .. L-1 (the training lags)."""
+    norm = float(np.linalg.norm(unnormalised_kernel(cfg, np.arange(1, cfg.seq_len))))
+    if norm == 0.0:
+        raise ValueError(f"Kernel {cfg.kernel!r} vanishes on the training lags; change its parameters.")
+    return norm
+
+
+def kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
+    """The normalised kernel K(d) (training-length normalisation at every length)."""
+    return unnormalised_kernel(cfg, lags) / kernel_norm(cfg)
+
+
+def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
+    """Hidden scores S of bit rows.
+
+    Args:
+      bits: int [b, T-1] of 0/1, the sequence before its QUERY token.
+    Returns:
+      float64 [b]: sum_p (2 b_p - 1) K(T - 1 - p).
+    """
+    num_bits = bits.shape[-1]
+    lags = num_bits - np.arange(num_bits)  # position p sits T - 1 - p = num_bits - p before the query
+    signs = 2.0 * bits.astype(np.float64) - 1.0
+    return signs @ kernel(cfg, lags)
+
+
+class SyntheticSource:
+    """Data source of the synthetic task (the trainer's data-source contract).
+
+    Each process builds one with the same config and global batch size and
+    gets its own contiguous slice of every global batch: rows
+    ``[process_index * b, (process_index + 1) * b)``, ``b = global / process_count``.
+
+    Batches: 'inputs' int32 [b, T] (bits then QUERY), 'targets' int32 [b, T]
+    (the label at the last position, 0 elsewhere), 'weights' float32 [b, T]
+    (1 at the last position, 0 elsewhere).
+    """
+
+    vocab_size = VOCAB_SIZE
+    num_classes = NUM_CLASSES
+
+    def __init__(self, task_cfg: SyntheticTaskConfig, global_batch_size: int, process_index: int, process_count: int):
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(
+                f"process_index {process_index} must lie in [0, process_count = {process_count})."
+            )
+        if global_batch_size < 1 or global_batch_size % process_count:
+            raise ValueError(
+                f"global_batch_size {global_batch_size} must be a positive multiple of process_count "
+                f"{process_count}; change the batch size."
+            )
+        self.task_cfg = task_cfg
+        self.global_batch_size = global_batch_size
+        self.process_index = process_index
+        self.process_count = process_count
+        self._local_batch_size = global_batch_size // process_count
+        kernel_norm(task_cfg)  # a vanishing kernel fails here, not at the first batch
+
+    def train_batch(self, step: int) -> dict:
+        """This process's rows of the global training batch of ``step`` (length L)."""
+        first = self.process_index * self._local_batch_size
+        rows = range(first, first + self._local_batch_size)
+        rngs = [np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row]) for row in rows]
+        return self._make_batch(rngs, self.task_cfg.seq_len)
+
+    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
+        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
+
+        ``batch_size`` is the global evaluation batch size; sequence ``i`` is
+        the same whatever the batch size and process count.
+        """
+        if length < 2:
+            raise ValueError(f"Evaluation length must be >= 2, got {length}.")
+        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
+            raise ValueError(
+                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
+                f"{self.process_count} and divide num_sequences {num_sequences}."
+            )
+        local = batch_size // self.process_count
+        for batch_start in range(0, num_sequences, batch_size):
+            first = batch_start + self.process_index * local
+            rngs = [
+                np.random.default_rng([self.task_cfg.seed, _EVAL_STREAM, length, index])
+                for index in range(first, first + local)
+            ]
+            yield self._make_batch(rngs, length)
+
+    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+        bits = np.stack([rng.integers(0, 2, size=length - 1, dtype=np.int32) for rng in rngs])
+        scores = sequence_scores(self.task_cfg, bits)
+        if self.task_cfg.label_mode == "threshold":
+            labels = (scores > 0).astype(np.int32)
+        else:
+            # sigmoid(z) = (1 + tanh(z/2)) / 2 cannot overflow for large |z|.
+            probs = 0.5 * (1.0 + np.tanh(0.5 * scores / self.task_cfg.temperature))
+            # Each row's own generator draws its label after its bits: reproducible per row.
+            uniforms = np.array([rng.random() for rng in rngs])
+            labels = (uniforms < probs).astype(np.int32)
+        num_rows = len(rngs)
+        inputs = np.concatenate([bits, np.full((num_rows, 1), QUERY, np.int32)], axis=1)
+        targets = np.zeros((num_rows, length), np.int32)
+        targets[:, -1] = labels
+        weights = np.zeros((num_rows, length), np.float32)
+        weights[:, -1] = 1.0
+        return {"inputs": inputs, "targets": targets, "weights": weights}
