@@ -1,0 +1,20 @@
+"""jrope: Jordan-RoPE and its baselines as exact, jit-tested JAX functions.
+
+Public API (architecture.md):
+
+    cfg = jrope.pe_config_from_name(name, train_context=L)
+    enc = jrope.make_encoding(cfg, num_heads=N, head_dim=H)
+    params = enc.init_params()
+    q2, k2 = enc.transform_qk(params, q, k, q_positions, k_positions)
+    bias = enc.logit_bias(params, q_positions, k_positions)
+    logits = jrope.attention_logits(enc, params, q, k, q_positions, k_positions)
+"""
+
+from jrope import pe_math
+from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encoding
+from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
+
+__all__ = [
+    'ACCEPTED_NAMES', 'Encoding', 'PAPER_METHODS', 'PEConfig', 'alibi_slopes',
+    'attention_logits', 'make_encoding', 'pe_config_from_name', 'pe_math',
+]
