@@ -1,0 +1,339 @@
+"""Byte-level language-modelling data from WikiText-103 or any UTF-8 text.
+
+A corpus is the bytes of its text held as one flat uint8 array: WikiText-103's
+rows joined with newlines (which gives back the official file's text), or a
+text file's bytes (a directory: its files' bytes, in sorted path order,
+joined with newlines). Each corpus is written once to a cache file
+``<cache_dir>/<source>-<hash>.u8`` (atomically: a temporary file renamed into
+place; the hash covers everything the bytes depend on) and memory-mapped, so
+a 540 MB training split costs no Python objects and no resident memory it
+does not touch.
+
+Tokens: vocabulary 257 maps byte ``b`` to ``b + 1`` and reserves 0 (the
+paper's reference); vocabulary 256 uses the byte itself.
+
+Sampling (all host-side numpy; ``L = seq_len``):
+  training   row ``r`` of the global batch of ``step`` is the window of
+             ``L + 1`` bytes starting at a position drawn by a PCG64 generator
+             seeded with ``(seed, 0, step, r)``; inputs = window[:-1],
+             targets = window[1:], weights = 1. Each process draws only its
+             rows ``[process_index * b, (process_index + 1) * b)`` with
+             ``b = global_batch_size / process_count``: the shares are
+             disjoint, cover the global batch, and resume exactly.
+  evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
+             of the evaluation corpus drawn with ``(seed, 1, T, i)``: the same
+             on every restart, whatever the batch size and process count.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+from absl import logging
+
+from jrope.data import wikitext103
+
+SOURCES = ("wikitext103", "text")
+VOCAB_SIZES = (256, 257)
+DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
+
+# First entropy word after the seed: keeps the train and eval streams disjoint.
+_TRAIN_STREAM = 0
+_EVAL_STREAM = 1
+# Bytes read per chunk when copying text into a cache file.
+_CHUNK_BYTES = 1 << 24
+# Rows fetched per call from the WikiText-103 data source.
+_CHUNK_ROWS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDataConfig:
+    """Everything that determines the byte-level data.
+
+    Attributes:
+      source: 'wikitext103' (the TFDS builder of jrope.data.wikitext103) or
+        'text' (local UTF-8 text at ``path`` and ``eval_path``).
+      path: 'text': training text, a file or a directory of files.
+      eval_path: 'text': evaluation text, a file or a directory of files.
+      train_split: 'wikitext103': split to train on.
+      eval_split: 'wikitext103': split to evaluate on.
+      train_fraction: in (0, 1]: train on this leading fraction of the
+        training rows ('wikitext103'; 0.01 is the paper's v2 setting, the
+        split's first 1% of lines) or bytes ('text').
+      vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
+      seq_len: training length L (the model sees L tokens, predicts L).
+      seed: data seed; every batch is a pure function of it.
+      cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
+      data_dir: 'wikitext103': TFDS data directory ('' = TFDS's default).
+      manual_dir: 'wikitext103': folder with the official archive or the
+        extracted files ('' = ``<data_dir>/downloads/manual``).
+    """
+
+    source: str = "text"
+    path: str = ""
+    eval_path: str = ""
+    train_split: str = "train"
+    eval_split: str = "validation"
+    train_fraction: float = 1.0
+    vocab_size: int = 257
+    seq_len: int = 1024
+    seed: int = 0
+    cache_dir: str = ""
+    data_dir: str = ""
+    manual_dir: str = ""
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"Unknown text source {self.source!r}; choose one of {SOURCES}.")
+        if self.source == "text" and not (self.path and self.eval_path):
+            raise ValueError(
+                "source='text' needs both path (training text) and eval_path (evaluation text), "
+                f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
+                "--config.data.path=train.txt --config.data.eval_path=valid.txt."
+            )
+        if self.vocab_size not in VOCAB_SIZES:
+            raise ValueError(f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}.")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ValueError(f"train_fraction must lie in (0, 1], got {self.train_fraction}.")
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}.")
+
+    @property
+    def token_offset(self) -> int:
+        """What is added to a byte to make its token."""
+        return self.vocab_size - 256
+
+
+def encode_text(text: str, vocab_size: int) -> np.ndarray:
+    """int32 [n] tokens of a string's UTF-8 bytes."""
+    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + (vocab_size - 256)
+
+
+def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
+    """The text of byte tokens; the reserved token 0 of vocabulary 257 is dropped,
+    and byte sequences that are not UTF-8 (a window cut inside a character) become U+FFFD."""
+    tokens = np.asarray(tokens)
+    if vocab_size == 257:
+        tokens = tokens[tokens != 0]
+    return (tokens - (vocab_size - 256)).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+class ByteTextSource:
+    """Byte-level LM data source (the trainer's data-source contract).
+
+    Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the inputs
+    shifted by one), 'weights' float32 [b, T] of ones; ``b`` is this
+    process's share of the batch, T = seq_len for training.
+    """
+
+    num_classes = None  # language modelling: the loss runs over the full vocabulary
+
+    def __init__(self, data_cfg: TextDataConfig, global_batch_size: int, process_index: int, process_count: int):
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(f"process_index {process_index} must lie in [0, process_count = {process_count}).")
+        if global_batch_size < 1 or global_batch_size % process_count:
+            raise ValueError(
+                f"global_batch_size {global_batch_size} must be a positive multiple of process_count "
+                f"{process_count}; change the batch size."
+            )
+        self.data_cfg = data_cfg
+        self.vocab_size = data_cfg.vocab_size
+        self.process_index = process_index
+        self.process_count = process_count
+        self._local_batch_size = global_batch_size // process_count
+        self.train_corpus = load_corpus(data_cfg, training=True)
+        self.eval_corpus = load_corpus(data_cfg, training=False)
+        _check_long_enough(self.train_corpus, data_cfg.seq_len, "training")
+
+    def train_batch(self, step: int) -> dict:
+        """This process's rows of the global training batch of ``step``."""
+        first = self.process_index * self._local_batch_size
+        starts = [
+            self._window_start((_TRAIN_STREAM, step, row), len(self.train_corpus), self.data_cfg.seq_len)
+            for row in range(first, first + self._local_batch_size)
+        ]
+        return self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
+
+    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
+        """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens.
+
+        ``batch_size`` is the global evaluation batch size.
+        """
+        if length < 1:
+            raise ValueError(f"Evaluation length must be >= 1, got {length}.")
+        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
+            raise ValueError(
+                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
+                f"{self.process_count} and divide num_sequences {num_sequences}."
+            )
+        _check_long_enough(self.eval_corpus, length, "evaluation")
+        local = batch_size // self.process_count
+        for batch_start in range(0, num_sequences, batch_size):
+            first = batch_start + self.process_index * local
+            starts = [
+                self._window_start((_EVAL_STREAM, length, index), len(self.eval_corpus), length)
+                for index in range(first, first + local)
+            ]
+            yield self._make_batch(self.eval_corpus, starts, length)
+
+    def _window_start(self, stream_words: tuple[int, ...], corpus_len: int, length: int) -> int:
+        # A window of length + 1 bytes fits at starts 0 .. corpus_len - length - 1.
+        rng = np.random.default_rng([self.data_cfg.seed, *stream_words])
+        return int(rng.integers(0, corpus_len - length))
+
+    def _make_batch(self, corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
+        windows = np.stack([corpus[start : start + length + 1] for start in starts]).astype(np.int32)
+        windows += self.data_cfg.token_offset
+        return {
+            "inputs": windows[:, :-1],
+            "targets": windows[:, 1:],
+            "weights": np.ones((len(starts), length), np.float32),
+        }
+
+
+def _check_long_enough(corpus: np.ndarray, length: int, role: str) -> None:
+    if len(corpus) < length + 1:
+        raise ValueError(
+            f"The {role} text has {len(corpus)} bytes, too few for windows of {length} + 1 bytes; "
+            f"use more text or a shorter length."
+        )
+
+
+# ---- Corpus files: built once, memory-mapped after.
+
+
+def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
+    """The training or evaluation corpus as a read-only uint8 [n] memory map."""
+    cache_dir = os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR)
+    fraction = data_cfg.train_fraction if training else 1.0
+    if data_cfg.source == "text":
+        files = _text_files(data_cfg.path if training else data_cfg.eval_path)
+        key = {"files": [_file_identity(f) for f in files], "fraction": fraction}
+        path = _cache_path(cache_dir, "text", key)
+        if not os.path.exists(path):
+            _write_atomically(path, _limit_bytes(_text_file_chunks(files), fraction, files))
+    else:
+        split = data_cfg.train_split if training else data_cfg.eval_split
+        rows = wikitext103.wikitext103_data_source(
+            split, data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None
+        )
+        num_rows = max(1, round(fraction * len(rows)))
+        key = {
+            "builder": f"{wikitext103.Wikitext103Raw.name}:{wikitext103.Wikitext103Raw.VERSION}",
+            "split": split,
+            "rows": [num_rows, len(rows)],
+        }
+        path = _cache_path(cache_dir, "wikitext103", key)
+        if not os.path.exists(path):
+            logging.info("Writing the bytes of %d rows of WikiText-103 %s to %s.", num_rows, split, path)
+            _write_atomically(path, _joined_rows(rows, num_rows))
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"The corpus cached at {path} is empty; check the text it was made from.")
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def _cache_path(cache_dir: str, source: str, key: dict) -> str:
+    digest = hashlib.sha256(json.dumps({"source": source, **key}, sort_keys=True).encode()).hexdigest()
+    return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
+
+
+def _write_atomically(path: str, chunks: Iterable[bytes]) -> None:
+    """Writes the chunks to ``path`` through a temporary file in the same folder.
+
+    Processes that race to build the same cache each write their own
+    temporary file and rename it over the same name with the same bytes.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the cache from other users
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _text_files(path: str) -> list[str]:
+    """The file, or the regular non-hidden files under the directory in sorted path order."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise ValueError(f"Text path {path} is neither a file nor a directory; point the config at UTF-8 text.")
+    files = []
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+    if not files:
+        raise ValueError(f"Directory {path} holds no text files.")
+    return sorted(files)
+
+
+def _file_identity(path: str) -> list:
+    stat = os.stat(path)
+    return [path, stat.st_size, stat.st_mtime_ns]
+
+
+def _text_file_chunks(files: Sequence[str]) -> Iterator[bytes]:
+    """The files' bytes joined with newlines, checked to be UTF-8 on the way."""
+    for index, name in enumerate(files):
+        if index:
+            yield b"\n"
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(name, "rb") as handle:
+            while chunk := handle.read(_CHUNK_BYTES):
+                _check_utf8(decoder, chunk, name, offset, final=False)
+                offset += len(chunk)
+                yield chunk
+        _check_utf8(decoder, b"", name, offset, final=True)
+
+
+def _check_utf8(decoder, chunk: bytes, name: str, offset: int, *, final: bool) -> None:
+    """Feeds ``chunk`` (which starts at byte ``offset`` of the file) to the decoder."""
+    # The decoder holds back the bytes of a character cut at the last chunk's end;
+    # an error's position counts from the first of them.
+    pending = len(decoder.getstate()[0])
+    try:
+        decoder.decode(chunk, final=final)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{name} is not UTF-8 text (bad byte at offset {offset - pending + error.start}); "
+            "convert it to UTF-8 (e.g. with iconv)."
+        ) from None
+
+
+def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[str]) -> Iterator[bytes]:
+    """The leading ``fraction`` of the bytes the chunks make up."""
+    if fraction == 1.0:
+        yield from chunks
+        return
+    total = sum(os.path.getsize(f) for f in files) + len(files) - 1
+    remaining = max(1, round(fraction * total))
+    for chunk in chunks:
+        yield chunk[:remaining]
+        remaining -= min(remaining, len(chunk))
+        if not remaining:
+            return
+
+
+def _joined_rows(rows: Sequence[dict], num_rows: int) -> Iterator[bytes]:
+    """Rows ``0 .. num_rows - 1`` of a WikiText-103 data source joined with newlines."""
+    for first in range(0, num_rows, _CHUNK_ROWS):
+        indices = list(range(first, min(first + _CHUNK_ROWS, num_rows)))
+        texts = [row["text"] for row in rows.__getitems__(indices)]
+        yield (b"\n" if first else b"") + b"\n".join(texts)
+        if first and first % (100 * _CHUNK_ROWS) == 0:
+            logging.info("  %d of %d rows", first, num_rows)
