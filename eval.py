@@ -1,0 +1,37 @@
+"""Evaluate across lengths: python eval.py --config=configs/<experiment>.py --workdir=<dir>.
+
+For a trained experiment, evaluates the latest checkpoint in <workdir> at
+config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}.
+For config.experiment == "kernel_probe", runs the closed-form kernel probe.
+"""
+
+import importlib
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jrope.config_types import TrainConfig
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory holding the run (and receiving results).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.info("JAX process %d of %d; local devices %s; all devices %d.",
+                 jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count())
+    config = _CONFIG.value
+    if config.experiment == "kernel_probe":
+        # Imported only here: the probe has its own config and needs no trained model.
+        importlib.import_module("jrope.kernel_probe").run(config, _WORKDIR.value)
+        return
+    from jrope.evaluation import evaluate_checkpoint
+
+    evaluate_checkpoint(TrainConfig.from_config_dict(config), _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

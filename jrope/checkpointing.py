@@ -1,0 +1,108 @@
+"""One orbax CheckpointManager for a run's workdir.
+
+Each checkpoint step holds two items: `state` (the train state pytree:
+step, params, optimizer state; sharded arrays, restored straight into an
+abstract sharded target) and `config` (the run's ConfigDict as JSON, so a
+workdir says how it was made). The data position is the state's `step`:
+data sources are pure functions of the step, so resuming at `step`
+continues the exact batch sequence.
+
+Saves are atomic (orbax writes to a temporary directory and renames it), so
+a run killed mid-save resumes from the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+STATE_ITEM = "state"
+CONFIG_ITEM = "config"
+
+
+class Checkpointer:
+    """Periodic and final saves, latest-checkpoint restore, config beside the state.
+
+    Args:
+      directory: where checkpoints live (created if missing); one subdirectory per step.
+      every_steps: a step is saved when it is a multiple of this (or forced).
+      max_to_keep: older checkpoints beyond this many are deleted.
+      config_json: the run's configuration as a JSON-serialisable dict.
+    """
+
+    def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]):
+        self.directory = os.path.abspath(directory)
+        self._config_json = config_json
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=every_steps, max_to_keep=max_to_keep, create=True
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return self._manager.should_save(step)
+
+    def save(self, step: int, state: Any, *, force: bool = False) -> bool:
+        """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
+
+        Returns once the arrays are copied off the device, so the caller may
+        donate `state` to the next step while the files are written.
+        """
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardSave(state),
+                    CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+                }
+            ),
+            force=force,
+        )
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> Any:
+        """The state of checkpoint `step` (default: latest), laid out like `abstract_state`.
+
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings:
+        every array is read straight into its shards, never gathered on one device.
+        """
+        step = self._require_step(step)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
+        )
+        return restored[STATE_ITEM]
+
+    def restore_config(self, step: int | None = None) -> dict[str, Any]:
+        """The configuration saved with checkpoint `step` (default: latest)."""
+        step = self._require_step(step)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{CONFIG_ITEM: ocp.args.JsonRestore()}))
+        return restored[CONFIG_ITEM]
+
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def _require_step(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+        if step is None or step not in self._manager.all_steps():
+            raise FileNotFoundError(
+                f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
+                "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
+            )
+        return step
+
+
+def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of `abstract_tree` carrying the matching `shardings` (same structure)."""
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract_tree,
+        shardings,
+    )

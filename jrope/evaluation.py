@@ -1,0 +1,174 @@
+"""Loss and accuracy of a model across evaluation lengths (length extrapolation).
+
+The metric definitions live here and the train step uses them too: a
+weighted cross-entropy and accuracy, restricted to the first `num_classes`
+logits when the data source is a classification task (the synthetic task
+reads its label from the first two tokens' logits), over the full
+vocabulary for language modelling (where the loss is nats per byte).
+
+`evaluate_lengths` runs a jitted forward at each length over the data
+source's fixed evaluation sequences, in small batches so that long lengths
+fit in memory; `write_results` writes a CSV (one row per method, seed and
+length), a markdown table and a PNG curve against length.
+
+Shape legend: B batch, T length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jrope import sharding
+from jrope.checkpointing import Checkpointer
+from jrope.config_types import TrainConfig
+from jrope.train_state import build_source, model_from_params, state_layout
+
+CSV_COLUMNS = ("method", "seed", "length", "num_sequences", "loss", "accuracy", "bits_per_byte")
+
+
+def weighted_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, num_classes: int | None
+) -> dict[str, jax.Array]:
+    """Weighted sums of cross-entropy and correct predictions.
+
+    Args:
+      logits: float32 [B, T, V]; targets: int32 [B, T]; weights: float32 [B, T].
+      num_classes: when set, only logits[..., :num_classes] compete.
+    Returns:
+      float32 scalars 'loss_sum', 'correct_sum', 'weight_sum'.
+    """
+    if num_classes is not None:
+        logits = logits[..., :num_classes]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "loss_sum": jnp.sum(nll * weights),
+        "correct_sum": jnp.sum(correct * weights),
+        "weight_sum": jnp.sum(weights),
+    }
+
+
+def make_eval_step(graphdef: Any, num_classes: int | None):
+    """jit(params, batch) -> weighted sums; compiled once per evaluation length."""
+
+    @jax.jit
+    def eval_step(params, batch):
+        tokens = batch["inputs"]
+        positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+        logits = model_from_params(graphdef, params)(tokens, positions)
+        return weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+
+    return eval_step
+
+
+def evaluate_lengths(eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh) -> list[dict[str, Any]]:
+    """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS)."""
+    rows = []
+    for length in cfg.eval.lengths:
+        totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
+        with jax.set_mesh(mesh):
+            for local_batch in source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size):
+                sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
+                for name, value in jax.device_get(sums).items():
+                    totals[name] += float(value)
+        loss = totals["loss_sum"] / totals["weight_sum"]
+        rows.append(
+            {
+                "method": cfg.pe.name,
+                "seed": cfg.seed,
+                "length": length,
+                "num_sequences": cfg.eval.num_sequences,
+                "loss": loss,
+                "accuracy": totals["correct_sum"] / totals["weight_sum"],
+                # Byte-level LM: nats per byte -> bits per byte. Classification: not a rate.
+                "bits_per_byte": loss / math.log(2.0) if source.num_classes is None else float("nan"),
+            }
+        )
+    return rows
+
+
+def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict[str, Any]]:
+    """Evaluate the checkpoint `step` (default: latest) of `workdir` at `cfg.eval.lengths`.
+
+    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` and returns the rows.
+    """
+    source = build_source(cfg)
+    mesh = sharding.make_mesh(cfg.mesh)
+    layout = state_layout(cfg, source.vocab_size, mesh)
+    checkpointer = Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        every_steps=cfg.checkpoint.every_steps,
+        max_to_keep=cfg.checkpoint.max_to_keep,
+        config_json=cfg.to_json_dict(),
+    )
+    step = checkpointer.latest_step() if step is None else step
+    state = checkpointer.restore(layout.abstract, step)
+    checkpointer.close()
+    rows = evaluate_lengths(make_eval_step(layout.graphdef, source.num_classes), state["params"], source, cfg, mesh)
+    if jax.process_index() == 0:
+        write_results(rows, os.path.join(workdir, f"eval_step{step}"), language_model=source.num_classes is None)
+    return rows
+
+
+def write_results(rows: Sequence[dict[str, Any]], out_dir: str, *, language_model: bool) -> dict[str, str]:
+    """CSV, markdown table and PNG curve of `rows`; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {name: os.path.join(out_dir, f"eval.{name}") for name in ("csv", "md", "png")}
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(paths["md"], "w", encoding="utf-8") as f:
+        f.write(markdown_table(rows, language_model=language_model))
+    _plot(rows, paths["png"], language_model=language_model)
+    return paths
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], *, language_model: bool) -> str:
+    """Rows as a markdown table, plus the mean over lengths (the paper's LM summary)."""
+    columns = ("length", "loss", "bits_per_byte") if language_model else ("length", "accuracy", "loss")
+    lines = [
+        f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, {rows[0]['num_sequences']} sequences per length",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[column]) for column in columns) + " |")
+    means = {column: np.mean([row[column] for row in rows]) for column in columns[1:]}
+    lines.append("| mean | " + " | ".join(_cell(means[column]) for column in columns[1:]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (float, np.floating)) else str(value)
+
+
+def _plot(rows: Sequence[dict[str, Any]], path: str, *, language_model: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = "loss" if language_model else "accuracy"
+    lengths = [row["length"] for row in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(lengths, [row[metric] for row in rows], marker="o", label=rows[0]["method"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(length) for length in lengths])
+    ax.set_xlabel("evaluation length")
+    ax.set_ylabel("loss (nats/byte)" if language_model else "accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

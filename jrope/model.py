@@ -1,0 +1,153 @@
+"""Decoder-only Transformer (Flax NNX) with a pluggable positional encoding.
+
+The paper's model: pre-norm blocks (RMSNorm, eps 1e-6), causal
+self-attention without biases, a GELU MLP (hidden = mlp_ratio * d_model,
+no biases), tied input/output embeddings, no dropout. Positions are always
+passed in (no table sized at construction), so a model trained at length L
+evaluates at any length.
+
+Initialisation follows the reference implementation so that runs are
+comparable: embedding N(0, 1); projections U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+norm scales 1; the encoding's own `init_params()`.
+
+Numerics: parameters float32; activations and matmuls in
+`model.compute_dtype`; RMSNorm statistics, positional maths, softmax and the
+output logits in float32.
+
+Shape legend: B batch, T length, D d_model, N heads, H head dim, F MLP hidden,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import jrope
+from jrope import attention
+from jrope.config_types import ModelConfig
+from jrope.sharding import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
+
+NORM_EPS = 1e-6
+
+_REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+    return nnx.Param(value, **{LOGICAL_AXES_KEY: tuple(logical_axes)})
+
+
+def _uniform_fan_in(key: jax.Array, shape: tuple[int, ...], fan_in: int) -> jax.Array:
+    bound = 1.0 / jnp.sqrt(jnp.float32(fan_in))
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int):
+        self.scale = _param(jnp.ones((dim,), jnp.float32), (EMBED,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [B, T, D] -> same shape and dtype; statistics in float32."""
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + NORM_EPS)
+        scale = self.scale.value.reshape((1,) * (x.ndim - 1) + (-1,))
+        return (normed * scale).astype(x.dtype)
+
+
+class CausalSelfAttention(nnx.Module):
+    """Fused q/k/v projection, the encoding's hooks, causal attention, output projection."""
+
+    def __init__(self, cfg: ModelConfig, encoding: Any, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.encoding = encoding
+        d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
+        # One [D, 3, N, H] kernel: a single matmul yields q, k and v already in
+        # the [B, T, N, H] layout attention wants (no reshape or transpose).
+        self.qkv = _param(_uniform_fan_in(rngs.params(), (d, 3, n, h), d), (EMBED, None, HEADS, HEAD_DIM))
+        self.out = _param(_uniform_fan_in(rngs.params(), (n, h, d), d), (HEADS, HEAD_DIM, EMBED))
+        axes = encoding.param_logical_axes
+        self.pe_params = nnx.Dict(
+            {name: _param(value, axes[name]) for name, value in encoding.init_params().items()}
+        )
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """x [B, T, D], positions int32 [T] or [B, T] -> [B, T, D]."""
+        qkv = jnp.einsum("btd,dcnh->cbtnh", x, self.qkv.value.astype(x.dtype))
+        pe_params = {name: param.value for name, param in self.pe_params.items()}
+        y = attention.causal_attention(
+            qkv[0],
+            qkv[1],
+            qkv[2],
+            enc=self.encoding,
+            params=pe_params,
+            positions=positions,
+            impl=self.cfg.attention_impl,
+            blockwise_min_length=self.cfg.blockwise_min_length,
+            block_size=self.cfg.block_size,
+        )
+        return jnp.einsum("btnh,nhd->btd", y.astype(x.dtype), self.out.value.astype(x.dtype))
+
+
+class MLPBlock(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+        self.up = _param(_uniform_fan_in(rngs.params(), (d, f), d), (EMBED, MLP))
+        self.down = _param(_uniform_fan_in(rngs.params(), (f, d), f), (MLP, EMBED))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [B, T, D] -> [B, T, D]; exact (erf) GELU as in the reference."""
+        hidden = jax.nn.gelu(x @ self.up.value.astype(x.dtype), approximate=False)
+        return hidden @ self.down.value.astype(x.dtype)
+
+
+class TransformerBlock(nnx.Module):
+    def __init__(self, cfg: ModelConfig, encoding: Any, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg, encoding, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model)
+        self.mlp = MLPBlock(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def _run_block(block: TransformerBlock, x: jax.Array, positions: jax.Array) -> jax.Array:
+    return block(x, positions)
+
+
+class Transformer(nnx.Module):
+    """Tokens -> float32 logits over the vocabulary.
+
+    Each layer has its own encoding parameters (the encoding object itself,
+    pure and stateless, is shared).
+    """
+
+    def __init__(self, cfg: ModelConfig, pe_config: Any, vocab_size: int, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        encoding = jrope.make_encoding(pe_config, num_heads=cfg.num_heads, head_dim=cfg.head_dim)
+        self.embedding = _param(
+            jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32), (VOCAB, EMBED)
+        )
+        self.blocks = nnx.List([TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.d_model)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+        """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T, V]."""
+        dtype = jnp.dtype(self.cfg.compute_dtype)
+        embedding = self.embedding.value
+        x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+        run_block = _run_block
+        if self.cfg.remat != "none":
+            run_block = nnx.remat(_run_block, policy=_REMAT_POLICIES[self.cfg.remat])
+        for block in self.blocks:
+            x = run_block(block, x, positions)
+        x = self.final_norm(x)
+        # Tied output projection; logits accumulate in float32.
+        return jnp.einsum("btd,vd->btv", x, embedding.astype(dtype), preferred_element_type=jnp.float32)

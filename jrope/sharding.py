@@ -1,0 +1,142 @@
+"""Device mesh, logical axis names, and the logical-to-mesh mapping.
+
+Parameters carry *logical* axis names (the constants below) as `nnx.Param`
+metadata `logical_axes`; the config's rules say which mesh axis, if any, each
+logical name is split over. The mesh always has the three axes
+`data`, `fsdp`, `tensor` (size 1 when unused), so one set of rules serves
+every device count.
+
+A dimension whose size does not divide its mesh axes is replicated instead
+(e.g. the 3-token vocabulary of the synthetic task on a 4-way axis): the
+alternative, an error, would forbid tiny vocabularies and evaluation batches
+of one sequence on a multi-device mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jrope.config_types import MeshConfig
+
+# Mesh axes.
+DATA = "data"
+FSDP = "fsdp"
+TENSOR = "tensor"
+MESH_AXES = (DATA, FSDP, TENSOR)
+
+# Logical axes of parameters and activations.
+BATCH = "batch"
+LENGTH = "length"
+EMBED = "embed"
+HEADS = "heads"
+HEAD_DIM = "head_dim"
+MLP = "mlp"
+VOCAB = "vocab"
+LOGICAL_AXES = (BATCH, LENGTH, EMBED, HEADS, HEAD_DIM, MLP, VOCAB)
+
+# Metadata key on nnx.Param holding its tuple of logical axis names.
+LOGICAL_AXES_KEY = "logical_axes"
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = Sequence[tuple[str, MeshAxes]]
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all), with -1 filled in."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+    known = math.prod(size for size in sizes if size != -1)
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"{len(devices)} devices cannot fill mesh {dict(zip(MESH_AXES, sizes))}; change mesh.*.")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, found {len(devices)}; "
+            "set one mesh size to -1 or match the device count."
+        )
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec of an array with the given logical axes under `rules`.
+
+    Raises ValueError for a logical name that has no rule (add it to
+    config.mesh.rules). Replicates a dimension that does not divide its mesh
+    axes, or whose mesh axes an earlier dimension already uses.
+    """
+    if len(logical_axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(logical_axes)} do not match an array of shape {tuple(shape)}.")
+    table = dict(rules)
+    used: set[str] = set()
+    spec = []
+    for name, size in zip(logical_axes, shape):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"logical axis {name!r} has no rule in config.mesh.rules {tuple(table)}; add one.")
+        axes = table[name]
+        axes_tuple = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        split = math.prod(mesh.shape[axis] for axis in axes_tuple)
+        if not axes_tuple or size % split or used.intersection(axes_tuple):
+            if axes_tuple and split > 1:
+                logging.log_first_n(
+                    logging.INFO, "Replicating dim %s (size %d) instead of splitting it %d ways.", 8, name, size, split
+                )
+            spec.append(None)
+            continue
+        used.update(axes_tuple)
+        spec.append(axes_tuple[0] if len(axes_tuple) == 1 else axes_tuple)
+    return PartitionSpec(*spec)
+
+
+def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:
+    """NamedShardings for a pytree holding nnx Variables (params, optimizer state, ...).
+
+    Variables with `logical_axes` metadata are split by the rules; every other
+    leaf (step counters, scalars) is replicated. Returns a tree of the same
+    structure with NamedSharding leaves, as `jax.jit(out_shardings=...)` takes.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def sharding_of(leaf):
+        if isinstance(leaf, nnx.Variable):
+            metadata = leaf.get_metadata()
+            if LOGICAL_AXES_KEY in metadata:
+                spec = logical_to_spec(metadata[LOGICAL_AXES_KEY], leaf.shape, rules, mesh)
+                return leaf.replace(NamedSharding(mesh, spec))
+            return leaf.replace(replicated)
+        return replicated
+
+    return jax.tree.map(sharding_of, abstract_tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(global_batch_size: int, rules: Rules, mesh: Mesh) -> NamedSharding:
+    """Sharding of a [batch, length] array: batch split by the rule for BATCH."""
+    return NamedSharding(mesh, logical_to_spec((BATCH, None), (global_batch_size, 1), rules, mesh))
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays sharded over the batch axis.
+
+    Every process passes its own contiguous share of the global batch, rows
+    in process order (the data-source contract); the global batch size is the
+    local one times the process count.
+    """
+    arrays = {}
+    for name, local in local_batch.items():
+        global_shape = (local.shape[0] * jax.process_count(),) + tuple(local.shape[1:])
+        sharding = NamedSharding(
+            mesh, logical_to_spec((BATCH,) + (None,) * (local.ndim - 1), global_shape, rules, mesh)
+        )
+        arrays[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return arrays

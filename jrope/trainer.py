@@ -1,0 +1,147 @@
+"""The sharded train step and the training loop.
+
+`make_train_step` builds one pure `train_step(state, batch) -> (state,
+metrics)`, jitted once with the state's shardings in and out and the state
+donated (its buffers are reused for the next state). `train_and_evaluate`
+is the whole run: data source, mesh, sharded initialisation or automatic
+resume from the workdir's latest checkpoint, the loop with periodic
+checkpoints and evaluations, a final checkpoint and evaluation.
+
+The step is deterministic (the model has no dropout and the data are a pure
+function of the step), so a resumed run reproduces an uninterrupted one.
+
+Shape legend: B batch, T length.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import logging
+from jax.sharding import Mesh
+
+from jrope import evaluation, sharding
+from jrope.checkpointing import Checkpointer
+from jrope.config_types import TrainConfig
+from jrope.metrics_logging import MetricsLogger
+from jrope.optimizer import learning_rate_schedule
+from jrope.train_state import StateLayout, build_source, init_state, model_from_params, state_layout
+
+TrainStep = Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]
+
+
+def make_train_step(
+    cfg: TrainConfig, layout: StateLayout, num_classes: int | None, mesh: Mesh, *, donate: bool = True
+) -> TrainStep:
+    """The jitted train step for global batches of `cfg.batch_size` rows.
+
+    Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
+    Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
+    (before clipping) and 'learning_rate' of the step just taken.
+    """
+    schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
+    optimizer = layout.optimizer
+
+    def train_step(state, batch):
+        positions = jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32)
+
+        def loss_fn(params):
+            logits = model_from_params(layout.graphdef, params)(batch["inputs"], positions)
+            sums = evaluation.weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+            return sums["loss_sum"] / sums["weight_sum"], sums
+
+        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {
+            "loss": loss,
+            "accuracy": sums["correct_sum"] / sums["weight_sum"],
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state["step"]),
+        }
+        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+
+    batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(
+        train_step,
+        in_shardings=(layout.shardings, batch_sharding),
+        out_shardings=(layout.shardings, replicated),
+        donate_argnums=0 if donate else (),
+    )
+
+
+def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
+    """Train for `cfg.num_steps` (resuming from `workdir` if it holds checkpoints), then evaluate.
+
+    Returns the final train state and the final evaluation rows:
+    {'state': ..., 'eval': [row per length]}.
+    """
+    source = build_source(cfg)
+    mesh = sharding.make_mesh(cfg.mesh)
+    logging.info("Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count())
+    layout = state_layout(cfg, source.vocab_size, mesh)
+    checkpointer = Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        every_steps=cfg.checkpoint.every_steps,
+        max_to_keep=cfg.checkpoint.max_to_keep,
+        config_json=cfg.to_json_dict(),
+    )
+    latest = checkpointer.latest_step()
+    if latest is None:
+        state = init_state(cfg, source.vocab_size, layout, mesh)
+    else:
+        logging.info("Resuming from checkpoint %d in %s.", latest, checkpointer.directory)
+        state = checkpointer.restore(layout.abstract, latest)
+    train_step = make_train_step(cfg, layout, source.num_classes, mesh)
+    eval_step = evaluation.make_eval_step(layout.graphdef, source.num_classes)
+    logger = MetricsLogger(
+        workdir,
+        every_steps=cfg.log.every_steps,
+        num_steps=cfg.num_steps,
+        tensorboard=cfg.log.tensorboard,
+        last_checkpoint=lambda: _describe_latest(checkpointer),
+        is_writer=jax.process_index() == 0,
+    )
+
+    def run_evaluation(step: int) -> list[dict[str, Any]]:
+        rows = evaluation.evaluate_lengths(eval_step, state["params"], source, cfg, mesh)
+        for row in rows:
+            logger.write_scalars(step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}")
+        if jax.process_index() == 0:
+            evaluation.write_results(
+                rows, os.path.join(workdir, f"eval_step{step}"), language_model=source.num_classes is None
+            )
+        return rows
+
+    start = int(jax.device_get(state["step"]))
+    with jax.set_mesh(mesh):
+        for step in range(start, cfg.num_steps):
+            batch = sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+            state, metrics = train_step(state, batch)
+            done = step + 1
+            logger.push(done, metrics)
+            is_last = done == cfg.num_steps
+            if is_last or checkpointer.should_save(done):
+                logger.flush()  # never checkpoint a state whose loss is not yet known to be finite
+                checkpointer.save(done, state, force=is_last)
+            if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
+                logger.flush()
+                run_evaluation(done)
+    logger.flush()
+    final_rows = run_evaluation(cfg.num_steps)
+    logger.close()
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    return {"state": state, "eval": final_rows}
+
+
+def _describe_latest(checkpointer: Checkpointer) -> str:
+    latest = checkpointer.latest_step()
+    if latest is None:
+        return f"none yet in {checkpointer.directory}"
+    return f"step {latest} in {checkpointer.directory}"

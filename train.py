@@ -1,0 +1,28 @@
+"""Train one model: python train.py --config=configs/<experiment>.py --workdir=<dir>.
+
+Resumes automatically from the latest checkpoint in <workdir>. Any config key
+can be overridden on the command line, e.g. --config.pe.name=rope.
+"""
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jrope.config_types import TrainConfig
+from jrope.trainer import train_and_evaluate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.info("JAX process %d of %d; local devices %s; all devices %d.",
+                 jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count())
+    train_and_evaluate(TrainConfig.from_config_dict(_CONFIG.value), _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
