@@ -14,7 +14,9 @@ Where the text comes from, first match wins:
 3. the archive downloaded from ARCHIVE_URL.
 
 The archive, manual or downloaded, is checked by TFDS against the size and
-SHA-256 in ``checksums.tsv`` beside this file. The manual directory defaults
+SHA-256 in ``checksums.tsv`` beside this file (the values published for the
+official archive), then read member by member with ``zipfile``: TFDS's own
+extractor needs TensorFlow. The manual directory defaults
 to ``<data_dir>/downloads/manual`` (TFDS's convention), ``data_dir`` to
 TFDS's (``~/tensorflow_datasets``).
 
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import urllib.parse
+import zipfile
 from collections.abc import Sequence
 
 import tensorflow_datasets as tfds
@@ -84,14 +88,20 @@ class Wikitext103Raw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         except AssertionError:
             # TFDS asserts when the manual directory is absent or empty: no manual files.
             pass
-        if raw_dir is None:
-            raw_dir = dl_manager.download_and_extract(ARCHIVE_URL) / ARCHIVE_FOLDER
-        return {split: self._generate_examples(raw_dir / filename) for split, filename in SPLIT_FILES.items()}
+        if raw_dir is not None:
+            return {split: self._generate_examples(raw_dir / name, None) for split, name in SPLIT_FILES.items()}
+        # Taken from the manual directory if it is there, else downloaded; checksum-checked either way.
+        archive = dl_manager.download(ARCHIVE_URL)
+        return {
+            split: self._generate_examples(archive, f"{ARCHIVE_FOLDER}/{name}") for split, name in SPLIT_FILES.items()
+        }
 
-    def _generate_examples(self, path: epath.Path):
-        # Binary lines split on b"\n" only: universal-newline reading would also
-        # split on the stray \r and \x85 the raw text contains.
-        with path.open("rb") as lines:
+    def _generate_examples(self, path: epath.Path, member: str | None):
+        """Lines of a raw file, or of the archive's ``member`` (read from the zip,
+        not extracted: TFDS's extractor needs TensorFlow)."""
+        with path.open("rb") as raw, (zipfile.ZipFile(raw).open(member) if member else raw) as lines:
+            # Binary lines split on b"\n" only: universal-newline reading would also
+            # split on the stray \r and \x85 the raw text contains.
             for index, line in enumerate(lines):
                 if line.endswith(b"\n"):
                     line = line[:-1]
@@ -124,17 +134,18 @@ def archive_host_reachable(url: str = ARCHIVE_URL, timeout_s: float = _CONNECT_T
         return False
 
 
-def _unavailable_message(manual_dir: epath.Path, reason: str) -> str:
+def _unavailable_message(manual_dir: epath.Path, data_dir: str | None, reason: str) -> str:
+    prepare_command = "python -m jrope.data.wikitext103" + (f" --data_dir={data_dir}" if data_dir else "")
     return (
         f"WikiText-103 is not available: {reason}\n"
-        f"Either put the official archive {ARCHIVE_NAME} (or the files "
+        f"Put the official archive {ARCHIVE_NAME} (or the files "
         f"{', '.join(SPLIT_FILES.values())} extracted from it) in\n"
         f"    {manual_dir}\n"
-        f"e.g. on a machine with network access:\n"
+        f"e.g. with\n"
         f"    wget -P {manual_dir} {ARCHIVE_URL}\n"
-        f"or run, where the network allows, once:\n"
-        f"    python -m jrope.data.wikitext103 --manual_dir={manual_dir}\n"
-        f"Then run the same command again."
+        f"or, where the network allows, download and prepare it once with\n"
+        f"    {prepare_command}\n"
+        f"then run the same command again."
     )
 
 
@@ -155,7 +166,7 @@ def prepare_wikitext103(data_dir: str | None = None, manual_dir: str | None = No
     if not has_manual_files and not archive_host_reachable():
         host = urllib.parse.urlparse(ARCHIVE_URL).hostname
         raise WikiText103Unavailable(
-            _unavailable_message(manual, f"nothing is prepared in {builder.data_dir}, "
+            _unavailable_message(manual, data_dir, f"nothing is prepared in {builder.data_dir}, "
                                  f"the manual directory holds no data, and {host} cannot be reached.")
         )
     config = tfds.download.DownloadConfig(manual_dir=os.fspath(manual))
@@ -163,12 +174,12 @@ def prepare_wikitext103(data_dir: str | None = None, manual_dir: str | None = No
         builder.download_and_prepare(download_config=config, file_format="array_record")
     except NonMatchingChecksumError as error:
         raise WikiText103Unavailable(
-            _unavailable_message(manual, f"the archive is not the official one ({error}).")
+            _unavailable_message(manual, data_dir, f"the archive is not the official one ({error}).")
         ) from None
-    except OSError as error:
-        # Connection resets and HTTP failures of the download reach here as OSError.
+    except (tfds.download.DownloadError, OSError) as error:
+        # Failed downloads (HTTP errors, resets, timeouts) and unreadable archives.
         raise WikiText103Unavailable(
-            _unavailable_message(manual, f"preparing failed with {type(error).__name__}: {error}")
+            _unavailable_message(manual, data_dir, f"preparing failed with {type(error).__name__}: {error}")
         ) from None
     return builder
 
@@ -196,7 +207,10 @@ def _cli() -> None:
 
     def main(argv: Sequence[str]) -> None:
         del argv
-        builder = prepare_wikitext103(data_dir.value or None, manual_dir.value or None)
+        try:
+            builder = prepare_wikitext103(data_dir.value or None, manual_dir.value or None)
+        except WikiText103Unavailable as error:
+            sys.exit(str(error))  # the message is the whole story: no traceback
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 
@@ -204,4 +218,8 @@ def _cli() -> None:
 
 
 if __name__ == "__main__":
-    _cli()
+    # Run the importable copy of this module: TFDS finds a builder's files
+    # (checksums.tsv, data directory) through its module name, which __main__ is not.
+    from jrope.data import wikitext103
+
+    wikitext103._cli()
