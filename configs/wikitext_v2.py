@@ -1,0 +1,37 @@
+"""Byte-level WikiText-103, the paper's v2 setting (experiments.md section 3).
+
+The v1 base (configs/wikitext_scaled_exact.py) trained on the first 1% of
+the training split's lines with a smaller model: d_model 192, 4 heads,
+3 layers, MLP 2x, L = 512, batch 4, 500 steps, lr 5e-4, weight decay 0.05,
+evaluation at 512 .. 8192. Data set-up as in the base's docstring.
+
+Command (one method and seed per run; methods as in the base):
+
+    python train.py --config=configs/wikitext_v2.py \
+        --config.pe.name=jordan_exact_scaled --workdir=runs/wikitext_v2/jordan_exact_scaled/0
+
+Hardware: one GPU or TPU host with 1, 2 or 4 devices (batch 4); a CPU runs
+it too, slowly (evaluation at 8192 dominates).
+
+Expected result: not yet measured with this code; the paper's ranking of
+the methods is the v1 one (rope_alibi best, then scaled-exact Jordan-RoPE
+and damped RoPE).
+"""
+
+from configs import wikitext_scaled_exact
+
+
+def get_config():
+    config = wikitext_scaled_exact.get_config()
+    config.data.train_fraction = 0.01  # the split's first 1% of lines
+    config.model.d_model = 192
+    config.model.num_heads = 4  # head_dim 48
+    config.model.num_layers = 3
+    config.model.mlp_ratio = 2
+    config.pe.train_context = 512  # L (shared with data.seq_len)
+    config.num_steps = 500
+    config.opt.learning_rate = 5e-4
+    config.opt.weight_decay = 0.05
+    config.checkpoint.every_steps = 100
+    config.eval.lengths = (512, 1024, 2048, 4096, 8192)  # 1x .. 16x L
+    return config
