@@ -1,0 +1,328 @@
+"""The kernel probe (experiments.md section 1): which lag kernels can an encoding represent?
+
+For fixed q and k, every encoding's attention logit between query i and key
+j is a linear combination of a few functions of the lag d = i - j: its
+relative lag features. The probe fits a target kernel y(d) by ridge
+regression on a method's features over the training lags d in [0, L) and
+measures the squared error on [0, T) for T up to 8L: how well the method can
+express, and then extrapolate, that kernel. No training, no model.
+
+A method's basis is read off its PEConfig (the registry of
+`jrope.pe_config_from_name`), always with a constant 1:
+
+    rotary layout         cos(w_k d), sin(w_k d)
+    Jordan layout         c_r(d) D(d) cos(w_k d), c_r(d) D(d) sin(w_k d)   for r < m
+                          (real blocks, rotate=False: c_r(d) D(d), the carrier being 1)
+    direct sum            the rotary features, an order-2 real Jordan block with the
+                          config's damping and shear time, and the ramp d/L (the paper's basis)
+    ALiBi bias            the ramp d/L
+
+with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0
+otherwise), c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) =
+d/(1 + d/L) ('bounded') or d ('raw'), and only c_0 = 1 without shear. The
+shear strength eta, jet gates and the 1/L scale of the scaled variants are
+constant factors of a feature, absorbed by its regression weight; the time is
+measured in units of L as in the paper. Every method uses the same
+frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
+is about the lag functions and not about which frequencies a head layout keeps.
+
+The features come from jrope.pe_math (the code of the encodings), which
+computes in float32; targets, the regression (normal equations with ridge
+penalty on every weight, constant included) and the errors are float64 numpy.
+
+Targets (x = d/L, w = theta^(-2 i / head_dim) for i = target_freq_index):
+phase cos(w d), linear -x, mixed x cos(w d), jet_r{r} x^r cos(w d).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import re
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from jrope import pe_math
+from jrope.data import synthetic
+from jrope.pe_config import PEConfig, pe_config_from_name
+
+CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
+_JET_TARGET = re.compile(r"jet_r(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelProbeConfig:
+    """The probe's settings (the `probe` section of configs/kernel_probe*.py).
+
+    Attributes:
+      methods: encoding names, any name `jrope.pe_config_from_name` accepts.
+      targets: 'phase', 'linear', 'mixed' or 'jet_r{r}'.
+      seeds: one fit per seed; seeds matter only when train_points < train_context.
+      train_context: L: the fit uses lags in [0, L), and L is the unit of time.
+      train_points: how many of those lags the fit sees (a seeded random subset
+        when fewer than L).
+      eval_contexts: T values; the error is measured on all lags in [0, T).
+      head_dim: sets the frequencies theta^(-2k/head_dim).
+      num_freqs: k < num_freqs, for every method.
+      target_freq_index: the target's frequency index i.
+      theta: rotary base.
+      gamma: the damping of learned-gamma variants whose name does not set it.
+      ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
+      plot_target: the target whose fits the PNG shows at the longest context.
+    """
+
+    methods: tuple[str, ...]
+    targets: tuple[str, ...]
+    seeds: tuple[int, ...]
+    train_context: int
+    train_points: int
+    eval_contexts: tuple[int, ...]
+    head_dim: int
+    num_freqs: int
+    target_freq_index: int
+    theta: float
+    gamma: float
+    ridge: float
+    plot_target: str
+
+    def __post_init__(self):
+        for target in self.targets:
+            _check_target(target)
+        if self.plot_target not in self.targets:
+            raise ValueError(f"probe.plot_target {self.plot_target!r} must be one of probe.targets {self.targets}.")
+        if not 0 < self.train_points <= self.train_context:
+            raise ValueError(
+                f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
+            )
+        if not 0 <= self.target_freq_index < self.num_freqs:
+            raise ValueError(
+                f"probe.target_freq_index {self.target_freq_index} must be below num_freqs {self.num_freqs}: "
+                "the target's frequency must be one of the basis frequencies."
+            )
+        if not self.methods or not self.seeds or not self.eval_contexts:
+            raise ValueError("probe.methods, probe.seeds and probe.eval_contexts must be non-empty.")
+        if min(self.eval_contexts) < 1:
+            raise ValueError(f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}.")
+        if self.gamma < 0 or self.ridge < 0:
+            raise ValueError(f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}.")
+        for method in self.methods:
+            method_pe_config(method, self)  # an unknown name fails here, listing the accepted forms
+
+    @classmethod
+    def from_config_dict(cls, config: Mapping[str, Any]) -> "KernelProbeConfig":
+        """From the whole experiment ConfigDict: `experiment` == 'kernel_probe' and a `probe` section."""
+        if set(config.keys()) != {"experiment", "probe"} or config["experiment"] != "kernel_probe":
+            raise ValueError(
+                f"a kernel-probe config has exactly the keys experiment='kernel_probe' and probe, "
+                f"got keys {sorted(config.keys())} (experiment={config.get('experiment')!r})."
+            )
+        section = dict(config["probe"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(section) != names:
+            raise ValueError(
+                f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
+            )
+        return cls(**{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()})
+
+    @property
+    def target_omega(self) -> float:
+        return synthetic.rotary_frequency(self.theta, self.target_freq_index, self.head_dim)
+
+
+def _check_target(target: str) -> None:
+    if target not in ("phase", "linear", "mixed") and not _JET_TARGET.fullmatch(target):
+        raise ValueError(f"Unknown probe target {target!r}; use phase, linear, mixed or jet_r{{r}} (e.g. jet_r2).")
+
+
+def target_values(target: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
+    """y(d) of a target at integer lags [n], float64 [n]."""
+    _check_target(target)
+    L, omega = probe.train_context, probe.target_omega
+    if target == "linear":
+        return -np.asarray(lags, np.float64) / L
+    if target == "mixed":
+        return synthetic.mixed_raw(lags, train_len=L, omega=omega)
+    power = 0 if target == "phase" else int(_JET_TARGET.fullmatch(target).group(1))
+    return synthetic.high_jet(lags, train_len=L, omega=omega, power=power)
+
+
+def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
+    """The method's PEConfig, with the probe's gamma as the base damping (its name may override it)."""
+    return pe_config_from_name(method, train_context=probe.train_context, theta=probe.theta,
+                               gamma_min=0.0, init_gamma=probe.gamma)
+
+
+def _jordan_features(cfg: PEConfig, order: int, rotate: bool, lags: np.ndarray,
+                     omegas: jnp.ndarray) -> list[np.ndarray]:
+    """c_r(d) D(d) (cos, sin)(w d) for r < order (c_r(d) D(d) when not rotating), each [n, F] or [n, 1]."""
+    gamma = cfg.init_gamma if cfg.learn_gamma else 0.0
+    d = jnp.asarray(lags, jnp.float32)[:, None]
+    if rotate:
+        carriers = pe_math.damped_phase(d, gamma, omegas[None, :])
+    else:
+        carriers = pe_math.damped_phase(d, gamma, 0.0)[:1]  # sin(0 d) = 0 carries nothing
+    if cfg.shear == "none":
+        coefficients = [1.0]
+    else:
+        time = pe_math.bounded_time(d, cfg.train_context) if cfg.shear_time == "bounded" else d
+        coefficients = pe_math.shear_series(time / cfg.train_context, order)
+    return [np.asarray(c * carrier, np.float64) for c in coefficients for carrier in carriers]
+
+
+def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
+    """The method's relative lag features at integer lags [n], float64 [n, F] (column 0 is the constant)."""
+    cfg = method_pe_config(method, probe)
+    lags = np.asarray(lags)
+    omegas = pe_math.rotary_frequencies(probe.num_freqs, probe.head_dim, probe.theta)
+    ramp = (lags / probe.train_context)[:, None].astype(np.float64)
+    columns = [np.ones((lags.size, 1))]
+    if cfg.layout in ("rope", "direct_sum"):
+        columns += _jordan_features(dataclasses.replace(cfg, learn_gamma=False, shear="none"), 1, True,
+                                    lags, omegas)
+    if cfg.layout == "jordan":
+        columns += _jordan_features(cfg, cfg.order, cfg.rotate, lags, omegas)
+    if cfg.layout == "direct_sum":
+        columns += _jordan_features(cfg, 2, False, lags, omegas) + [ramp]
+    if cfg.alibi:
+        columns.append(ramp)
+    return np.concatenate([c.reshape(lags.size, -1) for c in columns], axis=1)
+
+
+def ridge_fit(features: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
+    """Weights w [F] solving (X^T X + ridge I) w = X^T y in float64; X [n, F], y [n]."""
+    x = np.asarray(features, np.float64)
+    gram = x.T @ x + ridge * np.eye(x.shape[1])
+    return np.linalg.solve(gram, x.T @ np.asarray(targets, np.float64))
+
+
+def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
+    """All lags of [0, L), or a seeded sorted subset of train_points of them."""
+    if probe.train_points == probe.train_context:
+        return np.arange(probe.train_context)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(probe.train_context, size=probe.train_points, replace=False))
+
+
+def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Runs every (seed, target, method) fit.
+
+    Returns:
+      rows: dicts with CSV_COLUMNS: one 'train' row (context = L) and one
+        'eval' row per eval context for each fit.
+      plot_curves: method -> the fitted kernel of plot_target on the lags
+        [0, max(eval_contexts)), float64, for the first seed.
+    """
+    longest = max(probe.eval_contexts)
+    # One feature matrix per method covers the fit lags and every evaluation window.
+    span = max(longest, probe.train_context)
+    eval_features = {m: basis_features(m, np.arange(span), probe) for m in probe.methods}
+    rows, plot_curves = [], {}
+    for seed in probe.seeds:
+        fit_lags = training_lags(probe, seed)
+        for target in probe.targets:
+            y_fit = target_values(target, fit_lags, probe)
+            y_all = target_values(target, np.arange(span), probe)
+            for method in probe.methods:
+                x_all = eval_features[method]
+                x_fit = x_all[fit_lags]
+                weights = ridge_fit(x_fit, y_fit, probe.ridge)
+                common = dict(seed=seed, task=target, method=method)
+                rows.append(dict(common, context=probe.train_context, split="train",
+                                 mse=float(np.mean((x_fit @ weights - y_fit) ** 2))))
+                prediction = x_all @ weights
+                for context in probe.eval_contexts:
+                    error = np.mean((prediction[:context] - y_all[:context]) ** 2)
+                    rows.append(dict(common, context=context, split="eval", mse=float(error)))
+                if seed == probe.seeds[0] and target == probe.plot_target:
+                    plot_curves[method] = prediction[:longest]
+    return rows, plot_curves
+
+
+def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
+    """One table per target: MSE (mean over seeds) per method, train and each context; best in bold."""
+    columns = [("train", probe.train_context)] + [("eval", c) for c in probe.eval_contexts]
+    header = ["method", f"train (L={probe.train_context})"] + [f"T={c}" for c in probe.eval_contexts]
+    lines = [f"Kernel probe: ridge {probe.ridge:g}, head_dim {probe.head_dim}, {probe.num_freqs} frequencies, "
+             f"target frequency index {probe.target_freq_index}, gamma {probe.gamma:g}, "
+             f"seeds {list(probe.seeds)}. Mean squared error."]
+    for target in probe.targets:
+        mean = {
+            (method, column): np.mean([r["mse"] for r in rows if r["task"] == target and r["method"] == method
+                                       and (r["split"], r["context"]) == column])
+            for method in probe.methods for column in columns
+        }
+        best = {column: min(mean[m, column] for m in probe.methods) for column in columns}
+        lines += ["", f"### {target}", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
+        for method in probe.methods:
+            cells = [f"**{mean[method, c]:.3g}**" if mean[method, c] == best[c] else f"{mean[method, c]:.3g}"
+                     for c in columns]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_fits(path: str, plot_curves: dict[str, np.ndarray], probe: KernelProbeConfig) -> None:
+    """Every method's fit of plot_target over [0, T_max): error along the lag, and the last lags.
+
+    The carrier period is a few lags, so the raw curves over thousands of
+    lags are a solid band: the top panel shows the RMS error per window of
+    lags (log scale, fit window dashed), the bottom one the curves over the
+    last 96 lags, where extrapolation is hardest.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest = max(probe.eval_contexts)
+    window = max(1, longest // 128)
+    lags = np.arange(longest)
+    target = target_values(probe.plot_target, lags, probe)
+    tail = lags[-96:]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9))
+    colors = plt.get_cmap("tab20").colors  # distinct colours for up to 20 methods
+    for index, (method, prediction) in enumerate(plot_curves.items()):
+        windows = (prediction - target)[: longest // window * window].reshape(-1, window)
+        rms = np.sqrt(np.mean(windows**2, axis=1))
+        color = colors[index % len(colors)]
+        top.semilogy(np.arange(rms.size) * window + window / 2, rms, linewidth=1.0, color=color, label=method)
+        bottom.plot(tail, prediction[tail], linewidth=0.9, color=color, label=method)
+    bottom.plot(tail, target[tail], color="black", linewidth=2.0, label="target")
+    top.axvline(probe.train_context, color="gray", linestyle="--", linewidth=1.0)
+    top.set_xlabel(f"lag d (fit on d < L = {probe.train_context}, dashed)")
+    top.set_ylabel(f"RMS error per {window} lags")
+    top.set_title(f"Kernel probe: fits of the {probe.plot_target} target, extrapolated to T={longest}")
+    top.legend(ncol=4, fontsize=7)
+    span = np.abs(target[tail]).max()
+    bottom.set_ylim(-1.5 * span, 1.5 * span)  # fits that blow up leave the frame instead of squashing the rest
+    bottom.set_xlabel("lag d")
+    bottom.set_ylabel("kernel value")
+    bottom.set_title(f"the last {tail.size} lags")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
+    """Runs the probe of `config` and writes kernel_probe.{csv,md} and a PNG into workdir.
+
+    Returns the CSV rows.
+    """
+    probe = KernelProbeConfig.from_config_dict(config)
+    rows, plot_curves = probe_rows(probe)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "kernel_probe.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown_table(rows, probe)
+    with open(os.path.join(workdir, "kernel_probe.md"), "w") as f:
+        f.write(table)
+    plot_fits(os.path.join(workdir, f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png"),
+              plot_curves, probe)
+    print(table)
+    return rows
