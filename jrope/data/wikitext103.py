@@ -100,8 +100,8 @@ class Wikitext103Raw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         """Lines of a raw file, or of the archive's ``member`` (read from the zip,
         not extracted: TFDS's extractor needs TensorFlow)."""
         with path.open("rb") as raw, (zipfile.ZipFile(raw).open(member) if member else raw) as lines:
-            # Binary lines split on b"\n" only: universal-newline reading would also
-            # split on the stray \r and \x85 the raw text contains.
+            # Binary lines split on b"\n" only: text-mode reading would also split
+            # on, and rewrite, any carriage return, and the bytes must stay the file's.
             for index, line in enumerate(lines):
                 if line.endswith(b"\n"):
                     line = line[:-1]
