@@ -113,9 +113,17 @@ class JordanSegment:
     return self.cfg.shear
 
   def frequencies(self) -> jax.Array:
-    """omega [nb]; zero for real Jordan blocks."""
+    """Signed omega [nb] of G(d) = e^{-gamma d} R(omega d) (x) U(d); zero for real Jordan.
+
+    The Jordan maps use A(-p) = e^{-lambda p}, which rotates q and k by
+    R(-omega p) and gives the phase e^{+i omega (i - j)}. Standard RoPE (and
+    the reference's RotaryEmbedding) rotates by R(+omega p) instead, which is
+    the same machinery with omega negated; each keeps its reference's sign.
+    """
     omega = pe_math.rotary_frequencies(self.num_blocks, self.width, self.cfg.theta)
-    return omega if self.cfg.rotate else jnp.zeros_like(omega)
+    if not self.cfg.rotate:
+      return jnp.zeros_like(omega)
+    return -omega if self.order == 1 else omega
 
   def init_params(self) -> dict[str, jax.Array]:
     cfg, shape = self.cfg, (self.num_heads, self.num_blocks)
