@@ -36,6 +36,7 @@ class DataSourceSpec:
 
 DATA_SOURCES = {
     "synthetic": DataSourceSpec("task", "jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"),
+    "text_bytes": DataSourceSpec("data", "jrope.data.text_bytes", "TextDataConfig", "ByteTextSource"),
 }
 
 

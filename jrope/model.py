@@ -56,7 +56,7 @@ class RMSNorm(nnx.Module):
         """x [B, T, D] -> same shape and dtype; statistics in float32."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + NORM_EPS)
-        scale = self.scale.value.reshape((1,) * (x.ndim - 1) + (-1,))
+        scale = self.scale[...].reshape((1,) * (x.ndim - 1) + (-1,))
         return (normed * scale).astype(x.dtype)
 
 
@@ -78,8 +78,8 @@ class CausalSelfAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """x [B, T, D], positions int32 [T] or [B, T] -> [B, T, D]."""
-        qkv = jnp.einsum("btd,dcnh->cbtnh", x, self.qkv.value.astype(x.dtype))
-        pe_params = {name: param.value for name, param in self.pe_params.items()}
+        qkv = jnp.einsum("btd,dcnh->cbtnh", x, self.qkv[...].astype(x.dtype))
+        pe_params = {name: param[...] for name, param in self.pe_params.items()}
         y = attention.causal_attention(
             qkv[0],
             qkv[1],
@@ -91,7 +91,7 @@ class CausalSelfAttention(nnx.Module):
             blockwise_min_length=self.cfg.blockwise_min_length,
             block_size=self.cfg.block_size,
         )
-        return jnp.einsum("btnh,nhd->btd", y.astype(x.dtype), self.out.value.astype(x.dtype))
+        return jnp.einsum("btnh,nhd->btd", y.astype(x.dtype), self.out[...].astype(x.dtype))
 
 
 class MLPBlock(nnx.Module):
@@ -102,8 +102,8 @@ class MLPBlock(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> [B, T, D]; exact (erf) GELU as in the reference."""
-        hidden = jax.nn.gelu(x @ self.up.value.astype(x.dtype), approximate=False)
-        return hidden @ self.down.value.astype(x.dtype)
+        hidden = jax.nn.gelu(x @ self.up[...].astype(x.dtype), approximate=False)
+        return hidden @ self.down[...].astype(x.dtype)
 
 
 class TransformerBlock(nnx.Module):
@@ -140,9 +140,16 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T, V]."""
+        return self.decode(self.embed(tokens), positions)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """tokens int32 [B, T] -> [B, T, D] in the compute dtype."""
+        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.cfg.compute_dtype)
+
+    def decode(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """Embedded inputs [B, T, D] -> logits float32 [B, T, V] (the blocks, final norm and tied output)."""
         dtype = jnp.dtype(self.cfg.compute_dtype)
-        embedding = self.embedding.value
-        x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+        x = x.astype(dtype)
         run_block = _run_block
         if self.cfg.remat != "none":
             run_block = nnx.remat(_run_block, policy=_REMAT_POLICIES[self.cfg.remat])
@@ -150,4 +157,4 @@ class Transformer(nnx.Module):
             x = run_block(block, x, positions)
         x = self.final_norm(x)
         # Tied output projection; logits accumulate in float32.
-        return jnp.einsum("btd,vd->btv", x, embedding.astype(dtype), preferred_element_type=jnp.float32)
+        return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32)

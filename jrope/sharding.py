@@ -86,9 +86,10 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], ru
             raise ValueError(f"logical axis {name!r} has no rule in config.mesh.rules {tuple(table)}; add one.")
         axes = table[name]
         axes_tuple = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        axes_tuple = tuple(axis for axis in axes_tuple if mesh.shape[axis] > 1)  # size-1 axes split nothing
         split = math.prod(mesh.shape[axis] for axis in axes_tuple)
         if not axes_tuple or size % split or used.intersection(axes_tuple):
-            if axes_tuple and split > 1:
+            if axes_tuple:
                 logging.log_first_n(
                     logging.INFO, "Replicating dim %s (size %d) instead of splitting it %d ways.", 8, name, size, split
                 )

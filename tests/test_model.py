@@ -1,0 +1,124 @@
+"""The Transformer: causality, kernel agreement, numerics, any-length evaluation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jrope import attention, sharding
+from jrope.model import Transformer
+from tiny_train_config import tiny_config
+
+VOCAB = 3
+LENGTH = 16
+
+
+def _model(**overrides) -> Transformer:
+    cfg = tiny_config(**overrides)
+    return Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+
+
+def _tokens(batch=2, length=LENGTH, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, VOCAB, (batch, length)), jnp.int32)
+
+
+def _positions(length=LENGTH):
+    return jnp.arange(length, dtype=jnp.int32)
+
+
+@nnx.jit
+def _apply(model, tokens):
+    return model(tokens, jnp.arange(tokens.shape[1], dtype=jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "pe_name, impl",
+    [("jordan_rope", "xla"), ("jordan_rope", "einsum"), ("jordan_rope", "blockwise"), ("rope_alibi", "einsum")],
+)
+def test_causality_through_gradients(pe_name, impl):
+    model = _model(**{"pe.name": pe_name, "model.attention_impl": impl, "model.block_size": 4})
+    x = model.embed(_tokens())
+    query = 9
+
+    def logits_at_query(inputs):
+        return jnp.sum(model.decode(inputs, _positions())[:, query])
+
+    grad = jax.jit(jax.grad(logits_at_query))(x)  # [B, T, D]
+    per_position = np.asarray(jnp.sum(jnp.abs(grad), axis=(0, 2)))
+    np.testing.assert_array_equal(per_position[query + 1 :], 0.0)  # the future has no influence at all
+    assert np.all(per_position[: query + 1] > 1e-6)  # every visible position does
+
+
+def test_attention_kernels_agree():
+    tokens = _tokens()
+    outputs = {
+        impl: _apply(_model(**{"model.attention_impl": impl, "model.block_size": 4}), tokens)
+        for impl in ("xla", "einsum", "blockwise")
+    }
+    np.testing.assert_allclose(outputs["einsum"], outputs["xla"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs["blockwise"], outputs["xla"], rtol=1e-5, atol=1e-5)
+
+
+def test_resolve_impl_choices():
+    assert attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096) == "xla"
+    assert attention.resolve_impl("auto", has_bias=True, length=100, blockwise_min_length=4096) == "einsum"
+    assert attention.resolve_impl("auto", has_bias=True, length=4096, blockwise_min_length=4096) == "blockwise"
+    with pytest.raises(ValueError, match="cannot add a logit bias"):
+        attention.resolve_impl("xla", has_bias=True, length=16, blockwise_min_length=4096)
+
+
+def test_evaluates_beyond_the_training_length():
+    # Nothing in the model is sized by the training length L = 16.
+    logits = _apply(_model(), _tokens(length=40))
+    assert logits.shape == (2, 40, VOCAB)
+    assert np.all(np.isfinite(logits))
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    model = _model(**{"model.compute_dtype": "bfloat16"})
+    logits = _apply(model, _tokens())
+    assert logits.dtype == jnp.float32
+    params = nnx.state(model, nnx.Param)
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    reference = _apply(_model(), _tokens())
+    # bf16 activations: about 3 significant digits on logits of order 10.
+    np.testing.assert_allclose(logits, reference, atol=0.15 * float(jnp.max(jnp.abs(reference))))
+
+
+def test_remat_changes_nothing_but_memory():
+    tokens = _tokens()
+
+    def loss_and_grads(model):
+        params = nnx.state(model, nnx.Param)
+        graphdef = nnx.graphdef(model)
+
+        def loss(p):
+            return jnp.mean(nnx.merge(graphdef, p)(tokens, _positions()) ** 2)
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    plain_loss, plain_grads = loss_and_grads(_model())
+    remat_loss, remat_grads = loss_and_grads(_model(**{"model.remat": "full"}))
+    np.testing.assert_allclose(remat_loss, plain_loss, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(remat_grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # recomputation reorders float sums
+
+
+def test_every_parameter_has_logical_axes_known_to_the_rules():
+    cfg = tiny_config(**{"pe.name": "jordan_jetmix_m4_c150_g050_g030_g020"})
+    model = Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+    rule_names = {name for name, _ in cfg.mesh.rules}
+    variables = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    assert any("jet_gates_raw" in str(path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    for variable in variables:
+        axes = variable.get_metadata()[sharding.LOGICAL_AXES_KEY]
+        assert len(axes) == variable.ndim
+        assert set(axes) - {None} <= rule_names
+
+
+def test_per_layer_encoding_parameters_are_distinct_params():
+    model = _model(**{"pe.name": "jordan_rope"})
+    gammas = [block.attn.pe_params["gamma_raw"] for block in model.blocks]
+    assert len(gammas) == 2 and gammas[0] is not gammas[1]
+    assert all(isinstance(g, nnx.Param) and g.shape[0] == 2 for g in gammas)  # [N, nb]
