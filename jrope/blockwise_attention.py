@@ -61,250 +61,289 @@ _MASK_VALUE = -1e30
 
 
 class _Layout(NamedTuple):
-  """Static block geometry of one call."""
-  block: int
-  q_len: int  # T before padding
-  k_len: int  # S before padding
-  num_q_blocks: int
-  num_k_blocks: int
-  causal: bool
+    """Static block geometry of one call."""
+
+    block: int
+    q_len: int  # T before padding
+    k_len: int  # S before padding
+    num_q_blocks: int
+    num_k_blocks: int
+    causal: bool
 
 
-def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, enc: Any,
-                        params: dict[str, jax.Array], q_positions: jax.Array,
-                        k_positions: jax.Array, block_size: int,
-                        causal: bool = True) -> jax.Array:
-  """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
+def blockwise_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    enc: Any,
+    params: dict[str, jax.Array],
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    block_size: int,
+    causal: bool = True,
+) -> jax.Array:
+    """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
 
-  Args:
-    q: [B, T, N, H] raw query projections (before the positional transform).
-    k, v: [B, S, N, H] raw key projections and values.
-    enc: an encoding from jrope.make_encoding (transform_qk, logit_bias, has_bias).
-    params: the encoding's parameters (dict of float32 arrays, may be empty).
-    q_positions: int [T] or [B, T] absolute query positions.
-    k_positions: int [S] or [B, S] absolute key positions.
-    block_size: rows per query block and keys per key block; clamped to
-      max(T, S) so that short inputs are not padded to a large block.
-    causal: mask keys whose position exceeds the query's position.
+    Args:
+      q: [B, T, N, H] raw query projections (before the positional transform).
+      k, v: [B, S, N, H] raw key projections and values.
+      enc: an encoding from jrope.make_encoding (transform_qk, logit_bias, has_bias).
+      params: the encoding's parameters (dict of float32 arrays, may be empty).
+      q_positions: int [T] or [B, T] absolute query positions.
+      k_positions: int [S] or [B, S] absolute key positions.
+      block_size: rows per query block and keys per key block; clamped to
+        max(T, S) so that short inputs are not padded to a large block.
+      causal: mask keys whose position exceeds the query's position.
 
-  Returns:
-    [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
-  """
-  q_positions = jnp.asarray(q_positions)
-  k_positions = jnp.asarray(k_positions)
-  _check_inputs(q, k, v, q_positions, k_positions, block_size)
-  q_len, k_len = q.shape[1], k.shape[1]
-  block = min(block_size, max(q_len, k_len))
-  layout = _Layout(block, q_len, k_len, -(-q_len // block), -(-k_len // block), bool(causal))
-  q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * block)
-  k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * block)
-  v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * block)
-  out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions)
-  return out[:, :q_len]
+    Returns:
+      [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
+    """
+    q_positions = jnp.asarray(q_positions)
+    k_positions = jnp.asarray(k_positions)
+    _check_inputs(q, k, v, q_positions, k_positions, block_size)
+    q_len, k_len = q.shape[1], k.shape[1]
+    block = min(block_size, max(q_len, k_len))
+    layout = _Layout(block, q_len, k_len, -(-q_len // block), -(-k_len // block), bool(causal))
+    q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * block)
+    k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * block)
+    v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * block)
+    out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions)
+    return out[:, :q_len]
 
 
 def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'q, k, v must be [B, T, N, H], [B, S, N, H], [B, S, N, H]; '
-                     f'got shapes {q.shape}, {k.shape}, {v.shape}.')
-  if k.shape != v.shape:
-    raise ValueError(f'k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}.')
-  if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-    raise ValueError(f'q {q.shape} and k {k.shape} must agree in batch, heads and head dim.')
-  if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-    raise ValueError(f'block_size must be a positive int; got {block_size!r}.')
-  for name, positions, length in (('q_positions', q_positions, q.shape[1]),
-                                  ('k_positions', k_positions, k.shape[1])):
-    if positions.shape not in ((length,), (q.shape[0], length)):
-      raise ValueError(f'{name} must have shape [{length}] or [{q.shape[0]}, {length}] '
-                       f'(sequence length, optionally batch first); got {positions.shape}.')
-    if not jnp.issubdtype(positions.dtype, jnp.integer):
-      raise ValueError(f'{name} must be integer positions; got dtype {positions.dtype}. '
-                       f'Pass e.g. jnp.arange(T, dtype=jnp.int32).')
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f'q, k, v must be [B, T, N, H], [B, S, N, H], [B, S, N, H]; '
+            f'got shapes {q.shape}, {k.shape}, {v.shape}.'
+        )
+    if k.shape != v.shape:
+        raise ValueError(
+            f'k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}.'
+        )
+    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f'q {q.shape} and k {k.shape} must agree in batch, heads and head dim.')
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f'block_size must be a positive int; got {block_size!r}.')
+    for name, positions, length in (
+        ('q_positions', q_positions, q.shape[1]),
+        ('k_positions', k_positions, k.shape[1]),
+    ):
+        if positions.shape not in ((length,), (q.shape[0], length)):
+            raise ValueError(
+                f'{name} must have shape [{length}] or [{q.shape[0]}, {length}] '
+                f'(sequence length, optionally batch first); got {positions.shape}.'
+            )
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(
+                f'{name} must be integer positions; got dtype {positions.dtype}. '
+                f'Pass e.g. jnp.arange(T, dtype=jnp.int32).'
+            )
 
 
 def _pad_to_blocks(x, positions, padded_len):
-  """Pads the sequence axis of x [B, L, N, H] and of positions [L]/[B, L] to padded_len.
+    """Pads the sequence axis of x [B, L, N, H] and of positions [L]/[B, L] to padded_len.
 
-  Positions repeat the last one: padded keys are masked anyway, and a
-  repeated position keeps the encoding's factors as bounded as the real ones.
-  """
-  extra = padded_len - x.shape[1]
-  if extra:
-    x = jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
+    Positions repeat the last one: padded keys are masked anyway, and a
+    repeated position keeps the encoding's factors as bounded as the real ones.
+    """
+    extra = padded_len - x.shape[1]
+    if extra:
+        x = jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
+        if positions is not None:
+            positions = jnp.pad(
+                positions, [(0, 0)] * (positions.ndim - 1) + [(0, extra)], mode='edge'
+            )
     if positions is not None:
-      positions = jnp.pad(positions, [(0, 0)] * (positions.ndim - 1) + [(0, extra)], mode='edge')
-  if positions is not None:
-    positions = positions.astype(jnp.int32)
-  return x, positions
+        positions = positions.astype(jnp.int32)
+    return x, positions
 
 
 def _slice_seq(x, start, size):
-  """x[..., start:start + size, (N, H)] for [B, L, N, H] arrays or [L]/[B, L] positions."""
-  axis = 1 if x.ndim == 4 else x.ndim - 1
-  return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+    """x[..., start:start + size, (N, H)] for [B, L, N, H] arrays or [L]/[B, L] positions."""
+    axis = 1 if x.ndim == 4 else x.ndim - 1
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
 def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
-  """int32 [num_q_blocks]: one past the last key block holding a key visible to the query block.
+    """int32 [num_q_blocks]: one past the last key block holding a key visible to the query block.
 
-  A key block is needed iff its smallest (real) key position is <= the query
-  block's largest position. The suffix minimum of the key blocks' smallest
-  positions is non-decreasing, so the count of needed-or-earlier blocks is a
-  searchsorted. Exact for any positions; with increasing positions it is the
-  diagonal block.
-  """
-  if not layout.causal:
-    return jnp.full((layout.num_q_blocks,), layout.num_k_blocks, jnp.int32)
-  real_key = jnp.arange(k_positions.shape[-1]) < layout.k_len
-  if k_positions.ndim == 2:
-    real_key = real_key[None]
-  key_min = jnp.where(real_key, k_positions, jnp.iinfo(jnp.int32).max)
-  key_min = key_min.reshape(key_min.shape[:-1] + (layout.num_k_blocks, layout.block)).min(-1)
-  query_max = q_positions.reshape(q_positions.shape[:-1] + (layout.num_q_blocks, layout.block)).max(-1)
-  if key_min.ndim == 2:  # batched positions: one loop for the whole batch
-    key_min = key_min.min(0)
-  if query_max.ndim == 2:
-    query_max = query_max.max(0)
-  suffix_min = jax.lax.cummin(key_min, reverse=True)
-  return jnp.searchsorted(suffix_min, query_max, side='right').astype(jnp.int32)
+    A key block is needed iff its smallest (real) key position is <= the query
+    block's largest position. The suffix minimum of the key blocks' smallest
+    positions is non-decreasing, so the count of needed-or-earlier blocks is a
+    searchsorted. Exact for any positions; with increasing positions it is the
+    diagonal block.
+    """
+    if not layout.causal:
+        return jnp.full((layout.num_q_blocks,), layout.num_k_blocks, jnp.int32)
+    real_key = jnp.arange(k_positions.shape[-1]) < layout.k_len
+    if k_positions.ndim == 2:
+        real_key = real_key[None]
+    key_min = jnp.where(real_key, k_positions, jnp.iinfo(jnp.int32).max)
+    key_min = key_min.reshape(key_min.shape[:-1] + (layout.num_k_blocks, layout.block)).min(-1)
+    query_max = q_positions.reshape(
+        q_positions.shape[:-1] + (layout.num_q_blocks, layout.block)
+    ).max(-1)
+    if key_min.ndim == 2:  # batched positions: one loop for the whole batch
+        key_min = key_min.min(0)
+    if query_max.ndim == 2:
+        query_max = query_max.max(0)
+    suffix_min = jax.lax.cummin(key_min, reverse=True)
+    return jnp.searchsorted(suffix_min, query_max, side='right').astype(jnp.int32)
 
 
 def _pair_logits(enc, params, q_blk, k_blk, qpos_blk, kpos_blk) -> jax.Array:
-  """float32 [B, N, b, b] logits of one (query block, key block) pair, before masking."""
-  origin = qpos_blk[..., 0]  # scalar, or [B] for batched positions
-  q2, k2 = enc.transform_qk(params, q_blk, k_blk, qpos_blk, kpos_blk, origin=origin)
-  dtype = jnp.promote_types(q2.dtype, k2.dtype)
-  logits = jnp.einsum('btnh,bsnh->bnts', q2.astype(dtype), k2.astype(dtype),
-                      preferred_element_type=jnp.float32) / math.sqrt(q_blk.shape[-1])
-  if enc.has_bias:
-    bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
-    logits = logits + (bias[None] if bias.ndim == 3 else bias)
-  return logits
+    """float32 [B, N, b, b] logits of one (query block, key block) pair, before masking."""
+    origin = qpos_blk[..., 0]  # scalar, or [B] for batched positions
+    q2, k2 = enc.transform_qk(params, q_blk, k_blk, qpos_blk, kpos_blk, origin=origin)
+    dtype = jnp.promote_types(q2.dtype, k2.dtype)
+    logits = jnp.einsum(
+        'btnh,bsnh->bnts', q2.astype(dtype), k2.astype(dtype), preferred_element_type=jnp.float32
+    ) / math.sqrt(q_blk.shape[-1])
+    if enc.has_bias:
+        bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
+        logits = logits + (bias[None] if bias.ndim == 3 else bias)
+    return logits
 
 
 def _pair_mask(layout: _Layout, k_start, qpos_blk, kpos_blk) -> jax.Array:
-  """bool [B|1, 1, b, b]: real keys, and (if causal) keys not after the query."""
-  real_key = (k_start + jnp.arange(layout.block)) < layout.k_len
-  mask = real_key[None, None, None, :]
-  if layout.causal:
-    visible = kpos_blk[..., None, :] <= qpos_blk[..., :, None]  # [b, b] or [B, b, b]
-    visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
-    mask = mask & visible
-  return mask
+    """bool [B|1, 1, b, b]: real keys, and (if causal) keys not after the query."""
+    real_key = (k_start + jnp.arange(layout.block)) < layout.k_len
+    mask = real_key[None, None, None, :]
+    if layout.causal:
+        visible = kpos_blk[..., None, :] <= qpos_blk[..., :, None]  # [b, b] or [B, b, b]
+        visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
+        mask = mask & visible
+    return mask
 
 
 def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
-  """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
-  b = layout.block
-  ends = _key_block_ends(layout, q_positions, k_positions)
+    """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
+    b = layout.block
+    ends = _key_block_ends(layout, q_positions, k_positions)
 
-  def query_block(qb):
-    q_start = qb * b
-    q_blk = _slice_seq(q, q_start, b)
-    qpos_blk = _slice_seq(q_positions, q_start, b)
+    def query_block(qb):
+        q_start = qb * b
+        q_blk = _slice_seq(q, q_start, b)
+        qpos_blk = _slice_seq(q_positions, q_start, b)
 
-    def key_block(kb, carry):
-      acc, row_max, row_sum = carry  # [B, N, b, H], [B, N, b], [B, N, b]
-      k_start = kb * b
-      kpos_blk = _slice_seq(k_positions, k_start, b)
-      logits = _pair_logits(enc, params, q_blk, _slice_seq(k, k_start, b), qpos_blk, kpos_blk)
-      mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
-      logits = jnp.where(mask, logits, _MASK_VALUE)
-      new_max = jnp.maximum(row_max, logits.max(-1))
-      correction = jnp.exp(row_max - new_max)
-      probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
-      v_blk = _slice_seq(v, k_start, b)
-      acc = acc * correction[..., None] + jnp.einsum(
-          'bnts,bsnh->bnth', probs.astype(v.dtype), v_blk, preferred_element_type=jnp.float32)
-      return acc, new_max, row_sum * correction + probs.sum(-1)
+        def key_block(kb, carry):
+            acc, row_max, row_sum = carry  # [B, N, b, H], [B, N, b], [B, N, b]
+            k_start = kb * b
+            kpos_blk = _slice_seq(k_positions, k_start, b)
+            logits = _pair_logits(enc, params, q_blk, _slice_seq(k, k_start, b), qpos_blk, kpos_blk)
+            mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            logits = jnp.where(mask, logits, _MASK_VALUE)
+            new_max = jnp.maximum(row_max, logits.max(-1))
+            correction = jnp.exp(row_max - new_max)
+            probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
+            v_blk = _slice_seq(v, k_start, b)
+            acc = acc * correction[..., None] + jnp.einsum(
+                'bnts,bsnh->bnth', probs.astype(v.dtype), v_blk, preferred_element_type=jnp.float32
+            )
+            return acc, new_max, row_sum * correction + probs.sum(-1)
 
-    batch, _, heads, head_dim = q.shape
-    init = (jnp.zeros((batch, heads, b, head_dim), jnp.float32),
+        batch, _, heads, head_dim = q.shape
+        init = (
+            jnp.zeros((batch, heads, b, head_dim), jnp.float32),
             jnp.full((batch, heads, b), _MASK_VALUE, jnp.float32),
-            jnp.zeros((batch, heads, b), jnp.float32))
-    acc, row_max, row_sum = jax.lax.fori_loop(0, ends[qb], key_block, init)
-    # A row with no visible key has row_sum 0 and acc 0: output 0, finite lse.
-    row_sum = jnp.maximum(row_sum, jnp.finfo(jnp.float32).tiny)
-    out_blk = (acc / row_sum[..., None]).astype(v.dtype).transpose(0, 2, 1, 3)
-    return out_blk, row_max + jnp.log(row_sum)
+            jnp.zeros((batch, heads, b), jnp.float32),
+        )
+        acc, row_max, row_sum = jax.lax.fori_loop(0, ends[qb], key_block, init)
+        # A row with no visible key has row_sum 0 and acc 0: output 0, finite lse.
+        row_sum = jnp.maximum(row_sum, jnp.finfo(jnp.float32).tiny)
+        out_blk = (acc / row_sum[..., None]).astype(v.dtype).transpose(0, 2, 1, 3)
+        return out_blk, row_max + jnp.log(row_sum)
 
-  out, lse = jax.lax.map(query_block, jnp.arange(layout.num_q_blocks))
-  # out [nq, B, b, N, H] -> [B, nq*b, N, H]; lse [nq, B, N, b] -> [B, N, nq*b]
-  out = jnp.moveaxis(out, 0, 1).reshape(q.shape[:1] + (-1,) + v.shape[2:])
-  lse = jnp.moveaxis(lse, 0, 2).reshape(lse.shape[1:3] + (-1,))
-  return out, lse
+    out, lse = jax.lax.map(query_block, jnp.arange(layout.num_q_blocks))
+    # out [nq, B, b, N, H] -> [B, nq*b, N, H]; lse [nq, B, N, b] -> [B, N, nq*b]
+    out = jnp.moveaxis(out, 0, 1).reshape(q.shape[:1] + (-1,) + v.shape[2:])
+    lse = jnp.moveaxis(lse, 0, 2).reshape(lse.shape[1:3] + (-1,))
+    return out, lse
 
 
 def _backward(enc, layout: _Layout, residuals, d_out):
-  """Cotangents of (params, q, k, v, q_positions, k_positions), recomputing each pair's logits."""
-  params, q, k, v, q_positions, k_positions, out, lse = residuals
-  b = layout.block
-  ends = _key_block_ends(layout, q_positions, k_positions)
-  d_out = d_out.astype(jnp.float32)
-  # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
-  delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32))
+    """Cotangents of (params, q, k, v, q_positions, k_positions), recomputing each pair's logits."""
+    params, q, k, v, q_positions, k_positions, out, lse = residuals
+    b = layout.block
+    ends = _key_block_ends(layout, q_positions, k_positions)
+    d_out = d_out.astype(jnp.float32)
+    # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
+    delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32))
 
-  def query_block(qb, carry):
-    dq, dk, dv, dparams = carry
-    q_start = qb * b
-    q_blk = _slice_seq(q, q_start, b)
-    qpos_blk = _slice_seq(q_positions, q_start, b)
-    d_out_blk = _slice_seq(d_out, q_start, b)
-    lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, b, axis=2)
-    delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, b, axis=2)
+    def query_block(qb, carry):
+        dq, dk, dv, dparams = carry
+        q_start = qb * b
+        q_blk = _slice_seq(q, q_start, b)
+        qpos_blk = _slice_seq(q_positions, q_start, b)
+        d_out_blk = _slice_seq(d_out, q_start, b)
+        lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, b, axis=2)
+        delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, b, axis=2)
 
-    def key_block(kb, inner):
-      dq_blk, dk, dv, dparams = inner
-      k_start = kb * b
-      kpos_blk = _slice_seq(k_positions, k_start, b)
-      logits, pullback = jax.vjp(
-          lambda p, qq, kk: _pair_logits(enc, p, qq, kk, qpos_blk, kpos_blk),
-          params, q_blk, _slice_seq(k, k_start, b))
-      mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
-      probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
-      v_blk = _slice_seq(v, k_start, b).astype(jnp.float32)
-      d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk)
-      d_logits = probs * (d_probs - delta_blk[..., None])
-      d_params_pair, dq_pair, dk_pair = pullback(d_logits)
-      dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk)
-      dk = _add_to_slice(dk, dk_pair, k_start)
-      dv = _add_to_slice(dv, dv_pair, k_start)
-      dparams = jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_pair)
-      return dq_blk + dq_pair.astype(jnp.float32), dk, dv, dparams
+        def key_block(kb, inner):
+            dq_blk, dk, dv, dparams = inner
+            k_start = kb * b
+            kpos_blk = _slice_seq(k_positions, k_start, b)
+            logits, pullback = jax.vjp(
+                lambda p, qq, kk: _pair_logits(enc, p, qq, kk, qpos_blk, kpos_blk),
+                params,
+                q_blk,
+                _slice_seq(k, k_start, b),
+            )
+            mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
+            v_blk = _slice_seq(v, k_start, b).astype(jnp.float32)
+            d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk)
+            d_logits = probs * (d_probs - delta_blk[..., None])
+            d_params_pair, dq_pair, dk_pair = pullback(d_logits)
+            dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk)
+            dk = _add_to_slice(dk, dk_pair, k_start)
+            dv = _add_to_slice(dv, dv_pair, k_start)
+            dparams = jax.tree.map(
+                lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_pair
+            )
+            return dq_blk + dq_pair.astype(jnp.float32), dk, dv, dparams
 
-    dq_blk = jnp.zeros(q_blk.shape, jnp.float32)
-    dq_blk, dk, dv, dparams = jax.lax.fori_loop(0, ends[qb], key_block, (dq_blk, dk, dv, dparams))
-    dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_blk, q_start, axis=1)
-    return dq, dk, dv, dparams
+        dq_blk = jnp.zeros(q_blk.shape, jnp.float32)
+        dq_blk, dk, dv, dparams = jax.lax.fori_loop(
+            0, ends[qb], key_block, (dq_blk, dk, dv, dparams)
+        )
+        dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_blk, q_start, axis=1)
+        return dq, dk, dv, dparams
 
-  init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-          jnp.zeros(v.shape, jnp.float32),
-          jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
-  dq, dk, dv, dparams = jax.lax.fori_loop(0, layout.num_q_blocks, query_block, init)
-  dparams = jax.tree.map(lambda g, p: g.astype(p.dtype), dparams, params)
-  return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+    init = (
+        jnp.zeros(q.shape, jnp.float32),
+        jnp.zeros(k.shape, jnp.float32),
+        jnp.zeros(v.shape, jnp.float32),
+        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+    )
+    dq, dk, dv, dparams = jax.lax.fori_loop(0, layout.num_q_blocks, query_block, init)
+    dparams = jax.tree.map(lambda g, p: g.astype(p.dtype), dparams, params)
+    return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 def _add_to_slice(total, update, start):
-  """total[:, start:start + b] += update, in place inside the loop."""
-  current = jax.lax.dynamic_slice_in_dim(total, start, update.shape[1], axis=1)
-  return jax.lax.dynamic_update_slice_in_dim(total, current + update.astype(total.dtype), start, axis=1)
+    """total[:, start:start + b] += update, in place inside the loop."""
+    current = jax.lax.dynamic_slice_in_dim(total, start, update.shape[1], axis=1)
+    return jax.lax.dynamic_update_slice_in_dim(
+        total, current + update.astype(total.dtype), start, axis=1
+    )
 
 
 def _make_attend(enc, layout: _Layout):
-  """attend(params, q, k, v, q_positions, k_positions) -> [B, T_padded, N, H] with a memory-linear VJP."""
+    """attend(params, q, k, v, q_positions, k_positions) -> [B, T_padded, N, H] with a memory-linear VJP."""
 
-  @jax.custom_vjp
-  def attend(params, q, k, v, q_positions, k_positions):
-    return _forward(enc, layout, params, q, k, v, q_positions, k_positions)[0]
+    @jax.custom_vjp
+    def attend(params, q, k, v, q_positions, k_positions):
+        return _forward(enc, layout, params, q, k, v, q_positions, k_positions)[0]
 
-  def attend_fwd(params, q, k, v, q_positions, k_positions):
-    out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions)
-    return out, (params, q, k, v, q_positions, k_positions, out, lse)
+    def attend_fwd(params, q, k, v, q_positions, k_positions):
+        out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions)
+        return out, (params, q, k, v, q_positions, k_positions, out, lse)
 
-  def attend_bwd(residuals, d_out):
-    return _backward(enc, layout, residuals, d_out)
+    def attend_bwd(residuals, d_out):
+        return _backward(enc, layout, residuals, d_out)
 
-  attend.defvjp(attend_fwd, attend_bwd)
-  return attend
+    attend.defvjp(attend_fwd, attend_bwd)
+    return attend
