@@ -3,6 +3,7 @@
 For a trained experiment, evaluates the latest checkpoint in <workdir> at
 config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}.
 For config.experiment == "kernel_probe", runs the closed-form kernel probe.
+Multi-process runs take the process flags of train.py (jrope.distributed).
 """
 
 import importlib
@@ -11,16 +12,19 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jrope import distributed
 from jrope.config_types import TrainConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory holding the run (and receiving results).")
+_PROCESS_FLAGS = distributed.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     logging.info("JAX process %d of %d; local devices %s; all devices %d.",
                  jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count())
     config = _CONFIG.value

@@ -90,6 +90,7 @@ def get_config() -> config_dict.ConfigDict:
     config.opt.schedule = "constant"  # constant | cosine
     config.opt.warmup_steps = 0  # linear warm-up steps
     config.opt.final_lr_ratio = 0.0  # cosine only: final / peak learning rate
+    config.opt.nonfinite = "stop"  # NaN/Inf loss or grad norm: stop the run | skip the update
 
     config.mesh = config_dict.ConfigDict()
     config.mesh.data = -1  # data-parallel axis (-1: all devices left)

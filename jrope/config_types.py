@@ -18,6 +18,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "einsum", "blockwise")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 LR_SCHEDULES = ("constant", "cosine")
+NONFINITE_POLICIES = ("stop", "skip")  # what a NaN/Inf loss or gradient norm does (jrope.nonfinite)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +110,11 @@ class OptimConfig:
     schedule: str  # one of LR_SCHEDULES
     warmup_steps: int  # linear warm-up from 0 (0 = none)
     final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
+    nonfinite: str = "stop"  # one of NONFINITE_POLICIES: stop the run, or skip the update
 
     def __post_init__(self):
         _check_choice("opt.schedule", self.schedule, LR_SCHEDULES)
+        _check_choice("opt.nonfinite", self.nonfinite, NONFINITE_POLICIES)
         if self.learning_rate <= 0 or self.warmup_steps < 0 or self.clip_norm < 0:
             raise ValueError(
                 "opt.learning_rate must be > 0, opt.warmup_steps >= 0 and opt.clip_norm >= 0; "
@@ -215,13 +218,21 @@ class TrainConfig:
         }
         _check_keys("config", raw, scalar_keys | set(sections) | {spec.section})
         data_config_class, _ = spec.load()
-        converted = {name: _build(section_cls, raw[name], name) for name, section_cls in sections.items()}
+        # Every section is converted, and all their errors are reported together.
+        converted, errors = {}, []
+        for name, section_cls in {**sections, spec.section: data_config_class}.items():
+            try:
+                converted[name] = _build(section_cls, raw[name], name)
+            except ValueError as err:
+                errors.append(str(err))
+        if errors:
+            raise ValueError("\n".join(errors))
         cfg = cls(
             experiment=experiment,
             seed=int(raw["seed"]),
             num_steps=int(raw["num_steps"]),
             batch_size=int(raw["batch_size"]),
-            data=_build(data_config_class, raw[spec.section], spec.section),
+            data=converted.pop(spec.section),
             **converted,
         )
         cfg.check_consistency()

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jrope import sharding
+from jrope import resume, sharding, validation
 from jrope.checkpointing import Checkpointer
 from jrope.config_types import TrainConfig
 from jrope.train_state import build_source, model_from_params, state_layout
@@ -100,7 +100,12 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     """Evaluate the checkpoint `step` (default: latest) of `workdir` at `cfg.eval.lengths`.
 
     Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` and returns the rows.
+    Raises validation.ConfigError before compiling anything when the config
+    does not fit the machine or the workdir holds no checkpoint, and
+    resume.IncompatibleCheckpointError / CorruptCheckpointError for a
+    checkpoint of other parameters or an unreadable one.
     """
+    validation.check_evaluation_run(cfg, workdir)
     source = build_source(cfg)
     mesh = sharding.make_mesh(cfg.mesh)
     layout = state_layout(cfg, source.vocab_size, mesh)
@@ -111,7 +116,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
         config_json=cfg.to_json_dict(),
     )
     step = checkpointer.latest_step() if step is None else step
-    state = checkpointer.restore(layout.abstract, step)
+    state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
     checkpointer.close()
     rows = evaluate_lengths(make_eval_step(layout.graphdef, source.num_classes), state["params"], source, cfg, mesh)
     if jax.process_index() == 0:

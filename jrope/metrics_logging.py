@@ -5,15 +5,16 @@ the metrics of the step just dispatched on the device and reads those of the
 previous step, which has finished (or is about to) while the new one runs:
 the host reads one step late and the device queue never drains.
 
-Every step's loss is checked for NaN/Inf (reading a scalar per step costs
-nothing once it is one step late); a non-finite value stops the run with the
-step and the last good checkpoint named.
+Every step's loss and gradient norm are checked for NaN/Inf (reading a
+scalar per step costs nothing once it is one step late); a non-finite value
+stops the run with the step, the metric and the last good checkpoint named,
+unless the step reports that it skipped its update (opt.nonfinite = 'skip',
+jrope.nonfinite): such steps are counted and logged instead.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any, Callable, Mapping
@@ -21,9 +22,11 @@ from typing import Any, Callable, Mapping
 import jax
 from absl import logging
 
+from jrope import nonfinite
+
 
 class NonFiniteLossError(FloatingPointError):
-    """Raised when a training step produced a NaN or infinite loss."""
+    """Raised when a training step produced a NaN or infinite loss or gradient norm."""
 
 
 class MetricsLogger:
@@ -54,6 +57,7 @@ class MetricsLogger:
         self._last_checkpoint = last_checkpoint
         self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
         self._interval_start: tuple[int, float] | None = None
+        self._skipped_steps = 0
         self._jsonl = None
         self._tensorboard = None
         if is_writer:
@@ -91,10 +95,18 @@ class MetricsLogger:
 
     def _read(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
         values = {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
-        if not math.isfinite(values["loss"]):
+        bad = nonfinite.first_nonfinite(values)
+        if nonfinite.SKIPPED_METRIC in values:
+            skipped = values.pop(nonfinite.SKIPPED_METRIC) > 0
+            self._skipped_steps += skipped
+            values["skipped_steps"] = self._skipped_steps
+            if skipped:
+                logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps)
+        elif bad is not None:
             raise NonFiniteLossError(
-                f"Loss is {values['loss']} at step {step}; last good checkpoint: {self._last_checkpoint()}. "
-                "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint."
+                f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: {self._last_checkpoint()}. "
+                "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint "
+                "(or set opt.nonfinite='skip' to drop such steps)."
             )
         if step % self._every_steps and step != self._num_steps:
             return

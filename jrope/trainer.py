@@ -3,9 +3,11 @@
 `make_train_step` builds one pure `train_step(state, batch) -> (state,
 metrics)`, jitted once with the state's shardings in and out and the state
 donated (its buffers are reused for the next state). `train_and_evaluate`
-is the whole run: data source, mesh, sharded initialisation or automatic
-resume from the workdir's latest checkpoint, the loop with periodic
-checkpoints and evaluations, a final checkpoint and evaluation.
+is the whole run: config checks, data source, mesh, sharded initialisation
+or automatic resume from the workdir's latest checkpoint, the loop with
+periodic checkpoints and evaluations, a final checkpoint and evaluation.
+On SIGTERM the loop checkpoints the current step and raises
+TrainingPreempted (jrope.preemption); the next start resumes there.
 
 The step is deterministic (the model has no dropout and the data are a pure
 function of the step), so a resumed run reproduces an uninterrupted one.
@@ -24,11 +26,12 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from jrope import evaluation, sharding
+from jrope import evaluation, nonfinite, resume, sharding, validation
 from jrope.checkpointing import Checkpointer
 from jrope.config_types import TrainConfig
 from jrope.metrics_logging import MetricsLogger
 from jrope.optimizer import learning_rate_schedule
+from jrope.preemption import PreemptionWatch, TrainingPreempted
 from jrope.train_state import StateLayout, build_source, init_state, model_from_params, state_layout
 
 TrainStep = Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]
@@ -41,7 +44,8 @@ def make_train_step(
 
     Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
     Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
-    (before clipping) and 'learning_rate' of the step just taken.
+    (before clipping) and 'learning_rate' of the step just taken; with
+    opt.nonfinite = 'skip' also 'skipped' (jrope.nonfinite).
     """
     schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
     optimizer = layout.optimizer
@@ -63,7 +67,10 @@ def make_train_step(
             "grad_norm": optax.global_norm(grads),
             "learning_rate": schedule(state["step"]),
         }
-        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+        updated = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        if cfg.opt.nonfinite == "skip":
+            return nonfinite.keep_previous_if_nonfinite(state, updated, metrics)
+        return updated, metrics
 
     batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -80,7 +87,13 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
 
     Returns the final train state and the final evaluation rows:
     {'state': ..., 'eval': [row per length]}.
+
+    Raises:
+      validation.ConfigError: the config does not fit itself or the machine (before any compilation).
+      TrainingPreempted: SIGTERM arrived; the current step was checkpointed.
+      NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite = 'stop').
     """
+    validation.check_training_run(cfg, workdir)
     source = build_source(cfg)
     mesh = sharding.make_mesh(cfg.mesh)
     logging.info("Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count())
@@ -91,12 +104,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         max_to_keep=cfg.checkpoint.max_to_keep,
         config_json=cfg.to_json_dict(),
     )
-    latest = checkpointer.latest_step()
-    if latest is None:
-        state = init_state(cfg, source.vocab_size, layout, mesh)
-    else:
-        logging.info("Resuming from checkpoint %d in %s.", latest, checkpointer.directory)
-        state = checkpointer.restore(layout.abstract, latest)
+    state = resume.restore_or_initialize(
+        cfg, checkpointer, layout.abstract, lambda: init_state(cfg, source.vocab_size, layout, mesh)
+    )
     train_step = make_train_step(cfg, layout, source.num_classes, mesh)
     eval_step = evaluation.make_eval_step(layout.graphdef, source.num_classes)
     logger = MetricsLogger(
@@ -104,7 +114,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         every_steps=cfg.log.every_steps,
         num_steps=cfg.num_steps,
         tensorboard=cfg.log.tensorboard,
-        last_checkpoint=lambda: _describe_latest(checkpointer),
+        last_checkpoint=lambda: resume.describe_latest(checkpointer),
         is_writer=jax.process_index() == 0,
     )
 
@@ -119,19 +129,28 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         return rows
 
     start = int(jax.device_get(state["step"]))
-    with jax.set_mesh(mesh):
-        for step in range(start, cfg.num_steps):
-            batch = sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
-            state, metrics = train_step(state, batch)
-            done = step + 1
-            logger.push(done, metrics)
-            is_last = done == cfg.num_steps
-            if is_last or checkpointer.should_save(done):
-                logger.flush()  # never checkpoint a state whose loss is not yet known to be finite
-                checkpointer.save(done, state, force=is_last)
-            if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
-                logger.flush()
-                run_evaluation(done)
+    try:
+        with jax.set_mesh(mesh), PreemptionWatch() as preemption:
+            for step in range(start, cfg.num_steps):
+                batch = sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+                state, metrics = train_step(state, batch)
+                done = step + 1
+                logger.push(done, metrics)
+                is_last = done == cfg.num_steps
+                preempted = preemption.reached(done)
+                if is_last or preempted or checkpointer.should_save(done):
+                    logger.flush()  # never checkpoint a state whose loss is not yet known to be finite
+                    checkpointer.save(done, state, force=is_last or preempted)
+                if preempted:
+                    checkpointer.wait_until_finished()
+                    logger.close()
+                    raise TrainingPreempted(done, resume.checkpoint_path(checkpointer, done))
+                if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
+                    logger.flush()
+                    run_evaluation(done)
+    finally:
+        # Also on errors: an in-flight save finishes (the last good checkpoint), none is left half-written.
+        checkpointer.wait_until_finished()
     logger.flush()
     final_rows = run_evaluation(cfg.num_steps)
     logger.close()
@@ -139,9 +158,3 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     checkpointer.close()
     return {"state": state, "eval": final_rows}
 
-
-def _describe_latest(checkpointer: Checkpointer) -> str:
-    latest = checkpointer.latest_step()
-    if latest is None:
-        return f"none yet in {checkpointer.directory}"
-    return f"step {latest} in {checkpointer.directory}"
