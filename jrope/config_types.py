@@ -224,7 +224,8 @@ class TrainConfig:
             try:
                 converted[name] = _build(section_cls, raw[name], name)
             except ValueError as err:
-                errors.append(str(err))
+                # Each line names its section (a message that does not already start with it gets it).
+                errors.append(str(err) if str(err).startswith(name) else f"{name}: {err}")
         if errors:
             raise ValueError("\n".join(errors))
         cfg = cls(

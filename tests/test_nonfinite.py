@@ -1,0 +1,91 @@
+"""NaN/Inf steps: 'stop' names the step, the metric and the last good checkpoint; 'skip' drops the update."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jrope import sharding
+from jrope.config_types import MeshConfig
+from jrope.data.synthetic import SyntheticSource
+from jrope.metrics_logging import MetricsLogger, NonFiniteLossError
+from jrope.nonfinite import first_nonfinite
+from jrope.train_state import build_source, init_state, state_layout
+from jrope.trainer import make_train_step, train_and_evaluate
+from tiny_train_config import tiny_config
+
+BAD_STEP_INDEX = 2  # the third step (step number 3) gets a NaN loss
+
+
+@pytest.fixture
+def nan_batch_at_third_step(monkeypatch):
+    """Bad input: the loss weights of the third training batch are NaN (so are its loss and gradients)."""
+    clean_batch = SyntheticSource.train_batch
+
+    def train_batch(self, step):
+        batch = clean_batch(self, step)
+        if step == BAD_STEP_INDEX:
+            batch["weights"] = np.full_like(batch["weights"], np.nan)
+        return batch
+
+    monkeypatch.setattr(SyntheticSource, "train_batch", train_batch)
+
+
+def test_stop_names_step_metric_and_last_good_checkpoint(tmp_path, nan_batch_at_third_step):
+    cfg = tiny_config(num_steps=4, **{"mesh.data": -1, "checkpoint.every_steps": 2})
+    with pytest.raises(NonFiniteLossError) as caught:
+        train_and_evaluate(cfg, str(tmp_path))
+    checkpoints = tmp_path / "checkpoints"
+    assert str(caught.value).startswith(f"loss is nan at step 3; last good checkpoint: step 2 at {checkpoints / '2'}.")
+    # Step 4 ran (the host reads one step late) but was never saved: 1 (orbax's first) and 2 only.
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["1", "2"]
+
+
+def test_stop_on_gradient_norm_alone(tmp_path):
+    logger = MetricsLogger(
+        str(tmp_path), every_steps=10, num_steps=100, tensorboard=False, last_checkpoint=lambda: "step 40 at /c/40"
+    )
+    logger.push(41, {"loss": np.float32(0.5), "grad_norm": np.float32(np.inf)})
+    with pytest.raises(NonFiniteLossError, match=r"^grad_norm is inf at step 41; last good checkpoint: step 40 at /c/40"):
+        logger.flush()
+    assert first_nonfinite({"loss": np.nan, "grad_norm": np.inf}) == ("loss", pytest.approx(np.nan, nan_ok=True))
+    assert first_nonfinite({"loss": 1.0, "grad_norm": 2.0}) is None
+
+
+def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step):
+    cfg = tiny_config(**{"opt.nonfinite": "skip"})
+    mesh = sharding.make_mesh(MeshConfig(1, 1, 1, ()), devices=jax.devices()[:1])
+    source = build_source(cfg)
+    layout = state_layout(cfg, source.vocab_size, mesh)
+    state = init_state(cfg, source.vocab_size, layout, mesh)
+    train_step = make_train_step(cfg, layout, source.num_classes, mesh)
+    history = []
+    with jax.set_mesh(mesh):
+        for step in range(4):
+            before = jax.device_get(state)  # the step donates `state`
+            state, metrics = train_step(state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh))
+            history.append((before, jax.device_get(state), jax.device_get(metrics)))
+    assert [float(metrics["skipped"]) for _, _, metrics in history] == [0.0, 0.0, 1.0, 0.0]
+    before, after, metrics = history[BAD_STEP_INDEX]
+    assert np.isnan(metrics["loss"]) and int(after["step"]) == int(before["step"]) + 1
+    for got, want in zip(jax.tree.leaves((after["params"], after["opt_state"])),
+                         jax.tree.leaves((before["params"], before["opt_state"]))):
+        np.testing.assert_array_equal(got, want)
+    # The clean steps around it do update the parameters.
+    for index in (1, 3):
+        before, after, _ = history[index]
+        changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after["params"]),
+                                                            jax.tree.leaves(before["params"]))]
+        assert any(changed)
+
+
+def test_skip_runs_to_the_end_and_counts_skipped_steps(tmp_path, nan_batch_at_third_step):
+    cfg = tiny_config(num_steps=4, **{"mesh.data": -1, "opt.nonfinite": "skip"})
+    result = train_and_evaluate(cfg, str(tmp_path))
+    assert int(result["state"]["step"]) == 4
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(jax.device_get(result["state"]["params"])))
+    with open(tmp_path / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f if "train/loss" in line]
+    assert [record["train/skipped_steps"] for record in records] == [0, 0, 1, 1]
+    assert np.isnan(records[2]["train/loss"]) and np.isfinite(records[3]["train/loss"])

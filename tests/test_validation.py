@@ -1,0 +1,288 @@
+"""Config checks before compiling: one message per problem, naming the key and the fix, all at once."""
+
+import os
+import re
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from configs import wikitext_cpu
+from jrope.config_types import TrainConfig
+from jrope.evaluation import evaluate_checkpoint
+from jrope.trainer import train_and_evaluate
+from jrope.validation import ConfigError, RunEnvironment, check_evaluation_run, check_training_run
+from tiny_train_config import tiny_config_dict
+
+GIB = 2**30
+EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu", memory_bytes=16 * GIB)
+TWO_HOSTS = RunEnvironment(num_devices=8, process_count=2, platform="cpu", memory_bytes=16 * GIB)
+THREE_HOSTS = RunEnvironment(num_devices=6, process_count=3, platform="cpu", memory_bytes=16 * GIB)
+ONE_GPU = RunEnvironment(num_devices=1, process_count=1, platform="gpu", memory_bytes=40 * GIB)
+
+
+def _problem_text(config_dict, workdir, env=EIGHT_CPUS, *, evaluation=False) -> str:
+    """The message of the first check that fails (conversion, then the run checks); '' if none."""
+    try:
+        cfg = TrainConfig.from_config_dict(config_dict)
+        (check_evaluation_run if evaluation else check_training_run)(cfg, str(workdir), env)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def _tiny(**overrides):
+    return tiny_config_dict(**{"mesh.data": -1, **overrides})
+
+
+def _text_config(**paths):
+    config = wikitext_cpu.get_config()
+    for key, value in paths.items():
+        config.data[key] = value
+    return config
+
+
+# (id, config dict, environment, workdir kind, expected message pattern)
+BAD_INPUTS = [
+    (
+        "unknown_encoding",
+        _tiny(**{"pe.name": "jordan_ropee"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"pe\.name = 'jordan_ropee' is not a known encoding \(unknown position-encoding name .*\); use e\.g\. nope, ",
+    ),
+    (
+        "order3_block_does_not_divide_head_dim",
+        _tiny(**{"pe.name": "jordan_m3"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"model\.d_model / model\.num_heads \(head dim 16\): jordan_m3: head_dim 16 is not divisible by 6 .*"
+        r"choose d_model / num_heads as a multiple of 6\.",
+    ),
+    (
+        "direct_sum_needs_multiple_of_8",
+        _tiny(**{"pe.name": "direct_sum", "model.d_model": 24}),
+        EIGHT_CPUS,
+        "fresh",
+        r"\(head dim 12\): direct_sum: head_dim 12 is not divisible by 8",
+    ),
+    (
+        "encoding_settings",
+        _tiny(**{"pe.init_eta": 0.5}),
+        EIGHT_CPUS,
+        "fresh",
+        r"pe settings: PEConfig 'jordan_rope': \|init_eta\|=0\.5 exceeds eta_max=0\.1; .*fix that pe\.\* value\.",
+    ),
+    (
+        "d_model_not_multiple_of_heads",
+        _tiny(**{"model.num_heads": 3}),
+        EIGHT_CPUS,
+        "fresh",
+        r"model: d_model 32 must be a multiple of num_heads 3; change one of them\.",
+    ),
+    (
+        "training_length_not_positive",
+        _tiny(**{"pe.train_context": 0}),
+        EIGHT_CPUS,
+        "fresh",
+        r"task: seq_len must be >= 2 \(bits then QUERY\), got 0",
+    ),
+    (
+        "eval_length_too_short",
+        _tiny(**{"eval.lengths": (1, 16)}),
+        EIGHT_CPUS,
+        "fresh",
+        r"eval\.lengths must be a non-empty list of lengths >= 2, got \(1, 16\)",
+    ),
+    (
+        "batch_not_divisible_by_data_parallel",
+        _tiny(batch_size=12),
+        EIGHT_CPUS,
+        "fresh",
+        r"batch_size = 12 is not divisible by the data-parallel size 8 \(the mesh axes \('data', 'fsdp'\) of the "
+        r"'batch' rule\); set --config\.batch_size to a multiple of 8",
+    ),
+    (
+        "mesh_product_not_device_count",
+        _tiny(**{"mesh.data": 2}),
+        EIGHT_CPUS,
+        "fresh",
+        r"mesh\.data=2 x mesh\.fsdp=1 x mesh\.tensor=1 needs 2 devices, but there are 8; set one mesh size to -1",
+    ),
+    (
+        "mesh_fixed_axes_do_not_divide_devices",
+        _tiny(**{"mesh.tensor": 3}),
+        EIGHT_CPUS,
+        "fresh",
+        r"mesh\.data=-1 x mesh\.fsdp=1 x mesh\.tensor=3: the fixed axes need a multiple of 3 devices, but there are 8",
+    ),
+    (
+        "mesh_size_zero",
+        _tiny(**{"mesh.fsdp": 0}),
+        EIGHT_CPUS,
+        "fresh",
+        r"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = \(-1, 0, 1\)",
+    ),
+    (
+        "eval_attention_does_not_fit_host_memory",
+        _tiny(**{"eval.lengths": (16, 65536), "model.attention_impl": "einsum"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"eval\.lengths: the plain 'einsum' attention at length 65536 needs 128\.0 GiB for one layer's float32 "
+        r"logits \[4 rows, 2 heads, 65536, 65536\], more than half of the 16\.0 GiB available; "
+        r"set --config\.model\.attention_impl=blockwise",
+    ),
+    (
+        "eval_attention_does_not_fit_device_memory",
+        _tiny(**{"eval.lengths": (32768,), "model.blockwise_min_length": 65536, "mesh.data": 1}),
+        ONE_GPU,
+        "fresh",
+        r"the plain 'xla' attention at length 32768 needs 32\.0 GiB .* more than half of the 40\.0 GiB available; "
+        r".* or --config\.model\.blockwise_min_length=32768",
+    ),
+    (
+        "xla_attention_cannot_add_alibi",
+        _tiny(**{"pe.name": "alibi", "model.attention_impl": "xla"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"model\.attention_impl = 'xla': attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto'",
+    ),
+    (
+        "workdir_is_a_file",
+        _tiny(),
+        EIGHT_CPUS,
+        "file",
+        r"--workdir .*/a_file: .*/a_file is a file, not a directory; choose another --workdir\.",
+    ),
+    (
+        "workdir_below_a_file",
+        _tiny(),
+        EIGHT_CPUS,
+        "below_file",
+        r"--workdir .*/a_file/run: .*/a_file is a file, not a directory",
+    ),
+    (
+        "evaluation_without_checkpoints",
+        _tiny(),
+        EIGHT_CPUS,
+        "evaluate_empty",
+        r"--workdir .* holds no finished checkpoint in .*/checkpoints; train first \(python train\.py",
+    ),
+    (
+        "text_dataset_missing",
+        _text_config(path="/nonexistent/train.txt"),
+        EIGHT_CPUS,
+        "fresh",
+        r"data\.path = '/nonexistent/train\.txt' does not exist; point --config\.data\.path at a UTF-8 text file",
+    ),
+    (
+        "multi_process_eval_batch_not_split",
+        _tiny(),
+        TWO_HOSTS,
+        "fresh",
+        r"eval\.batch_size = 4 is not divisible by the data-parallel size 8 .* which a multi-process run needs",
+    ),
+    (
+        "eval_batch_does_not_split_over_processes",
+        _tiny(batch_size=6, **{"eval.num_sequences": 6, "eval.batch_size": 2}),
+        THREE_HOSTS,
+        "fresh",
+        r"eval\.batch_size = 2 does not split over the 3 processes \(each loads its share\); set it to a multiple of 3",
+    ),
+    (
+        "unknown_config_key",
+        _tiny(**{"model.dropout": 0.1}),
+        EIGHT_CPUS,
+        "fresh",
+        r"model: unknown keys \['dropout'\], missing keys \[\]",
+    ),
+    (
+        "unknown_nonfinite_policy",
+        _tiny(**{"opt.nonfinite": "ignore"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"opt\.nonfinite = 'ignore' is not one of \('stop', 'skip'\)",
+    ),
+    (
+        "no_steps",
+        _tiny(num_steps=0),
+        EIGHT_CPUS,
+        "fresh",
+        r"num_steps and batch_size must be >= 1, got 0, 8",
+    ),
+]
+
+
+def _workdir(kind: str, tmp_path) -> str:
+    if kind in ("file", "below_file"):
+        a_file = tmp_path / "a_file"
+        a_file.write_text("not a directory")
+        return str(a_file / "run") if kind == "below_file" else str(a_file)
+    (tmp_path / "run").mkdir()
+    return str(tmp_path / "run")
+
+
+@pytest.mark.parametrize("config_dict, env, workdir_kind, expected", [case[1:] for case in BAD_INPUTS],
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_is_reported_with_key_and_fix(config_dict, env, workdir_kind, expected, tmp_path):
+    message = _problem_text(config_dict, _workdir(workdir_kind, tmp_path), env,
+                            evaluation=workdir_kind == "evaluate_empty")
+    assert re.search(expected, message), message
+
+
+def test_good_configs_pass(tmp_path):
+    assert _problem_text(_tiny(), tmp_path / "new" / "run") == ""
+    # Long evaluations are fine once 'auto' switches to blockwise attention (from 4096 on by default).
+    assert _problem_text(_tiny(**{"eval.lengths": (16, 65536)}), tmp_path / "run") == ""
+    assert _problem_text(_tiny(**{"eval.batch_size": 8, "eval.num_sequences": 8}), tmp_path / "run", TWO_HOSTS) == ""
+
+
+def test_all_problems_are_reported_together(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        check_training_run(
+            TrainConfig.from_config_dict(_tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3})),
+            str(tmp_path),
+            EIGHT_CPUS,
+        )
+    problems = caught.value.problems
+    assert len(problems) == 2
+    assert problems[0].startswith("pe.name = 'ropee'") and problems[1].startswith("mesh.data=-1 x mesh.fsdp=1")
+    assert str(caught.value).startswith("2 problem(s) in the run's config, found before compiling:\n  - pe.name")
+    # Conversion errors of different sections come together too.
+    with pytest.raises(ValueError) as caught:
+        TrainConfig.from_config_dict(_tiny(**{"model.compute_dtype": "float16", "opt.schedule": "linear"}))
+    assert "model.compute_dtype = 'float16' is not one of" in str(caught.value)
+    assert "opt.schedule = 'linear' is not one of" in str(caught.value)
+
+
+def test_entry_points_check_before_building_anything(tmp_path):
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"pe\.name = 'ropee' is not a known encoding"):
+        train_and_evaluate(TrainConfig.from_config_dict(_tiny(**{"pe.name": "ropee"})), str(workdir))
+    assert not workdir.exists()  # stopped before the checkpointer or the logger created anything
+    with pytest.raises(ConfigError, match=r"holds no finished checkpoint"):
+        evaluate_checkpoint(TrainConfig.from_config_dict(_tiny()), str(tmp_path))
+
+
+@pytest.mark.parametrize("override", ["--config.model.d_modle=64", "--config.opt.lerning_rate=1e-3"])
+def test_misspelt_command_line_override_is_rejected(override, monkeypatch):
+    # train.py's flag: a locked config file. Overrides are read from sys.argv when the file is parsed.
+    config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
+    argv = ["train.py", f"--config={config_path}", override]
+    monkeypatch.setattr(sys, "argv", argv)
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "config", flag_values=flag_values, lock_config=True)
+    with pytest.raises(AttributeError, match=r"Did you mean"):
+        flag_values(argv)
+
+
+def test_correct_command_line_override_is_applied(monkeypatch):
+    config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
+    argv = ["train.py", f"--config={config_path}", "--config.model.d_model=64", "--config.opt.nonfinite=skip"]
+    monkeypatch.setattr(sys, "argv", argv)
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "config", flag_values=flag_values, lock_config=True)
+    flag_values(argv)
+    cfg = TrainConfig.from_config_dict(flag_values.config)
+    assert cfg.model.d_model == 64 and cfg.data.head_dim == 32 and cfg.opt.nonfinite == "skip"
