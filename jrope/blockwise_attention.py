@@ -10,7 +10,8 @@ loop, on one (query block, key block) pair at a time:
     logits = q2 . k2 / sqrt(H) + enc.logit_bias(params, qpos_blk, kpos_blk)
 
 with the origin o = the query block's first position. The exact variants are
-invariant to the origin, and with this choice their damping factors stay
+invariant to the origin (so are the stabilized ones: only their shear reads
+absolute positions, and it ignores the origin), and with this choice their damping factors stay
 bounded by the block extent at any absolute position: the query factor
 e^{-gamma (i - o)} lies in [e^{-gamma (block - 1)}, 1] for the block's rows,
 and the key factor e^{+gamma (j - o)} is at most e^{gamma (block - 1)} for
@@ -221,6 +222,7 @@ def _pair_mask(layout: _Layout, k_start, qpos_blk, kpos_blk) -> jax.Array:
 def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
     """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
     b = layout.block
+    batch, _, heads, head_dim = q.shape
     ends = _key_block_ends(layout, q_positions, k_positions)
 
     def query_block(qb):
@@ -244,7 +246,6 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
             )
             return acc, new_max, row_sum * correction + probs.sum(-1)
 
-        batch, _, heads, head_dim = q.shape
         init = (
             jnp.zeros((batch, heads, b, head_dim), jnp.float32),
             jnp.full((batch, heads, b), _MASK_VALUE, jnp.float32),
@@ -257,9 +258,10 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
         return out_blk, row_max + jnp.log(row_sum)
 
     out, lse = jax.lax.map(query_block, jnp.arange(layout.num_q_blocks))
-    # out [nq, B, b, N, H] -> [B, nq*b, N, H]; lse [nq, B, N, b] -> [B, N, nq*b]
-    out = jnp.moveaxis(out, 0, 1).reshape(q.shape[:1] + (-1,) + v.shape[2:])
-    lse = jnp.moveaxis(lse, 0, 2).reshape(lse.shape[1:3] + (-1,))
+    out = jnp.moveaxis(out, 0, 1).reshape(
+        (batch, -1) + v.shape[2:]
+    )  # [nq, B, b, N, H] -> [B, T, N, H]
+    lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, -1)  # [nq, B, N, b] -> [B, N, T]
     return out, lse
 
 
