@@ -174,24 +174,24 @@ def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
     block's largest position. The suffix minimum of the key blocks' smallest
     positions is non-decreasing, so the count of needed-or-earlier blocks is a
     searchsorted. Exact for any positions; with increasing positions it is the
-    diagonal block.
+    diagonal block. Batched positions are resolved per row, and the loop
+    (shared by the batch) runs to the furthest row's end.
     """
     if not layout.causal:
         return jnp.full((layout.num_q_blocks,), layout.num_k_blocks, jnp.int32)
-    real_key = jnp.arange(k_positions.shape[-1]) < layout.k_len
-    if k_positions.ndim == 2:
-        real_key = real_key[None]
-    key_min = jnp.where(real_key, k_positions, jnp.iinfo(jnp.int32).max)
-    key_min = key_min.reshape(key_min.shape[:-1] + (layout.num_k_blocks, layout.block)).min(-1)
-    query_max = q_positions.reshape(
-        q_positions.shape[:-1] + (layout.num_q_blocks, layout.block)
-    ).max(-1)
-    if key_min.ndim == 2:  # batched positions: one loop for the whole batch
-        key_min = key_min.min(0)
-    if query_max.ndim == 2:
-        query_max = query_max.max(0)
-    suffix_min = jax.lax.cummin(key_min, reverse=True)
-    return jnp.searchsorted(suffix_min, query_max, side='right').astype(jnp.int32)
+    q_rows = q_positions.reshape(-1, layout.num_q_blocks, layout.block)  # [B|1, nq, b]
+    k_rows = k_positions.reshape(-1, layout.num_k_blocks * layout.block)  # [B|1, S padded]
+    real_key = jnp.arange(k_rows.shape[-1])[None] < layout.k_len
+    key_min = jnp.where(real_key, k_rows, jnp.iinfo(jnp.int32).max)
+    key_min = key_min.reshape(-1, layout.num_k_blocks, layout.block).min(-1)
+    suffix_min = jax.lax.cummin(key_min, axis=1, reverse=True)  # [B|1, nk], non-decreasing
+    query_max = q_rows.max(-1)  # [B|1, nq]
+    rows = max(suffix_min.shape[0], query_max.shape[0])
+    ends = jax.vmap(lambda keys, queries: jnp.searchsorted(keys, queries, side='right'))(
+        jnp.broadcast_to(suffix_min, (rows, layout.num_k_blocks)),
+        jnp.broadcast_to(query_max, (rows, layout.num_q_blocks)),
+    )
+    return ends.max(0).astype(jnp.int32)
 
 
 def _pair_logits(enc, params, q_blk, k_blk, qpos_blk, kpos_blk) -> jax.Array:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jrope
+from jrope import blockwise_attention as blockwise_attention_module
 from jrope.blockwise_attention import blockwise_attention
 
 BLOCK = 16
@@ -310,3 +311,23 @@ def test_scale_is_inverse_sqrt_head_dim():
     logits = jnp.einsum('bnh,bsnh->bns', q[:, 1], k) / math.sqrt(HEAD_DIM)
     want = jnp.einsum('bns,bsnh->bnh', jax.nn.softmax(logits, -1), v)
     np.testing.assert_allclose(out[:, 1], want, rtol=1e-5, atol=1e-6)
+
+
+def test_causal_loop_stops_at_the_last_key_block_with_a_visible_key():
+    # 4 blocks of 16; the padded tail of a 60-token sequence must not count as a visible key.
+    layout = blockwise_attention_module._Layout(16, 60, 60, 4, 4, True)
+    positions = jnp.pad(jnp.arange(60, dtype=jnp.int32), (0, 4), mode='edge')
+    ends = blockwise_attention_module._key_block_ends(layout, positions, positions)
+    np.testing.assert_array_equal(ends, [1, 2, 3, 4])
+    # Queries that are the last 16 of 64 keys see every key block.
+    kv_layout = blockwise_attention_module._Layout(16, 16, 64, 1, 4, True)
+    ends = blockwise_attention_module._key_block_ends(
+        kv_layout, jnp.arange(48, 64, dtype=jnp.int32), jnp.arange(64, dtype=jnp.int32)
+    )
+    np.testing.assert_array_equal(ends, [4])
+    # Batched positions: the loop covers the row that sees furthest.
+    rows = jnp.stack([jnp.arange(64), jnp.arange(64) // 2]).astype(jnp.int32)
+    ends = blockwise_attention_module._key_block_ends(
+        blockwise_attention_module._Layout(16, 64, 64, 4, 4, True), rows, rows
+    )
+    np.testing.assert_array_equal(ends, [1, 2, 3, 4])
