@@ -23,7 +23,9 @@ import json
 import os
 from typing import Any, Callable, Mapping
 
+import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from jrope.checkpointing import Checkpointer
 from jrope.config_types import TrainConfig
@@ -67,17 +69,16 @@ def describe_latest(checkpointer: Checkpointer) -> str:
 
 
 def finished_steps(directory: str) -> list[int]:
-    """Steps of the finished checkpoints in a checkpoint directory, ascending."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    """Steps of the finished checkpoints in a checkpoint directory (local or a bucket), ascending."""
+    return sorted(ocp.path.step.checkpoint_steps(directory))
 
 
 def unfinished_saves(directory: str) -> list[str]:
     """Names of the temporary directories of interrupted saves in a checkpoint directory."""
-    if not os.path.isdir(directory):
+    path = epath.Path(directory)
+    if not path.exists():
         return []
-    return sorted(name for name in os.listdir(directory) if UNFINISHED_SAVE_MARKER in name)
+    return sorted(child.name for child in path.iterdir() if UNFINISHED_SAVE_MARKER in child.name)
 
 
 def restore_or_initialize(

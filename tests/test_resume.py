@@ -121,13 +121,19 @@ def _snapshot(directory) -> dict[str, tuple[int, int]]:
     return files
 
 
-def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(tmp_path, trained_two_steps):
+@pytest.mark.parametrize("truncated", ["array_chunks", "_METADATA"])
+def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(tmp_path, trained_two_steps, truncated):
     workdir = tmp_path / "run"
     shutil.copytree(trained_two_steps, workdir)
     state_dir = workdir / "checkpoints" / "2" / "state"
-    data_files = [p for p in state_dir.rglob("*") if p.is_file() and p.parent.name == "d"]  # array chunks
-    largest = max(data_files, key=lambda p: p.stat().st_size)
-    os.truncate(largest, largest.stat().st_size // 2)
+    if truncated == "array_chunks":
+        # Every chunk file: OCDBT directories also hold files a restore never reads, and cutting
+        # only such a file would change nothing.
+        files = [p for p in state_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+    else:
+        files = [state_dir / "_METADATA"]
+    for path in files:
+        os.truncate(path, path.stat().st_size // 2)
     before = _snapshot(workdir)
     with pytest.raises(CorruptCheckpointError) as caught:
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}), str(workdir))

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 
 import jax
 import numpy as np
@@ -104,11 +103,15 @@ def checkpoint_steps(workdir) -> list[int]:
 
 
 def checkpoint_arrays(workdir, step: int) -> list[np.ndarray]:
-    """Every array of checkpoint `step`'s train state (step, params, optimizer state), as numpy."""
+    """Every array of checkpoint `step`'s train state (step, params, optimizer state), as numpy.
+
+    Read as host arrays, whatever devices wrote them (another process's device ids included).
+    """
     path = os.path.join(str(workdir), "checkpoints", str(step), "state")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "sharding read from file": fine on this host
-        restored = ocp.PyTreeCheckpointer().restore(path)
+    checkpointer = ocp.PyTreeCheckpointer()
+    leaves_metadata = checkpointer.metadata(path).item_metadata.tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), leaves_metadata)
+    restored = checkpointer.restore(path, restore_args=as_numpy)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
 
 
