@@ -50,10 +50,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ProcessFlags:
             flag_values=flag_values,
         ),
         num_processes=flags.DEFINE_integer(
-            "num_processes", None, "Number of processes of the run.", lower_bound=1, flag_values=flag_values
+            "num_processes",
+            None,
+            "Number of processes of the run.",
+            lower_bound=1,
+            flag_values=flag_values,
         ),
         process_id=flags.DEFINE_integer(
-            "process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0, flag_values=flag_values
+            "process_id",
+            None,
+            "This process's index, 0 .. num_processes - 1.",
+            lower_bound=0,
+            flag_values=flag_values,
         ),
     )
 
@@ -71,7 +79,9 @@ def initialize_from_flags(process_flags: ProcessFlags) -> None:
 
 
 def initialize(
-    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
 ) -> None:
     """`jax.distributed.initialize` with CPU collectives enabled.
 

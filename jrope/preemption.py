@@ -58,7 +58,7 @@ class PreemptionWatch:
         self._previous_handler = None
         self._multiprocess = False
 
-    def __enter__(self) -> "PreemptionWatch":
+    def __enter__(self) -> PreemptionWatch:
         self._multiprocess = jax.process_count() > 1
         # signal.signal works only in the main thread; elsewhere (a library
         # caller's worker thread) SIGTERM keeps its default action.

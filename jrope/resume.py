@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import orbax.checkpoint as ocp
 from absl import logging
@@ -100,7 +101,9 @@ def restore_or_initialize(
     return restore_compatible(cfg, checkpointer, abstract_state, step)
 
 
-def restore_compatible(cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, step: int) -> Any:
+def restore_compatible(
+    cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, step: int
+) -> Any:
     """Checkpoint `step` restored into `abstract_state`, after checking its saved config against `cfg`.
 
     Raises:
@@ -115,8 +118,12 @@ def restore_compatible(cfg: TrainConfig, checkpointer: Checkpointer, abstract_st
     try:
         saved_config = checkpointer.restore_config(step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
-        raise CorruptCheckpointError(_unreadable_message(checkpointer, step, "its saved config", err)) from err
-    incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), cfg.data_source_spec.section)
+        raise CorruptCheckpointError(
+            _unreadable_message(checkpointer, step, "its saved config", err)
+        ) from err
+    incompatible, changed = config_differences(
+        saved_config, cfg.to_json_dict(), cfg.data_source_spec.section
+    )
     if incompatible:
         raise IncompatibleCheckpointError(
             f"Checkpoint {path} was written by a run with other parameters: {'; '.join(incompatible)}. "
@@ -128,7 +135,9 @@ def restore_compatible(cfg: TrainConfig, checkpointer: Checkpointer, abstract_st
     try:
         return checkpointer.restore(abstract_state, step)
     except Exception as err:
-        raise CorruptCheckpointError(_unreadable_message(checkpointer, step, "its state", err)) from err
+        raise CorruptCheckpointError(
+            _unreadable_message(checkpointer, step, "its state", err)
+        ) from err
 
 
 def config_differences(
@@ -141,7 +150,9 @@ def config_differences(
     """
     saved_flat = _flatten(json.loads(json.dumps(saved)))
     current_flat = _flatten(json.loads(json.dumps(current)))  # tuples -> lists, as saved
-    parameter_keys = set(PARAMETER_KEYS) | {f"{data_section}.{field}" for field in VOCABULARY_FIELDS}
+    parameter_keys = set(PARAMETER_KEYS) | {
+        f"{data_section}.{field}" for field in VOCABULARY_FIELDS
+    }
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 
@@ -40,7 +40,9 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[str]):
         self.problems = tuple(problems)
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}")
+        super().__init__(
+            f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +63,7 @@ class RunEnvironment:
     memory_bytes: int | None
 
     @classmethod
-    def detect(cls) -> "RunEnvironment":
+    def detect(cls) -> RunEnvironment:
         platform = jax.default_backend()
         if platform == "cpu":
             memory = _host_available_memory()
@@ -103,21 +105,28 @@ def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[s
 def _encoding_problems(cfg: TrainConfig):
     """(the encoding or None, problems)."""
     try:
-        jrope.pe_config_from_name(cfg.pe.name, train_context=1024)  # the name alone, default settings
+        # The name alone, with default settings: a bad setting is reported below.
+        jrope.pe_config_from_name(cfg.pe.name, train_context=1024)
     except ValueError as err:
         examples = ", ".join(jrope.PAPER_METHODS[:7])
         return None, [
-            f"pe.name = {cfg.pe.name!r} is not a known encoding ({_first_line(err)}); "
-            f"use e.g. {examples} (all forms: jrope.ACCEPTED_NAMES)."
+            (
+                f"pe.name = {cfg.pe.name!r} is not a known encoding ({_first_line(err)}); "
+                f"use e.g. {examples} (all forms: jrope.ACCEPTED_NAMES)."
+            )
         ]
     try:
         pe_config = cfg.pe.to_pe_config()
     except ValueError as err:
         return None, [f"pe settings: {_first_line(err)}; fix that pe.* value."]
     try:
-        encoding = jrope.make_encoding(pe_config, num_heads=cfg.model.num_heads, head_dim=cfg.model.head_dim)
+        encoding = jrope.make_encoding(
+            pe_config, num_heads=cfg.model.num_heads, head_dim=cfg.model.head_dim
+        )
     except ValueError as err:
-        return None, [f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."]
+        return None, [
+            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."
+        ]
     return encoding, []
 
 
@@ -129,15 +138,19 @@ def _mesh_problems(cfg: TrainConfig, env: RunEnvironment):
     if -1 in sizes.values():
         if env.num_devices % known:
             return None, [
-                f"{shown}: the fixed axes need a multiple of {known} devices, but there are {env.num_devices}; "
-                f"make the product of the fixed mesh sizes divide {env.num_devices}."
+                (
+                    f"{shown}: the fixed axes need a multiple of {known} devices, but there are {env.num_devices}; "
+                    f"make the product of the fixed mesh sizes divide {env.num_devices}."
+                )
             ]
         free_axis = next(axis for axis, size in sizes.items() if size == -1)
         sizes[free_axis] = env.num_devices // known
     elif known != env.num_devices:
         return None, [
-            f"{shown} needs {known} devices, but there are {env.num_devices}; set one mesh size to -1 "
-            f"(all remaining devices) or make their product {env.num_devices}."
+            (
+                f"{shown} needs {known} devices, but there are {env.num_devices}; set one mesh size to -1 "
+                f"(all remaining devices) or make their product {env.num_devices}."
+            )
         ]
     return sizes, []
 
@@ -182,7 +195,9 @@ def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_si
                 blockwise_min_length=cfg.model.blockwise_min_length,
             )
         except ValueError as err:
-            problems.append(f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}")
+            problems.append(
+                f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"
+            )
             break
         if impl == "blockwise" or env.memory_bytes is None:
             continue
@@ -200,15 +215,23 @@ def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_si
     return problems
 
 
-def _rows_and_heads_per_memory(cfg: TrainConfig, env: RunEnvironment, mesh_sizes) -> tuple[int, int]:
+def _rows_and_heads_per_memory(
+    cfg: TrainConfig, env: RunEnvironment, mesh_sizes
+) -> tuple[int, int]:
     """Evaluation rows and heads whose logits share one memory pool (see RunEnvironment.memory_bytes)."""
     if env.platform == "cpu" or mesh_sizes is None:
         # All of a process's CPU devices share the host's RAM.
         return max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
     data_parallel = math.prod(mesh_sizes[axis] for axis in _batch_mesh_axes(cfg))
-    rows = cfg.eval.batch_size // data_parallel if cfg.eval.batch_size % data_parallel == 0 else cfg.eval.batch_size
+    rows = (
+        cfg.eval.batch_size // data_parallel
+        if cfg.eval.batch_size % data_parallel == 0
+        else cfg.eval.batch_size
+    )
     tensor = mesh_sizes["tensor"]
-    heads = cfg.model.num_heads // tensor if cfg.model.num_heads % tensor == 0 else cfg.model.num_heads
+    heads = (
+        cfg.model.num_heads // tensor if cfg.model.num_heads % tensor == 0 else cfg.model.num_heads
+    )
     return rows, heads
 
 
@@ -225,15 +248,21 @@ def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        return [f"--workdir {path}: {existing} is a file, not a directory; choose another --workdir."]
+        return [
+            f"--workdir {path}: {existing} is a file, not a directory; choose another --workdir."
+        ]
     if not os.access(existing, os.W_OK | os.X_OK):
-        return [f"--workdir {path} is not writable ({existing} denies writing); choose a writable --workdir."]
+        return [
+            f"--workdir {path} is not writable ({existing} denies writing); choose a writable --workdir."
+        ]
     if needs_checkpoint:
         checkpoints = os.path.join(path, "checkpoints")
         if not finished_steps(checkpoints):
             return [
-                f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
-                f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
+                (
+                    f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
+                    f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
+                )
             ]
     return []
 

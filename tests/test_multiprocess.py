@@ -12,7 +12,6 @@ import signal
 
 import numpy as np
 import pytest
-
 from train_process import (
     checkpoint_arrays,
     checkpoint_steps,
@@ -73,19 +72,30 @@ def single_process_run(tmp_path_factory):
 def _assert_matches_single_process(workdir, single_process_run):
     single = single_process_run()
     got, want = train_records(workdir), train_records(single)
-    assert [r["step"] for r in got][-NUM_STEPS:] == [r["step"] for r in want] == list(range(1, NUM_STEPS + 1))
-    np.testing.assert_allclose([r["train/loss"] for r in got][-NUM_STEPS:], [r["train/loss"] for r in want],
-                               rtol=1e-5)
-    for got_array, want_array in zip(checkpoint_arrays(workdir, NUM_STEPS), checkpoint_arrays(single, NUM_STEPS)):
+    assert (
+        [r["step"] for r in got][-NUM_STEPS:]
+        == [r["step"] for r in want]
+        == list(range(1, NUM_STEPS + 1))
+    )
+    np.testing.assert_allclose(
+        [r["train/loss"] for r in got][-NUM_STEPS:], [r["train/loss"] for r in want], rtol=1e-5
+    )
+    for got_array, want_array in zip(
+        checkpoint_arrays(workdir, NUM_STEPS), checkpoint_arrays(single, NUM_STEPS)
+    ):
         np.testing.assert_allclose(got_array, want_array, rtol=1e-5, atol=1e-6)
     got_eval = (workdir / f"eval_step{NUM_STEPS}" / "eval.csv").read_text()
     want_eval = (single / f"eval_step{NUM_STEPS}" / "eval.csv").read_text()
-    got_loss, want_loss = (float(text.splitlines()[1].split(",")[4]) for text in (got_eval, want_eval))
+    got_loss, want_loss = (
+        float(text.splitlines()[1].split(",")[4]) for text in (got_eval, want_eval)
+    )
     assert got_loss == pytest.approx(want_loss, rel=1e-5)
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one_process_with_eight_devices(tmp_path_factory, pair_env, single_process_run):
+def test_two_processes_train_like_one_process_with_eight_devices(
+    tmp_path_factory, pair_env, single_process_run
+):
     workdir = tmp_path_factory.mktemp("pair") / "run"
     processes = _start_pair(workdir, pair_env, "run")
     assert _wait_all(processes) == [0, 0], "\n".join(log_tail(p) for p in processes)
@@ -106,7 +116,11 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_both_resume(
     processes[1].send_signal(signal.SIGTERM)  # the notice reaches one host only
     assert _wait_all(processes) == [143, 143], "\n".join(log_tail(p) for p in processes)
     stopped = [
-        int(re.search(r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", log_tail(p, lines=100_000)).group(1))
+        int(
+            re.search(
+                r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", log_tail(p, lines=100_000)
+            ).group(1)
+        )
         for p in processes
     ]
     assert stopped[0] == stopped[1] < NUM_STEPS and checkpoint_steps(workdir)[-1] == stopped[0]
@@ -114,5 +128,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_both_resume(
     resumed = _start_pair(workdir, pair_env, "second")
     assert _wait_all(resumed) == [0, 0], "\n".join(log_tail(p) for p in resumed)
     for process in resumed:
-        assert f"Resuming from checkpoint {workdir / 'checkpoints' / str(stopped[0])}." in log_tail(process, 100_000)
+        assert f"Resuming from checkpoint {workdir / 'checkpoints' / str(stopped[0])}." in log_tail(
+            process, 100_000
+        )
     _assert_matches_single_process(workdir, single_process_run)

@@ -5,6 +5,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from tiny_train_config import tiny_config
 
 from jrope import sharding
 from jrope.config_types import MeshConfig
@@ -13,7 +14,6 @@ from jrope.metrics_logging import MetricsLogger, NonFiniteLossError
 from jrope.nonfinite import first_nonfinite
 from jrope.train_state import build_source, init_state, state_layout
 from jrope.trainer import make_train_step, train_and_evaluate
-from tiny_train_config import tiny_config
 
 BAD_STEP_INDEX = 2  # the third step (step number 3) gets a NaN loss
 
@@ -37,19 +37,31 @@ def test_stop_names_step_metric_and_last_good_checkpoint(tmp_path, nan_batch_at_
     with pytest.raises(NonFiniteLossError) as caught:
         train_and_evaluate(cfg, str(tmp_path))
     checkpoints = tmp_path / "checkpoints"
-    assert str(caught.value).startswith(f"loss is nan at step 3; last good checkpoint: step 2 at {checkpoints / '2'}.")
+    assert str(caught.value).startswith(
+        f"loss is nan at step 3; last good checkpoint: step 2 at {checkpoints / '2'}."
+    )
     # Step 4 ran (the host reads one step late) but was never saved: 1 (orbax's first) and 2 only.
     assert sorted(p.name for p in checkpoints.iterdir()) == ["1", "2"]
 
 
 def test_stop_on_gradient_norm_alone(tmp_path):
     logger = MetricsLogger(
-        str(tmp_path), every_steps=10, num_steps=100, tensorboard=False, last_checkpoint=lambda: "step 40 at /c/40"
+        str(tmp_path),
+        every_steps=10,
+        num_steps=100,
+        tensorboard=False,
+        last_checkpoint=lambda: "step 40 at /c/40",
     )
     logger.push(41, {"loss": np.float32(0.5), "grad_norm": np.float32(np.inf)})
-    with pytest.raises(NonFiniteLossError, match=r"^grad_norm is inf at step 41; last good checkpoint: step 40 at /c/40"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"^grad_norm is inf at step 41; last good checkpoint: step 40 at /c/40",
+    ):
         logger.flush()
-    assert first_nonfinite({"loss": np.nan, "grad_norm": np.inf}) == ("loss", pytest.approx(np.nan, nan_ok=True))
+    assert first_nonfinite({"loss": np.nan, "grad_norm": np.inf}) == (
+        "loss",
+        pytest.approx(np.nan, nan_ok=True),
+    )
     assert first_nonfinite({"loss": 1.0, "grad_norm": 2.0}) is None
 
 
@@ -64,27 +76,37 @@ def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step
     with jax.set_mesh(mesh):
         for step in range(4):
             before = jax.device_get(state)  # the step donates `state`
-            state, metrics = train_step(state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh))
+            state, metrics = train_step(
+                state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+            )
             history.append((before, jax.device_get(state), jax.device_get(metrics)))
     assert [float(metrics["skipped"]) for _, _, metrics in history] == [0.0, 0.0, 1.0, 0.0]
     before, after, metrics = history[BAD_STEP_INDEX]
     assert np.isnan(metrics["loss"]) and int(after["step"]) == int(before["step"]) + 1
-    for got, want in zip(jax.tree.leaves((after["params"], after["opt_state"])),
-                         jax.tree.leaves((before["params"], before["opt_state"]))):
+    for got, want in zip(
+        jax.tree.leaves((after["params"], after["opt_state"])),
+        jax.tree.leaves((before["params"], before["opt_state"])),
+    ):
         np.testing.assert_array_equal(got, want)
     # The clean steps around it do update the parameters.
     for index in (1, 3):
         before, after, _ = history[index]
-        changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after["params"]),
-                                                            jax.tree.leaves(before["params"]))]
+        changed = [
+            not np.array_equal(a, b)
+            for a, b in zip(jax.tree.leaves(after["params"]), jax.tree.leaves(before["params"]))
+        ]
         assert any(changed)
 
 
 def test_skipped_steps_are_counted_in_the_logs(tmp_path):
-    logger = MetricsLogger(str(tmp_path), every_steps=1, num_steps=4, tensorboard=False, last_checkpoint=str)
+    logger = MetricsLogger(
+        str(tmp_path), every_steps=1, num_steps=4, tensorboard=False, last_checkpoint=str
+    )
     for step, loss in enumerate([0.7, 0.6, np.nan, 0.5], start=1):
         skipped = np.float32(not np.isfinite(loss))
-        logger.push(step, {"loss": np.float32(loss), "grad_norm": np.float32(loss), "skipped": skipped})
+        logger.push(
+            step, {"loss": np.float32(loss), "grad_norm": np.float32(loss), "skipped": skipped}
+        )
     logger.close()  # a skipped step is logged, not raised
     with open(tmp_path / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]

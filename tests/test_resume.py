@@ -11,9 +11,6 @@ import signal
 
 import numpy as np
 import pytest
-
-from jrope.resume import CorruptCheckpointError, IncompatibleCheckpointError, unfinished_saves
-from jrope.trainer import train_and_evaluate
 from tiny_train_config import tiny_config
 from train_process import (
     checkpoint_arrays,
@@ -26,6 +23,9 @@ from train_process import (
     wait_for_checkpoint,
     wait_for_step,
 )
+
+from jrope.resume import CorruptCheckpointError, IncompatibleCheckpointError, unfinished_saves
+from jrope.trainer import train_and_evaluate
 
 NUM_STEPS = 60  # tests/subprocess_run_config.py
 EVERY_STEPS = 8
@@ -46,7 +46,9 @@ def uninterrupted(tmp_path_factory, compilation_cache):
 
 def _assert_same_end(resumed, uninterrupted):
     assert checkpoint_steps(resumed)[-1] == NUM_STEPS
-    for got, want in zip(checkpoint_arrays(resumed, NUM_STEPS), checkpoint_arrays(uninterrupted, NUM_STEPS)):
+    for got, want in zip(
+        checkpoint_arrays(resumed, NUM_STEPS), checkpoint_arrays(uninterrupted, NUM_STEPS)
+    ):
         np.testing.assert_array_equal(got, want)  # bitwise: same dtype, same values
     got_last, want_last = train_records(resumed)[-1], train_records(uninterrupted)[-1]
     assert got_last["step"] == want_last["step"] == NUM_STEPS
@@ -54,7 +56,9 @@ def _assert_same_end(resumed, uninterrupted):
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(tmp_path, uninterrupted, compilation_cache):
+def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(
+    tmp_path, uninterrupted, compilation_cache
+):
     env = subprocess_env(1, compilation_cache)
     workdir = tmp_path / "run"
     process = start_training(workdir, env)
@@ -68,9 +72,12 @@ def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(tmp_path, uninterrupt
     # A save interrupted mid-write leaves a temporary directory; plant one for a later step than
     # any finished checkpoint, holding a real checkpoint's files: it must never be restored.
     shutil.copytree(
-        workdir / "checkpoints" / str(latest), workdir / "checkpoints" / f"{NUM_STEPS - 4}.orbax-checkpoint-tmp-17"
+        workdir / "checkpoints" / str(latest),
+        workdir / "checkpoints" / f"{NUM_STEPS - 4}.orbax-checkpoint-tmp-17",
     )
-    assert f"{NUM_STEPS - 4}.orbax-checkpoint-tmp-17" in unfinished_saves(str(workdir / "checkpoints"))
+    assert f"{NUM_STEPS - 4}.orbax-checkpoint-tmp-17" in unfinished_saves(
+        str(workdir / "checkpoints")
+    )
 
     rerun = run_training(workdir, env)
     log = log_tail(rerun, lines=10_000)
@@ -83,7 +90,9 @@ def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(tmp_path, uninterrupt
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_rerun_resumes_there(tmp_path, uninterrupted, compilation_cache):
+def test_sigterm_saves_the_current_step_and_rerun_resumes_there(
+    tmp_path, uninterrupted, compilation_cache
+):
     env = subprocess_env(1, compilation_cache)
     workdir = tmp_path / "run"
     process = start_training(workdir, env)
@@ -117,12 +126,17 @@ def _snapshot(directory) -> dict[str, tuple[int, int]]:
     for root, _, names in os.walk(directory):
         for name in names:
             path = os.path.join(root, name)
-            files[os.path.relpath(path, directory)] = (os.path.getsize(path), os.stat(path).st_mtime_ns)
+            files[os.path.relpath(path, directory)] = (
+                os.path.getsize(path),
+                os.stat(path).st_mtime_ns,
+            )
     return files
 
 
 @pytest.mark.parametrize("truncated", ["array_chunks", "_METADATA"])
-def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(tmp_path, trained_two_steps, truncated):
+def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(
+    tmp_path, trained_two_steps, truncated
+):
     workdir = tmp_path / "run"
     shutil.copytree(trained_two_steps, workdir)
     state_dir = workdir / "checkpoints" / "2" / "state"
@@ -141,7 +155,9 @@ def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(tmp_
     assert f"Cannot read its state from checkpoint {workdir / 'checkpoints' / '2'} (" in message
     # Orbax also keeps the first step of a fresh run: the way out is to set checkpoint 2 aside.
     assert "nothing was deleted" in message
-    assert message.endswith(f"move {workdir / 'checkpoints' / '2'} out of {workdir / 'checkpoints'} to resume from step 1.")
+    assert message.endswith(
+        f"move {workdir / 'checkpoints' / '2'} out of {workdir / 'checkpoints'} to resume from step 1."
+    )
     assert _snapshot(workdir) == before
 
 
@@ -150,7 +166,10 @@ def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(tmp_
     [
         ({"model.d_model": 64}, "model.d_model is 32 there, 64 now"),
         ({"pe.name": "rope"}, "pe.name is 'jordan_rope' there, 'rope' now"),
-        ({"opt.clip_norm": 0.0}, "opt.clip_norm is 1.0 there, 0.0 now (clipping on/off changes the optimizer state)"),
+        (
+            {"opt.clip_norm": 0.0},
+            "opt.clip_norm is 1.0 there, 0.0 now (clipping on/off changes the optimizer state)",
+        ),
     ],
 )
 def test_checkpoint_of_other_parameters_is_refused_with_the_difference(
@@ -162,6 +181,8 @@ def test_checkpoint_of_other_parameters_is_refused_with_the_difference(
     with pytest.raises(IncompatibleCheckpointError) as caught:
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}, **overrides), str(workdir))
     message = str(caught.value)
-    assert message.startswith(f"Checkpoint {workdir / 'checkpoints' / '2'} was written by a run with other parameters")
+    assert message.startswith(
+        f"Checkpoint {workdir / 'checkpoints' / '2'} was written by a run with other parameters"
+    )
     assert difference in message and "nothing was deleted" in message
     assert _snapshot(workdir) == before

@@ -7,13 +7,13 @@ import sys
 import pytest
 from absl import flags
 from ml_collections import config_flags
+from tiny_train_config import tiny_config_dict
 
 from configs import wikitext_cpu
 from jrope.config_types import TrainConfig
 from jrope.evaluation import evaluate_checkpoint
 from jrope.trainer import train_and_evaluate
 from jrope.validation import ConfigError, RunEnvironment, check_evaluation_run, check_training_run
-from tiny_train_config import tiny_config_dict
 
 GIB = 2**30
 EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu", memory_bytes=16 * GIB)
@@ -57,8 +57,10 @@ BAD_INPUTS = [
         _tiny(**{"pe.name": "jordan_m3"}),
         EIGHT_CPUS,
         "fresh",
-        r"model\.d_model / model\.num_heads \(head dim 16\): jordan_m3: head_dim 16 is not divisible by 6 .*"
-        r"choose d_model / num_heads as a multiple of 6\.",
+        (
+            r"model\.d_model / model\.num_heads \(head dim 16\): jordan_m3: head_dim 16 is not divisible by 6 .*"
+            r"choose d_model / num_heads as a multiple of 6\."
+        ),
     ),
     (
         "direct_sum_needs_multiple_of_8",
@@ -100,8 +102,10 @@ BAD_INPUTS = [
         _tiny(batch_size=12),
         EIGHT_CPUS,
         "fresh",
-        r"batch_size = 12 is not divisible by the data-parallel size 8 \(the mesh axes \('data', 'fsdp'\) of the "
-        r"'batch' rule\); set --config\.batch_size to a multiple of 8",
+        (
+            r"batch_size = 12 is not divisible by the data-parallel size 8 \(the mesh axes \('data', 'fsdp'\) of the "
+            r"'batch' rule\); set --config\.batch_size to a multiple of 8"
+        ),
     ),
     (
         "mesh_product_not_device_count",
@@ -129,17 +133,21 @@ BAD_INPUTS = [
         _tiny(**{"eval.lengths": (16, 65536), "model.attention_impl": "einsum"}),
         EIGHT_CPUS,
         "fresh",
-        r"eval\.lengths: the plain 'einsum' attention at length 65536 needs 128\.0 GiB for one layer's float32 "
-        r"logits \[4 rows, 2 heads, 65536, 65536\], more than half of the 16\.0 GiB available; "
-        r"set --config\.model\.attention_impl=blockwise",
+        (
+            r"eval\.lengths: the plain 'einsum' attention at length 65536 needs 128\.0 GiB for one layer's float32 "
+            r"logits \[4 rows, 2 heads, 65536, 65536\], more than half of the 16\.0 GiB available; "
+            r"set --config\.model\.attention_impl=blockwise"
+        ),
     ),
     (
         "eval_attention_does_not_fit_device_memory",
         _tiny(**{"eval.lengths": (32768,), "model.blockwise_min_length": 65536, "mesh.data": 1}),
         ONE_GPU,
         "fresh",
-        r"the plain 'xla' attention at length 32768 needs 32\.0 GiB .* more than half of the 40\.0 GiB available; "
-        r".* or --config\.model\.blockwise_min_length=32768",
+        (
+            r"the plain 'xla' attention at length 32768 needs 32\.0 GiB .* more than half of the 40\.0 GiB available; "
+            r".* or --config\.model\.blockwise_min_length=32768"
+        ),
     ),
     (
         "xla_attention_cannot_add_alibi",
@@ -223,11 +231,18 @@ def _workdir(kind: str, tmp_path) -> str:
     return str(tmp_path / "run")
 
 
-@pytest.mark.parametrize("config_dict, env, workdir_kind, expected", [case[1:] for case in BAD_INPUTS],
-                         ids=[case[0] for case in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "config_dict, env, workdir_kind, expected",
+    [case[1:] for case in BAD_INPUTS],
+    ids=[case[0] for case in BAD_INPUTS],
+)
 def test_bad_input_is_reported_with_key_and_fix(config_dict, env, workdir_kind, expected, tmp_path):
-    message = _problem_text(config_dict, _workdir(workdir_kind, tmp_path), env,
-                            evaluation=workdir_kind == "evaluate_empty")
+    message = _problem_text(
+        config_dict,
+        _workdir(workdir_kind, tmp_path),
+        env,
+        evaluation=workdir_kind == "evaluate_empty",
+    )
     assert re.search(expected, message), message
 
 
@@ -235,23 +250,36 @@ def test_good_configs_pass(tmp_path):
     assert _problem_text(_tiny(), tmp_path / "new" / "run") == ""
     # Long evaluations are fine once 'auto' switches to blockwise attention (from 4096 on by default).
     assert _problem_text(_tiny(**{"eval.lengths": (16, 65536)}), tmp_path / "run") == ""
-    assert _problem_text(_tiny(**{"eval.batch_size": 8, "eval.num_sequences": 8}), tmp_path / "run", TWO_HOSTS) == ""
+    assert (
+        _problem_text(
+            _tiny(**{"eval.batch_size": 8, "eval.num_sequences": 8}), tmp_path / "run", TWO_HOSTS
+        )
+        == ""
+    )
 
 
 def test_all_problems_are_reported_together(tmp_path):
     with pytest.raises(ConfigError) as caught:
         check_training_run(
-            TrainConfig.from_config_dict(_tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3})),
+            TrainConfig.from_config_dict(
+                _tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3})
+            ),
             str(tmp_path),
             EIGHT_CPUS,
         )
     problems = caught.value.problems
     assert len(problems) == 2
-    assert problems[0].startswith("pe.name = 'ropee'") and problems[1].startswith("mesh.data=-1 x mesh.fsdp=1")
-    assert str(caught.value).startswith("2 problem(s) in the run's config, found before compiling:\n  - pe.name")
+    assert problems[0].startswith("pe.name = 'ropee'") and problems[1].startswith(
+        "mesh.data=-1 x mesh.fsdp=1"
+    )
+    assert str(caught.value).startswith(
+        "2 problem(s) in the run's config, found before compiling:\n  - pe.name"
+    )
     # Conversion errors of different sections come together too.
     with pytest.raises(ValueError) as caught:
-        TrainConfig.from_config_dict(_tiny(**{"model.compute_dtype": "float16", "opt.schedule": "linear"}))
+        TrainConfig.from_config_dict(
+            _tiny(**{"model.compute_dtype": "float16", "opt.schedule": "linear"})
+        )
     assert "model.compute_dtype = 'float16' is not one of" in str(caught.value)
     assert "opt.schedule = 'linear' is not one of" in str(caught.value)
 
@@ -259,30 +287,43 @@ def test_all_problems_are_reported_together(tmp_path):
 def test_entry_points_check_before_building_anything(tmp_path):
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"pe\.name = 'ropee' is not a known encoding"):
-        train_and_evaluate(TrainConfig.from_config_dict(_tiny(**{"pe.name": "ropee"})), str(workdir))
+        train_and_evaluate(
+            TrainConfig.from_config_dict(_tiny(**{"pe.name": "ropee"})), str(workdir)
+        )
     assert not workdir.exists()  # stopped before the checkpointer or the logger created anything
     with pytest.raises(ConfigError, match=r"holds no finished checkpoint"):
         evaluate_checkpoint(TrainConfig.from_config_dict(_tiny()), str(tmp_path))
 
 
-@pytest.mark.parametrize("override", ["--config.model.d_modle=64", "--config.opt.lerning_rate=1e-3"])
+@pytest.mark.parametrize(
+    "override", ["--config.model.d_modle=64", "--config.opt.lerning_rate=1e-3"]
+)
 def test_misspelt_command_line_override_is_rejected(override, monkeypatch):
     # train.py's flag: a locked config file. Overrides are read from sys.argv when the file is parsed.
     config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
     argv = ["train.py", f"--config={config_path}", override]
     monkeypatch.setattr(sys, "argv", argv)
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "config", flag_values=flag_values, lock_config=True)
+    config_flags.DEFINE_config_file(
+        "config", None, "config", flag_values=flag_values, lock_config=True
+    )
     with pytest.raises(AttributeError, match=r"Did you mean"):
         flag_values(argv)
 
 
 def test_correct_command_line_override_is_applied(monkeypatch):
     config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
-    argv = ["train.py", f"--config={config_path}", "--config.model.d_model=64", "--config.opt.nonfinite=skip"]
+    argv = [
+        "train.py",
+        f"--config={config_path}",
+        "--config.model.d_model=64",
+        "--config.opt.nonfinite=skip",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "config", flag_values=flag_values, lock_config=True)
+    config_flags.DEFINE_config_file(
+        "config", None, "config", flag_values=flag_values, lock_config=True
+    )
     flag_values(argv)
     cfg = TrainConfig.from_config_dict(flag_values.config)
     assert cfg.model.d_model == 64 and cfg.data.head_dim == 32 and cfg.opt.nonfinite == "skip"

@@ -38,18 +38,29 @@ def subprocess_env(num_devices: int, compilation_cache: str) -> dict[str, str]:
     return env
 
 
-def start_training(workdir, env: dict[str, str], *extra_args: str, log_path=None) -> subprocess.Popen:
+def start_training(
+    workdir, env: dict[str, str], *extra_args: str, log_path=None
+) -> subprocess.Popen:
     """`python train.py --config=<tiny config> --workdir=<workdir> <extra_args>`, output to `log_path`."""
-    log_path = log_path or os.path.join(os.path.dirname(str(workdir)), os.path.basename(str(workdir)) + ".log")
-    log = open(log_path, "ab")
-    command = [sys.executable, TRAIN_SCRIPT, f"--config={RUN_CONFIG}", f"--workdir={workdir}", *extra_args]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log_path = log_path or f"{workdir}.log"
+    command = [
+        sys.executable,
+        TRAIN_SCRIPT,
+        f"--config={RUN_CONFIG}",
+        f"--workdir={workdir}",
+        *extra_args,
+    ]
+    with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     process.log_path = log_path
-    log.close()  # the child holds its own descriptor
     return process
 
 
-def run_training(workdir, env: dict[str, str], *extra_args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_training(
+    workdir, env: dict[str, str], *extra_args: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Run train.py to completion; AssertionError with its log tail if it fails."""
     process = start_training(workdir, env, *extra_args)
     returncode = process.wait(timeout=timeout)
@@ -80,19 +91,25 @@ def wait_for_step(workdir, step: int, process: subprocess.Popen, timeout: float 
         if records and records[-1]["step"] >= step:
             return records[-1]["step"]
         if process.poll() is not None:
-            raise AssertionError(f"train.py ended ({process.returncode}) before step {step}:\n{log_tail(process)}")
+            raise AssertionError(
+                f"train.py ended ({process.returncode}) before step {step}:\n{log_tail(process)}"
+            )
         time.sleep(0.02)
     raise AssertionError(f"no step {step} within {timeout} s:\n{log_tail(process)}")
 
 
-def wait_for_checkpoint(workdir, step: int, process: subprocess.Popen, timeout: float = 180) -> None:
+def wait_for_checkpoint(
+    workdir, step: int, process: subprocess.Popen, timeout: float = 180
+) -> None:
     """Poll until checkpoint `step` is finished (renamed from its temporary directory)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.isdir(os.path.join(str(workdir), "checkpoints", str(step))):
             return
         if process.poll() is not None:
-            raise AssertionError(f"train.py ended ({process.returncode}) before checkpoint {step}:\n{log_tail(process)}")
+            raise AssertionError(
+                f"train.py ended ({process.returncode}) before checkpoint {step}:\n{log_tail(process)}"
+            )
         time.sleep(0.02)
     raise AssertionError(f"no checkpoint {step} within {timeout} s:\n{log_tail(process)}")
 
