@@ -32,6 +32,11 @@ import jax.numpy as jnp
 
 # Finite stand-in for -inf on masked logits (float32 softmax).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Query row blocks of the einsum path: 4 forms 5/8 of the causal logits.
+# Attention forward + backward at B 24, L 256, 4 heads of 32 on a 2-core CPU,
+# relative to jax.nn.dot_product_attention: 0.74 with 1 block, 0.61 with 2,
+# 0.59 with 4, 0.65 with 8 (CPU time, median of 9 interleaved rounds).
+QUERY_CHUNKS = 4
 
 _BLOCKWISE_MODULE = "jrope.blockwise_attention"
 
@@ -92,11 +97,14 @@ def causal_attention(
         return blockwise(
             q, k, v, enc=enc, params=params, q_positions=positions, k_positions=positions, block_size=block_size
         )
-    q, k = enc.transform_qk(params, q, k, positions, positions)
-    if choice == "xla":
-        return _xla_attention(q, k, v)
-    bias = enc.logit_bias(params, positions, positions) if enc.has_bias else None
-    return _einsum_attention(q, k, v, bias)
+    # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
+    with jax.named_scope("encoding"):
+        q, k = enc.transform_qk(params, q, k, positions, positions)
+        bias = enc.logit_bias(params, positions, positions) if enc.has_bias else None
+    with jax.named_scope("attention_kernel"):
+        if choice == "xla":
+            return _xla_attention(q, k, v)
+        return _einsum_attention(q, k, v, bias)
 
 
 def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -110,15 +118,105 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def _einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None) -> jax.Array:
-    """Explicit-logits attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
+    """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
+    return _chunked_causal_attention(q, k, v, bias)
+
+
+def _chunk_bounds(length: int) -> list[tuple[int, int]]:
+    """(start, stop) of the query row blocks; block i attends to keys [0, stop_i)."""
+    chunk = -(-length // QUERY_CHUNKS)
+    return [(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+
+
+@jax.custom_vjp
+def _chunked_causal_attention(q, k, v, bias):
+    """Causal attention with queries cut into QUERY_CHUNKS row blocks.
+
+    q, k, v [B, T, N, H]; bias None, [N, T, T] or [B, N, T, T] -> [B, T, N, H].
+    Each row block attends only to the keys at or before its last row:
+    (n + 1) / (2n) of the T x T logits are formed, and only the diagonal
+    block needs its mask. A custom VJP because autodiff of the softmax
+    materialises several more T x T arrays (broadcast denominators,
+    transposed probabilities, full-size padded key gradients per block) than
+    the gradient needs, and on CPU attention time is spent passing over them.
+    """
+    return _chunked_forward(q, k, v, bias)[0]
+
+
+def _chunked_forward(q, k, v, bias):
+    outputs, saved = [], []
+    for start, stop in _chunk_bounds(q.shape[1]):
+        chunk_bias = None if bias is None else bias[..., start:stop, :stop]
+        out, unnormalised, row_sum = _chunk_forward(q[:, start:stop], k[:, :stop], v[:, :stop], chunk_bias)
+        outputs.append(out)
+        saved.append((unnormalised, row_sum))
+    out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
+    return out, (q, k, v, bias, out, saved)
+
+
+def _chunk_forward(q, k, v, bias):
+    """The last T query rows over S >= T keys: row t sits at key index S - T + t.
+
+    Returns the output [B, T, N, H], the unnormalised probabilities
+    E [B, N, T, S] (float32, 0 where masked) and their row sums [B, N, T].
+    """
     length, key_length, head_dim = q.shape[1], k.shape[1], q.shape[-1]
     logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
     logits = logits * (1.0 / math.sqrt(head_dim))
     if bias is not None:
         bias = bias.astype(jnp.float32)
         logits = logits + (bias[None] if bias.ndim == 3 else bias)
-    # Key j is visible to query i iff j <= i (queries and keys share positions).
-    visible = jnp.arange(key_length)[None, :] <= jnp.arange(length)[:, None]
+    visible = jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None]
     logits = jnp.where(visible[None, None], logits, MASK_VALUE)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+    # The division by the row sum is applied to the [B, T, N, H] output, not
+    # to the [B, N, T, S] matrix.
+    unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    row_sum = jnp.sum(unnormalised, axis=-1)
+    out = jnp.einsum("bnts,bsnh->btnh", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (out / _rows_last(row_sum)).astype(v.dtype), unnormalised, row_sum
+
+
+def _chunked_backward(residuals, d_out):
+    """Per block, with P = E / r and dO_r = dO / r (row-wise):
+    dV = E^T dO_r,  dLogits = E * (dO_r V^T - rowsum(dO_r * O)),
+    dQ = dLogits K / sqrt(H),  dK = dLogits^T Q / sqrt(H)."""
+    q, k, v, bias, out, saved = residuals
+    bounds = _chunk_bounds(q.shape[1])
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    d_q_rows, d_k_parts, d_v_parts, d_bias_rows = [], [], [], []
+    for (start, stop), (unnormalised, row_sum) in zip(bounds, saved):
+        d_scaled = d_out[:, start:stop].astype(jnp.float32) / _rows_last(row_sum)
+        d_v_parts.append(jnp.einsum("bnts,btnh->bsnh", unnormalised, d_scaled))
+        d_probs = jnp.einsum("btnh,bsnh->bnts", d_scaled, v[:, :stop], preferred_element_type=jnp.float32)
+        correction = jnp.sum(d_scaled * out[:, start:stop].astype(jnp.float32), axis=-1)  # [B, T, N]
+        d_logits = unnormalised * (d_probs - jnp.transpose(correction, (0, 2, 1))[..., None])
+        d_q_rows.append(jnp.einsum("bnts,bsnh->btnh", d_logits, k[:, :stop], preferred_element_type=jnp.float32))
+        d_k_parts.append(jnp.einsum("bnts,btnh->bsnh", d_logits, q[:, start:stop], preferred_element_type=jnp.float32))
+        if bias is not None:
+            rows = d_logits if bias.ndim == 4 else jnp.sum(d_logits, axis=0)
+            d_bias_rows.append(jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, q.shape[1] - stop)]))
+    d_q = jnp.concatenate(d_q_rows, axis=1) * scale
+    d_k = _sum_key_prefixes(d_k_parts, bounds) * scale
+    d_v = _sum_key_prefixes(d_v_parts, bounds)
+    d_bias = None if bias is None else jnp.concatenate(d_bias_rows, axis=-2).astype(bias.dtype)
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias
+
+
+_chunked_causal_attention.defvjp(_chunked_forward, _chunked_backward)
+
+
+def _sum_key_prefixes(parts: list[jax.Array], bounds: list[tuple[int, int]]) -> jax.Array:
+    """Sum of gradients over key prefixes: parts[i] covers keys [0, stop_i).
+
+    Key block j collects the parts of query blocks i >= j; assembling it block
+    by block avoids padding every part to full length.
+    """
+    blocks = []
+    for j, (start, stop) in enumerate(bounds):
+        blocks.append(sum(part[:, start:stop] for part in parts[j:]))
+    return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=1)
+
+
+def _rows_last(row_values: jax.Array) -> jax.Array:
+    """[B, N, T] -> [B, T, N, 1], to scale a [B, T, N, H] array row by row."""
+    return jnp.transpose(row_values, (0, 2, 1))[..., None]
