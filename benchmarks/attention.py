@@ -108,6 +108,7 @@ def _prepare(method: str, kernel: str, length: int) -> dict:
 
     fwd, fwd_bytes = _compile(forward, params, q, k, v)
     train, train_bytes = _compile(jax.grad(loss, argnums=(0, 1, 2, 3)), params, q, k, v)
+    jax.block_until_ready((fwd(params, q, k, v), train(params, q, k, v)))  # first-run allocations
     return {
         "args": (params, q, k, v), "fwd": fwd, "train": train,
         "fwd_bytes": fwd_bytes, "train_bytes": train_bytes, "fwd_s": [], "train_s": [],
@@ -115,7 +116,7 @@ def _prepare(method: str, kernel: str, length: int) -> dict:
 
 
 def _seconds_per_call(fn, args) -> float:
-    jax.block_until_ready(fn(*args))  # warm
+    """Repeats fn(*args) for at least --min_seconds (once, for long calls); seconds per call."""
     calls, start = 0, time.perf_counter()
     while True:
         jax.block_until_ready(fn(*args))
