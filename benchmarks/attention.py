@@ -4,9 +4,9 @@ Raw q, k, v [B, T, N, H] (default B 1, N 4 as in the synthetic model, and
 H 48 rather than its 32: an order-3 Jordan head needs H divisible by 6) go through jrope.attention.causal_attention, encoding included,
 with two kernels:
 
-  dense      what attention_impl='auto' picks below its blockwise threshold:
-             jax.nn.dot_product_attention (XLA) without a bias, explicit
-             einsum logits with one (ALiBi variants); both build [B, N, T, T].
+  dense      what attention_impl='auto' picks below its blockwise threshold
+             (the kernel column names it: 'xla' or 'einsum'); it forms the
+             T x T logits of every head.
   blockwise  jrope.blockwise_attention (online softmax over key blocks).
 
 Every (kernel, length) group is compiled first and then timed side by side,

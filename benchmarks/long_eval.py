@@ -12,8 +12,8 @@ compiling), the compile time and the time of one evaluation.
     python benchmarks/long_eval.py --method=rope --lengths=2048,8192 --block_size=256
 
 'dense' is the kernel attention_impl='auto' picks below its blockwise
-threshold ('xla' for encodings without a bias, 'einsum' with one): it builds
-the full [B, N, T, T] logits. Dense runs whose logit matrices alone would
+threshold (jrope.attention.resolve_impl): it forms the T x T logits of
+every head. Dense runs whose logit matrices alone would
 exceed --max_dense_gb are skipped (at 32768 they would need 16 GiB per layer).
 Performance.md's reference: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
 """
