@@ -10,7 +10,9 @@ together mean much), and reported as the median over rounds.
 
 Prints ms/step, steps/s, tokens/s, the ratio of each method's step time to
 RoPE's, and the speed-up over the paper's PyTorch reference (195 ms/step for
-RoPE at this config on a 2-core CPU, performance.md).
+RoPE at this config on a 2-core CPU, performance.md). A plain matmul timed in
+the same rounds says how loaded the machine was: compare absolute numbers
+only when it reads near its idle value.
 """
 
 import os
@@ -74,11 +76,26 @@ def _time_steps(run: dict, num_steps: int) -> float:
     return elapsed / num_steps
 
 
+def _matmul_gflops() -> float:
+    """Float32 2048^3 matmul throughput now: how busy the machine is (about 450 on an idle 2-core host)."""
+    a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * 2048**3 / best / 1e9
+
+
 def main(argv):
     del argv
     runs = {method: _prepare(method) for method in _METHODS.value}
     times = {method: [] for method in runs}
+    gflops = []
     for _ in range(_ROUNDS.value):
+        gflops.append(_matmul_gflops())
         for method, run in runs.items():
             times[method].append(_time_steps(run, _STEPS.value))
     cfg = next(iter(runs.values()))["cfg"]
@@ -88,7 +105,8 @@ def main(argv):
         f"train step, d_model {cfg.model.d_model}, {cfg.model.num_heads} heads, {cfg.model.num_layers} layers, "
         f"L {cfg.pe.train_context}, batch {cfg.batch_size}, {_DTYPE.value}, remat {_REMAT.value}, "
         f"attention {_IMPL.value}; median of {_ROUNDS.value} rounds x {_STEPS.value} steps; "
-        f"{jax.devices()[0].platform}"
+        f"{jax.devices()[0].platform}; plain 2048^3 matmul {statistics.median(gflops):.0f} GFLOP/s "
+        "(an idle 2-core host: about 450)"
     )
     print("| method | ms/step | steps/s | tokens/s | vs rope | speed-up vs PyTorch reference |")
     print("|---|---|---|---|---|---|")

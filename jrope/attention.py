@@ -4,14 +4,16 @@ The encoding reaches attention only through `enc.transform_qk` (a
 per-position linear map of queries and keys) and `enc.logit_bias` (an
 additive bias, ALiBi-type variants only). Three interchangeable kernels:
 
-  xla        jax.nn.dot_product_attention(is_causal=True): encodings without a bias.
-  einsum     explicit logits, bias, mask and softmax: any encoding (the one
-             path for biased variants).
+  xla        jax.nn.dot_product_attention(is_causal=True): encodings without
+             a bias (on GPU it may dispatch to cuDNN for 16-bit inputs).
+  einsum     explicit logits, bias, mask and softmax, with causal row blocks
+             and a hand-written VJP: any encoding.
   blockwise  jrope.blockwise_attention: flash-style blocks, memory linear in
              length; it applies the encoding per block itself.
 
 'auto' picks blockwise from `blockwise_min_length` on (when that module is
-present), else einsum for biased encodings and xla otherwise.
+present), else einsum: on CPU its train step is faster than xla's (see
+QUERY_CHUNKS), and it is the same computation on any backend.
 
 Numerics: logits and softmax in float32 whatever the compute dtype; the
 causal mask is a finite large negative, so a fully masked row cannot turn
@@ -58,7 +60,7 @@ def resolve_impl(impl: str, *, has_bias: bool, length: int, blockwise_min_length
     if impl == "auto":
         if length >= blockwise_min_length and blockwise_available():
             return "blockwise"
-        return "einsum" if has_bias else "xla"
+        return "einsum"
     if impl == "xla" and has_bias:
         raise ValueError("attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants.")
     if impl not in ("xla", "einsum"):
@@ -80,27 +82,32 @@ def causal_attention(
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
+    The queries are the last T of the S key positions (T = S for a full
+    sequence; T = 1 reads out the last position only).
+
     Args:
-      q, k, v: [B, T, N, H] in the compute dtype.
+      q: [B, T, N, H]; k, v: [B, S, N, H], T <= S, in the compute dtype.
       enc: a jrope encoding (transform_qk, logit_bias, has_bias).
       params: the encoding's parameters for this layer.
-      positions: int32 [T] or [B, T], query and key positions.
+      positions: int32 [S] or [B, S], the key positions (queries: the last T).
       impl: 'auto', 'xla', 'einsum' or 'blockwise' (see the module docstring).
     Returns:
       [B, T, N, H] in v's dtype.
     """
-    choice = resolve_impl(
-        impl, has_bias=enc.has_bias, length=q.shape[1], blockwise_min_length=blockwise_min_length
-    )
+    length, key_length = q.shape[1], k.shape[1]
+    if length > key_length:
+        raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
+    q_positions = positions[..., key_length - length :]
+    choice = resolve_impl(impl, has_bias=enc.has_bias, length=key_length, blockwise_min_length=blockwise_min_length)
     if choice == "blockwise":
         blockwise = importlib.import_module(_BLOCKWISE_MODULE).blockwise_attention
         return blockwise(
-            q, k, v, enc=enc, params=params, q_positions=positions, k_positions=positions, block_size=block_size
+            q, k, v, enc=enc, params=params, q_positions=q_positions, k_positions=positions, block_size=block_size
         )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
-        q, k = enc.transform_qk(params, q, k, positions, positions)
-        bias = enc.logit_bias(params, positions, positions) if enc.has_bias else None
+        q, k = enc.transform_qk(params, q, k, q_positions, positions)
+        bias = enc.logit_bias(params, q_positions, positions) if enc.has_bias else None
     with jax.named_scope("attention_kernel"):
         if choice == "xla":
             return _xla_attention(q, k, v)
@@ -111,8 +118,18 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     # Raw-shear encodings return float32 q, k (their cancellation is not
     # bf16-safe); the fused kernel wants one dtype, so v follows them.
     common = jnp.promote_types(q.dtype, v.dtype)
+    length, key_length = q.shape[1], k.shape[1]
+    # is_causal aligns query 0 with key 0; queries that are the last rows need the mask spelled out.
+    mask = None
+    if length != key_length:
+        mask = (jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None])[None, None]
     out = jax.nn.dot_product_attention(
-        q.astype(common), k.astype(common), v.astype(common), is_causal=True, implementation="xla"
+        q.astype(common),
+        k.astype(common),
+        v.astype(common),
+        mask=mask,
+        is_causal=mask is None,
+        implementation="xla",
     )
     return out.astype(v.dtype)
 
@@ -122,82 +139,109 @@ def _einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array 
     return _chunked_causal_attention(q, k, v, bias)
 
 
-def _chunk_bounds(length: int) -> list[tuple[int, int]]:
-    """(start, stop) of the query row blocks; block i attends to keys [0, stop_i)."""
+def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
+    """(start, stop, key_stop) of the query row blocks; block i attends to keys [0, key_stop_i).
+
+    Query row t is key position key_length - length + t.
+    """
     chunk = -(-length // QUERY_CHUNKS)
-    return [(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+    offset = key_length - length
+    bounds = []
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        bounds.append((start, stop, offset + stop))
+    return bounds
 
 
 @jax.custom_vjp
 def _chunked_causal_attention(q, k, v, bias):
     """Causal attention with queries cut into QUERY_CHUNKS row blocks.
 
-    q, k, v [B, T, N, H]; bias None, [N, T, T] or [B, N, T, T] -> [B, T, N, H].
+    q [B, T, N, H] (the last T of S positions), k, v [B, S, N, H]; bias None,
+    [N, T, S] or [B, N, T, S] -> [B, T, N, H].
     Each row block attends only to the keys at or before its last row:
-    (n + 1) / (2n) of the T x T logits are formed, and only the diagonal
-    block needs its mask. A custom VJP because autodiff of the softmax
-    materialises several more T x T arrays (broadcast denominators,
-    transposed probabilities, full-size padded key gradients per block) than
-    the gradient needs, and on CPU attention time is spent passing over them.
+    for T = S, (n + 1) / (2n) of the T x T logits are formed, and only the
+    diagonal block needs its mask. Inside, q, k and v are transposed once to
+    head-major [B, N, T, H], the layout XLA:CPU's batched matmuls want;
+    otherwise every block would transpose its own slices.
+    A custom VJP because autodiff of the softmax materialises several more
+    T x T arrays (broadcast denominators, transposed probabilities, full-size
+    padded key gradients per block) than the gradient needs, and on CPU
+    attention time is spent passing over them.
     """
     return _chunked_forward(q, k, v, bias)[0]
 
 
+def _head_major(x: jax.Array) -> jax.Array:
+    """[B, T, N, H] <-> [B, N, T, H]."""
+    return jnp.transpose(x, (0, 2, 1, 3))
+
+
 def _chunked_forward(q, k, v, bias):
+    q, k, v = _head_major(q), _head_major(k), _head_major(v)
     outputs, saved = [], []
-    for start, stop in _chunk_bounds(q.shape[1]):
-        chunk_bias = None if bias is None else bias[..., start:stop, :stop]
-        out, unnormalised, row_sum = _chunk_forward(q[:, start:stop], k[:, :stop], v[:, :stop], chunk_bias)
+    for start, stop, key_stop in _chunk_bounds(q.shape[2], k.shape[2]):
+        chunk_bias = None if bias is None else bias[..., start:stop, :key_stop]
+        out, unnormalised, row_sum = _chunk_forward(
+            q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop], chunk_bias
+        )
         outputs.append(out)
         saved.append((unnormalised, row_sum))
-    out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
-    return out, (q, k, v, bias, out, saved)
+    out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=2)
+    return _head_major(out), (q, k, v, bias, out, saved)
 
 
 def _chunk_forward(q, k, v, bias):
     """The last T query rows over S >= T keys: row t sits at key index S - T + t.
 
-    Returns the output [B, T, N, H], the unnormalised probabilities
-    E [B, N, T, S] (float32, 0 where masked) and their row sums [B, N, T].
+    q [B, N, T, H], k and v [B, N, S, H]. Returns the output [B, N, T, H], the
+    unnormalised probabilities E [B, N, T, S] (float32, 0 where masked) and
+    their row sums [B, N, T].
     """
-    length, key_length, head_dim = q.shape[1], k.shape[1], q.shape[-1]
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
+    length, key_length, head_dim = q.shape[2], k.shape[2], q.shape[-1]
+    logits = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32)
     logits = logits * (1.0 / math.sqrt(head_dim))
     if bias is not None:
         bias = bias.astype(jnp.float32)
         logits = logits + (bias[None] if bias.ndim == 3 else bias)
     visible = jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None]
     logits = jnp.where(visible[None, None], logits, MASK_VALUE)
-    # The division by the row sum is applied to the [B, T, N, H] output, not
+    # The division by the row sum is applied to the [B, N, T, H] output, not
     # to the [B, N, T, S] matrix.
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)
-    out = jnp.einsum("bnts,bsnh->btnh", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return (out / _rows_last(row_sum)).astype(v.dtype), unnormalised, row_sum
+    out = jnp.einsum("bnts,bnsh->bnth", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (out / row_sum[..., None]).astype(v.dtype), unnormalised, row_sum
 
 
 def _chunked_backward(residuals, d_out):
     """Per block, with P = E / r and dO_r = dO / r (row-wise):
     dV = E^T dO_r,  dLogits = E * (dO_r V^T - rowsum(dO_r * O)),
     dQ = dLogits K / sqrt(H),  dK = dLogits^T Q / sqrt(H)."""
-    q, k, v, bias, out, saved = residuals
-    bounds = _chunk_bounds(q.shape[1])
+    q, k, v, bias, out, saved = residuals  # head-major
+    d_out = _head_major(d_out).astype(jnp.float32)
+    key_length = k.shape[2]
+    bounds = _chunk_bounds(q.shape[2], key_length)
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_q_rows, d_k_parts, d_v_parts, d_bias_rows = [], [], [], []
-    for (start, stop), (unnormalised, row_sum) in zip(bounds, saved):
-        d_scaled = d_out[:, start:stop].astype(jnp.float32) / _rows_last(row_sum)
-        d_v_parts.append(jnp.einsum("bnts,btnh->bsnh", unnormalised, d_scaled))
-        d_probs = jnp.einsum("btnh,bsnh->bnts", d_scaled, v[:, :stop], preferred_element_type=jnp.float32)
-        correction = jnp.sum(d_scaled * out[:, start:stop].astype(jnp.float32), axis=-1)  # [B, T, N]
-        d_logits = unnormalised * (d_probs - jnp.transpose(correction, (0, 2, 1))[..., None])
-        d_q_rows.append(jnp.einsum("bnts,bsnh->btnh", d_logits, k[:, :stop], preferred_element_type=jnp.float32))
-        d_k_parts.append(jnp.einsum("bnts,btnh->bsnh", d_logits, q[:, start:stop], preferred_element_type=jnp.float32))
+    for (start, stop, key_stop), (unnormalised, row_sum) in zip(bounds, saved):
+        d_scaled = d_out[:, :, start:stop] / row_sum[..., None]
+        d_v_parts.append(jnp.einsum("bnts,bnth->bnsh", unnormalised, d_scaled))
+        d_probs = jnp.einsum("bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop], preferred_element_type=jnp.float32)
+        correction = jnp.sum(d_scaled * out[:, :, start:stop].astype(jnp.float32), axis=-1)  # [B, N, T]
+        d_logits = unnormalised * (d_probs - correction[..., None])
+        d_q_rows.append(
+            jnp.einsum("bnts,bnsh->bnth", d_logits, k[:, :, :key_stop], preferred_element_type=jnp.float32)
+        )
+        d_k_parts.append(
+            jnp.einsum("bnts,bnth->bnsh", d_logits, q[:, :, start:stop], preferred_element_type=jnp.float32)
+        )
         if bias is not None:
             rows = d_logits if bias.ndim == 4 else jnp.sum(d_logits, axis=0)
-            d_bias_rows.append(jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, q.shape[1] - stop)]))
-    d_q = jnp.concatenate(d_q_rows, axis=1) * scale
-    d_k = _sum_key_prefixes(d_k_parts, bounds) * scale
-    d_v = _sum_key_prefixes(d_v_parts, bounds)
+            d_bias_rows.append(jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, key_length - key_stop)]))
+    d_q = _head_major(jnp.concatenate(d_q_rows, axis=2) * scale)
+    d_k = _head_major(_sum_key_prefixes(d_k_parts, bounds) * scale)
+    d_v = _head_major(_sum_key_prefixes(d_v_parts, bounds))
     d_bias = None if bias is None else jnp.concatenate(d_bias_rows, axis=-2).astype(bias.dtype)
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias
 
@@ -206,17 +250,14 @@ _chunked_causal_attention.defvjp(_chunked_forward, _chunked_backward)
 
 
 def _sum_key_prefixes(parts: list[jax.Array], bounds: list[tuple[int, int]]) -> jax.Array:
-    """Sum of gradients over key prefixes: parts[i] covers keys [0, stop_i).
+    """Sum of head-major gradients over key prefixes: parts[i] covers keys [0, key_stop_i).
 
-    Key block j collects the parts of query blocks i >= j; assembling it block
-    by block avoids padding every part to full length.
+    Key block j (keys key_stop_{j-1} .. key_stop_j) collects the parts of query
+    blocks i >= j; assembling it block by block avoids padding every part to
+    full length.
     """
     blocks = []
-    for j, (start, stop) in enumerate(bounds):
-        blocks.append(sum(part[:, start:stop] for part in parts[j:]))
-    return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=1)
-
-
-def _rows_last(row_values: jax.Array) -> jax.Array:
-    """[B, N, T] -> [B, T, N, 1], to scale a [B, T, N, H] array row by row."""
-    return jnp.transpose(row_values, (0, 2, 1))[..., None]
+    for j, (_, _, key_stop) in enumerate(bounds):
+        key_start = bounds[j - 1][2] if j else 0
+        blocks.append(sum(part[:, :, key_start:key_stop] for part in parts[j:]))
+    return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=2)

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 COMPUTE_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "einsum", "blockwise")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
+READOUTS = ("all", "last")
 LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")  # what a NaN/Inf loss or gradient norm does (jrope.nonfinite)
 
@@ -54,6 +55,9 @@ class ModelConfig:
     blockwise_min_length: int  # 'auto' switches to blockwise attention at this length and above
     block_size: int  # query/key block length of blockwise attention
     remat: str  # one of REMAT_POLICIES, applied per Transformer block
+    # 'last': the final block computes queries, MLP and logits at the last
+    # position only (for tasks whose loss weights are zero elsewhere).
+    readout: str = "all"
 
     def __post_init__(self):
         if self.d_model % self.num_heads:
@@ -63,6 +67,7 @@ class ModelConfig:
         _check_choice("model.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         _check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _check_choice("model.remat", self.remat, REMAT_POLICIES)
+        _check_choice("model.readout", self.readout, READOUTS)
         for name in ("d_model", "num_heads", "num_layers", "mlp_ratio", "blockwise_min_length", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")

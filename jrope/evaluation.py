@@ -40,11 +40,14 @@ def weighted_sums(
     """Weighted sums of cross-entropy and correct predictions.
 
     Args:
-      logits: float32 [B, T, V]; targets: int32 [B, T]; weights: float32 [B, T].
+      logits: float32 [B, T', V] for the last T' <= T positions (T' = 1 with
+        the model's readout='last'); targets: int32 [B, T]; weights: float32 [B, T].
       num_classes: when set, only logits[..., :num_classes] compete.
     Returns:
       float32 scalars 'loss_sum', 'correct_sum', 'weight_sum'.
     """
+    first = targets.shape[1] - logits.shape[1]
+    targets, weights = targets[:, first:], weights[:, first:]
     if num_classes is not None:
         logits = logits[..., :num_classes]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -55,6 +58,15 @@ def weighted_sums(
         "correct_sum": jnp.sum(correct * weights),
         "weight_sum": jnp.sum(weights),
     }
+
+
+def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
+    """With readout='last' the loss sees the last position only: every other weight must be 0."""
+    if readout == "last" and np.any(local_batch["weights"][:, :-1]):
+        raise ValueError(
+            "model.readout='last' computes logits at the last position only, but this data source weights "
+            "other positions too; set model.readout='all'."
+        )
 
 
 def make_eval_step(graphdef: Any, num_classes: int | None):
@@ -77,6 +89,7 @@ def evaluate_lengths(eval_step, params: Any, source: Any, cfg: TrainConfig, mesh
         totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
         with jax.set_mesh(mesh):
             for local_batch in source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size):
+                check_readout(local_batch, cfg.model.readout)
                 sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
                 for name, value in jax.device_get(sums).items():
                     totals[name] += float(value)

@@ -117,13 +117,21 @@ class CausalSelfAttention(nnx.Module):
             {name: _param(value, axes[name]) for name, value in encoding.init_params().items()}
         )
 
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """x [B, T, D], positions int32 [T] or [B, T] -> [B, T, D]."""
-        # [B, T, 3, N, H]: the matmul's natural output layout. unstack (not
-        # indexing) so that the backward pass concatenates the three gradients
-        # instead of padding each to full size and summing.
+    def __call__(self, x: jax.Array, positions: jax.Array, num_queries: int | None = None) -> jax.Array:
+        """x [B, S, D], positions int32 [S] or [B, S] -> [B, T, D].
+
+        The output covers the last T = num_queries positions (default: all S).
+        """
+        kernel = self.qkv[...].astype(x.dtype)
         with jax.named_scope("qkv_projection"):
-            q, k, v = jnp.unstack(_project(x, self.qkv[...].astype(x.dtype), 1), axis=2)
+            if num_queries is None:
+                # [B, S, 3, N, H]: the matmul's natural output layout. unstack
+                # (not indexing) so that the backward pass concatenates the three
+                # gradients instead of padding each to full size and summing.
+                q, k, v = jnp.unstack(_project(x, kernel, 1), axis=2)
+            else:
+                q = _project(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1)
+                k, v = jnp.unstack(_project(x, kernel[:, 1:], 1), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
         y = attention.causal_attention(
             q,
@@ -160,8 +168,10 @@ class TransformerBlock(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model)
         self.mlp = MLPBlock(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), positions)
+    def __call__(self, x: jax.Array, positions: jax.Array, num_queries: int | None = None) -> jax.Array:
+        """x [B, S, D] -> [B, T, D] for the last T = num_queries positions (default: all)."""
+        residual = x if num_queries is None else x[:, x.shape[1] - num_queries :]
+        x = residual + self.attn(self.attn_norm(x), positions, num_queries)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -186,7 +196,7 @@ class Transformer(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T, V]."""
+        """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T', V] (see decode)."""
         return self.decode(self.embed(tokens), positions)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
@@ -194,14 +204,24 @@ class Transformer(nnx.Module):
         return jnp.take(self.embedding[...], tokens, axis=0).astype(self.cfg.compute_dtype)
 
     def decode(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """Embedded inputs [B, T, D] -> logits float32 [B, T, V] (the blocks, final norm and tied output)."""
+        """Embedded inputs [B, T, D] -> logits float32 [B, T', V] (the blocks, final norm and tied output).
+
+        T' = T, or 1 with `readout='last'`: then the last block computes its
+        queries, MLP and the logits at the last position only (the keys and
+        values still cover every position), which is all a loss on the last
+        position needs.
+        """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)
         run_block = _run_block
         if self.cfg.remat != "none":
             run_block = nnx.remat(_run_block, policy=_REMAT_POLICIES[self.cfg.remat])
-        for block in self.blocks:
-            x = run_block(block, x, positions)
+        last = len(self.blocks) - 1
+        for index, block in enumerate(self.blocks):
+            if index == last and self.cfg.readout == "last":
+                x = block(x, positions, num_queries=1)
+            else:
+                x = run_block(block, x, positions)
         x = self.final_norm(x)
         # Tied output projection; logits accumulate in float32.
         return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32)

@@ -132,7 +132,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     try:
         with jax.set_mesh(mesh), PreemptionWatch() as preemption:
             for step in range(start, cfg.num_steps):
-                batch = sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+                local_batch = source.train_batch(step)
+                evaluation.check_readout(local_batch, cfg.model.readout)
+                batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
                 state, metrics = train_step(state, batch)
                 done = step + 1
                 logger.push(done, metrics)

@@ -12,24 +12,26 @@ from jrope.model import _project
 
 
 def _naive_causal_attention(q, k, v, bias):
+    """Queries are the last T of the S key positions."""
     logits = jnp.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
     if bias is not None:
         logits = logits + (bias[None] if bias.ndim == 3 else bias)
-    length = q.shape[1]
-    visible = jnp.tril(jnp.ones((length, length), bool))
+    length, key_length = q.shape[1], k.shape[1]
+    visible = jnp.tril(jnp.ones((key_length, key_length), bool))[key_length - length :]
     probs = jax.nn.softmax(jnp.where(visible[None, None], logits, -1e30), axis=-1)
     return jnp.einsum("bnts,bsnh->btnh", probs, v)
 
 
-@pytest.mark.parametrize("length", [1, 7, 13, 16])
+@pytest.mark.parametrize("length, key_length", [(1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11)])
 @pytest.mark.parametrize("bias_rank", [None, 3, 4])
-def test_chunked_attention_matches_naive_values_and_gradients(length, bias_rank):
-    keys = jax.random.split(jax.random.PRNGKey(length), 5)
-    q, k, v = (jax.random.normal(key, (2, length, 3, 4)) for key in keys[:3])
+def test_chunked_attention_matches_naive_values_and_gradients(length, key_length, bias_rank):
+    keys = jax.random.split(jax.random.PRNGKey(length), 6)
+    q = jax.random.normal(keys[0], (2, length, 3, 4))
+    k, v = (jax.random.normal(key, (2, key_length, 3, 4)) for key in keys[1:3])
     cotangent = jax.random.normal(keys[3], (2, length, 3, 4))
     bias = None
     if bias_rank is not None:
-        bias = jax.random.normal(keys[4], (2, 3, length, length)[4 - bias_rank :])
+        bias = jax.random.normal(keys[4], (2, 3, length, key_length)[4 - bias_rank :])
     operands = (q, k, v) if bias is None else (q, k, v, bias)
 
     def loss(kernel):

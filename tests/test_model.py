@@ -15,7 +15,7 @@ LENGTH = 16
 
 
 def _model(**overrides) -> Transformer:
-    cfg = tiny_config(**overrides)
+    cfg = tiny_config(**{"model.readout": "all", **overrides})
     return Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
 
 
@@ -61,7 +61,7 @@ def test_attention_kernels_agree():
 
 
 def test_resolve_impl_choices():
-    assert attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096) == "xla"
+    assert attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096) == "einsum"
     assert attention.resolve_impl("auto", has_bias=True, length=100, blockwise_min_length=4096) == "einsum"
     assert attention.resolve_impl("auto", has_bias=True, length=4096, blockwise_min_length=4096) == "blockwise"
     with pytest.raises(ValueError, match="cannot add a logit bias"):
@@ -115,6 +115,14 @@ def test_every_parameter_has_logical_axes_known_to_the_rules():
         axes = variable.get_metadata()[sharding.LOGICAL_AXES_KEY]
         assert len(axes) == variable.ndim
         assert set(axes) - {None} <= rule_names
+
+
+def test_last_position_readout_equals_the_full_forward():
+    tokens = _tokens(length=13)
+    full = _apply(_model(**{"pe.name": "rope_alibi"}), tokens)
+    last = _apply(_model(**{"pe.name": "rope_alibi", "model.readout": "last"}), tokens)
+    assert last.shape == (2, 1, VOCAB)
+    np.testing.assert_allclose(last[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
 
 
 def test_per_layer_encoding_parameters_are_distinct_params():

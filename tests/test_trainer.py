@@ -11,7 +11,7 @@ import pytest
 import jrope
 from jrope import sharding
 from jrope.config_types import MeshConfig
-from jrope.evaluation import weighted_sums
+from jrope.evaluation import check_readout, weighted_sums
 from jrope.metrics_logging import MetricsLogger, NonFiniteLossError
 from jrope.train_state import build_source, init_state, state_layout
 from jrope.trainer import make_train_step, train_and_evaluate
@@ -96,6 +96,26 @@ def test_every_encoding_trains_one_step(pe_name):
     _, history = _run_steps(cfg, _one_device_mesh(), 1)
     assert np.isfinite(history[0]["loss"]) and history[0]["loss"] > 0
     assert np.isfinite(history[0]["grad_norm"]) and history[0]["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+def test_last_position_readout_trains_exactly_like_the_full_readout(impl):
+    full_state, full = _run_steps(tiny_config(**{"model.readout": "all"}), _one_device_mesh(), 2)
+    last_state, last = _run_steps(
+        tiny_config(**{"model.readout": "last", "model.attention_impl": impl}), _one_device_mesh(), 2
+    )
+    for got, want in zip(last, full):
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+        np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(last_state["params"]), jax.tree.leaves(full_state["params"])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_last_position_readout_rejects_weights_elsewhere():
+    lm_batch = {"weights": np.ones((2, 5), np.float32)}
+    with pytest.raises(ValueError, match="set model.readout='all'"):
+        check_readout(lm_batch, "last")
+    check_readout(lm_batch, "all")
 
 
 def test_bfloat16_compute_loss_close_to_float32():
