@@ -61,8 +61,11 @@ def weighted_sums(
 
 
 def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
-    """With readout='last' the loss sees the last position only: every other weight must be 0."""
-    if readout == "last" and np.any(local_batch["weights"][:, :-1]):
+    """With readout='last' the loss sees the last position only: every other weight must be 0.
+
+    (A NaN weight is left to the non-finite check: it is a broken batch, not a weighting.)
+    """
+    if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
         raise ValueError(
             "model.readout='last' computes logits at the last position only, but this data source weights "
             "other positions too; set model.readout='all'."
