@@ -64,12 +64,19 @@ _MASK_VALUE = -1e30
 class _Layout(NamedTuple):
     """Static block geometry of one call."""
 
-    block: int
+    q_block: int  # rows per query block
+    k_block: int  # keys per key block
     q_len: int  # T before padding
     k_len: int  # S before padding
-    num_q_blocks: int
-    num_k_blocks: int
     causal: bool
+
+    @property
+    def num_q_blocks(self) -> int:
+        return -(-self.q_len // self.q_block)
+
+    @property
+    def num_k_blocks(self) -> int:
+        return -(-self.k_len // self.k_block)
 
 
 def blockwise_attention(
@@ -93,8 +100,9 @@ def blockwise_attention(
       params: the encoding's parameters (dict of float32 arrays, may be empty).
       q_positions: int [T] or [B, T] absolute query positions.
       k_positions: int [S] or [B, S] absolute key positions.
-      block_size: rows per query block and keys per key block; clamped to
-        max(T, S) so that short inputs are not padded to a large block.
+      block_size: rows per query block and keys per key block, clamped to T
+        and to S so that short inputs (e.g. T = 1 new query against S keys)
+        are not padded to a large block.
       causal: mask keys whose position exceeds the query's position.
 
     Returns:
@@ -104,11 +112,10 @@ def blockwise_attention(
     k_positions = jnp.asarray(k_positions)
     _check_inputs(q, k, v, q_positions, k_positions, block_size)
     q_len, k_len = q.shape[1], k.shape[1]
-    block = min(block_size, max(q_len, k_len))
-    layout = _Layout(block, q_len, k_len, -(-q_len // block), -(-k_len // block), bool(causal))
-    q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * block)
-    k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * block)
-    v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * block)
+    layout = _Layout(min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal))
+    q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * layout.q_block)
+    k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * layout.k_block)
+    v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * layout.k_block)
     out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions)
     return out[:, :q_len]
 
@@ -179,11 +186,11 @@ def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
     """
     if not layout.causal:
         return jnp.full((layout.num_q_blocks,), layout.num_k_blocks, jnp.int32)
-    q_rows = q_positions.reshape(-1, layout.num_q_blocks, layout.block)  # [B|1, nq, b]
-    k_rows = k_positions.reshape(-1, layout.num_k_blocks * layout.block)  # [B|1, S padded]
+    q_rows = q_positions.reshape(-1, layout.num_q_blocks, layout.q_block)  # [B|1, nq, bq]
+    k_rows = k_positions.reshape(-1, layout.num_k_blocks * layout.k_block)  # [B|1, S padded]
     real_key = jnp.arange(k_rows.shape[-1])[None] < layout.k_len
     key_min = jnp.where(real_key, k_rows, jnp.iinfo(jnp.int32).max)
-    key_min = key_min.reshape(-1, layout.num_k_blocks, layout.block).min(-1)
+    key_min = key_min.reshape(-1, layout.num_k_blocks, layout.k_block).min(-1)
     suffix_min = jax.lax.cummin(key_min, axis=1, reverse=True)  # [B|1, nk], non-decreasing
     query_max = q_rows.max(-1)  # [B|1, nq]
     rows = max(suffix_min.shape[0], query_max.shape[0])
@@ -195,7 +202,7 @@ def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
 
 
 def _pair_logits(enc, params, q_blk, k_blk, qpos_blk, kpos_blk) -> jax.Array:
-    """float32 [B, N, b, b] logits of one (query block, key block) pair, before masking."""
+    """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking."""
     origin = qpos_blk[..., 0]  # scalar, or [B] for batched positions
     q2, k2 = enc.transform_qk(params, q_blk, k_blk, qpos_blk, kpos_blk, origin=origin)
     dtype = jnp.promote_types(q2.dtype, k2.dtype)
@@ -209,11 +216,11 @@ def _pair_logits(enc, params, q_blk, k_blk, qpos_blk, kpos_blk) -> jax.Array:
 
 
 def _pair_mask(layout: _Layout, k_start, qpos_blk, kpos_blk) -> jax.Array:
-    """bool [B|1, 1, b, b]: real keys, and (if causal) keys not after the query."""
-    real_key = (k_start + jnp.arange(layout.block)) < layout.k_len
+    """bool [B|1, 1, bq, bk]: real keys, and (if causal) keys not after the query."""
+    real_key = (k_start + jnp.arange(layout.k_block)) < layout.k_len
     mask = real_key[None, None, None, :]
     if layout.causal:
-        visible = kpos_blk[..., None, :] <= qpos_blk[..., :, None]  # [b, b] or [B, b, b]
+        visible = kpos_blk[..., None, :] <= qpos_blk[..., :, None]  # [bq, bk] or [B, bq, bk]
         visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
         mask = mask & visible
     return mask
@@ -221,35 +228,37 @@ def _pair_mask(layout: _Layout, k_start, qpos_blk, kpos_blk) -> jax.Array:
 
 def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
     """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
-    b = layout.block
+    bq, bk = layout.q_block, layout.k_block
     batch, _, heads, head_dim = q.shape
     ends = _key_block_ends(layout, q_positions, k_positions)
 
     def query_block(qb):
-        q_start = qb * b
-        q_blk = _slice_seq(q, q_start, b)
-        qpos_blk = _slice_seq(q_positions, q_start, b)
+        q_start = qb * bq
+        q_blk = _slice_seq(q, q_start, bq)
+        qpos_blk = _slice_seq(q_positions, q_start, bq)
 
         def key_block(kb, carry):
-            acc, row_max, row_sum = carry  # [B, N, b, H], [B, N, b], [B, N, b]
-            k_start = kb * b
-            kpos_blk = _slice_seq(k_positions, k_start, b)
-            logits = _pair_logits(enc, params, q_blk, _slice_seq(k, k_start, b), qpos_blk, kpos_blk)
+            acc, row_max, row_sum = carry  # [B, N, bq, H], [B, N, bq], [B, N, bq]
+            k_start = kb * bk
+            kpos_blk = _slice_seq(k_positions, k_start, bk)
+            logits = _pair_logits(
+                enc, params, q_blk, _slice_seq(k, k_start, bk), qpos_blk, kpos_blk
+            )
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
             logits = jnp.where(mask, logits, _MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
             correction = jnp.exp(row_max - new_max)
             probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
-            v_blk = _slice_seq(v, k_start, b)
+            v_blk = _slice_seq(v, k_start, bk)
             acc = acc * correction[..., None] + jnp.einsum(
                 'bnts,bsnh->bnth', probs.astype(v.dtype), v_blk, preferred_element_type=jnp.float32
             )
             return acc, new_max, row_sum * correction + probs.sum(-1)
 
         init = (
-            jnp.zeros((batch, heads, b, head_dim), jnp.float32),
-            jnp.full((batch, heads, b), _MASK_VALUE, jnp.float32),
-            jnp.zeros((batch, heads, b), jnp.float32),
+            jnp.zeros((batch, heads, bq, head_dim), jnp.float32),
+            jnp.full((batch, heads, bq), _MASK_VALUE, jnp.float32),
+            jnp.zeros((batch, heads, bq), jnp.float32),
         )
         acc, row_max, row_sum = jax.lax.fori_loop(0, ends[qb], key_block, init)
         # A row with no visible key has row_sum 0 and acc 0: output 0, finite lse.
@@ -260,7 +269,7 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
     out, lse = jax.lax.map(query_block, jnp.arange(layout.num_q_blocks))
     out = jnp.moveaxis(out, 0, 1).reshape(
         (batch, -1) + v.shape[2:]
-    )  # [nq, B, b, N, H] -> [B, T, N, H]
+    )  # [nq, B, bq, N, H] -> [B, T, N, H]
     lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, -1)  # [nq, B, N, b] -> [B, N, T]
     return out, lse
 
@@ -268,7 +277,7 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
 def _backward(enc, layout: _Layout, residuals, d_out):
     """Cotangents of (params, q, k, v, q_positions, k_positions), recomputing each pair's logits."""
     params, q, k, v, q_positions, k_positions, out, lse = residuals
-    b = layout.block
+    bq, bk = layout.q_block, layout.k_block
     ends = _key_block_ends(layout, q_positions, k_positions)
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
@@ -276,26 +285,26 @@ def _backward(enc, layout: _Layout, residuals, d_out):
 
     def query_block(qb, carry):
         dq, dk, dv, dparams = carry
-        q_start = qb * b
-        q_blk = _slice_seq(q, q_start, b)
-        qpos_blk = _slice_seq(q_positions, q_start, b)
-        d_out_blk = _slice_seq(d_out, q_start, b)
-        lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, b, axis=2)
-        delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, b, axis=2)
+        q_start = qb * bq
+        q_blk = _slice_seq(q, q_start, bq)
+        qpos_blk = _slice_seq(q_positions, q_start, bq)
+        d_out_blk = _slice_seq(d_out, q_start, bq)
+        lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, bq, axis=2)
+        delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, bq, axis=2)
 
         def key_block(kb, inner):
             dq_blk, dk, dv, dparams = inner
-            k_start = kb * b
-            kpos_blk = _slice_seq(k_positions, k_start, b)
+            k_start = kb * bk
+            kpos_blk = _slice_seq(k_positions, k_start, bk)
             logits, pullback = jax.vjp(
                 lambda p, qq, kk: _pair_logits(enc, p, qq, kk, qpos_blk, kpos_blk),
                 params,
                 q_blk,
-                _slice_seq(k, k_start, b),
+                _slice_seq(k, k_start, bk),
             )
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
-            v_blk = _slice_seq(v, k_start, b).astype(jnp.float32)
+            v_blk = _slice_seq(v, k_start, bk).astype(jnp.float32)
             d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk)
             d_logits = probs * (d_probs - delta_blk[..., None])
             d_params_pair, dq_pair, dk_pair = pullback(d_logits)
@@ -326,7 +335,7 @@ def _backward(enc, layout: _Layout, residuals, d_out):
 
 
 def _add_to_slice(total, update, start):
-    """total[:, start:start + b] += update, in place inside the loop."""
+    """total[:, start:start + len] += update along the sequence axis, in place inside the loop."""
     current = jax.lax.dynamic_slice_in_dim(total, start, update.shape[1], axis=1)
     return jax.lax.dynamic_update_slice_in_dim(
         total, current + update.astype(total.dtype), start, axis=1

@@ -167,10 +167,14 @@ def test_matches_plain_path_at_a_block_multiple():
     _compare_with_plain('rope_alibi', batch=1, q_len=3 * BLOCK, offsets=(0, 65536 - 3 * BLOCK))
 
 
-def test_matches_plain_path_when_queries_are_the_last_keys():
-    # A key/value cache: T = 21 new queries attend to S = 70 keys (5 blocks, ragged).
+@pytest.mark.parametrize('q_len', [21, 1])
+def test_matches_plain_path_when_queries_are_the_last_keys(q_len):
+    # A key/value cache, or a read-out of the last position: T new queries
+    # attend to S = 70 keys (5 blocks, ragged). T = 1 makes one-row query blocks.
     # Damping and ALiBi both read the query/key position offset.
-    _compare_with_plain('damped_rope_alibi', batch=1, q_len=21, k_len=70, offsets=(4000,), seed=2)
+    _compare_with_plain(
+        'damped_rope_alibi', batch=1, q_len=q_len, k_len=70, offsets=(4000,), seed=2
+    )
 
 
 def test_batched_positions_use_a_per_row_origin():
@@ -311,12 +315,12 @@ def test_scale_is_inverse_sqrt_head_dim():
 
 def test_causal_loop_stops_at_the_last_key_block_with_a_visible_key():
     # 4 blocks of 16; the padded tail of a 60-token sequence must not count as a visible key.
-    layout = blockwise_attention_module._Layout(16, 60, 60, 4, 4, True)
+    layout = blockwise_attention_module._Layout(16, 16, 60, 60, True)
     positions = jnp.pad(jnp.arange(60, dtype=jnp.int32), (0, 4), mode='edge')
     ends = blockwise_attention_module._key_block_ends(layout, positions, positions)
     np.testing.assert_array_equal(ends, [1, 2, 3, 4])
     # Queries that are the last 16 of 64 keys see every key block.
-    kv_layout = blockwise_attention_module._Layout(16, 16, 64, 1, 4, True)
+    kv_layout = blockwise_attention_module._Layout(16, 16, 16, 64, True)
     ends = blockwise_attention_module._key_block_ends(
         kv_layout, jnp.arange(48, 64, dtype=jnp.int32), jnp.arange(64, dtype=jnp.int32)
     )
@@ -324,6 +328,6 @@ def test_causal_loop_stops_at_the_last_key_block_with_a_visible_key():
     # Batched positions: the loop covers the row that sees furthest.
     rows = jnp.stack([jnp.arange(64), jnp.arange(64) // 2]).astype(jnp.int32)
     ends = blockwise_attention_module._key_block_ends(
-        blockwise_attention_module._Layout(16, 64, 64, 4, 4, True), rows, rows
+        blockwise_attention_module._Layout(16, 16, 64, 64, True), rows, rows
     )
     np.testing.assert_array_equal(ends, [1, 2, 3, 4])
