@@ -202,7 +202,8 @@ def main(argv):
     print(
         f"attention layer, B {_BATCH.value}, N {_HEADS.value}, H {_HEAD_DIM.value}, float32, "
         f"block {_BLOCK.value}, L {_TRAIN_CONTEXT.value}; median of {_ROUNDS.value} interleaved rounds; "
-        f"scratch = XLA temp buffer bytes of the compiled executable; {jax.default_backend()}"
+        f"scratch = XLA temp buffer bytes of the compiled executable; {jax.default_backend()}; "
+        f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(
         "| T | kernel | method | fwd ms | fwd vs rope | fwd+bwd ms | fwd+bwd vs rope | "

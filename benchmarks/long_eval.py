@@ -141,7 +141,8 @@ def main(argv):
     lengths = [int(x) for x in _LENGTHS.value]
     print(
         f"evaluate one sequence, synthetic model (d_model 128, 4 heads, 3 layers, float32), "
-        f"{_METHOD.value}, blockwise block {_BLOCK.value}; one fresh process per row"
+        f"{_METHOD.value}, blockwise block {_BLOCK.value}; one fresh process per row; "
+        f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print("| kernel | length | peak RSS GiB | RSS model ready GiB | compile s | eval s |")
     print("|---|---|---|---|---|---|")
