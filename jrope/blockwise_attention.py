@@ -267,10 +267,9 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
         return out_blk, row_max + jnp.log(row_sum)
 
     out, lse = jax.lax.map(query_block, jnp.arange(layout.num_q_blocks))
-    out = jnp.moveaxis(out, 0, 1).reshape(
-        (batch, -1) + v.shape[2:]
-    )  # [nq, B, bq, N, H] -> [B, T, N, H]
-    lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, -1)  # [nq, B, N, b] -> [B, N, T]
+    # out [nq, B, bq, N, H] -> [B, T, N, H]; lse [nq, B, N, bq] -> [B, N, T] (T padded).
+    out = jnp.moveaxis(out, 0, 1).reshape((batch, -1) + v.shape[2:])
+    lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, -1)
     return out, lse
 
 
