@@ -1,5 +1,6 @@
 """The train step and loop: golden loss, sharding parity, every encoding, bf16, exact resume."""
 
+import functools
 import json
 import os
 
@@ -12,19 +13,12 @@ import jrope
 from jrope import sharding
 from jrope.config_types import MeshConfig
 from jrope.evaluation import check_readout, weighted_sums
-from jrope.metrics_logging import MetricsLogger, NonFiniteLossError
 from jrope.train_state import build_source, init_state, state_layout
 from jrope.trainer import make_train_step, train_and_evaluate
 from tiny_train_config import tiny_config
 
-EXTRA_METHODS = (
-    "real_jordan",
-    "jordan_m3",
-    "jordan_m4",
-    "jordan_eta020",
-    "jordan_exact_c150_eta010_alibi",
-    "jordan_jetmix_m4_c150_g050_g030_g020",
-)
+# Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
+EXTRA_METHODS = ("jordan_m3", "jordan_exact_c150_eta010_alibi", "jordan_jetmix_m4_c150_g050_g030_g020")
 
 
 def _run_steps(cfg, mesh, num_steps):
@@ -45,19 +39,32 @@ def _one_device_mesh():
     return sharding.make_mesh(MeshConfig(1, 1, 1, ()), devices=jax.devices()[:1])
 
 
-def test_golden_one_step_loss():
-    # Step 1's loss checks the initialisation and forward pass; step 2's also
-    # checks the gradient and the AdamW update.
-    _, history = _run_steps(tiny_config(), _one_device_mesh(), 2)
-    np.testing.assert_allclose(history[0]["loss"], GOLDEN_LOSS_STEP_1, rtol=1e-5)
-    np.testing.assert_allclose(history[1]["loss"], GOLDEN_LOSS_STEP_2, rtol=1e-5)
-
-
 # Obtained once by running `_run_steps(tiny_config(), _one_device_mesh(), 2)`
 # under tests/conftest.py (seed 0, tiny jordan_rope config, float32, one CPU
 # device, jax 0.10.2) and printing both losses.
 GOLDEN_LOSS_STEP_1 = 1.2759193181991577
 GOLDEN_LOSS_STEP_2 = 0.9392579793930054
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # readout 'last', einsum attention: the synthetic config's own path
+        {"model.readout": "all"},  # the full forward gives the same numbers
+        {"model.attention_impl": "xla"},  # so does jax.nn.dot_product_attention with an explicit mask
+    ],
+)
+def test_golden_one_step_loss(overrides):
+    # Step 1's loss checks the initialisation and forward pass; step 2's also
+    # checks the gradient and the AdamW update.
+    _, history = _run_steps(tiny_config(**overrides), _one_device_mesh(), 2)
+    np.testing.assert_allclose(history[0]["loss"], GOLDEN_LOSS_STEP_1, rtol=1e-5)
+    np.testing.assert_allclose(history[1]["loss"], GOLDEN_LOSS_STEP_2, rtol=1e-5)
+
+
+@functools.lru_cache(maxsize=1)
+def _four_head_one_device_run():
+    return _run_steps(tiny_config(**{"model.num_heads": 4}), _one_device_mesh(), 2)
 
 
 @pytest.mark.parametrize("data, fsdp, tensor", [(2, 4, 1), (2, 1, 4)])
@@ -67,7 +74,7 @@ def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     mesh = sharding.make_mesh(cfg.mesh)
     assert mesh.devices.shape == (data, fsdp, tensor)
     sharded_state, sharded_history = _run_steps(cfg, mesh, 2)
-    single_state, single_history = _run_steps(cfg, _one_device_mesh(), 2)
+    single_state, single_history = _four_head_one_device_run()
     for got, want in zip(sharded_history, single_history):
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
         np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-5)
@@ -98,19 +105,6 @@ def test_every_encoding_trains_one_step(pe_name):
     assert np.isfinite(history[0]["grad_norm"]) and history[0]["grad_norm"] > 0
 
 
-@pytest.mark.parametrize("impl", ["einsum", "xla"])
-def test_last_position_readout_trains_exactly_like_the_full_readout(impl):
-    full_state, full = _run_steps(tiny_config(**{"model.readout": "all"}), _one_device_mesh(), 2)
-    last_state, last = _run_steps(
-        tiny_config(**{"model.readout": "last", "model.attention_impl": impl}), _one_device_mesh(), 2
-    )
-    for got, want in zip(last, full):
-        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-        np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(last_state["params"]), jax.tree.leaves(full_state["params"])):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
 def test_last_position_readout_rejects_weights_elsewhere():
     lm_batch = {"weights": np.ones((2, 5), np.float32)}
     with pytest.raises(ValueError, match="set model.readout='all'"):
@@ -119,10 +113,11 @@ def test_last_position_readout_rejects_weights_elsewhere():
 
 
 def test_bfloat16_compute_loss_close_to_float32():
-    _, fp32 = _run_steps(tiny_config(), _one_device_mesh(), 2)
     _, bf16 = _run_steps(tiny_config(**{"model.compute_dtype": "bfloat16"}), _one_device_mesh(), 2)
-    for got, want in zip(bf16, fp32):
-        np.testing.assert_allclose(got["loss"], want["loss"], rtol=2e-2)
+    # float32 gives the golden losses; bf16 activations agree to about 2 significant digits.
+    for got, want in zip(bf16, (GOLDEN_LOSS_STEP_1, GOLDEN_LOSS_STEP_2)):
+        np.testing.assert_allclose(got["loss"], want, rtol=2e-2)
+        assert got["loss"] != want  # the bf16 path really ran
 
 
 def test_train_then_resume_equals_uninterrupted_run(tmp_path):
@@ -152,13 +147,3 @@ def test_loss_uses_only_the_class_logits():
     assert float(sums["correct_sum"]) == 1.0 and float(sums["weight_sum"]) == 1.0
     full = weighted_sums(logits, targets, weights, num_classes=None)  # the QUERY logit now wins
     assert float(full["correct_sum"]) == 0.0 and float(full["loss_sum"]) > 40.0
-
-
-def test_non_finite_loss_names_the_step_and_last_checkpoint(tmp_path):
-    logger = MetricsLogger(
-        str(tmp_path), every_steps=10, num_steps=100, tensorboard=False, last_checkpoint=lambda: "step 40 in /ckpt"
-    )
-    logger.push(41, {"loss": jnp.float32(0.5)})
-    logger.push(42, {"loss": jnp.float32(jnp.nan)})  # reads step 41: fine
-    with pytest.raises(NonFiniteLossError, match=r"at step 42; last good checkpoint: step 40 in /ckpt"):
-        logger.flush()
