@@ -4,8 +4,8 @@ The encoding reaches attention only through `enc.transform_qk` (a
 per-position linear map of queries and keys) and `enc.logit_bias` (an
 additive bias, ALiBi-type variants only). Three interchangeable kernels:
 
-  xla        jax.nn.dot_product_attention(is_causal=True): encodings without
-             a bias (on GPU it may dispatch to cuDNN for 16-bit inputs).
+  xla        jax.nn.dot_product_attention (XLA implementation, causal mask):
+             encodings without a bias.
   einsum     explicit logits, bias, mask and softmax, with causal row blocks
              and a hand-written VJP: any encoding.
   blockwise  jrope.blockwise_attention: flash-style blocks, memory linear in
