@@ -4,19 +4,20 @@ The logits are never materialised as a T x S matrix: queries are taken one
 block at a time, and for each query block the key blocks are folded in with
 an online softmax (running row maximum, running row sum, rescaled output
 accumulator, as in flash attention). The positional encoding runs inside the
-loop, on one (query block, key block) pair at a time:
+loops, per block, with the origin o = the query block's first position:
 
-    q2, k2 = enc.transform_qk(params, q_blk, k_blk, qpos_blk, kpos_blk, origin=o)
+    q2 = enc.transform_qk(... q_blk ..., origin=o)          once per query block
+    k2 = enc.transform_qk(... k_blk ..., origin=o)          per (query, key) block pair
     logits = q2 . k2 / sqrt(H) + enc.logit_bias(params, qpos_blk, kpos_blk)
 
-with the origin o = the query block's first position. The exact variants are
-invariant to the origin (so are the stabilized ones: only their shear reads
-absolute positions, and it ignores the origin), and with this choice their damping factors stay
-bounded by the block extent at any absolute position: the query factor
-e^{-gamma (i - o)} lies in [e^{-gamma (block - 1)}, 1] for the block's rows,
-and the key factor e^{+gamma (j - o)} is at most e^{gamma (block - 1)} for
-every key a causal query can see (a key far behind decays towards zero, which
-is its true contribution), so e^{+gamma p} never overflows even at p = 65536
+The exact variants are invariant to the origin (so are the stabilized ones:
+only their shear reads absolute positions, and it ignores the origin), and
+with this choice their damping factors stay bounded by the block extent at
+any absolute position: the query factor e^{-gamma (i - o)} lies in
+[e^{-gamma (block - 1)}, 1] for the block's rows, and the key factor
+e^{+gamma (j - o)} is at most e^{gamma (block - 1)} for every key a causal
+query can see (a key far behind decays towards zero, which is its true
+contribution), so e^{+gamma p} never overflows even at p = 65536
 (math.md section 5). ALiBi-type biases are computed per block from positions.
 
 Causality is decided by positions: key j is visible to query i iff
@@ -33,7 +34,8 @@ Memory (B batch, T query length, S key length, N heads, H head dim, b block):
     the [B, T, N, H] output and [B, N, T] float32 log-sum-exp: linear in T.
   gradients: a custom VJP saves only q, k, v, the output and the log-sum-exp
     (no per-pair residuals) and recomputes each pair's logits in the backward
-    pass, pulling the logit cotangent back through the encoding with jax.vjp;
+    pass, pulling the logit cotangent back through the encoding with jax.vjp
+    (the keys' map per pair, the queries' map once per query block);
     float32 accumulators for dq, dk, dv and the parameter gradients: linear in
     T and S. (Plain autodiff of the loop would keep a b x b probability block
     per pair, O(T S / b) per head and layer; it also cannot differentiate a
@@ -201,14 +203,28 @@ def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
     return ends.max(0).astype(jnp.int32)
 
 
-def _pair_logits(enc, params, q_blk, k_blk, qpos_blk, kpos_blk) -> jax.Array:
-    """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking."""
+def _transform_queries(enc, params, q_blk, qpos_blk) -> jax.Array:
+    """q2 [B, bq, N, H] of one query block, positions measured from the block's first one.
+
+    transform_qk maps queries and keys independently (per-position maps, with
+    the origin given); the key half of this call is unused and compiled away.
+    """
+    q2, _ = enc.transform_qk(params, q_blk, q_blk, qpos_blk, qpos_blk, origin=qpos_blk[..., 0])
+    return q2
+
+
+def _pair_logits(enc, params, q2, k_blk, qpos_blk, kpos_blk) -> jax.Array:
+    """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking.
+
+    q2: the query block already transformed (_transform_queries); the keys are
+    transformed here with the same origin, the query block's first position.
+    """
     origin = qpos_blk[..., 0]  # scalar, or [B] for batched positions
-    q2, k2 = enc.transform_qk(params, q_blk, k_blk, qpos_blk, kpos_blk, origin=origin)
+    _, k2 = enc.transform_qk(params, k_blk, k_blk, kpos_blk, kpos_blk, origin=origin)
     dtype = jnp.promote_types(q2.dtype, k2.dtype)
     logits = jnp.einsum(
         'btnh,bsnh->bnts', q2.astype(dtype), k2.astype(dtype), preferred_element_type=jnp.float32
-    ) / math.sqrt(q_blk.shape[-1])
+    ) / math.sqrt(q2.shape[-1])
     if enc.has_bias:
         bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
         logits = logits + (bias[None] if bias.ndim == 3 else bias)
@@ -234,16 +250,14 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
 
     def query_block(qb):
         q_start = qb * bq
-        q_blk = _slice_seq(q, q_start, bq)
         qpos_blk = _slice_seq(q_positions, q_start, bq)
+        q2 = _transform_queries(enc, params, _slice_seq(q, q_start, bq), qpos_blk)
 
         def key_block(kb, carry):
             acc, row_max, row_sum = carry  # [B, N, bq, H], [B, N, bq], [B, N, bq]
             k_start = kb * bk
             kpos_blk = _slice_seq(k_positions, k_start, bk)
-            logits = _pair_logits(
-                enc, params, q_blk, _slice_seq(k, k_start, bk), qpos_blk, kpos_blk
-            )
+            logits = _pair_logits(enc, params, q2, _slice_seq(k, k_start, bk), qpos_blk, kpos_blk)
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
             logits = jnp.where(mask, logits, _MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
@@ -285,20 +299,26 @@ def _backward(enc, layout: _Layout, residuals, d_out):
     def query_block(qb, carry):
         dq, dk, dv, dparams = carry
         q_start = qb * bq
-        q_blk = _slice_seq(q, q_start, bq)
         qpos_blk = _slice_seq(q_positions, q_start, bq)
+        # The query map is shared by all of this block's pairs: its cotangent is
+        # summed over the key loop and pulled back (to q and params) once.
+        q2, q_pullback = jax.vjp(
+            lambda p, qq: _transform_queries(enc, p, qq, qpos_blk),
+            params,
+            _slice_seq(q, q_start, bq),
+        )
         d_out_blk = _slice_seq(d_out, q_start, bq)
         lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, bq, axis=2)
         delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, bq, axis=2)
 
         def key_block(kb, inner):
-            dq_blk, dk, dv, dparams = inner
+            dq2, dk, dv, dparams = inner
             k_start = kb * bk
             kpos_blk = _slice_seq(k_positions, k_start, bk)
             logits, pullback = jax.vjp(
                 lambda p, qq, kk: _pair_logits(enc, p, qq, kk, qpos_blk, kpos_blk),
                 params,
-                q_blk,
+                q2,
                 _slice_seq(k, k_start, bk),
             )
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
@@ -306,20 +326,20 @@ def _backward(enc, layout: _Layout, residuals, d_out):
             v_blk = _slice_seq(v, k_start, bk).astype(jnp.float32)
             d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk)
             d_logits = probs * (d_probs - delta_blk[..., None])
-            d_params_pair, dq_pair, dk_pair = pullback(d_logits)
+            d_params_pair, dq2_pair, dk_pair = pullback(d_logits)
             dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk)
             dk = _add_to_slice(dk, dk_pair, k_start)
             dv = _add_to_slice(dv, dv_pair, k_start)
             dparams = jax.tree.map(
                 lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_pair
             )
-            return dq_blk + dq_pair.astype(jnp.float32), dk, dv, dparams
+            return dq2 + dq2_pair.astype(jnp.float32), dk, dv, dparams
 
-        dq_blk = jnp.zeros(q_blk.shape, jnp.float32)
-        dq_blk, dk, dv, dparams = jax.lax.fori_loop(
-            0, ends[qb], key_block, (dq_blk, dk, dv, dparams)
-        )
-        dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_blk, q_start, axis=1)
+        dq2 = jnp.zeros(q2.shape, jnp.float32)
+        dq2, dk, dv, dparams = jax.lax.fori_loop(0, ends[qb], key_block, (dq2, dk, dv, dparams))
+        d_params_q, dq_blk = q_pullback(dq2.astype(q2.dtype))
+        dparams = jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_q)
+        dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_blk.astype(jnp.float32), q_start, axis=1)
         return dq, dk, dv, dparams
 
     init = (
