@@ -103,9 +103,14 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     ]
     for method, by_length in summary.items():
         seeds = min(n for _, _, n in by_length.values())
-        cells = [f'{by_length[length][0]:.3f} ± {by_length[length][1]:.3f}' for length in lengths]
+        cells = [_mean_and_spread(*by_length[length]) for length in lengths]
         lines.append(f'| {method} | {seeds} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
+
+
+def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
+    # One seed has no spread to report; a '± 0.000' would claim one.
+    return f'{mean:.3f}' if num_seeds == 1 else f'{mean:.3f} ± {spread:.3f}'
 
 
 def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
