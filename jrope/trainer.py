@@ -64,7 +64,7 @@ def make_train_step(
         metrics = {
             "loss": loss,
             "accuracy": sums["correct_sum"] / sums["weight_sum"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
         updated = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
