@@ -1,0 +1,302 @@
+"""Model-FLOP utilisation (MFU) of the jitted train step against a measured matmul peak.
+
+For each shape and encoding: the model FLOPs of one train step, counted
+analytically from the config (`model_flops_per_step`), divided by the
+measured step time, over the best float32 matmul throughput measured on this
+machine in the same process. Two shapes, one device:
+
+  wikitext  the v1 WikiText shape (configs/wikitext_scaled_exact.py): d_model
+            384, 6 heads, 6 layers, MLP 4x, L 1024, batch 4, byte vocabulary
+            257, logits at every position (readout 'all').
+  synthetic the synthetic CPU shape (configs/synthetic_cpu.py): d_model 128,
+            4 heads, 3 layers, MLP 2x, L 256, batch 24, vocabulary 3, logits
+            at the last position only (readout 'last').
+
+The step is the project's own (jrope.train_state, jrope.trainer.make_train_step):
+forward, backward, AdamW with clipping, state donated. The WikiText step runs
+on random bytes, so the corpus need not be present (a step's cost does not
+depend on which bytes it sees); the synthetic step runs on the task's batches.
+
+Timing: every (shape, method) step is compiled and warmed up first, then all
+are timed side by side in interleaved rounds together with the matmul peak
+(machines are shared and noisy: only numbers measured together mean much);
+step times are the median over rounds, the peak is the best float32
+`jnp.dot` throughput over the sizes and rounds.
+
+    python benchmarks/mfu.py                    # both shapes, rope and jordan_exact_scaled
+    python benchmarks/mfu.py --shapes=synthetic --methods=rope,jordan_rope
+    python benchmarks/mfu.py --shapes=wikitext --batch_size=1 --rounds=3
+    python benchmarks/mfu.py --compute_dtype=bfloat16 --remat=full
+
+--steps=0 (the default) times as many steps per round as fill about a
+second (at least 2). The WikiText shape is slow on a 2-core CPU: at its batch
+of 4 a step took 6.5 to 8 s on the loaded development machine, and the
+default run about 5 minutes. --batch_size (it applies to every chosen shape)
+and --shapes keep a run short.
+
+Columns: model GFLOP per step (dense: every projection, MLP and readout
+matmul; attention: the score and value matmuls over the causal half),
+XLA's own count for the compiled step (`cost_analysis()['flops']`, which also
+counts elementwise work, the optimizer, any rematerialised forward, and the
+attention logits the kernel actually forms: all T x T of them for 'xla',
+5/8 for the 4-block 'einsum' kernel), ms/step, achieved model GFLOP/s, the
+measured peak, MFU = achieved / peak, and the median over rounds of each
+round's achieved over that round's own peak (on a shared machine the load
+changes between rounds: this compares step and peak under a similar load).
+The peak is float32 (about 450 GFLOP/s on the idle development machine;
+bfloat16 matmuls were not faster there; performance.md).
+"""
+
+import math
+import os
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import synthetic_cpu, wikitext_scaled_exact
+from jrope import sharding
+from jrope.config_types import ATTENTION_IMPLS, TrainConfig
+from jrope.train_state import build_source, init_state, state_layout
+from jrope.trainer import make_train_step
+
+SHAPES = {'wikitext': wikitext_scaled_exact, 'synthetic': synthetic_cpu}
+
+_SHAPES = flags.DEFINE_list('shapes', list(SHAPES), f'Shapes to measure: any of {sorted(SHAPES)}.')
+_METHODS = flags.DEFINE_list('methods', ['rope', 'jordan_exact_scaled'], 'Encodings to time.')
+_DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'], 'Activation dtype.')
+_REMAT = flags.DEFINE_enum('remat', 'none', ['none', 'full', 'dots_saveable'], 'Block remat.')
+_IMPL = flags.DEFINE_enum('attention_impl', 'auto', list(ATTENTION_IMPLS), 'Attention kernel.')
+_BATCH = flags.DEFINE_integer('batch_size', 0, "Batch of every shape (0: the config's).")
+_STEPS = flags.DEFINE_integer('steps', 0, 'Timed steps per run and round (0: about 1 s).')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved timing rounds (the median is reported).')
+_PEAK_SIZES = flags.DEFINE_list('peak_sizes', ['1024', '2048', '4096'], 'n of the n^3 matmuls.')
+
+# --steps=0: time this many seconds of steps per run and round (at least 2 steps).
+_AUTO_STEP_SECONDS = 1.0
+
+
+def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dict[str, float]:
+    """Model FLOPs of one train step (forward + backward) of `cfg`'s Transformer.
+
+    A multiply-add is 2 FLOPs; the backward pass is counted as twice the
+    forward (an input and a weight gradient per matmul), so a step is 3x the
+    forward. Only matmuls count: norms, GELU, softmax, the encoding's
+    rotations, the loss and the optimizer are left out (standard MFU
+    accounting), and rematerialised forward passes are not counted again.
+
+    Shapes: B = cfg.batch_size, T = cfg.pe.train_context (the training
+    window), D = d_model, N heads of H = D / N, F = mlp_ratio * D, V = the
+    vocabulary. A block whose Q queries are the last Q of S key positions
+    does, forward:
+
+      dense      2 B D^2 (Q + 2 S)     q projection on Q rows, k and v on S rows
+                 2 B Q D^2             output projection
+                 4 B Q D F             MLP up and down
+      attention  4 B D P               q.k scores and probabilities.v over the
+                                       P = Q S - Q (Q - 1) / 2 causally visible
+                                       (query, key) pairs, each 2 H FLOPs per head
+
+    Every block has Q = S = T (P = T (T + 1) / 2, the causal half of T x T)
+    except the last one with readout 'last' (jrope.model), which has Q = 1
+    (its one query sees all S = T keys: P = T). The tied readout is
+    2 B Q D V forward with Q the last block's Q; the input embedding is a
+    gather (0 FLOPs; its gradient is a scatter-add, also not counted).
+
+    With Q = S = T in every block (readout 'all') the dense part is the usual
+    6 x (matmul parameters) x tokens: 6 B T (layers (4 D^2 + 2 D F) + D V).
+
+    Args:
+      cfg: the train config (its model, pe.train_context and batch_size).
+      vocab_size: V; default: the data config's vocab_size, else the data
+        source class's (the synthetic task's 3).
+    Returns:
+      {'dense': ..., 'attention': ..., 'total': ...} in FLOPs per step.
+    """
+    if vocab_size is None:
+        vocab_size = getattr(cfg.data, 'vocab_size', None)
+        if vocab_size is None:
+            vocab_size = cfg.data_source_spec.load()[1].vocab_size
+    m = cfg.model
+    b, t, d, v = cfg.batch_size, cfg.pe.train_context, m.d_model, vocab_size
+    f = m.mlp_ratio * d
+    last_queries = 1 if m.readout == 'last' else t
+    dense = attention = 0
+    for index in range(m.num_layers):
+        q = last_queries if index == m.num_layers - 1 else t
+        pairs = q * t - q * (q - 1) // 2
+        dense += 2 * b * d * d * (q + 2 * t) + 2 * b * q * d * d + 4 * b * q * d * f
+        attention += 4 * b * d * pairs
+    dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
+    return {'dense': 3.0 * dense, 'attention': 3.0 * attention, 'total': 3.0 * (dense + attention)}
+
+
+def _train_config(shape: str, method: str) -> TrainConfig:
+    config = SHAPES[shape].get_config()
+    config.pe.name = method
+    config.model.compute_dtype = _DTYPE.value
+    config.model.remat = _REMAT.value
+    config.model.attention_impl = _IMPL.value
+    config.mesh.data = 1
+    if _BATCH.value:
+        config.batch_size = _BATCH.value
+    return TrainConfig.from_config_dict(config)
+
+
+def _host_batches(cfg: TrainConfig, num: int) -> tuple[list[dict], int, int | None]:
+    """`num` host batches, the vocabulary and num_classes of `cfg`'s experiment.
+
+    Byte-level text gets uniform random bytes shaped like ByteTextSource's
+    batches ('inputs', 'targets' int32 [B, T], 'weights' float32 [B, T] of
+    ones), so that the WikiText corpus need not be downloaded.
+    """
+    if cfg.experiment == 'text_bytes':
+        b, t, vocab = cfg.batch_size, cfg.data.seq_len, cfg.data.vocab_size
+        batches = []
+        for i in range(num):
+            rng = np.random.default_rng([cfg.seed, i])
+            window = rng.integers(cfg.data.token_offset, vocab, (b, t + 1), dtype=np.int32)
+            batches.append(
+                {
+                    'inputs': window[:, :-1],
+                    'targets': window[:, 1:],
+                    'weights': np.ones((b, t), np.float32),
+                }
+            )
+        return batches, vocab, None
+    source = build_source(cfg)
+    return [source.train_batch(i) for i in range(num)], source.vocab_size, source.num_classes
+
+
+def _prepare(shape: str, method: str) -> dict:
+    """The compiled, warmed-up train step of (shape, method), its state, batches and FLOPs."""
+    cfg = _train_config(shape, method)
+    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
+    host_batches, vocab_size, num_classes = _host_batches(cfg, 2)
+    layout = state_layout(cfg, vocab_size, mesh)
+    state = init_state(cfg, vocab_size, layout, mesh)
+    with jax.set_mesh(mesh):
+        batches = [sharding.global_batch(batch, cfg.mesh.rules, mesh) for batch in host_batches]
+        # Compiled once, ahead of time: the executable that is timed is the one XLA's count is of.
+        step_fn = make_train_step(cfg, layout, num_classes, mesh).lower(state, batches[0]).compile()
+        cost = step_fn.cost_analysis()
+        state, metrics = step_fn(state, batches[0])  # warm up
+        jax.block_until_ready(metrics)
+        start = time.perf_counter()
+        state, metrics = step_fn(state, batches[1])
+        jax.block_until_ready(metrics)
+        first = time.perf_counter() - start
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per executable
+        cost = cost[0]
+    steps = _STEPS.value or max(2, math.ceil(_AUTO_STEP_SECONDS / first))
+    return {
+        'cfg': cfg,
+        'mesh': mesh,
+        'state': state,
+        'step_fn': step_fn,
+        'batches': batches,
+        'steps': steps,
+        'flops': model_flops_per_step(cfg, vocab_size),
+        'xla_flops': float(cost.get('flops', float('nan'))),
+    }
+
+
+def _time_steps(run: dict) -> float:
+    """Seconds per step over run['steps'] steps (data already on device)."""
+    state = run['state']
+    with jax.set_mesh(run['mesh']):
+        start = time.perf_counter()
+        for i in range(run['steps']):
+            state, metrics = run['step_fn'](state, run['batches'][i % 2])
+        jax.block_until_ready((state, metrics))
+        elapsed = time.perf_counter() - start
+    run['state'] = state
+    return elapsed / run['steps']
+
+
+def _matmuls(sizes: list[int]) -> dict[int, tuple]:
+    """Jitted float32 n x n matmuls with their operands, compiled and warmed up."""
+    matmuls = {}
+    for n in sizes:
+        keys = jax.random.split(jax.random.PRNGKey(n))
+        a, b = (jax.random.normal(key, (n, n), jnp.float32) for key in keys)
+        fn = jax.jit(jnp.dot)
+        fn(a, b).block_until_ready()
+        matmuls[n] = (fn, a, b)
+    return matmuls
+
+
+def _peak_gflops(matmuls: dict[int, tuple], repeats: int = 3) -> float:
+    """Best GFLOP/s of the float32 matmuls now (best of `repeats` per size)."""
+    best = 0.0
+    for n, (fn, a, b) in matmuls.items():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(a, b).block_until_ready()
+            best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def main(argv):
+    del argv
+    unknown = sorted(set(_SHAPES.value) - set(SHAPES))
+    if unknown:
+        raise app.UsageError(f'Unknown shapes {unknown}; choose from {sorted(SHAPES)}.')
+    runs = {
+        (shape, method): _prepare(shape, method)
+        for shape in _SHAPES.value
+        for method in _METHODS.value
+    }
+    matmuls = _matmuls([int(n) for n in _PEAK_SIZES.value])
+    times = {key: [] for key in runs}
+    peaks = []  # each round's best GFLOP/s, measured just before its steps
+    for _ in range(_ROUNDS.value):
+        peaks.append(_peak_gflops(matmuls))
+        for key, run in runs.items():
+            times[key].append(_time_steps(run))
+    peak = max(peaks)
+    print(
+        f'MFU of the train step; {_DTYPE.value}, remat {_REMAT.value}, attention {_IMPL.value}; '
+        f'median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best '
+        f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
+        f'(median round {statistics.median(peaks):.0f})'
+    )
+    print(
+        '| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | '
+        'steps x rounds | ms/step | achieved GFLOP/s | peak GFLOP/s | MFU % | '
+        'MFU % same-round peak |'
+    )
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+    for (shape, method), run in runs.items():
+        cfg, flops = run['cfg'], run['flops']
+        seconds = statistics.median(times[shape, method])
+        achieved = flops['total'] / seconds / 1e9
+        same_round = statistics.median(
+            flops['total'] / step / 1e9 / round_peak
+            for step, round_peak in zip(times[shape, method], peaks)
+        )
+        cells = [
+            shape,
+            method,
+            f'{cfg.batch_size} x {cfg.pe.train_context}',
+            *(f'{flops[part] / 1e9:.2f}' for part in ('total', 'dense', 'attention')),
+            f"{run['xla_flops'] / 1e9:.2f}",
+            f"{run['steps']} x {_ROUNDS.value}",
+            f'{1000 * seconds:.1f}',
+            f'{achieved:.0f}',
+            f'{peak:.0f}',
+            f'{100 * achieved / peak:.1f}',
+            f'{100 * same_round:.1f}',
+        ]
+        print('| ' + ' | '.join(cells) + ' |')
+
+
+if __name__ == '__main__':
+    app.run(main)

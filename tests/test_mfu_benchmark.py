@@ -1,0 +1,98 @@
+"""benchmarks/mfu.py: the analytic model-FLOP count against independent counts."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+from flax import nnx
+from tiny_train_config import tiny_config
+
+from jrope.model import Transformer
+
+_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'benchmarks', 'mfu.py'
+)
+_SPEC = importlib.util.spec_from_file_location('mfu_benchmark', _PATH)
+mfu = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(mfu)
+
+VOCAB = 5
+
+
+def _config(readout):
+    return tiny_config(
+        **{
+            'model.d_model': 12,
+            'model.num_heads': 3,
+            'model.num_layers': 2,
+            'model.mlp_ratio': 3,
+            'model.readout': readout,
+            'pe.train_context': 6,
+            'pe.name': 'rope',
+            'task.freq_index': 1,
+            'task.second_freq_index': 1,
+            'batch_size': 3,
+        }
+    )
+
+
+def _by_hand(cfg, vocab):
+    """Every matmul of the step, as (rows, fan_in, fan_out), and every visible (query, key) pair."""
+    m = cfg.model
+    b, t, d, f, h = (
+        cfg.batch_size,
+        cfg.pe.train_context,
+        m.d_model,
+        m.mlp_ratio * m.d_model,
+        m.head_dim,
+    )
+    matmuls, pairs = [], 0
+    for layer in range(m.num_layers):
+        last_only = m.readout == 'last' and layer == m.num_layers - 1
+        query_rows = range(t - 1, t) if last_only else range(t)
+        rows = b * len(query_rows)
+        matmuls += [
+            (b * t, d, d),
+            (b * t, d, d),
+            (rows, d, d),
+        ]  # k, v on every position; q on query rows
+        matmuls += [(rows, d, d), (rows, d, f), (rows, f, d)]  # output projection, MLP up, MLP down
+        for _ in range(b * m.num_heads):
+            for query in query_rows:
+                pairs += sum(1 for key in range(t) if key <= query)
+    matmuls.append((rows, d, vocab))  # tied readout
+    forward_dense = sum(2 * r * i * o for r, i, o in matmuls)
+    forward_attention = pairs * (
+        2 * h + 2 * h
+    )  # one score and one probability-weighted value per pair
+    return 3 * forward_dense, 3 * forward_attention
+
+
+@pytest.mark.parametrize('readout', ['all', 'last'])
+def test_count_matches_a_matmul_by_matmul_count(readout):
+    cfg = _config(readout)
+    flops = mfu.model_flops_per_step(cfg, VOCAB)
+    dense, attention = _by_hand(cfg, VOCAB)
+    assert flops['dense'] == dense and flops['attention'] == attention
+    assert flops['total'] == dense + attention
+
+
+def test_dense_part_is_six_times_matmul_parameters_times_tokens():
+    cfg = _config('all')
+    model = nnx.eval_shape(
+        lambda: Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+    )
+    kernels = [model.embedding]  # the tied readout
+    for block in model.blocks:
+        kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
+    matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
+    tokens = cfg.batch_size * cfg.pe.train_context
+    assert mfu.model_flops_per_step(cfg, VOCAB)['dense'] == 6 * matmul_params * tokens
+
+
+def test_vocabulary_defaults_to_the_data_source():
+    cfg = _config('last')
+    assert mfu.model_flops_per_step(cfg) == mfu.model_flops_per_step(
+        cfg, 3
+    )  # the synthetic task's 3
