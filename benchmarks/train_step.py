@@ -11,8 +11,9 @@ together mean much), and reported as the median over rounds.
 Prints ms/step, steps/s, tokens/s and the ratio of each method's step time
 to RoPE's. The machines are shared, so the speed-up over the paper's PyTorch
 reference is estimated through a yardstick timed in the same rounds: the
-straightforward JAX step of performance.md (RoPE in float32,
-jax.nn.dot_product_attention, plain autodiff, AdamW with clipping), which ran
+straightforward JAX step of performance.md (its own textbook RoPE in
+float32, jax.nn.dot_product_attention, plain autodiff, AdamW with clipping;
+no jrope code, so the yardstick stays fixed as the library changes), which ran
 at 283 ms/step where the reference ran RoPE at 195 ms/step. So the reference
 would take 195/283 of the yardstick's measured time, and the speed-up is that
 over the method's time. A plain matmul timed in the same rounds says how
@@ -32,8 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-
-import jrope  # noqa: E402
 
 from configs import synthetic_cpu  # noqa: E402
 from jrope import sharding  # noqa: E402
@@ -85,7 +84,15 @@ def _prepare_yardstick():
     cfg = TrainConfig.from_config_dict(config)
     d, n, f = cfg.model.d_model, cfg.model.num_heads, cfg.model.mlp_ratio * cfg.model.d_model
     h = d // n
-    enc = jrope.make_encoding(cfg.pe.to_pe_config(), num_heads=n, head_dim=h)
+    omega = cfg.pe.theta ** (-2.0 * jnp.arange(h // 2) / h)  # [H/2]
+
+    def rope(x, positions):
+        """Textbook RoPE on interleaved (re, im) pairs, float32: the library is not the yardstick."""
+        angle = positions[:, None, None] * omega  # [T, 1, H/2]
+        re, im = x[..., 0::2], x[..., 1::2]
+        cos, sin = jnp.cos(angle), jnp.sin(angle)
+        return jnp.stack([re * cos - im * sin, re * sin + im * cos], axis=-1).reshape(x.shape)
+
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * cfg.model.num_layers + 1))
     uniform = lambda shape: jax.random.uniform(next(keys), shape, jnp.float32, -1, 1) / jnp.sqrt(shape[0])  # noqa: E731
     params = {
@@ -106,7 +113,7 @@ def _prepare_yardstick():
         x = params["embedding"][tokens]
         for layer in params["layers"]:
             q, k, v = jnp.split((norm(x, layer["norm1"]) @ layer["qkv"]).reshape(b, t, 3 * n, h), 3, axis=2)
-            q, k = enc.transform_qk({}, q, k, positions, positions)
+            q, k = rope(q, positions), rope(k, positions)
             x = x + jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, d) @ layer["out"]
             x = x + jax.nn.gelu(norm(x, layer["norm2"]) @ layer["up"], approximate=False) @ layer["down"]
         logits = norm(x[:, -1], params["final_norm"]) @ params["embedding"][:2].T
