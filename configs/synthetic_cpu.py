@@ -17,29 +17,26 @@ The paper's method list over seeds, with the comparison table
         --config.eval.num_sequences=256 --seeds=0,1,2 --workdir=runs/synthetic_cpu \
         --methods=rope,direct_sum,jordan_rope,jordan_raw_tau,jordan_exact_scaled,rope_alibi
 
-Hardware: a 2-core CPU. On the development machine, shared with other jobs,
-training ran at about 0.9 steps/s (about 23 minutes for 1200 steps); a run
-of 250 steps with its evaluation on 256 sequences per length took about 8.
+Hardware: a 2-core CPU. Training runs at about 3 steps/s on the idle
+development machine (about 7 minutes for 1200 steps) and at 0.9 steps/s
+when it is shared with other jobs.
 
-Measured result (seed 0, 250 steps, --config.num_steps=250; accuracy on 256
-sequences per length at 256 / 512 / 1024 / 2048):
+Measured result (seeds 0, 1, 2, 250 steps, --config.num_steps=250 and
+--config.eval.num_sequences=256; accuracy at 256 / 512 / 1024 / 2048, mean
+± sample standard deviation over seeds):
 
-    rope                 0.883  0.805  0.879  0.816
-    direct_sum           0.629  0.461  0.480  0.496
-    jordan_rope          0.930  0.895  0.867  0.824
-    jordan_raw_tau       0.863  0.820  0.820  0.738
-    jordan_exact_scaled  0.930  0.719  0.598  0.480
-    rope_alibi           0.934  0.812  0.668  0.547
+    rope                 0.848 ± 0.040  0.785 ± 0.031  0.741 ± 0.133  0.673 ± 0.160
+    direct_sum           0.633 ± 0.049  0.507 ± 0.040  0.487 ± 0.011  0.497 ± 0.022
+    jordan_rope          0.902 ± 0.041  0.836 ± 0.079  0.805 ± 0.143  0.767 ± 0.171
+    jordan_raw_tau       0.902 ± 0.034  0.848 ± 0.024  0.854 ± 0.030  0.740 ± 0.018
+    jordan_exact_scaled  0.893 ± 0.057  0.715 ± 0.072  0.559 ± 0.064  0.496 ± 0.031
+    rope_alibi           0.889 ± 0.039  0.740 ± 0.069  0.642 ± 0.023  0.539 ± 0.007
 
-The full 1200 steps (the command above, seed 0; accuracy on the config's
-32 sequences per length at 256 / 512 / 1024 / 2048; about 16 to 18 minutes
-each on the shared machine, 1.3 GB peak memory):
+The full 1200 steps (seed 0; accuracy on the config's 32 sequences per
+length at 256 / 512 / 1024 / 2048; 1.3 GB peak memory):
 
     rope                 0.938  0.906  0.875  0.750
     jordan_rope          1.000  0.938  0.875  0.812
-
-Three seeds and the other methods at 1200 steps have not been run at this
-scale yet.
 """
 
 from configs import synthetic
