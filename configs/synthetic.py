@@ -46,6 +46,7 @@ def get_config() -> config_dict.ConfigDict:
     config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
     config.model.block_size = 512  # blockwise attention block length
     config.model.remat = "none"  # none | full | dots_saveable: recompute blocks in the backward pass
+    config.model.dropout_rate = 0.0  # residual dropout after attention and MLP (the paper: none)
     config.model.readout = "last"  # last: the loss reads the last position only, so only it is computed
 
     config.pe = config_dict.ConfigDict()

@@ -56,6 +56,7 @@ def get_config() -> config_dict.ConfigDict:
     config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
     config.model.block_size = 512  # blockwise attention block length
     config.model.remat = "none"  # none | full | dots_saveable: recompute blocks in the backward pass
+    config.model.dropout_rate = 0.0  # residual dropout after attention and MLP (the paper: none)
 
     config.pe = config_dict.ConfigDict()
     config.pe.name = "jordan_exact_scaled"  # any paper name (math.md section 4), e.g. rope, rope_alibi

@@ -58,6 +58,8 @@ class ModelConfig:
     # 'last': the final block computes queries, MLP and logits at the last
     # position only (for tasks whose loss weights are zero elsewhere).
     readout: str = "all"
+    # Residual dropout on each block's attention and MLP outputs (0: none, the paper's setting).
+    dropout_rate: float = 0.0
 
     def __post_init__(self):
         if self.d_model % self.num_heads:
@@ -68,6 +70,8 @@ class ModelConfig:
         _check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _check_choice("model.remat", self.remat, REMAT_POLICIES)
         _check_choice("model.readout", self.readout, READOUTS)
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
         for name in ("d_model", "num_heads", "num_layers", "mlp_ratio", "blockwise_min_length", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")

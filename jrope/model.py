@@ -2,9 +2,11 @@
 
 The paper's model: pre-norm blocks (RMSNorm, eps 1e-6), causal
 self-attention without biases, a GELU MLP (hidden = mlp_ratio * d_model,
-no biases), tied input/output embeddings, no dropout. Positions are always
-passed in (no table sized at construction), so a model trained at length L
-evaluates at any length.
+no biases), tied input/output embeddings, no dropout by default
+(`model.dropout_rate` adds residual dropout with masks drawn from a key the
+caller passes: the train step's per-step key; evaluation passes none).
+Positions are always passed in (no table sized at construction), so a model
+trained at length L evaluates at any length.
 
 Initialisation follows the reference implementation so that runs are
 comparable: embedding N(0, 1); projections U(-1/sqrt(fan_in), 1/sqrt(fan_in));
@@ -167,16 +169,37 @@ class TransformerBlock(nnx.Module):
         self.attn = CausalSelfAttention(cfg, encoding, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model)
         self.mlp = MLPBlock(cfg, rngs=rngs)
+        self.dropout_rate = cfg.dropout_rate
 
-    def __call__(self, x: jax.Array, positions: jax.Array, num_queries: int | None = None) -> jax.Array:
-        """x [B, S, D] -> [B, T, D] for the last T = num_queries positions (default: all)."""
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        num_queries: int | None = None,
+        dropout_key: jax.Array | None = None,
+    ) -> jax.Array:
+        """x [B, S, D] -> [B, T, D] for the last T = num_queries positions (default: all).
+
+        dropout_key: drops each branch output with probability model.dropout_rate
+        before it joins the residual stream; None (evaluation) drops nothing.
+        """
         residual = x if num_queries is None else x[:, x.shape[1] - num_queries :]
-        x = residual + self.attn(self.attn_norm(x), positions, num_queries)
-        return x + self.mlp(self.mlp_norm(x))
+        attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
+        x = residual + self._dropout(self.attn(self.attn_norm(x), positions, num_queries), attn_key)
+        return x + self._dropout(self.mlp(self.mlp_norm(x)), mlp_key)
+
+    def _dropout(self, y: jax.Array, key: jax.Array | None) -> jax.Array:
+        """y with each element zeroed with probability dropout_rate, the rest scaled up to keep the mean."""
+        if key is None or self.dropout_rate == 0.0:
+            return y
+        keep = jax.random.bernoulli(key, 1.0 - self.dropout_rate, y.shape)
+        return jnp.where(keep, y / (1.0 - self.dropout_rate), 0.0).astype(y.dtype)
 
 
-def _run_block(block: TransformerBlock, x: jax.Array, positions: jax.Array) -> jax.Array:
-    return block(x, positions)
+def _run_block(
+    block: TransformerBlock, x: jax.Array, positions: jax.Array, dropout_key: jax.Array | None
+) -> jax.Array:
+    return block(x, positions, dropout_key=dropout_key)
 
 
 class Transformer(nnx.Module):
@@ -195,15 +218,19 @@ class Transformer(nnx.Module):
         self.blocks = nnx.List([TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, *, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
         """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T', V] (see decode)."""
-        return self.decode(self.embed(tokens), positions)
+        return self.decode(self.embed(tokens), positions, dropout_key=dropout_key)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """tokens int32 [B, T] -> [B, T, D] in the compute dtype."""
         return jnp.take(self.embedding[...], tokens, axis=0).astype(self.cfg.compute_dtype)
 
-    def decode(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    def decode(
+        self, x: jax.Array, positions: jax.Array, *, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
         """Embedded inputs [B, T, D] -> logits float32 [B, T', V] (the blocks, final norm and tied output).
 
         T' = T, or 1 with `readout='last'`: then the last block computes its
@@ -218,10 +245,12 @@ class Transformer(nnx.Module):
             run_block = nnx.remat(_run_block, policy=_REMAT_POLICIES[self.cfg.remat])
         last = len(self.blocks) - 1
         for index, block in enumerate(self.blocks):
+            # Each block draws its dropout masks from its own stream.
+            key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
             if index == last and self.cfg.readout == "last":
-                x = block(x, positions, num_queries=1)
+                x = block(x, positions, num_queries=1, dropout_key=key)
             else:
-                x = run_block(block, x, positions)
+                x = run_block(block, x, positions, key)
         x = self.final_norm(x)
         # Tied output projection; logits accumulate in float32.
         return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32)

@@ -9,8 +9,10 @@ periodic checkpoints and evaluations, a final checkpoint and evaluation.
 On SIGTERM the loop checkpoints the current step and raises
 TrainingPreempted (jrope.preemption); the next start resumes there.
 
-The step is deterministic (the model has no dropout and the data are a pure
-function of the step), so a resumed run reproduces an uninterrupted one.
+The step is a pure function of (state, batch): the data are a pure function
+of the step, and the step's randomness (dropout, when model.dropout_rate > 0)
+comes from the seed folded with the step, so a resumed run reproduces an
+uninterrupted one.
 
 Shape legend: B batch, T length.
 """
@@ -34,6 +36,10 @@ from jrope.optimizer import learning_rate_schedule
 from jrope.preemption import PreemptionWatch, TrainingPreempted
 from jrope.train_state import StateLayout, build_source, init_state, model_from_params, state_layout
 
+# Dropout keys come from their own stream of the seed, apart from the
+# initialisation's (nnx.Rngs folds small counters into the same seed).
+_DROPOUT_STREAM = 0x64726F70  # 'drop'
+
 TrainStep = Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]
 
 
@@ -52,9 +58,14 @@ def make_train_step(
 
     def train_step(state, batch):
         positions = jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32)
+        dropout_key = None
+        if cfg.model.dropout_rate > 0.0:
+            stream = jax.random.fold_in(jax.random.key(cfg.seed), _DROPOUT_STREAM)
+            dropout_key = jax.random.fold_in(stream, state["step"])
 
         def loss_fn(params):
-            logits = model_from_params(layout.graphdef, params)(batch["inputs"], positions)
+            model = model_from_params(layout.graphdef, params)
+            logits = model(batch["inputs"], positions, dropout_key=dropout_key)
             sums = evaluation.weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 

@@ -13,7 +13,7 @@ import jrope
 from jrope import sharding
 from jrope.config_types import MeshConfig
 from jrope.evaluation import check_readout, weighted_sums
-from jrope.train_state import build_source, init_state, state_layout
+from jrope.train_state import build_source, init_state, model_from_params, state_layout
 from jrope.trainer import make_train_step, train_and_evaluate
 from tiny_train_config import tiny_config
 
@@ -121,7 +121,8 @@ def test_bfloat16_compute_loss_close_to_float32():
 
 
 def test_train_then_resume_equals_uninterrupted_run(tmp_path):
-    overrides = {"mesh.data": -1, "checkpoint.every_steps": 2}
+    # Dropout on: the resumed steps must draw the masks of the steps they are.
+    overrides = {"mesh.data": -1, "checkpoint.every_steps": 2, "model.dropout_rate": 0.2}
     straight = train_and_evaluate(tiny_config(num_steps=4, **overrides), str(tmp_path / "straight"))
     train_and_evaluate(tiny_config(num_steps=2, **overrides), str(tmp_path / "resumed"))
     resumed = train_and_evaluate(tiny_config(num_steps=4, **overrides), str(tmp_path / "resumed"))
@@ -147,3 +148,33 @@ def test_loss_uses_only_the_class_logits():
     assert float(sums["correct_sum"]) == 1.0 and float(sums["weight_sum"]) == 1.0
     full = weighted_sums(logits, targets, weights, num_classes=None)  # the QUERY logit now wins
     assert float(full["correct_sum"]) == 0.0 and float(full["loss_sum"]) > 40.0
+
+
+def test_dropout_is_a_pure_function_of_seed_and_step():
+    cfg = tiny_config(**{"model.dropout_rate": 0.3})
+    _, first = _run_steps(cfg, _one_device_mesh(), 2)
+    _, again = _run_steps(cfg, _one_device_mesh(), 2)
+    # Same seed and steps: the same masks, bit for bit.
+    assert [h["loss"] for h in first] == [h["loss"] for h in again]
+    # The masks are really drawn: the first loss differs from the dropout-free golden one...
+    assert abs(first[0]["loss"] - GOLDEN_LOSS_STEP_1) > 1e-4
+    # ...and another seed draws other masks (the data also change with the seed).
+    _, other_seed = _run_steps(tiny_config(**{"model.dropout_rate": 0.3, "seed": 1}), _one_device_mesh(), 1)
+    assert other_seed[0]["loss"] != first[0]["loss"]
+
+
+def test_dropout_off_without_a_key():
+    """Evaluation passes no key: the model is deterministic and equals the dropout-free model."""
+    cfg = tiny_config(**{"model.dropout_rate": 0.5})
+    source = build_source(cfg)
+    mesh = _one_device_mesh()
+    layout = state_layout(cfg, source.vocab_size, mesh)
+    state = init_state(cfg, source.vocab_size, layout, mesh)
+    net = model_from_params(layout.graphdef, state["params"])
+    tokens = jnp.asarray(source.train_batch(0)["inputs"])
+    positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    plain = net(tokens, positions)
+    np.testing.assert_array_equal(plain, net(tokens, positions))
+    dropped = net(tokens, positions, dropout_key=jax.random.key(0))
+    assert not np.allclose(dropped, plain)
+    np.testing.assert_array_equal(dropped, net(tokens, positions, dropout_key=jax.random.key(0)))
