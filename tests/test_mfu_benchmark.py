@@ -52,20 +52,16 @@ def _by_hand(cfg, vocab):
         last_only = m.readout == 'last' and layer == m.num_layers - 1
         query_rows = range(t - 1, t) if last_only else range(t)
         rows = b * len(query_rows)
-        matmuls += [
-            (b * t, d, d),
-            (b * t, d, d),
-            (rows, d, d),
-        ]  # k, v on every position; q on query rows
+        # k and v on every position, q on the query rows only.
+        matmuls += [(b * t, d, d), (b * t, d, d), (rows, d, d)]
         matmuls += [(rows, d, d), (rows, d, f), (rows, f, d)]  # output projection, MLP up, MLP down
         for _ in range(b * m.num_heads):
             for query in query_rows:
                 pairs += sum(1 for key in range(t) if key <= query)
     matmuls.append((rows, d, vocab))  # tied readout
     forward_dense = sum(2 * r * i * o for r, i, o in matmuls)
-    forward_attention = pairs * (
-        2 * h + 2 * h
-    )  # one score and one probability-weighted value per pair
+    # One score and one probability-weighted value per visible pair.
+    forward_attention = pairs * (2 * h + 2 * h)
     return 3 * forward_dense, 3 * forward_attention
 
 
@@ -93,6 +89,5 @@ def test_dense_part_is_six_times_matmul_parameters_times_tokens():
 
 def test_vocabulary_defaults_to_the_data_source():
     cfg = _config('last')
-    assert mfu.model_flops_per_step(cfg) == mfu.model_flops_per_step(
-        cfg, 3
-    )  # the synthetic task's 3
+    # The synthetic task's vocabulary is 3.
+    assert mfu.model_flops_per_step(cfg) == mfu.model_flops_per_step(cfg, 3)
