@@ -1,21 +1,13 @@
-"""benchmarks/mfu.py: the analytic model-FLOP count against independent counts."""
+"""jrope.flops (the count behind benchmarks/mfu.py) against independent counts."""
 
-import importlib.util
 import math
-import os
 
 import pytest
 from flax import nnx
 from tiny_train_config import tiny_config
 
+from jrope.flops import model_flops_per_step
 from jrope.model import Transformer
-
-_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'benchmarks', 'mfu.py'
-)
-_SPEC = importlib.util.spec_from_file_location('mfu_benchmark', _PATH)
-mfu = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(mfu)
 
 VOCAB = 5
 
@@ -68,7 +60,7 @@ def _by_hand(cfg, vocab):
 @pytest.mark.parametrize('readout', ['all', 'last'])
 def test_count_matches_a_matmul_by_matmul_count(readout):
     cfg = _config(readout)
-    flops = mfu.model_flops_per_step(cfg, VOCAB)
+    flops = model_flops_per_step(cfg, VOCAB)
     dense, attention = _by_hand(cfg, VOCAB)
     assert flops['dense'] == dense and flops['attention'] == attention
     assert flops['total'] == dense + attention
@@ -84,10 +76,10 @@ def test_dense_part_is_six_times_matmul_parameters_times_tokens():
         kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
     matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
     tokens = cfg.batch_size * cfg.pe.train_context
-    assert mfu.model_flops_per_step(cfg, VOCAB)['dense'] == 6 * matmul_params * tokens
+    assert model_flops_per_step(cfg, VOCAB)['dense'] == 6 * matmul_params * tokens
 
 
 def test_vocabulary_defaults_to_the_data_source():
     cfg = _config('last')
     # The synthetic task's vocabulary is 3.
-    assert mfu.model_flops_per_step(cfg) == mfu.model_flops_per_step(cfg, 3)
+    assert model_flops_per_step(cfg) == model_flops_per_step(cfg, 3)
