@@ -164,7 +164,7 @@ def test_dropout_is_a_pure_function_of_seed_and_step():
 
 
 def test_dropout_off_without_a_key():
-    """Evaluation passes no key: the model is deterministic and equals the dropout-free model."""
+    """Evaluation passes no key: the model is deterministic; a key draws masks, the same for the same key."""
     cfg = tiny_config(**{"model.dropout_rate": 0.5})
     source = build_source(cfg)
     mesh = _one_device_mesh()
