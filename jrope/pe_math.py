@@ -23,6 +23,7 @@ nb blocks per head, m chain order (Jordan block size).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -174,47 +175,100 @@ def damped_phase(lag, gamma, omega) -> tuple[jax.Array, jax.Array]:
 # ----------------------------------------------------------------------------
 
 
-def _shift_chain(x: jax.Array, r: int) -> jax.Array:
-    """out[..., a, :] = x[..., a + r, :] (zero past the end); r may be negative."""
-    order = x.shape[-2]
-    if r == 0:
-        return x
-    if abs(r) >= order:
-        return jnp.zeros_like(x)
-    pad = [(0, 0)] * x.ndim
-    if r > 0:
-        pad[-2] = (0, r)
-        return jnp.pad(x[..., r:, :], pad)
-    pad[-2] = (-r, 0)
-    return jnp.pad(x[..., : order + r, :], pad)
+def map_tables(cos_scaled, sin_scaled, coefficients: Coefficients) -> jax.Array:
+    """The per-position weights of a factorized map, float32 [..., nb, R, 2].
 
-
-def _mix_chain(x: jax.Array, coefficients: Coefficients, direction: int) -> jax.Array:
-    """sum_r c_r * x shifted by direction * r along the chain axis.
-
-    direction +1 applies U (upper: element a gathers a + r); -1 applies U^T.
-    Coefficients broadcast to [..., nb] and get the (m, 2) axes appended.
+    Entry r holds (s cos(phi) c_r, s sin(phi) c_r): the rotation and scale
+    folded into each chain coefficient, so applying the map is R
+    multiply-adds per element. Trailing static zeros (no shear) are dropped.
+    cos_scaled, sin_scaled: s cos(phi), s sin(phi), [..., nb]; coefficients:
+    c_r, each a python float or broadcastable to [..., nb].
     """
-    out = None
-    for r, c in enumerate(coefficients):
-        if isinstance(c, float):  # static coefficients (no shear): skip the trivial products
-            if c == 0.0:
-                continue
-            term = (
-                _shift_chain(x, direction * r) if c == 1.0 else c * _shift_chain(x, direction * r)
-            )
-        else:
-            term = c[..., None, None] * _shift_chain(x, direction * r)
-        out = term if out is None else out + term
-    return out
+    coefficients = list(coefficients)
+    while len(coefficients) > 1 and isinstance(coefficients[-1], float) and coefficients[-1] == 0.0:
+        coefficients.pop()
+    shape = jnp.broadcast_shapes(
+        jnp.shape(cos_scaled), jnp.shape(sin_scaled), *(jnp.shape(c) for c in coefficients)
+    )
+    weights = [
+        jnp.broadcast_to(jnp.stack([cos_scaled * c, sin_scaled * c], -1), shape + (2,))
+        for c in coefficients
+    ]
+    # A fusion barrier: the tables are small ([T, N, nb] per entry), and left
+    # fusable XLA:CPU recomputes their cos, sin and exp for every element of q
+    # and k (B * 2m times over) inside the map's loop.
+    return jax.lax.optimization_barrier(jnp.stack(weights, -2).astype(jnp.float32))
 
 
-def _rotate_back(x: jax.Array, cos_scaled: jax.Array, sin_scaled: jax.Array) -> jax.Array:
-    """s * R(-phi) on every (re, im) pair; cos/sin_scaled = s cos(phi), s sin(phi) [..., nb]."""
+def _apply_tables(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
+    """out[a] = R(-phi) s sum_r c_r x[a + direction * r] on [..., nb, m, 2] blocks."""
+    order, num_terms = x.shape[-2], tables.shape[-2]
     re, im = x[..., 0], x[..., 1]
-    c = cos_scaled[..., None]
-    s = sin_scaled[..., None]
-    return jnp.stack([c * re + s * im, c * im - s * re], axis=-1)
+    out_re, out_im = [], []
+    for a in range(order):
+        acc_re = acc_im = None
+        for r in range(num_terms):
+            source = a + direction * r
+            if not 0 <= source < order:
+                continue
+            c, s = tables[..., r, 0], tables[..., r, 1]
+            term_re = c * re[..., source] + s * im[..., source]
+            term_im = c * im[..., source] - s * re[..., source]
+            acc_re = term_re if acc_re is None else acc_re + term_re
+            acc_im = term_im if acc_im is None else acc_im + term_im
+        out_re.append(acc_re)
+        out_im.append(acc_im)
+    return jnp.stack([jnp.stack(out_re, -1), jnp.stack(out_im, -1)], -1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def apply_map(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
+    """Applies map_tables weights to x [..., nb, m, 2]; direction +1: U, -1: U^T.
+
+    tables [..., nb, R, 2] broadcast against x's leading axes (typically
+    [1, T, N, nb] against [B, T, N, nb]). A custom VJP because the tables'
+    gradient is a sum over the broadcast batch axis, which XLA:CPU reduces
+    about ten times slower than an elementwise pass; here it is a matrix-vector
+    product with ones instead.
+    """
+    return _apply_tables(x, tables, direction)
+
+
+def _apply_map_forward(x, tables, direction):
+    return _apply_tables(x, tables, direction), (x, tables)
+
+
+def _apply_map_backward(direction, residuals, d_out):
+    x, tables = residuals
+    # The adjoint is the same map in the other direction with sin negated.
+    adjoint_tables = jnp.stack([tables[..., 0], -tables[..., 1]], -1)
+    d_x = _apply_tables(d_out, adjoint_tables, -direction)
+    order, num_terms = x.shape[-2], tables.shape[-2]
+    re, im, d_re, d_im = x[..., 0], x[..., 1], d_out[..., 0], d_out[..., 1]
+    terms = []
+    for r in range(num_terms):
+        d_c = d_s = 0.0  # r < m: at least one chain element has a source
+        for a in range(order):
+            source = a + direction * r
+            if 0 <= source < order:
+                d_c = d_c + d_re[..., a] * re[..., source] + d_im[..., a] * im[..., source]
+                d_s = d_s + d_re[..., a] * im[..., source] - d_im[..., a] * re[..., source]
+        terms.append(jnp.stack([d_c, d_s], -1))
+    d_tables = _sum_to_shape(jnp.stack(terms, -2), tables.shape)
+    return d_x.astype(x.dtype), d_tables.astype(tables.dtype)
+
+
+apply_map.defvjp(_apply_map_forward, _apply_map_backward)
+
+
+def _sum_to_shape(g: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sums g over the axes that `shape` broadcasts (size 1 there, not in g)."""
+    g = jnp.sum(g, axis=tuple(range(g.ndim - len(shape))))
+    if g.ndim and shape[0] == 1 and g.shape[0] != 1:
+        # The leading (batch) axis as a matrix-vector product.
+        g = jnp.tensordot(jnp.ones(g.shape[0], g.dtype), g, axes=(0, 0))[None]
+    axes = tuple(i for i, (n, m) in enumerate(zip(g.shape, shape)) if m == 1 and n != 1)
+    return jnp.sum(g, axis=axes, keepdims=True) if axes else g
 
 
 def key_map(k: jax.Array, cos_scaled, sin_scaled, coefficients: Coefficients) -> jax.Array:
@@ -223,7 +277,7 @@ def key_map(k: jax.Array, cos_scaled, sin_scaled, coefficients: Coefficients) ->
     cos_scaled, sin_scaled: e^{gamma p} cos(omega p), e^{gamma p} sin(omega p), [..., nb].
     coefficients: c_r of U(-p), each broadcastable to [..., nb].
     """
-    return _rotate_back(_mix_chain(k, coefficients, +1), cos_scaled, sin_scaled)
+    return apply_map(k, map_tables(cos_scaled, sin_scaled, coefficients), +1)
 
 
 def query_map(
@@ -234,7 +288,7 @@ def query_map(
     cos_scaled, sin_scaled: e^{-gamma p} cos(omega p), e^{-gamma p} sin(omega p).
     inverse_coefficients: c_r of U(-p)^{-1}; U^{-T} is lower triangular.
     """
-    return _rotate_back(_mix_chain(q, inverse_coefficients, -1), cos_scaled, sin_scaled)
+    return apply_map(q, map_tables(cos_scaled, sin_scaled, inverse_coefficients), -1)
 
 
 # ----------------------------------------------------------------------------
