@@ -1,7 +1,8 @@
 """Evaluate across lengths: python eval.py --config=configs/<experiment>.py --workdir=<dir>.
 
 For a trained experiment, evaluates the latest checkpoint in <workdir> at
-config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}.
+config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}
+(eval_step<N>.2, .3, ... when that already holds results: nothing is overwritten).
 For config.experiment == "kernel_probe", runs the closed-form kernel probe.
 Multi-process runs take the process flags of train.py (jrope.distributed).
 """
@@ -15,8 +16,12 @@ from ml_collections import config_flags
 from jrope import distributed
 from jrope.config_types import TrainConfig
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory holding the run (and receiving results).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory holding the run (and receiving results)."
+)
 _PROCESS_FLAGS = distributed.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -25,8 +30,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    logging.info("JAX process %d of %d; local devices %s; all devices %d.",
-                 jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count())
+    logging.info(
+        "JAX process %d of %d; local devices %s; all devices %d.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_devices(),
+        jax.device_count(),
+    )
     config = _CONFIG.value
     if config.experiment == "kernel_probe":
         # Imported only here: the probe has its own config and needs no trained model.

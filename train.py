@@ -20,7 +20,9 @@ from jrope.config_types import TrainConfig
 from jrope.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from jrope.trainer import train_and_evaluate
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
 _PROCESS_FLAGS = distributed.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
@@ -30,8 +32,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    logging.info("JAX process %d of %d; local devices %s; all devices %d.",
-                 jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count())
+    logging.info(
+        "JAX process %d of %d; local devices %s; all devices %d.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_devices(),
+        jax.device_count(),
+    )
     try:
         train_and_evaluate(TrainConfig.from_config_dict(_CONFIG.value), _WORKDIR.value)
     except TrainingPreempted as preempted:

@@ -45,11 +45,19 @@ REFERENCE_ROPE_MS = 195.0
 NAIVE_JAX_ROPE_MS = 283.0
 YARDSTICK = "naive_jax_rope"
 
-_METHODS = flags.DEFINE_list("methods", ["rope", "jordan_rope", "jordan_exact_scaled"], "Encodings to time.")
+_METHODS = flags.DEFINE_list(
+    "methods", ["rope", "jordan_rope", "jordan_exact_scaled"], "Encodings to time."
+)
 _DTYPE = flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Activation dtype.")
-_READOUT = flags.DEFINE_enum("readout", "last", ["all", "last"], "Positions the last block computes.")
-_REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots_saveable"], "Block rematerialisation.")
-_IMPL = flags.DEFINE_enum("attention_impl", "auto", ["auto", "xla", "einsum", "blockwise"], "Attention kernel.")
+_READOUT = flags.DEFINE_enum(
+    "readout", "last", ["all", "last"], "Positions the last block computes."
+)
+_REMAT = flags.DEFINE_enum(
+    "remat", "none", ["none", "full", "dots_saveable"], "Block rematerialisation."
+)
+_IMPL = flags.DEFINE_enum(
+    "attention_impl", "auto", ["auto", "xla", "einsum", "blockwise"], "Attention kernel."
+)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per method per round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds (the median is reported).")
 
@@ -69,7 +77,9 @@ def _prepare(method: str):
     state = init_state(cfg, source.vocab_size, layout, mesh)
     step_fn = make_train_step(cfg, layout, source.num_classes, mesh)
     with jax.set_mesh(mesh):
-        batches = [sharding.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)]
+        batches = [
+            sharding.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
+        ]
         for batch in batches:  # compile and warm up
             state, metrics = step_fn(state, batch)
         jax.block_until_ready(metrics)
@@ -94,17 +104,28 @@ def _prepare_yardstick():
         return jnp.stack([re * cos - im * sin, re * sin + im * cos], axis=-1).reshape(x.shape)
 
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * cfg.model.num_layers + 1))
-    uniform = lambda shape: jax.random.uniform(next(keys), shape, jnp.float32, -1, 1) / jnp.sqrt(shape[0])  # noqa: E731
+
+    def uniform(shape):
+        return jax.random.uniform(next(keys), shape, jnp.float32, -1, 1) / jnp.sqrt(shape[0])
+
     params = {
         "embedding": jax.random.normal(next(keys), (3, d)),
         "final_norm": jnp.ones(d),
         "layers": [
-            {"norm1": jnp.ones(d), "qkv": uniform((d, 3 * d)), "out": uniform((d, d)), "norm2": jnp.ones(d),
-             "up": uniform((d, f)), "down": uniform((f, d))}
+            {
+                "norm1": jnp.ones(d),
+                "qkv": uniform((d, 3 * d)),
+                "out": uniform((d, d)),
+                "norm2": jnp.ones(d),
+                "up": uniform((d, f)),
+                "down": uniform((f, d)),
+            }
             for _ in range(cfg.model.num_layers)
         ],
     }
-    norm = lambda x, w: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w  # noqa: E731
+
+    def norm(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
 
     def loss_fn(params, batch):
         tokens = batch["inputs"]
@@ -112,12 +133,24 @@ def _prepare_yardstick():
         positions = jnp.arange(t, dtype=jnp.int32)
         x = params["embedding"][tokens]
         for layer in params["layers"]:
-            q, k, v = jnp.split((norm(x, layer["norm1"]) @ layer["qkv"]).reshape(b, t, 3 * n, h), 3, axis=2)
+            q, k, v = jnp.split(
+                (norm(x, layer["norm1"]) @ layer["qkv"]).reshape(b, t, 3 * n, h), 3, axis=2
+            )
             q, k = rope(q, positions), rope(k, positions)
-            x = x + jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, d) @ layer["out"]
-            x = x + jax.nn.gelu(norm(x, layer["norm2"]) @ layer["up"], approximate=False) @ layer["down"]
+            x = (
+                x
+                + jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, d)
+                @ layer["out"]
+            )
+            x = (
+                x
+                + jax.nn.gelu(norm(x, layer["norm2"]) @ layer["up"], approximate=False)
+                @ layer["down"]
+            )
         logits = norm(x[:, -1], params["final_norm"]) @ params["embedding"][:2].T
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][:, -1:], axis=1))
+        return -jnp.mean(
+            jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][:, -1:], axis=1)
+        )
 
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(5e-4, weight_decay=0.01))
 
@@ -185,7 +218,9 @@ def main(argv):
         f"{_STEPS.value} steps; {jax.devices()[0].platform}; plain 2048^3 matmul "
         f"{statistics.median(gflops):.0f} GFLOP/s (idle: about 450)"
     )
-    print("| method | ms/step | steps/s | tokens/s | vs rope | est. speed-up vs PyTorch reference (RoPE) |")
+    print(
+        "| method | ms/step | steps/s | tokens/s | vs rope | est. speed-up vs PyTorch reference (RoPE) |"
+    )
     print("|---|---|---|---|---|---|")
     for method, seconds in medians.items():
         ratio = f"{seconds / medians['rope']:.3f}" if "rope" in medians else "-"

@@ -37,8 +37,18 @@ from ml_collections import config_dict
 
 # The paper's methods and the reference's ablations.
 METHODS = (
-    "nope", "rope", "alibi", "rope_alibi", "damped_rope", "real_jordan", "direct_sum",
-    "jordan_rope", "jordan_no_gamma", "jordan_raw_tau", "jordan_m3", "jordan_m4",
+    "nope",
+    "rope",
+    "alibi",
+    "rope_alibi",
+    "damped_rope",
+    "real_jordan",
+    "direct_sum",
+    "jordan_rope",
+    "jordan_no_gamma",
+    "jordan_raw_tau",
+    "jordan_m3",
+    "jordan_m4",
     "jordan_exact_scaled",
 )
 
@@ -51,13 +61,15 @@ def get_config() -> config_dict.ConfigDict:
     config.probe.targets = ("phase", "linear", "mixed")  # cos(wd), -d/L, (d/L) cos(wd); or jet_r{r}
     config.probe.seeds = (0,)  # with train_points == train_context every seed gives the same fit
     config.probe.train_context = 1024  # L: fit on lags [0, L); L is the unit of time
-    config.probe.train_points = 1024  # lags the fit sees: all of [0, L), or a seeded subset if fewer
+    # lags the fit sees: all of [0, L), or a seeded subset if fewer
+    config.probe.train_points = 1024
     config.probe.eval_contexts = (1024, 2048, 4096, 8192)  # MSE over lags [0, T)
     config.probe.head_dim = 64  # frequencies theta^(-2k/head_dim)
     config.probe.num_freqs = 16  # k < num_freqs, the same for every method
     config.probe.target_freq_index = 3  # target frequency w = theta^(-2*3/head_dim)
     config.probe.theta = 10000.0  # rotary base
-    config.probe.gamma = 1e-4  # damping of learned-gamma variants (exact variants: c/L from the name)
+    # damping of learned-gamma variants (exact variants: c/L from the name)
+    config.probe.gamma = 1e-4
     config.probe.ridge = 1e-4  # ridge penalty on every weight, the constant's included
     config.probe.plot_target = "mixed"  # the PNG shows this target's fits at the longest context
     return config

@@ -35,13 +35,20 @@ from configs import kernel_probe
 def get_config():
     config = kernel_probe.get_config()
     config.probe.methods = (
-        "rope", "damped_rope",
+        "rope",
+        "damped_rope",
         # stabilized (bounded shear time tau), orders 2, 3, 4
-        "jordan_rope", "jordan_m3", "jordan_m4",
+        "jordan_rope",
+        "jordan_m3",
+        "jordan_m4",
         # exact, raw shear time, no damping (c = 0), orders 2, 3, 4
-        "jordan_exact_c000", "jordan_exact_c000_m3", "jordan_exact_c000_m4",
+        "jordan_exact_c000",
+        "jordan_exact_c000_m3",
+        "jordan_exact_c000_m4",
         # exact with the reference's v2 damping c = 0.1 (gamma = 0.1/L), orders 2, 3, 4
-        "jordan_exact_c010", "jordan_exact_c010_m3", "jordan_exact_c010_m4",
+        "jordan_exact_c010",
+        "jordan_exact_c010_m3",
+        "jordan_exact_c010_m4",
     )
     config.probe.targets = ("jet_r1", "jet_r2", "jet_r3")  # (d/L)^r cos(w d)
     config.probe.head_dim = 96  # divisible by 2m for m = 2, 3, 4

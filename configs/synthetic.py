@@ -45,12 +45,15 @@ def get_config() -> config_dict.ConfigDict:
     config.model.attention_impl = "auto"  # auto | xla | einsum | blockwise
     config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
     config.model.block_size = 512  # blockwise attention block length
-    config.model.remat = "none"  # none | full | dots_saveable: recompute blocks in the backward pass
+    # none | full | dots_saveable: recompute blocks in the backward pass
+    config.model.remat = "none"
     config.model.dropout_rate = 0.0  # residual dropout after attention and MLP (the paper: none)
-    config.model.readout = "last"  # last: the loss reads the last position only, so only it is computed
+    # last: the loss reads the last position only, so only it is computed
+    config.model.readout = "last"
 
     config.pe = config_dict.ConfigDict()
-    config.pe.name = "jordan_rope"  # any paper name (math.md section 4), e.g. rope, jordan_exact_scaled
+    # any paper name (math.md section 4), e.g. rope, jordan_exact_scaled
+    config.pe.name = "jordan_rope"
     config.pe.train_context = train_length  # L of the encodings: tau(t) = t/(1+|t|/L), gamma = c/L
     config.pe.theta = theta  # rotary base: omega_b = theta^(-2b/head_dim)
     config.pe.gamma_min = 1e-4  # damping floor: gamma = softplus(raw) + gamma_min

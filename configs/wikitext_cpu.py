@@ -38,7 +38,9 @@ import os
 from configs import wikitext_scaled_exact
 
 # <repo>/../shared/data/wikitext2, found from this file so that any working directory works.
-_WIKITEXT2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "shared", "data", "wikitext2")
+_WIKITEXT2 = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "shared", "data", "wikitext2"
+)
 
 
 def get_config():

@@ -55,11 +55,13 @@ def get_config() -> config_dict.ConfigDict:
     config.model.attention_impl = "auto"  # auto | xla | einsum | blockwise
     config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
     config.model.block_size = 512  # blockwise attention block length
-    config.model.remat = "none"  # none | full | dots_saveable: recompute blocks in the backward pass
+    # none | full | dots_saveable: recompute blocks in the backward pass
+    config.model.remat = "none"
     config.model.dropout_rate = 0.0  # residual dropout after attention and MLP (the paper: none)
 
     config.pe = config_dict.ConfigDict()
-    config.pe.name = "jordan_exact_scaled"  # any paper name (math.md section 4), e.g. rope, rope_alibi
+    # any paper name (math.md section 4), e.g. rope, rope_alibi
+    config.pe.name = "jordan_exact_scaled"
     config.pe.train_context = train_length  # L of the encodings: tau(t) = t/(1+|t|/L), gamma = c/L
     config.pe.theta = 10000.0  # rotary base: omega_b = theta^(-2b/head_dim)
     config.pe.gamma_min = 1e-4  # damping floor: gamma = softplus(raw) + gamma_min
@@ -74,7 +76,8 @@ def get_config() -> config_dict.ConfigDict:
     config.data.train_split = "train"  # 'wikitext103': split to train on
     config.data.eval_split = "validation"  # 'wikitext103': split to evaluate on
     config.data.train_fraction = 1.0  # leading fraction of the training rows (v2: 0.01)
-    config.data.vocab_size = 257  # 257: token = byte + 1, 0 reserved (the reference) | 256: the byte
+    # 257: token = byte + 1, 0 reserved (the reference) | 256: the byte
+    config.data.vocab_size = 257
     config.data.seq_len = train_length  # training window length L
     config.data.seed = seed  # data seed (the same as the run's seed)
     config.data.cache_dir = ""  # corpus byte caches ('' = ~/.cache/jrope/text_bytes)

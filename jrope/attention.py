@@ -62,7 +62,9 @@ def resolve_impl(impl: str, *, has_bias: bool, length: int, blockwise_min_length
             return "blockwise"
         return "einsum"
     if impl == "xla" and has_bias:
-        raise ValueError("attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants.")
+        raise ValueError(
+            "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
+        )
     if impl not in ("xla", "einsum"):
         raise ValueError(f"Unknown attention_impl {impl!r}; choose auto, xla, einsum or blockwise.")
     return impl
@@ -98,11 +100,20 @@ def causal_attention(
     if length > key_length:
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
     q_positions = positions[..., key_length - length :]
-    choice = resolve_impl(impl, has_bias=enc.has_bias, length=key_length, blockwise_min_length=blockwise_min_length)
+    choice = resolve_impl(
+        impl, has_bias=enc.has_bias, length=key_length, blockwise_min_length=blockwise_min_length
+    )
     if choice == "blockwise":
         blockwise = importlib.import_module(_BLOCKWISE_MODULE).blockwise_attention
         return blockwise(
-            q, k, v, enc=enc, params=params, q_positions=q_positions, k_positions=positions, block_size=block_size
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            q_positions=q_positions,
+            k_positions=positions,
+            block_size=block_size,
         )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
@@ -122,7 +133,9 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     # is_causal aligns query 0 with key 0; queries that are the last rows need the mask spelled out.
     mask = None
     if length != key_length:
-        mask = (jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None])[None, None]
+        mask = (
+            jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None]
+        )[None, None]
     out = jax.nn.dot_product_attention(
         q.astype(common),
         k.astype(common),
@@ -134,7 +147,9 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.astype(v.dtype)
 
 
-def _einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None) -> jax.Array:
+def _einsum_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None
+) -> jax.Array:
     """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
     return _chunked_causal_attention(q, k, v, bias)
 
@@ -210,7 +225,9 @@ def _chunk_forward(q, k, v, bias):
     # to the [B, N, T, S] matrix.
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)
-    out = jnp.einsum("bnts,bnsh->bnth", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = jnp.einsum(
+        "bnts,bnsh->bnth", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
     return (out / row_sum[..., None]).astype(v.dtype), unnormalised, row_sum
 
 
@@ -227,18 +244,27 @@ def _chunked_backward(residuals, d_out):
     for (start, stop, key_stop), (unnormalised, row_sum) in zip(bounds, saved):
         d_scaled = d_out[:, :, start:stop] / row_sum[..., None]
         d_v_parts.append(jnp.einsum("bnts,bnth->bnsh", unnormalised, d_scaled))
-        d_probs = jnp.einsum("bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop], preferred_element_type=jnp.float32)
-        correction = jnp.sum(d_scaled * out[:, :, start:stop].astype(jnp.float32), axis=-1)  # [B, N, T]
+        d_probs = jnp.einsum(
+            "bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop], preferred_element_type=jnp.float32
+        )
+        # [B, N, T]
+        correction = jnp.sum(d_scaled * out[:, :, start:stop].astype(jnp.float32), axis=-1)
         d_logits = unnormalised * (d_probs - correction[..., None])
         d_q_rows.append(
-            jnp.einsum("bnts,bnsh->bnth", d_logits, k[:, :, :key_stop], preferred_element_type=jnp.float32)
+            jnp.einsum(
+                "bnts,bnsh->bnth", d_logits, k[:, :, :key_stop], preferred_element_type=jnp.float32
+            )
         )
         d_k_parts.append(
-            jnp.einsum("bnts,bnth->bnsh", d_logits, q[:, :, start:stop], preferred_element_type=jnp.float32)
+            jnp.einsum(
+                "bnts,bnth->bnsh", d_logits, q[:, :, start:stop], preferred_element_type=jnp.float32
+            )
         )
         if bias is not None:
             rows = d_logits if bias.ndim == 4 else jnp.sum(d_logits, axis=0)
-            d_bias_rows.append(jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, key_length - key_stop)]))
+            d_bias_rows.append(
+                jnp.pad(rows, [(0, 0)] * (rows.ndim - 1) + [(0, key_length - key_stop)])
+            )
     d_q = _head_major(jnp.concatenate(d_q_rows, axis=2) * scale)
     d_k = _head_major(_sum_key_prefixes(d_k_parts, bounds) * scale)
     d_v = _head_major(_sum_key_prefixes(d_v_parts, bounds))

@@ -14,10 +14,13 @@ a run killed mid-save resumes from the previous checkpoint.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
+
+if TYPE_CHECKING:
+    from jrope.config_types import TrainConfig
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
@@ -33,13 +36,27 @@ class Checkpointer:
       config_json: the run's configuration as a JSON-serialisable dict.
     """
 
-    def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]):
+    def __init__(
+        self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
+    ):
         self.directory = os.path.abspath(directory)
         self._config_json = config_json
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every_steps, max_to_keep=max_to_keep, create=True
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM))
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM)
+        )
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, workdir: str) -> Checkpointer:
+        """The checkpoints of the run in `workdir` (`<workdir>/checkpoints`), as `cfg` sets them."""
+        return cls(
+            os.path.join(workdir, "checkpoints"),
+            every_steps=cfg.checkpoint.every_steps,
+            max_to_keep=cfg.checkpoint.max_to_keep,
+            config_json=cfg.to_json_dict(),
+        )
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -79,7 +96,9 @@ class Checkpointer:
     def restore_config(self, step: int | None = None) -> dict[str, Any]:
         """The configuration saved with checkpoint `step` (default: latest)."""
         step = self._require_step(step)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**{CONFIG_ITEM: ocp.args.JsonRestore()}))
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{CONFIG_ITEM: ocp.args.JsonRestore()})
+        )
         return restored[CONFIG_ITEM]
 
     def wait_until_finished(self) -> None:

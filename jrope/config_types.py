@@ -29,7 +29,8 @@ class DataSourceSpec:
     section: str  # name of the ConfigDict section holding the source's settings
     module: str  # module defining the source
     config_class: str  # its frozen config dataclass
-    source_class: str  # the source, built as Source(cfg, global_batch_size, process_index, process_count)
+    # the source, built as Source(cfg, global_batch_size, process_index, process_count)
+    source_class: str
 
     def load(self) -> tuple[type, type]:
         module = importlib.import_module(self.module)
@@ -37,8 +38,12 @@ class DataSourceSpec:
 
 
 DATA_SOURCES = {
-    "synthetic": DataSourceSpec("task", "jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"),
-    "text_bytes": DataSourceSpec("data", "jrope.data.text_bytes", "TextDataConfig", "ByteTextSource"),
+    "synthetic": DataSourceSpec(
+        "task", "jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"
+    ),
+    "text_bytes": DataSourceSpec(
+        "data", "jrope.data.text_bytes", "TextDataConfig", "ByteTextSource"
+    ),
 }
 
 
@@ -72,7 +77,14 @@ class ModelConfig:
         _check_choice("model.readout", self.readout, READOUTS)
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
-        for name in ("d_model", "num_heads", "num_layers", "mlp_ratio", "blockwise_min_length", "block_size"):
+        for name in (
+            "d_model",
+            "num_heads",
+            "num_layers",
+            "mlp_ratio",
+            "blockwise_min_length",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")
 
@@ -143,8 +155,12 @@ class MeshConfig:
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
         if sizes.count(-1) > 1 or any(size < 1 and size != -1 for size in sizes):
-            raise ValueError(f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}.")
-        object.__setattr__(self, "rules", tuple((str(name), _as_mesh_axes(axes)) for name, axes in self.rules))
+            raise ValueError(
+                f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."
+            )
+        object.__setattr__(
+            self, "rules", tuple((str(name), _as_mesh_axes(axes)) for name, axes in self.rules)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +193,9 @@ class EvalConfig:
     def __post_init__(self):
         object.__setattr__(self, "lengths", tuple(int(length) for length in self.lengths))
         if not self.lengths or min(self.lengths) < 2:
-            raise ValueError(f"eval.lengths must be a non-empty list of lengths >= 2, got {self.lengths}.")
+            raise ValueError(
+                f"eval.lengths must be a non-empty list of lengths >= 2, got {self.lengths}."
+            )
         if self.batch_size < 1 or self.num_sequences % self.batch_size:
             raise ValueError(
                 f"eval.batch_size {self.batch_size} must be >= 1 and divide eval.num_sequences {self.num_sequences}."
@@ -264,8 +282,14 @@ class TrainConfig:
     def check_consistency(self) -> None:
         """Cross-section checks: settings that two sections state must agree."""
         if self.num_steps < 1 or self.batch_size < 1:
-            raise ValueError(f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}.")
-        shared = {"seq_len": self.pe.train_context, "head_dim": self.model.head_dim, "theta": self.pe.theta}
+            raise ValueError(
+                f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}."
+            )
+        shared = {
+            "seq_len": self.pe.train_context,
+            "head_dim": self.model.head_dim,
+            "theta": self.pe.theta,
+        }
         for field, expected in shared.items():
             if hasattr(self.data, field) and getattr(self.data, field) != expected:
                 raise ValueError(
@@ -279,7 +303,9 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} = {value!r} is not one of {choices}.")
 
 
-def _check_keys(where: str, given: Mapping[str, Any], expected: set[str], optional: set[str] = frozenset()) -> None:
+def _check_keys(
+    where: str, given: Mapping[str, Any], expected: set[str], optional: set[str] = frozenset()
+) -> None:
     unknown = set(given) - expected
     missing = expected - set(given) - set(optional)
     if unknown or missing:
@@ -300,7 +326,9 @@ def _build(config_class: type, values: Any, where: str):
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
     _check_keys(where, values, set(fields), optional=with_defaults)
-    kwargs = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+    kwargs = {
+        name: tuple(value) if isinstance(value, list) else value for name, value in values.items()
+    }
     return config_class(**kwargs)
 
 

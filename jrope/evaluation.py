@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import Mesh
 
 from jrope import resume, sharding, validation
@@ -85,13 +86,17 @@ def make_eval_step(graphdef: Any, num_classes: int | None):
     return eval_step
 
 
-def evaluate_lengths(eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh) -> list[dict[str, Any]]:
+def evaluate_lengths(
+    eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh
+) -> list[dict[str, Any]]:
     """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS)."""
     rows = []
     for length in cfg.eval.lengths:
         totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
         with jax.set_mesh(mesh):
-            for local_batch in source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size):
+            for local_batch in source.eval_batches(
+                length, cfg.eval.num_sequences, cfg.eval.batch_size
+            ):
                 check_readout(local_batch, cfg.model.readout)
                 sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
                 for name, value in jax.device_get(sums).items():
@@ -106,16 +111,21 @@ def evaluate_lengths(eval_step, params: Any, source: Any, cfg: TrainConfig, mesh
                 "loss": loss,
                 "accuracy": totals["correct_sum"] / totals["weight_sum"],
                 # Byte-level LM: nats per byte -> bits per byte. Classification: not a rate.
-                "bits_per_byte": loss / math.log(2.0) if source.num_classes is None else float("nan"),
+                "bits_per_byte": loss / math.log(2.0)
+                if source.num_classes is None
+                else float("nan"),
             }
         )
     return rows
 
 
-def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict[str, Any]]:
+def evaluate_checkpoint(
+    cfg: TrainConfig, workdir: str, step: int | None = None
+) -> list[dict[str, Any]]:
     """Evaluate the checkpoint `step` (default: latest) of `workdir` at `cfg.eval.lengths`.
 
-    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` and returns the rows.
+    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` (or, when that is
+    taken, the first free `eval_step<step>.<n>`) and returns the rows.
     Raises validation.ConfigError before compiling anything when the config
     does not fit the machine or the workdir holds no checkpoint, and
     resume.IncompatibleCheckpointError / CorruptCheckpointError for a
@@ -125,22 +135,38 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     source = build_source(cfg)
     mesh = sharding.make_mesh(cfg.mesh)
     layout = state_layout(cfg, source.vocab_size, mesh)
-    checkpointer = Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        every_steps=cfg.checkpoint.every_steps,
-        max_to_keep=cfg.checkpoint.max_to_keep,
-        config_json=cfg.to_json_dict(),
-    )
+    checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step
     state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
     checkpointer.close()
-    rows = evaluate_lengths(make_eval_step(layout.graphdef, source.num_classes), state["params"], source, cfg, mesh)
+    rows = evaluate_lengths(
+        make_eval_step(layout.graphdef, source.num_classes), state["params"], source, cfg, mesh
+    )
     if jax.process_index() == 0:
-        write_results(rows, os.path.join(workdir, f"eval_step{step}"), language_model=source.num_classes is None)
+        out_dir = results_dir(workdir, step, keep_existing=True)
+        write_results(rows, out_dir, language_model=source.num_classes is None)
+        logging.info("Evaluation of step %d written to %s", step, out_dir)
     return rows
 
 
-def write_results(rows: Sequence[dict[str, Any]], out_dir: str, *, language_model: bool) -> dict[str, str]:
+def results_dir(workdir: str, step: int, *, keep_existing: bool = False) -> str:
+    """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`.
+
+    With keep_existing, results already there (training's final evaluation,
+    or an earlier evaluation, perhaps at other lengths) are left alone and the
+    first free `eval_step<step>.<n>`, n = 2, 3, ..., is returned instead.
+    """
+    base = os.path.join(workdir, f"eval_step{step}")
+    path, n = base, 1
+    while keep_existing and os.path.exists(path):
+        n += 1
+        path = f"{base}.{n}"
+    return path
+
+
+def write_results(
+    rows: Sequence[dict[str, Any]], out_dir: str, *, language_model: bool
+) -> dict[str, str]:
     """CSV, markdown table and PNG curve of `rows`; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {name: os.path.join(out_dir, f"eval.{name}") for name in ("csv", "md", "png")}
@@ -156,7 +182,9 @@ def write_results(rows: Sequence[dict[str, Any]], out_dir: str, *, language_mode
 
 def markdown_table(rows: Sequence[dict[str, Any]], *, language_model: bool) -> str:
     """Rows as a markdown table, plus the mean over lengths (the paper's LM summary)."""
-    columns = ("length", "loss", "bits_per_byte") if language_model else ("length", "accuracy", "loss")
+    columns = (
+        ("length", "loss", "bits_per_byte") if language_model else ("length", "accuracy", "loss")
+    )
     lines = [
         f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, {rows[0]['num_sequences']} sequences per length",
         "",

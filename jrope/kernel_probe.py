@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 import re
 from typing import Any, Mapping
@@ -93,7 +92,9 @@ class KernelProbeConfig:
         for target in self.targets:
             _check_target(target)
         if self.plot_target not in self.targets:
-            raise ValueError(f"probe.plot_target {self.plot_target!r} must be one of probe.targets {self.targets}.")
+            raise ValueError(
+                f"probe.plot_target {self.plot_target!r} must be one of probe.targets {self.targets}."
+            )
         if not 0 < self.train_points <= self.train_context:
             raise ValueError(
                 f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
@@ -104,11 +105,17 @@ class KernelProbeConfig:
                 "the target's frequency must be one of the basis frequencies."
             )
         if not self.methods or not self.seeds or not self.eval_contexts:
-            raise ValueError("probe.methods, probe.seeds and probe.eval_contexts must be non-empty.")
+            raise ValueError(
+                "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
+            )
         if min(self.eval_contexts) < 1:
-            raise ValueError(f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}.")
+            raise ValueError(
+                f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."
+            )
         if self.gamma < 0 or self.ridge < 0:
-            raise ValueError(f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}.")
+            raise ValueError(
+                f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
+            )
         for method in self.methods:
             method_pe_config(method, self)  # an unknown name fails here, listing the accepted forms
 
@@ -126,7 +133,9 @@ class KernelProbeConfig:
             raise ValueError(
                 f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
             )
-        return cls(**{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()})
+        return cls(
+            **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
+        )
 
     @property
     def target_omega(self) -> float:
@@ -135,7 +144,9 @@ class KernelProbeConfig:
 
 def _check_target(target: str) -> None:
     if target not in ("phase", "linear", "mixed") and not _JET_TARGET.fullmatch(target):
-        raise ValueError(f"Unknown probe target {target!r}; use phase, linear, mixed or jet_r{{r}} (e.g. jet_r2).")
+        raise ValueError(
+            f"Unknown probe target {target!r}; use phase, linear, mixed or jet_r{{r}} (e.g. jet_r2)."
+        )
 
 
 def target_values(target: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
@@ -152,12 +163,18 @@ def target_values(target: str, lags: np.ndarray, probe: KernelProbeConfig) -> np
 
 def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
     """The method's PEConfig, with the probe's gamma as the base damping (its name may override it)."""
-    return pe_config_from_name(method, train_context=probe.train_context, theta=probe.theta,
-                               gamma_min=0.0, init_gamma=probe.gamma)
+    return pe_config_from_name(
+        method,
+        train_context=probe.train_context,
+        theta=probe.theta,
+        gamma_min=0.0,
+        init_gamma=probe.gamma,
+    )
 
 
-def _jordan_features(cfg: PEConfig, order: int, rotate: bool, lags: np.ndarray,
-                     omegas: jnp.ndarray) -> list[np.ndarray]:
+def _jordan_features(
+    cfg: PEConfig, order: int, rotate: bool, lags: np.ndarray, omegas: jnp.ndarray
+) -> list[np.ndarray]:
     """c_r(d) D(d) (cos, sin)(w d) for r < order (c_r(d) D(d) when not rotating), each [n, F] or [n, 1]."""
     gamma = cfg.init_gamma if cfg.learn_gamma else 0.0
     d = jnp.asarray(lags, jnp.float32)[:, None]
@@ -181,8 +198,9 @@ def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> n
     ramp = (lags / probe.train_context)[:, None].astype(np.float64)
     columns = [np.ones((lags.size, 1))]
     if cfg.layout in ("rope", "direct_sum"):
-        columns += _jordan_features(dataclasses.replace(cfg, learn_gamma=False, shear="none"), 1, True,
-                                    lags, omegas)
+        columns += _jordan_features(
+            dataclasses.replace(cfg, learn_gamma=False, shear="none"), 1, True, lags, omegas
+        )
     if cfg.layout == "jordan":
         columns += _jordan_features(cfg, cfg.order, cfg.rotate, lags, omegas)
     if cfg.layout == "direct_sum":
@@ -231,8 +249,14 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
                 x_fit = x_all[fit_lags]
                 weights = ridge_fit(x_fit, y_fit, probe.ridge)
                 common = dict(seed=seed, task=target, method=method)
-                rows.append(dict(common, context=probe.train_context, split="train",
-                                 mse=float(np.mean((x_fit @ weights - y_fit) ** 2))))
+                rows.append(
+                    dict(
+                        common,
+                        context=probe.train_context,
+                        split="train",
+                        mse=float(np.mean((x_fit @ weights - y_fit) ** 2)),
+                    )
+                )
                 prediction = x_all @ weights
                 for context in probe.eval_contexts:
                     error = np.mean((prediction[:context] - y_all[:context]) ** 2)
@@ -245,22 +269,43 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
 def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
     """One table per target: MSE (mean over seeds) per method, train and each context; best in bold."""
     columns = [("train", probe.train_context)] + [("eval", c) for c in probe.eval_contexts]
-    header = ["method", f"train (L={probe.train_context})"] + [f"T={c}" for c in probe.eval_contexts]
-    lines = [f"Kernel probe: ridge {probe.ridge:g}, head_dim {probe.head_dim}, {probe.num_freqs} frequencies, "
-             f"target frequency index {probe.target_freq_index}, gamma {probe.gamma:g}, "
-             f"seeds {list(probe.seeds)}. Mean squared error."]
+    header = ["method", f"train (L={probe.train_context})"] + [
+        f"T={c}" for c in probe.eval_contexts
+    ]
+    lines = [
+        f"Kernel probe: ridge {probe.ridge:g}, head_dim {probe.head_dim}, {probe.num_freqs} frequencies, "
+        f"target frequency index {probe.target_freq_index}, gamma {probe.gamma:g}, "
+        f"seeds {list(probe.seeds)}. Mean squared error."
+    ]
     for target in probe.targets:
         mean = {
-            (method, column): np.mean([r["mse"] for r in rows if r["task"] == target and r["method"] == method
-                                       and (r["split"], r["context"]) == column])
-            for method in probe.methods for column in columns
+            (method, column): np.mean(
+                [
+                    r["mse"]
+                    for r in rows
+                    if r["task"] == target
+                    and r["method"] == method
+                    and (r["split"], r["context"]) == column
+                ]
+            )
+            for method in probe.methods
+            for column in columns
         }
         best = {column: min(mean[m, column] for m in probe.methods) for column in columns}
-        lines += ["", f"### {target}", "", "| " + " | ".join(header) + " |",
-                  "|" + "---|" * len(header)]
+        lines += [
+            "",
+            f"### {target}",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
         for method in probe.methods:
-            cells = [f"**{mean[method, c]:.3g}**" if mean[method, c] == best[c] else f"{mean[method, c]:.3g}"
-                     for c in columns]
+            cells = [
+                f"**{mean[method, c]:.3g}**"
+                if mean[method, c] == best[c]
+                else f"{mean[method, c]:.3g}"
+                for c in columns
+            ]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -289,16 +334,21 @@ def plot_fits(path: str, plot_curves: dict[str, np.ndarray], probe: KernelProbeC
         windows = (prediction - target)[: longest // window * window].reshape(-1, window)
         rms = np.sqrt(np.mean(windows**2, axis=1))
         color = colors[index % len(colors)]
-        top.semilogy(np.arange(rms.size) * window + window / 2, rms, linewidth=1.0, color=color, label=method)
+        top.semilogy(
+            np.arange(rms.size) * window + window / 2, rms, linewidth=1.0, color=color, label=method
+        )
         bottom.plot(tail, prediction[tail], linewidth=0.9, color=color, label=method)
     bottom.plot(tail, target[tail], color="black", linewidth=2.0, label="target")
     top.axvline(probe.train_context, color="gray", linestyle="--", linewidth=1.0)
     top.set_xlabel(f"lag d (fit on d < L = {probe.train_context}, dashed)")
     top.set_ylabel(f"RMS error per {window} lags")
-    top.set_title(f"Kernel probe: fits of the {probe.plot_target} target, extrapolated to T={longest}")
+    top.set_title(
+        f"Kernel probe: fits of the {probe.plot_target} target, extrapolated to T={longest}"
+    )
     top.legend(ncol=4, fontsize=7)
     span = np.abs(target[tail]).max()
-    bottom.set_ylim(-1.5 * span, 1.5 * span)  # fits that blow up leave the frame instead of squashing the rest
+    # fits that blow up leave the frame instead of squashing the rest
+    bottom.set_ylim(-1.5 * span, 1.5 * span)
     bottom.set_xlabel("lag d")
     bottom.set_ylabel("kernel value")
     bottom.set_title(f"the last {tail.size} lags")
@@ -322,7 +372,10 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     table = markdown_table(rows, probe)
     with open(os.path.join(workdir, "kernel_probe.md"), "w") as f:
         f.write(table)
-    plot_fits(os.path.join(workdir, f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png"),
-              plot_curves, probe)
+    plot_fits(
+        os.path.join(workdir, f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png"),
+        plot_curves,
+        probe,
+    )
     print(table)
     return rows

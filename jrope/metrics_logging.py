@@ -101,7 +101,12 @@ class MetricsLogger:
             self._skipped_steps += skipped
             values["skipped_steps"] = self._skipped_steps
             if skipped:
-                logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps)
+                logging.warning(
+                    "Step %d: %s is %s; update skipped (%d so far).",
+                    step,
+                    *bad,
+                    self._skipped_steps,
+                )
         elif bad is not None:
             raise NonFiniteLossError(
                 f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: {self._last_checkpoint()}. "

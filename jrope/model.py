@@ -112,14 +112,18 @@ class CausalSelfAttention(nnx.Module):
         d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
         # One [D, 3, N, H] kernel: a single matmul yields q, k and v already in
         # the [B, T, N, H] layout attention wants (no reshape or transpose).
-        self.qkv = _param(_uniform_fan_in(rngs.params(), (d, 3, n, h), d), (EMBED, None, HEADS, HEAD_DIM))
+        self.qkv = _param(
+            _uniform_fan_in(rngs.params(), (d, 3, n, h), d), (EMBED, None, HEADS, HEAD_DIM)
+        )
         self.out = _param(_uniform_fan_in(rngs.params(), (n, h, d), d), (HEADS, HEAD_DIM, EMBED))
         axes = encoding.param_logical_axes
         self.pe_params = nnx.Dict(
             {name: _param(value, axes[name]) for name, value in encoding.init_params().items()}
         )
 
-    def __call__(self, x: jax.Array, positions: jax.Array, num_queries: int | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, num_queries: int | None = None
+    ) -> jax.Array:
         """x [B, S, D], positions int32 [S] or [B, S] -> [B, T, D].
 
         The output covers the last T = num_queries positions (default: all S).
@@ -215,7 +219,9 @@ class Transformer(nnx.Module):
         self.embedding = _param(
             jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32), (VOCAB, EMBED)
         )
-        self.blocks = nnx.List([TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List(
+            [TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)]
+        )
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(
@@ -253,4 +259,6 @@ class Transformer(nnx.Module):
                 x = run_block(block, x, positions, key)
         x = self.final_norm(x)
         # Tied output projection; logits accumulate in float32.
-        return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32
+        )

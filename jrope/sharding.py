@@ -55,7 +55,9 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     known = math.prod(size for size in sizes if size != -1)
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices cannot fill mesh {dict(zip(MESH_AXES, sizes))}; change mesh.*.")
+            raise ValueError(
+                f"{len(devices)} devices cannot fill mesh {dict(zip(MESH_AXES, sizes))}; change mesh.*."
+            )
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
         raise ValueError(
@@ -66,7 +68,9 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh) -> PartitionSpec:
+def logical_to_spec(
+    logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh
+) -> PartitionSpec:
     """PartitionSpec of an array with the given logical axes under `rules`.
 
     Raises ValueError for a logical name that has no rule (add it to
@@ -74,7 +78,9 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], ru
     axes, or whose mesh axes an earlier dimension already uses.
     """
     if len(logical_axes) != len(shape):
-        raise ValueError(f"logical axes {tuple(logical_axes)} do not match an array of shape {tuple(shape)}.")
+        raise ValueError(
+            f"logical axes {tuple(logical_axes)} do not match an array of shape {tuple(shape)}."
+        )
     table = dict(rules)
     used: set[str] = set()
     spec = []
@@ -83,15 +89,23 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], ru
             spec.append(None)
             continue
         if name not in table:
-            raise ValueError(f"logical axis {name!r} has no rule in config.mesh.rules {tuple(table)}; add one.")
+            raise ValueError(
+                f"logical axis {name!r} has no rule in config.mesh.rules {tuple(table)}; add one."
+            )
         axes = table[name]
         axes_tuple = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        axes_tuple = tuple(axis for axis in axes_tuple if mesh.shape[axis] > 1)  # size-1 axes split nothing
+        # size-1 axes split nothing
+        axes_tuple = tuple(axis for axis in axes_tuple if mesh.shape[axis] > 1)
         split = math.prod(mesh.shape[axis] for axis in axes_tuple)
         if not axes_tuple or size % split or used.intersection(axes_tuple):
             if axes_tuple:
                 logging.log_first_n(
-                    logging.INFO, "Replicating dim %s (size %d) instead of splitting it %d ways.", 8, name, size, split
+                    logging.INFO,
+                    "Replicating dim %s (size %d) instead of splitting it %d ways.",
+                    8,
+                    name,
+                    size,
+                    split,
                 )
             spec.append(None)
             continue
@@ -126,7 +140,9 @@ def batch_sharding(global_batch_size: int, rules: Rules, mesh: Mesh) -> NamedSha
     return NamedSharding(mesh, logical_to_spec((BATCH, None), (global_batch_size, 1), rules, mesh))
 
 
-def global_batch(local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh) -> dict[str, jax.Array]:
+def global_batch(
+    local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh
+) -> dict[str, jax.Array]:
     """This process's rows -> global arrays sharded over the batch axis.
 
     Every process passes its own contiguous share of the global batch, rows

@@ -29,7 +29,9 @@ from jrope.model import Transformer
 from jrope.optimizer import make_optimizer
 
 
-def build_source(cfg: TrainConfig, *, process_index: int | None = None, process_count: int | None = None):
+def build_source(
+    cfg: TrainConfig, *, process_index: int | None = None, process_count: int | None = None
+):
     """The experiment's data source for this process (the data-source contract)."""
     _, source_class = cfg.data_source_spec.load()
     return source_class(
@@ -56,8 +58,12 @@ class StateLayout:
     optimizer: optax.GradientTransformation
 
 
-def _new_state(cfg: TrainConfig, vocab_size: int, optimizer: optax.GradientTransformation) -> dict[str, Any]:
-    model = Transformer(cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed))
+def _new_state(
+    cfg: TrainConfig, vocab_size: int, optimizer: optax.GradientTransformation
+) -> dict[str, Any]:
+    model = Transformer(
+        cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed)
+    )
     params = nnx.state(model, nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
@@ -67,18 +73,26 @@ def state_layout(cfg: TrainConfig, vocab_size: int, mesh: Mesh) -> StateLayout:
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     with jax.set_mesh(mesh):
         abstract_model = nnx.eval_shape(
-            lambda: Transformer(cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed))
+            lambda: Transformer(
+                cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed)
+            )
         )
         graphdef, _ = nnx.split(abstract_model, nnx.Param)
         abstract_state = jax.eval_shape(lambda: _new_state(cfg, vocab_size, optimizer))
     shardings = sharding.state_shardings(abstract_state, cfg.mesh.rules, mesh)
-    return StateLayout(graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer)
+    return StateLayout(
+        graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer
+    )
 
 
-def init_state(cfg: TrainConfig, vocab_size: int, layout: StateLayout, mesh: Mesh) -> dict[str, Any]:
+def init_state(
+    cfg: TrainConfig, vocab_size: int, layout: StateLayout, mesh: Mesh
+) -> dict[str, Any]:
     """A freshly initialised train state, created directly in its shards."""
     with jax.set_mesh(mesh):
-        return jax.jit(lambda: _new_state(cfg, vocab_size, layout.optimizer), out_shardings=layout.shardings)()
+        return jax.jit(
+            lambda: _new_state(cfg, vocab_size, layout.optimizer), out_shardings=layout.shardings
+        )()
 
 
 def model_from_params(graphdef: Any, params: Any) -> Transformer:

@@ -19,7 +19,6 @@ Shape legend: B batch, T length.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import jax
@@ -40,11 +39,18 @@ from jrope.train_state import StateLayout, build_source, init_state, model_from_
 # initialisation's (nnx.Rngs folds small counters into the same seed).
 _DROPOUT_STREAM = 0x64726F70  # 'drop'
 
-TrainStep = Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]
+TrainStep = Callable[
+    [dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]
+]
 
 
 def make_train_step(
-    cfg: TrainConfig, layout: StateLayout, num_classes: int | None, mesh: Mesh, *, donate: bool = True
+    cfg: TrainConfig,
+    layout: StateLayout,
+    num_classes: int | None,
+    mesh: Mesh,
+    *,
+    donate: bool = True,
 ) -> TrainStep:
     """The jitted train step for global batches of `cfg.batch_size` rows.
 
@@ -107,14 +113,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     validation.check_training_run(cfg, workdir)
     source = build_source(cfg)
     mesh = sharding.make_mesh(cfg.mesh)
-    logging.info("Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count())
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    checkpointer = Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        every_steps=cfg.checkpoint.every_steps,
-        max_to_keep=cfg.checkpoint.max_to_keep,
-        config_json=cfg.to_json_dict(),
+    logging.info(
+        "Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count()
     )
+    layout = state_layout(cfg, source.vocab_size, mesh)
+    checkpointer = Checkpointer.for_run(cfg, workdir)
     state = resume.restore_or_initialize(
         cfg, checkpointer, layout.abstract, lambda: init_state(cfg, source.vocab_size, layout, mesh)
     )
@@ -132,10 +135,14 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     def run_evaluation(step: int) -> list[dict[str, Any]]:
         rows = evaluation.evaluate_lengths(eval_step, state["params"], source, cfg, mesh)
         for row in rows:
-            logger.write_scalars(step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}")
+            logger.write_scalars(
+                step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}"
+            )
         if jax.process_index() == 0:
             evaluation.write_results(
-                rows, os.path.join(workdir, f"eval_step{step}"), language_model=source.num_classes is None
+                rows,
+                evaluation.results_dir(workdir, step),
+                language_model=source.num_classes is None,
             )
         return rows
 
@@ -152,7 +159,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
                 is_last = done == cfg.num_steps
                 preempted = preemption.reached(done)
                 if is_last or preempted or checkpointer.should_save(done):
-                    logger.flush()  # never checkpoint a state whose loss is not yet known to be finite
+                    # never checkpoint a state whose loss is not yet known to be finite
+                    logger.flush()
                     checkpointer.save(done, state, force=is_last or preempted)
                 if preempted:
                     checkpointer.wait_until_finished()
@@ -170,4 +178,3 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     checkpointer.wait_until_finished()
     checkpointer.close()
     return {"state": state, "eval": final_rows}
-

@@ -22,7 +22,9 @@ def _naive_causal_attention(q, k, v, bias):
     return jnp.einsum("bnts,bsnh->btnh", probs, v)
 
 
-@pytest.mark.parametrize("length, key_length", [(1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11)])
+@pytest.mark.parametrize(
+    "length, key_length", [(1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11)]
+)
 @pytest.mark.parametrize("bias_rank", [None, 3, 4])
 def test_chunked_attention_matches_naive_values_and_gradients(length, key_length, bias_rank):
     keys = jax.random.split(jax.random.PRNGKey(length), 6)
@@ -40,8 +42,12 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
 
         return inner
 
-    got = jax.jit(jax.value_and_grad(loss(attention._einsum_attention), argnums=range(len(operands))))(*operands)
-    want = jax.value_and_grad(loss(_naive_causal_attention), argnums=range(len(operands)))(*operands)
+    got = jax.jit(
+        jax.value_and_grad(loss(attention._einsum_attention), argnums=range(len(operands)))
+    )(*operands)
+    want = jax.value_and_grad(loss(_naive_causal_attention), argnums=range(len(operands)))(
+        *operands
+    )
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     for got_grad, want_grad in zip(got[1], want[1]):
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)

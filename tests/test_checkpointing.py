@@ -12,7 +12,12 @@ from tiny_train_config import tiny_config
 
 
 def _checkpointer(directory, cfg, every_steps=2, max_to_keep=2):
-    return Checkpointer(str(directory), every_steps=every_steps, max_to_keep=max_to_keep, config_json=cfg.to_json_dict())
+    return Checkpointer(
+        str(directory),
+        every_steps=every_steps,
+        max_to_keep=max_to_keep,
+        config_json=cfg.to_json_dict(),
+    )
 
 
 def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):

@@ -15,8 +15,11 @@ from jrope.kernel_probe import KernelProbeConfig
 
 
 def _mean_mse(rows, task, method, split, context):
-    values = [r["mse"] for r in rows
-              if (r["task"], r["method"], r["split"], r["context"]) == (task, method, split, context)]
+    values = [
+        r["mse"]
+        for r in rows
+        if (r["task"], r["method"], r["split"], r["context"]) == (task, method, split, context)
+    ]
     assert values, (task, method, split, context)
     return float(np.mean(values))
 
@@ -25,7 +28,9 @@ def _mean_mse(rows, task, method, split, context):
 def paper_probe():
     """The full paper probe (L = 1024, T up to 8192), plus the paper's method list."""
     probe = KernelProbeConfig.from_config_dict(kernel_probe_config.get_config())
-    probe = dataclasses.replace(probe, methods=tuple(dict.fromkeys(probe.methods + jrope.PAPER_METHODS)))
+    probe = dataclasses.replace(
+        probe, methods=tuple(dict.fromkeys(probe.methods + jrope.PAPER_METHODS))
+    )
     rows, _ = kernel_probe.probe_rows(probe)
     return probe, rows
 
@@ -76,9 +81,17 @@ def test_basis_columns_follow_the_registry():
     lags = np.arange(0, 3000, 7)
     F = probe.num_freqs
     expected_widths = {
-        "nope": 1, "alibi": 2, "rope": 1 + 2 * F, "rope_alibi": 2 + 2 * F, "damped_rope": 1 + 2 * F,
-        "real_jordan": 3, "direct_sum": 1 + 2 * F + 3, "jordan_rope": 1 + 4 * F, "jordan_m3": 1 + 6 * F,
-        "jordan_exact_scaled": 1 + 4 * F, "jordan_exact_c150_eta010_alibi": 2 + 4 * F,
+        "nope": 1,
+        "alibi": 2,
+        "rope": 1 + 2 * F,
+        "rope_alibi": 2 + 2 * F,
+        "damped_rope": 1 + 2 * F,
+        "real_jordan": 3,
+        "direct_sum": 1 + 2 * F + 3,
+        "jordan_rope": 1 + 4 * F,
+        "jordan_m3": 1 + 6 * F,
+        "jordan_exact_scaled": 1 + 4 * F,
+        "jordan_exact_c150_eta010_alibi": 2 + 4 * F,
     }
     for method, width in expected_widths.items():
         assert kernel_probe.basis_features(method, lags, probe).shape == (lags.size, width), method
@@ -87,18 +100,25 @@ def test_basis_columns_follow_the_registry():
     w = probe.theta ** (-2 * k / probe.head_dim)
     cases = {
         # method: (column of the shear-1 cosine feature at frequency k, expected values)
-        "jordan_rope": (1 + 2 * F + k, (lags / (1 + lags / L)) / L * np.exp(-1e-4 * lags) * np.cos(w * lags)),
+        "jordan_rope": (
+            1 + 2 * F + k,
+            (lags / (1 + lags / L)) / L * np.exp(-1e-4 * lags) * np.cos(w * lags),
+        ),
         "jordan_no_gamma": (1 + 2 * F + k, (lags / (1 + lags / L)) / L * np.cos(w * lags)),
         "jordan_raw_tau": (1 + 2 * F + k, lags / L * np.exp(-1e-4 * lags) * np.cos(w * lags)),
         "jordan_exact_scaled": (1 + 2 * F + k, lags / L * np.exp(-lags / L) * np.cos(w * lags)),
-        "jordan_m3": (1 + 4 * F + k, 0.5 * ((lags / (1 + lags / L)) / L) ** 2 * np.exp(-1e-4 * lags)
-                      * np.cos(w * lags)),
+        "jordan_m3": (
+            1 + 4 * F + k,
+            0.5 * ((lags / (1 + lags / L)) / L) ** 2 * np.exp(-1e-4 * lags) * np.cos(w * lags),
+        ),
         "real_jordan": (2, (lags / (1 + lags / L)) / L * np.exp(-1e-4 * lags)),
         "alibi": (1, lags / L),
     }
     for method, (column, expected) in cases.items():
         features = kernel_probe.basis_features(method, lags, probe)
-        np.testing.assert_allclose(features[:, column], expected, rtol=2e-5, atol=2e-4, err_msg=method)
+        np.testing.assert_allclose(
+            features[:, column], expected, rtol=2e-5, atol=2e-4, err_msg=method
+        )
     np.testing.assert_array_equal(kernel_probe.basis_features("rope", lags, probe)[:, 0], 1.0)
 
 
@@ -106,7 +126,9 @@ def test_ridge_fit_recovers_weights_and_shrinks():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 5))
     weights = np.array([1.0, -2.0, 0.5, 0.0, 3.0])
-    np.testing.assert_allclose(kernel_probe.ridge_fit(x, x @ weights, 0.0), weights, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        kernel_probe.ridge_fit(x, x @ weights, 0.0), weights, rtol=1e-10, atol=1e-12
+    )
     shrunk = kernel_probe.ridge_fit(x, x @ weights, 1e3)
     assert np.linalg.norm(shrunk) < 0.5 * np.linalg.norm(weights)
 

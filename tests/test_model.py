@@ -34,7 +34,12 @@ def _apply(model, tokens):
 
 @pytest.mark.parametrize(
     "pe_name, impl",
-    [("jordan_rope", "xla"), ("jordan_rope", "einsum"), ("jordan_rope", "blockwise"), ("rope_alibi", "einsum")],
+    [
+        ("jordan_rope", "xla"),
+        ("jordan_rope", "einsum"),
+        ("jordan_rope", "blockwise"),
+        ("rope_alibi", "einsum"),
+    ],
 )
 def test_causality_through_gradients(pe_name, impl):
     model = _model(**{"pe.name": pe_name, "model.attention_impl": impl, "model.block_size": 4})
@@ -46,7 +51,8 @@ def test_causality_through_gradients(pe_name, impl):
 
     grad = jax.jit(jax.grad(logits_at_query))(x)  # [B, T, D]
     per_position = np.asarray(jnp.sum(jnp.abs(grad), axis=(0, 2)))
-    np.testing.assert_array_equal(per_position[query + 1 :], 0.0)  # the future has no influence at all
+    # the future has no influence at all
+    np.testing.assert_array_equal(per_position[query + 1 :], 0.0)
     assert np.all(per_position[: query + 1] > 1e-6)  # every visible position does
 
 
@@ -61,9 +67,18 @@ def test_attention_kernels_agree():
 
 
 def test_resolve_impl_choices():
-    assert attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096) == "einsum"
-    assert attention.resolve_impl("auto", has_bias=True, length=100, blockwise_min_length=4096) == "einsum"
-    assert attention.resolve_impl("auto", has_bias=True, length=4096, blockwise_min_length=4096) == "blockwise"
+    assert (
+        attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096)
+        == "einsum"
+    )
+    assert (
+        attention.resolve_impl("auto", has_bias=True, length=100, blockwise_min_length=4096)
+        == "einsum"
+    )
+    assert (
+        attention.resolve_impl("auto", has_bias=True, length=4096, blockwise_min_length=4096)
+        == "blockwise"
+    )
     with pytest.raises(ValueError, match="cannot add a logit bias"):
         attention.resolve_impl("xla", has_bias=True, length=16, blockwise_min_length=4096)
 
@@ -102,15 +117,20 @@ def test_remat_changes_nothing_but_memory():
     remat_loss, remat_grads = loss_and_grads(_model(**{"model.remat": "full"}))
     np.testing.assert_allclose(remat_loss, plain_loss, rtol=1e-6)
     for got, want in zip(jax.tree.leaves(remat_grads), jax.tree.leaves(plain_grads)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # recomputation reorders float sums
+        # recomputation reorders float sums
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_every_parameter_has_logical_axes_known_to_the_rules():
     cfg = tiny_config(**{"pe.name": "jordan_jetmix_m4_c150_g050_g030_g020"})
     model = Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
     rule_names = {name for name, _ in cfg.mesh.rules}
-    variables = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
-    assert any("jet_gates_raw" in str(path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    variables = jax.tree.leaves(
+        nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+    assert any(
+        "jet_gates_raw" in str(path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))
+    )
     for variable in variables:
         axes = variable.get_metadata()[sharding.LOGICAL_AXES_KEY]
         assert len(axes) == variable.ndim

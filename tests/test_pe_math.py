@@ -33,7 +33,9 @@ def test_complex_closed_form_is_expm_and_obeys_group_law(order):
 
     @jax.jit
     def check(a, b):
-        g = lambda d: pe_math.complex_relative_operator(d, gamma, omega, eta, order)
+        def g(d):
+            return pe_math.complex_relative_operator(d, gamma, omega, eta, order)
+
         return g(a), g(b), g(a + b)
 
     a = 3.0

@@ -23,10 +23,14 @@ def _reference_kernel_value(cfg, d):
     if cfg.kernel == "bounded_mixed":
         return (d / (1 + d / L)) / L * math.cos(w * d)
     if cfg.kernel == "damped_mixed":
-        return math.exp(-cfg.damping_gamma * d) * (math.cos(w * d) + cfg.damping_sin_weight * x * math.sin(w * d))
+        return math.exp(-cfg.damping_gamma * d) * (
+            math.cos(w * d) + cfg.damping_sin_weight * x * math.sin(w * d)
+        )
     if cfg.kernel == "rhythm_envelope":
         envelope = cfg.envelope_offset + cfg.envelope_slope * x
-        return envelope * (cfg.carrier_cos_weight * math.cos(w * d) + cfg.carrier_sin_weight * math.sin(w2 * d))
+        return envelope * (
+            cfg.carrier_cos_weight * math.cos(w * d) + cfg.carrier_sin_weight * math.sin(w2 * d)
+        )
     if cfg.kernel == "high_jet":
         return x**cfg.jet_power * math.cos(w * d)
     assert cfg.kernel == "scaled_high_jet"
@@ -47,7 +51,9 @@ def _reference_scores(cfg, inputs):
 
 
 def _check_batch_structure(batch, rows, length):
-    assert batch["inputs"].shape == batch["targets"].shape == batch["weights"].shape == (rows, length)
+    assert (
+        batch["inputs"].shape == batch["targets"].shape == batch["weights"].shape == (rows, length)
+    )
     assert batch["inputs"].dtype == np.int32 and batch["targets"].dtype == np.int32
     assert batch["weights"].dtype == np.float32
     assert set(np.unique(batch["inputs"][:, :-1])) <= {synthetic.BIT0, synthetic.BIT1}
@@ -67,7 +73,9 @@ def test_labels_match_direct_score_at_train_and_eval_lengths(kernel):
     for batch, length in batches:
         _check_batch_structure(batch, 8, length)
         scores = _reference_scores(cfg, batch["inputs"])
-        np.testing.assert_allclose(synthetic.sequence_scores(cfg, batch["inputs"][:, :-1]), scores, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            synthetic.sequence_scores(cfg, batch["inputs"][:, :-1]), scores, rtol=1e-9, atol=1e-12
+        )
         np.testing.assert_array_equal(batch["targets"][:, -1], (scores > 0).astype(np.int32))
 
 

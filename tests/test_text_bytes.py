@@ -18,14 +18,22 @@ def corpus_files(tmp_path):
     train = tmp_path / "train.txt"
     train.write_text("".join(f"{i:04d} {NON_ASCII}" for i in range(200)), encoding="utf-8")
     evaluation = tmp_path / "eval.txt"
-    evaluation.write_text("".join(f"= {i} = {NON_ASCII[::-1]}" for i in range(150)), encoding="utf-8")
+    evaluation.write_text(
+        "".join(f"= {i} = {NON_ASCII[::-1]}" for i in range(150)), encoding="utf-8"
+    )
     return train, evaluation, tmp_path / "cache"
 
 
 def _config(corpus_files, **overrides):
     train, evaluation, cache = corpus_files
-    base = TextDataConfig(source="text", path=str(train), eval_path=str(evaluation), seq_len=32, seed=3,
-                          cache_dir=str(cache))
+    base = TextDataConfig(
+        source="text",
+        path=str(train),
+        eval_path=str(evaluation),
+        seq_len=32,
+        seed=3,
+        cache_dir=str(cache),
+    )
     return dataclasses.replace(base, **overrides)
 
 
@@ -73,10 +81,13 @@ def test_vocab_257_is_byte_plus_one(corpus_files):
 
 def test_same_batches_after_a_restart(corpus_files):
     first = ByteTextSource(_config(corpus_files), 4, 0, 1)
-    restarted = ByteTextSource(_config(corpus_files), 4, 0, 1)  # reads the cache written by the first
+    # reads the cache written by the first
+    restarted = ByteTextSource(_config(corpus_files), 4, 0, 1)
     for step in (0, 1, 250):
         for key in ("inputs", "targets"):
-            np.testing.assert_array_equal(first.train_batch(step)[key], restarted.train_batch(step)[key])
+            np.testing.assert_array_equal(
+                first.train_batch(step)[key], restarted.train_batch(step)[key]
+            )
     assert not np.array_equal(first.train_batch(0)["inputs"], first.train_batch(1)["inputs"])
     other_seed = ByteTextSource(_config(corpus_files, seed=4), 4, 0, 1)
     assert not np.array_equal(first.train_batch(0)["inputs"], other_seed.train_batch(0)["inputs"])
@@ -89,7 +100,9 @@ def test_two_processes_split_the_global_batch(corpus_files):
         parts = [share.train_batch(step) for share in shares]
         assert all(part["inputs"].shape == (4, 32) for part in parts)
         for key in ("inputs", "targets", "weights"):
-            np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), whole.train_batch(step)[key])
+            np.testing.assert_array_equal(
+                np.concatenate([part[key] for part in parts]), whole.train_batch(step)[key]
+            )
         rows = {row.tobytes() for part in parts for row in part["inputs"]}
         assert len(rows) == 8  # disjoint: no window drawn twice
 
@@ -101,7 +114,9 @@ def test_eval_windows_fixed_per_length_whatever_the_batching(corpus_files):
     np.testing.assert_array_equal(by_two, by_eight)
     shares = [ByteTextSource(_config(corpus_files), 4, index, 2) for index in range(2)]
     per_process = [list(share.eval_batches(64, 8, 4)) for share in shares]
-    interleaved = np.concatenate([np.concatenate([p0["inputs"], p1["inputs"]]) for p0, p1 in zip(*per_process)])
+    interleaved = np.concatenate(
+        [np.concatenate([p0["inputs"], p1["inputs"]]) for p0, p1 in zip(*per_process)]
+    )
     np.testing.assert_array_equal(interleaved, by_two)
     assert by_two.shape == (8, 64)
     eval_text = corpus_files[1].read_bytes()
@@ -114,7 +129,9 @@ def test_cache_written_once(corpus_files):
     cache = corpus_files[2]
     ByteTextSource(_config(corpus_files), 4, 0, 1)
     files = sorted(os.listdir(cache))
-    assert len(files) == 2 and all(name.startswith("text-") and name.endswith(".u8") for name in files)
+    assert len(files) == 2 and all(
+        name.startswith("text-") and name.endswith(".u8") for name in files
+    )
     mtimes = [os.stat(cache / name).st_mtime_ns for name in files]
     ByteTextSource(_config(corpus_files), 4, 0, 1)
     assert sorted(os.listdir(cache)) == files
@@ -127,7 +144,8 @@ def test_train_fraction_keeps_the_leading_bytes(corpus_files):
     source = ByteTextSource(_config(corpus_files, train_fraction=0.25), 4, 0, 1)
     text = corpus_files[0].read_bytes()
     assert source.train_corpus.tobytes() == text[: round(0.25 * len(text))]
-    assert len(source.eval_corpus) == len(corpus_files[1].read_bytes())  # evaluation text is never cut
+    # evaluation text is never cut
+    assert len(source.eval_corpus) == len(corpus_files[1].read_bytes())
 
 
 def test_directory_files_joined_with_newlines_in_path_order(tmp_path):
@@ -136,8 +154,13 @@ def test_directory_files_joined_with_newlines_in_path_order(tmp_path):
     (folder / "b" / "two.txt").write_text("zwei ü", encoding="utf-8")
     (folder / "a.txt").write_text("one é", encoding="utf-8")
     (folder / ".hidden").write_text("not text", encoding="utf-8")
-    cfg = TextDataConfig(source="text", path=str(folder), eval_path=str(folder), seq_len=4,
-                         cache_dir=str(tmp_path / "cache"))
+    cfg = TextDataConfig(
+        source="text",
+        path=str(folder),
+        eval_path=str(folder),
+        seq_len=4,
+        cache_dir=str(tmp_path / "cache"),
+    )
     source = ByteTextSource(cfg, 2, 0, 1)
     assert source.train_corpus.tobytes() == "one é\nzwei ü".encode("utf-8")
 

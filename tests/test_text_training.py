@@ -17,8 +17,10 @@ from jrope.trainer import train_and_evaluate
 
 def _tiny_text_config(tmp_path):
     text = tmp_path / "corpus.txt"
-    text.write_text("".join(f" = Section {i} = \n Le homard européen – 龍蝦 , line {i} .\n" for i in range(60)),
-                    encoding="utf-8")
+    text.write_text(
+        "".join(f" = Section {i} = \n Le homard européen – 龍蝦 , line {i} .\n" for i in range(60)),
+        encoding="utf-8",
+    )
     config = wikitext_cpu.get_config()
     config.data.path = str(text)
     config.data.eval_path = str(text)
@@ -64,18 +66,30 @@ def test_wikitext103_config_without_data_stops_with_directions(tmp_path, monkeyp
     config = wikitext_scaled_exact.get_config()
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.cache_dir = str(tmp_path / "cache")
-    with pytest.raises(wikitext103.WikiText103Unavailable, match=r"wget -P .*tfds/downloads/manual"):
+    with pytest.raises(
+        wikitext103.WikiText103Unavailable, match=r"wget -P .*tfds/downloads/manual"
+    ):
         build_source(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
 
 
 def test_paper_settings():
     v1 = TrainConfig.from_config_dict(wikitext_scaled_exact.get_config())
-    assert (v1.model.d_model, v1.model.num_heads, v1.model.num_layers, v1.model.mlp_ratio) == (384, 6, 6, 4)
+    assert (v1.model.d_model, v1.model.num_heads, v1.model.num_layers, v1.model.mlp_ratio) == (
+        384,
+        6,
+        6,
+        4,
+    )
     assert (v1.data.seq_len, v1.batch_size, v1.num_steps) == (1024, 4, 1000)
     assert (v1.opt.learning_rate, v1.opt.weight_decay, v1.opt.clip_norm) == (3e-4, 0.1, 1.0)
     assert v1.eval.lengths == (1024, 2048, 4096, 8192) and v1.pe.name == "jordan_exact_scaled"
     v2 = TrainConfig.from_config_dict(wikitext_v2.get_config())
-    assert (v2.model.d_model, v2.model.num_heads, v2.model.num_layers, v2.model.mlp_ratio) == (192, 4, 3, 2)
+    assert (v2.model.d_model, v2.model.num_heads, v2.model.num_layers, v2.model.mlp_ratio) == (
+        192,
+        4,
+        3,
+        2,
+    )
     assert (v2.data.seq_len, v2.pe.train_context, v2.batch_size, v2.num_steps) == (512, 512, 4, 500)
     assert (v2.opt.learning_rate, v2.opt.weight_decay, v2.data.train_fraction) == (5e-4, 0.05, 0.01)
     assert v2.eval.lengths[0] == 512 and v2.eval.lengths[-1] == 8192
@@ -83,5 +97,7 @@ def test_paper_settings():
         assert cfg.data.source == "wikitext103" and cfg.data.vocab_size == 257
     cpu = TrainConfig.from_config_dict(wikitext_cpu.get_config())
     assert cpu.data.source == "text"
-    assert cpu.data.path.endswith(("wikitext2/valid.txt")) and cpu.data.eval_path.endswith("wikitext2/test.txt")
+    assert cpu.data.path.endswith(("wikitext2/valid.txt")) and cpu.data.eval_path.endswith(
+        "wikitext2/test.txt"
+    )
     assert np.all(np.diff(cpu.eval.lengths) > 0) and cpu.eval.lengths[-1] == 8 * cpu.data.seq_len

@@ -12,13 +12,17 @@ import pytest
 import jrope
 from jrope import sharding
 from jrope.config_types import MeshConfig
-from jrope.evaluation import check_readout, weighted_sums
+from jrope.evaluation import check_readout, evaluate_checkpoint, weighted_sums
 from jrope.train_state import build_source, init_state, model_from_params, state_layout
 from jrope.trainer import make_train_step, train_and_evaluate
 from tiny_train_config import tiny_config
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
-EXTRA_METHODS = ("jordan_m3", "jordan_exact_c150_eta010_alibi", "jordan_jetmix_m4_c150_g050_g030_g020")
+EXTRA_METHODS = (
+    "jordan_m3",
+    "jordan_exact_c150_eta010_alibi",
+    "jordan_jetmix_m4_c150_g050_g030_g020",
+)
 
 
 def _run_steps(cfg, mesh, num_steps):
@@ -30,7 +34,9 @@ def _run_steps(cfg, mesh, num_steps):
     history = []
     with jax.set_mesh(mesh):
         for step in range(num_steps):
-            state, metrics = train_step(state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh))
+            state, metrics = train_step(
+                state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+            )
             history.append(jax.device_get(metrics))
     return jax.device_get(state), history
 
@@ -51,7 +57,8 @@ GOLDEN_LOSS_STEP_2 = 0.9392579793930054
     [
         {},  # readout 'last', einsum attention: the synthetic config's own path
         {"model.readout": "all"},  # the full forward gives the same numbers
-        {"model.attention_impl": "xla"},  # so does jax.nn.dot_product_attention with an explicit mask
+        # so does jax.nn.dot_product_attention with an explicit mask
+        {"model.attention_impl": "xla"},
     ],
 )
 def test_golden_one_step_loss(overrides):
@@ -70,7 +77,9 @@ def _four_head_one_device_run():
 @pytest.mark.parametrize("data, fsdp, tensor", [(2, 4, 1), (2, 1, 4)])
 def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     # 4 heads of 8 so that the tensor axis really splits heads and MLP.
-    cfg = tiny_config(**{"model.num_heads": 4, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor})
+    cfg = tiny_config(
+        **{"model.num_heads": 4, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
+    )
     mesh = sharding.make_mesh(cfg.mesh)
     assert mesh.devices.shape == (data, fsdp, tensor)
     sharded_state, sharded_history = _run_steps(cfg, mesh, 2)
@@ -78,7 +87,9 @@ def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     for got, want in zip(sharded_history, single_history):
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
         np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(sharded_state["params"]), jax.tree.leaves(single_state["params"])):
+    for got, want in zip(
+        jax.tree.leaves(sharded_state["params"]), jax.tree.leaves(single_state["params"])
+    ):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -136,7 +147,16 @@ def test_train_then_resume_equals_uninterrupted_run(tmp_path):
         train_steps = [record["step"] for record in map(json.loads, f) if "train/loss" in record]
     assert train_steps == [1, 2, 3, 4]
     assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["2", "4"]
-    assert os.path.exists(tmp_path / "resumed" / "eval_step4" / "eval.csv")
+    final_eval = tmp_path / "resumed" / "eval_step4" / "eval.csv"
+    training_results = final_eval.read_text()
+    # Evaluating the finished run again (at other lengths) keeps training's results.
+    again = evaluate_checkpoint(
+        tiny_config(num_steps=4, **overrides, **{"eval.lengths": (8, 16)}),
+        str(tmp_path / "resumed"),
+    )
+    assert [row["length"] for row in again] == [8, 16]
+    assert final_eval.read_text() == training_results
+    assert (tmp_path / "resumed" / "eval_step4.2" / "eval.csv").read_text() != training_results
 
 
 def test_loss_uses_only_the_class_logits():
@@ -159,7 +179,9 @@ def test_dropout_is_a_pure_function_of_seed_and_step():
     # The masks are really drawn: the first loss differs from the dropout-free golden one...
     assert abs(first[0]["loss"] - GOLDEN_LOSS_STEP_1) > 1e-4
     # ...and another seed draws other masks (the data also change with the seed).
-    _, other_seed = _run_steps(tiny_config(**{"model.dropout_rate": 0.3, "seed": 1}), _one_device_mesh(), 1)
+    _, other_seed = _run_steps(
+        tiny_config(**{"model.dropout_rate": 0.3, "seed": 1}), _one_device_mesh(), 1
+    )
     assert other_seed[0]["loss"] != first[0]["loss"]
 
 

@@ -15,7 +15,14 @@ from jrope.data.text_bytes import ByteTextSource, TextDataConfig
 # Line structure of the real files: blank lines, headings, text with non-ASCII,
 # and a stray carriage return that only a split on b"\n" keeps inside its line.
 FAKE_LINES = {
-    "train": [" ", " = Homarus = ", " ", " Le homard européen – 龍蝦 ; 60 cm ( 24 in ) . ", " a\rb ", " = = Size = = "],
+    "train": [
+        " ",
+        " = Homarus = ",
+        " ",
+        " Le homard européen – 龍蝦 ; 60 cm ( 24 in ) . ",
+        " a\rb ",
+        " = = Size = = ",
+    ],
     "validation": [" ", " = Valkyria = ", " Senjō no Valkyria 3 . "],
     "test": [" ", " = Robert Boulter = ", " Boulter is an English actor . ", " "],
 }
@@ -39,7 +46,9 @@ def no_network(monkeypatch):
 def _write_raw_files(folder):
     folder.mkdir(parents=True, exist_ok=True)
     for split, filename in wikitext103.SPLIT_FILES.items():
-        (folder / filename).write_bytes("".join(line + "\n" for line in FAKE_LINES[split]).encode("utf-8"))
+        (folder / filename).write_bytes(
+            "".join(line + "\n" for line in FAKE_LINES[split]).encode("utf-8")
+        )
 
 
 def _write_fake_archive(manual_dir):
@@ -50,7 +59,10 @@ def _write_fake_archive(manual_dir):
     archive = manual_dir / wikitext103.ARCHIVE_NAME
     with zipfile.ZipFile(archive, "w") as zipped:
         for filename in wikitext103.SPLIT_FILES.values():
-            zipped.write(staging / wikitext103.ARCHIVE_FOLDER / filename, f"{wikitext103.ARCHIVE_FOLDER}/{filename}")
+            zipped.write(
+                staging / wikitext103.ARCHIVE_FOLDER / filename,
+                f"{wikitext103.ARCHIVE_FOLDER}/{filename}",
+            )
     return archive
 
 
@@ -69,7 +81,9 @@ def test_builds_from_an_archive_in_the_manual_dir(tmp_path, monkeypatch):
     archive = _write_fake_archive(tmp_path / "manual")
     # Register the fake archive's checksum in place of the official one, as TFDS's builder tests do.
     monkeypatch.setattr(
-        wikitext103.Wikitext103Raw, "url_infos", {wikitext103.ARCHIVE_URL: checksums.compute_url_info(archive)}
+        wikitext103.Wikitext103Raw,
+        "url_infos",
+        {wikitext103.ARCHIVE_URL: checksums.compute_url_info(archive)},
     )
     builder = wikitext103.prepare_wikitext103(str(tmp_path / "data"), str(tmp_path / "manual"))
     assert builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
@@ -88,8 +102,9 @@ def test_rejects_an_archive_that_is_not_the_official_one(tmp_path):
 @pytest.mark.parametrize("subfolder", ["", wikitext103.ARCHIVE_FOLDER])
 def test_builds_from_extracted_files(tmp_path, subfolder):
     _write_raw_files(tmp_path / "manual" / subfolder)
-    rows = wikitext103.wikitext103_data_source("test", data_dir=str(tmp_path / "data"),
-                                               manual_dir=str(tmp_path / "manual"))
+    rows = wikitext103.wikitext103_data_source(
+        "test", data_dir=str(tmp_path / "data"), manual_dir=str(tmp_path / "manual")
+    )
     assert _rows(rows) == FAKE_LINES["test"]
 
 
@@ -98,7 +113,9 @@ def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatc
     manual = tmp_path / "manual"
     started = time.perf_counter()
     with pytest.raises(wikitext103.WikiText103Unavailable) as raised:
-        wikitext103.wikitext103_data_source("train", data_dir=str(tmp_path / "data"), manual_dir=str(manual))
+        wikitext103.wikitext103_data_source(
+            "train", data_dir=str(tmp_path / "data"), manual_dir=str(manual)
+        )
     assert time.perf_counter() - started < 5.0
     message = str(raised.value)
     assert str(manual) in message
@@ -128,9 +145,16 @@ def test_unknown_split_is_a_value_error():
 
 def test_byte_source_reads_the_builder(tmp_path):
     _write_raw_files(tmp_path / "manual")
-    cfg = TextDataConfig(source="wikitext103", train_fraction=0.5, vocab_size=257, seq_len=8, seed=0,
-                         cache_dir=str(tmp_path / "cache"), data_dir=str(tmp_path / "data"),
-                         manual_dir=str(tmp_path / "manual"))
+    cfg = TextDataConfig(
+        source="wikitext103",
+        train_fraction=0.5,
+        vocab_size=257,
+        seq_len=8,
+        seed=0,
+        cache_dir=str(tmp_path / "cache"),
+        data_dir=str(tmp_path / "data"),
+        manual_dir=str(tmp_path / "manual"),
+    )
     source = ByteTextSource(cfg, 2, 0, 1)
     # Half of the 6 training rows, joined with newlines; evaluation is the whole validation split.
     assert source.train_corpus.tobytes() == "\n".join(FAKE_LINES["train"][:3]).encode("utf-8")

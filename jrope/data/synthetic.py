@@ -116,13 +116,17 @@ class SyntheticTaskConfig:
         if self.kernel not in KERNEL_NAMES:
             raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}.")
         if self.label_mode not in LABEL_MODES:
-            raise ValueError(f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}.")
+            raise ValueError(
+                f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
+            )
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}.")
         for name in ("freq_index", "second_freq_index"):
             index = getattr(self, name)
             if not 0 <= index < self.head_dim // 2:
-                raise ValueError(f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}.")
+                raise ValueError(
+                    f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}."
+                )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}.")
         if self.jet_power < 0:
@@ -158,10 +162,14 @@ def bounded_mixed(lags, *, train_len: int, omega: float) -> np.ndarray:
     return (tau / train_len) * np.cos(omega * d)
 
 
-def damped_mixed(lags, *, train_len: int, omega: float, gamma: float, sin_weight: float) -> np.ndarray:
+def damped_mixed(
+    lags, *, train_len: int, omega: float, gamma: float, sin_weight: float
+) -> np.ndarray:
     """e^{-gamma d} (cos(w d) + a (d/L) sin(w d))."""
     d = np.asarray(lags, np.float64)
-    return np.exp(-gamma * d) * (np.cos(omega * d) + sin_weight * (d / train_len) * np.sin(omega * d))
+    return np.exp(-gamma * d) * (
+        np.cos(omega * d) + sin_weight * (d / train_len) * np.sin(omega * d)
+    )
 
 
 def rhythm_envelope(
@@ -203,7 +211,9 @@ def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
     if cfg.kernel == "bounded_mixed":
         return bounded_mixed(lags, **common)
     if cfg.kernel == "damped_mixed":
-        return damped_mixed(lags, **common, gamma=cfg.damping_gamma, sin_weight=cfg.damping_sin_weight)
+        return damped_mixed(
+            lags, **common, gamma=cfg.damping_gamma, sin_weight=cfg.damping_sin_weight
+        )
     if cfg.kernel == "rhythm_envelope":
         return rhythm_envelope(
             lags,
@@ -224,7 +234,9 @@ def kernel_norm(cfg: SyntheticTaskConfig) -> float:
     """L2 norm of the kernel over d = 1 .. L-1 (the training lags)."""
     norm = float(np.linalg.norm(unnormalised_kernel(cfg, np.arange(1, cfg.seq_len))))
     if norm == 0.0:
-        raise ValueError(f"Kernel {cfg.kernel!r} vanishes on the training lags; change its parameters.")
+        raise ValueError(
+            f"Kernel {cfg.kernel!r} vanishes on the training lags; change its parameters."
+        )
     return norm
 
 
@@ -242,7 +254,8 @@ def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
       float64 [b]: sum_p (2 b_p - 1) K(T - 1 - p).
     """
     num_bits = bits.shape[-1]
-    lags = num_bits - np.arange(num_bits)  # position p sits T - 1 - p = num_bits - p before the query
+    # position p sits T - 1 - p = num_bits - p before the query
+    lags = num_bits - np.arange(num_bits)
     signs = 2.0 * bits.astype(np.float64) - 1.0
     return signs @ kernel(cfg, lags)
 
@@ -262,7 +275,13 @@ class SyntheticSource:
     vocab_size = VOCAB_SIZE
     num_classes = NUM_CLASSES
 
-    def __init__(self, task_cfg: SyntheticTaskConfig, global_batch_size: int, process_index: int, process_count: int):
+    def __init__(
+        self,
+        task_cfg: SyntheticTaskConfig,
+        global_batch_size: int,
+        process_index: int,
+        process_count: int,
+    ):
         if process_count < 1 or not 0 <= process_index < process_count:
             raise ValueError(
                 f"process_index {process_index} must lie in [0, process_count = {process_count})."
@@ -283,7 +302,9 @@ class SyntheticSource:
         """This process's rows of the global training batch of ``step`` (length L)."""
         first = self.process_index * self._local_batch_size
         rows = range(first, first + self._local_batch_size)
-        rngs = [np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row]) for row in rows]
+        rngs = [
+            np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row]) for row in rows
+        ]
         return self._make_batch(rngs, self.task_cfg.seq_len)
 
     def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:

@@ -99,7 +99,9 @@ class TextDataConfig:
                 "--config.data.path=train.txt --config.data.eval_path=valid.txt."
             )
         if self.vocab_size not in VOCAB_SIZES:
-            raise ValueError(f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}.")
+            raise ValueError(
+                f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."
+            )
         if not 0.0 < self.train_fraction <= 1.0:
             raise ValueError(f"train_fraction must lie in (0, 1], got {self.train_fraction}.")
         if self.seq_len < 1:
@@ -122,7 +124,9 @@ def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
     tokens = np.asarray(tokens)
     if vocab_size == 257:
         tokens = tokens[tokens != 0]
-    return (tokens - (vocab_size - 256)).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    return (
+        (tokens - (vocab_size - 256)).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    )
 
 
 class ByteTextSource:
@@ -135,9 +139,17 @@ class ByteTextSource:
 
     num_classes = None  # language modelling: the loss runs over the full vocabulary
 
-    def __init__(self, data_cfg: TextDataConfig, global_batch_size: int, process_index: int, process_count: int):
+    def __init__(
+        self,
+        data_cfg: TextDataConfig,
+        global_batch_size: int,
+        process_index: int,
+        process_count: int,
+    ):
         if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(f"process_index {process_index} must lie in [0, process_count = {process_count}).")
+            raise ValueError(
+                f"process_index {process_index} must lie in [0, process_count = {process_count})."
+            )
         if global_batch_size < 1 or global_batch_size % process_count:
             raise ValueError(
                 f"global_batch_size {global_batch_size} must be a positive multiple of process_count "
@@ -156,7 +168,9 @@ class ByteTextSource:
         """This process's rows of the global training batch of ``step``."""
         first = self.process_index * self._local_batch_size
         starts = [
-            self._window_start((_TRAIN_STREAM, step, row), len(self.train_corpus), self.data_cfg.seq_len)
+            self._window_start(
+                (_TRAIN_STREAM, step, row), len(self.train_corpus), self.data_cfg.seq_len
+            )
             for row in range(first, first + self._local_batch_size)
         ]
         return self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
@@ -189,7 +203,9 @@ class ByteTextSource:
         return int(rng.integers(0, corpus_len - length))
 
     def _make_batch(self, corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
-        windows = np.stack([corpus[start : start + length + 1] for start in starts]).astype(np.int32)
+        windows = np.stack([corpus[start : start + length + 1] for start in starts]).astype(
+            np.int32
+        )
         windows += self.data_cfg.token_offset
         return {
             "inputs": windows[:, :-1],
@@ -232,7 +248,9 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         }
         path = _cache_path(cache_dir, "wikitext103", key)
         if not os.path.exists(path):
-            logging.info("Writing the bytes of %d rows of WikiText-103 %s to %s.", num_rows, split, path)
+            logging.info(
+                "Writing the bytes of %d rows of WikiText-103 %s to %s.", num_rows, split, path
+            )
             _write_atomically(path, _joined_rows(rows, num_rows))
     if os.path.getsize(path) == 0:
         raise ValueError(f"The corpus cached at {path} is empty; check the text it was made from.")
@@ -240,7 +258,9 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
 
 
 def _cache_path(cache_dir: str, source: str, key: dict) -> str:
-    digest = hashlib.sha256(json.dumps({"source": source, **key}, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps({"source": source, **key}, sort_keys=True).encode()
+    ).hexdigest()
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
 
 
@@ -271,7 +291,9 @@ def _text_files(path: str) -> list[str]:
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
-        raise ValueError(f"Text path {path} is neither a file nor a directory; point the config at UTF-8 text.")
+        raise ValueError(
+            f"Text path {path} is neither a file nor a directory; point the config at UTF-8 text."
+        )
     files = []
     for root, dirs, names in os.walk(path):
         dirs[:] = [d for d in dirs if not d.startswith(".")]

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import tensorflow_datasets as tfds
 from etils import epath
+
 # TFDS raises this on a checksum mismatch but does not export it under tfds.download.
 from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
@@ -89,17 +90,21 @@ class Wikitext103Raw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             # TFDS asserts when the manual directory is absent or empty: no manual files.
             pass
         if raw_dir is not None:
-            return {split: self._generate_examples(raw_dir / name, None) for split, name in SPLIT_FILES.items()}
+            return {
+                split: self._generate_examples(raw_dir / name, None)
+                for split, name in SPLIT_FILES.items()
+            }
         # Taken from the manual directory if it is there, else downloaded; checksum-checked either way.
         archive = dl_manager.download(ARCHIVE_URL)
         return {
-            split: self._generate_examples(archive, f"{ARCHIVE_FOLDER}/{name}") for split, name in SPLIT_FILES.items()
+            split: self._generate_examples(archive, f"{ARCHIVE_FOLDER}/{name}")
+            for split, name in SPLIT_FILES.items()
         }
 
     def _generate_examples(self, path: epath.Path, member: str | None):
         """Lines of a raw file, or of the archive's ``member`` (read from the zip,
         not extracted: TFDS's extractor needs TensorFlow)."""
-        with path.open("rb") as raw, (zipfile.ZipFile(raw).open(member) if member else raw) as lines:
+        with path.open("rb") as raw, zipfile.ZipFile(raw).open(member) if member else raw as lines:
             # Binary lines split on b"\n" only: text-mode reading would also split
             # on, and rewrite, any carriage return, and the bytes must stay the file's.
             for index, line in enumerate(lines):
@@ -135,7 +140,9 @@ def archive_host_reachable(url: str = ARCHIVE_URL, timeout_s: float = _CONNECT_T
 
 
 def _unavailable_message(manual_dir: epath.Path, data_dir: str | None, reason: str) -> str:
-    prepare_command = "python -m jrope.data.wikitext103" + (f" --data_dir={data_dir}" if data_dir else "")
+    prepare_command = "python -m jrope.data.wikitext103" + (
+        f" --data_dir={data_dir}" if data_dir else ""
+    )
     return (
         f"WikiText-103 is not available: {reason}\n"
         f"Put the official archive {ARCHIVE_NAME} (or the files "
@@ -149,7 +156,9 @@ def _unavailable_message(manual_dir: epath.Path, data_dir: str | None, reason: s
     )
 
 
-def prepare_wikitext103(data_dir: str | None = None, manual_dir: str | None = None) -> Wikitext103Raw:
+def prepare_wikitext103(
+    data_dir: str | None = None, manual_dir: str | None = None
+) -> Wikitext103Raw:
     """The builder, with its ArrayRecord files written if they were not yet.
 
     Raises:
@@ -166,20 +175,28 @@ def prepare_wikitext103(data_dir: str | None = None, manual_dir: str | None = No
     if not has_manual_files and not archive_host_reachable():
         host = urllib.parse.urlparse(ARCHIVE_URL).hostname
         raise WikiText103Unavailable(
-            _unavailable_message(manual, data_dir, f"nothing is prepared in {builder.data_dir}, "
-                                 f"the manual directory holds no data, and {host} cannot be reached.")
+            _unavailable_message(
+                manual,
+                data_dir,
+                f"nothing is prepared in {builder.data_dir}, "
+                f"the manual directory holds no data, and {host} cannot be reached.",
+            )
         )
     config = tfds.download.DownloadConfig(manual_dir=os.fspath(manual))
     try:
         builder.download_and_prepare(download_config=config, file_format="array_record")
     except NonMatchingChecksumError as error:
         raise WikiText103Unavailable(
-            _unavailable_message(manual, data_dir, f"the archive is not the official one ({error}).")
+            _unavailable_message(
+                manual, data_dir, f"the archive is not the official one ({error})."
+            )
         ) from None
     except (tfds.download.DownloadError, OSError) as error:
         # Failed downloads (HTTP errors, resets, timeouts) and unreadable archives.
         raise WikiText103Unavailable(
-            _unavailable_message(manual, data_dir, f"preparing failed with {type(error).__name__}: {error}")
+            _unavailable_message(
+                manual, data_dir, f"preparing failed with {type(error).__name__}: {error}"
+            )
         ) from None
     return builder
 
@@ -192,7 +209,9 @@ def wikitext103_data_source(
     Prepares the dataset on first use (see ``prepare_wikitext103``).
     """
     if split not in SPLIT_FILES:
-        raise ValueError(f"Unknown WikiText-103 split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
+        raise ValueError(
+            f"Unknown WikiText-103 split {split!r}; choose one of {tuple(SPLIT_FILES)}."
+        )
     return prepare_wikitext103(data_dir, manual_dir).as_data_source(split=split)
 
 
@@ -202,7 +221,9 @@ def _cli() -> None:
 
     data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
     manual_dir = flags.DEFINE_string(
-        "manual_dir", "", "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual)."
+        "manual_dir",
+        "",
+        "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual).",
     )
 
     def main(argv: Sequence[str]) -> None:
