@@ -9,7 +9,9 @@ together mean much), and reported as the median over rounds.
     python benchmarks/train_step.py --compute_dtype=bfloat16 --remat=full
 
 Prints ms/step, steps/s, tokens/s and the ratio of each method's step time
-to RoPE's. The machines are shared, so the speed-up over the paper's PyTorch
+to RoPE's: the median over rounds of the two times measured in the same
+round, with its quartiles (pairing by round cancels most of the drift in
+the machine's load, which moves single times by 10 to 20 %). The machines are shared, so the speed-up over the paper's PyTorch
 reference is estimated through a yardstick timed in the same rounds: the
 straightforward JAX step of performance.md (its own textbook RoPE in
 float32, jax.nn.dot_product_attention, plain autodiff, AdamW with clipping;
@@ -197,6 +199,15 @@ def _matmul_gflops() -> float:
     return 2 * 2048**3 / best / 1e9
 
 
+def _paired_ratio(samples: list[float], baseline: list[float]) -> str:
+    """Median and quartiles over rounds of samples[i] / baseline[i], as 'median (q1-q3)'."""
+    ratios = [a / b for a, b in zip(samples, baseline)]
+    if len(ratios) < 2:
+        return f"{ratios[0]:.3f}"
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return f"{median:.3f} ({q1:.2f}-{q3:.2f})"
+
+
 def main(argv):
     del argv
     runs = {method: _prepare(method) for method in _METHODS.value}
@@ -219,11 +230,11 @@ def main(argv):
         f"{statistics.median(gflops):.0f} GFLOP/s (idle: about 450)"
     )
     print(
-        "| method | ms/step | steps/s | tokens/s | vs rope | est. speed-up vs PyTorch reference (RoPE) |"
+        "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) |"
     )
     print("|---|---|---|---|---|---|")
     for method, seconds in medians.items():
-        ratio = f"{seconds / medians['rope']:.3f}" if "rope" in medians else "-"
+        ratio = _paired_ratio(times[method], times["rope"]) if "rope" in times else "-"
         print(
             f"| {method} | {1000 * seconds:.1f} | {1 / seconds:.2f} | {tokens / seconds:,.0f} | {ratio} | "
             f"{reference_estimate / seconds:.2f}x |"
