@@ -148,6 +148,15 @@ def test_apply_map_gradient_matches_autodiff_of_its_formula(order, direction):
         for grad, expected in zip(grads, expected_grads):
             assert grad.shape == expected.shape
             np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-5)
+    # Undifferentiated, tables materialized (broadcast) or fused (one per row) alike.
+    for table_batch in (1, 3):
+        tables = jnp.asarray(rng.normal(size=(table_batch,) + x.shape[1:]), jnp.float32)
+        np.testing.assert_allclose(
+            jax.jit(pe_math.apply_map, static_argnums=2)(x, tables, direction),
+            pe_math._apply_tables(x, tables, direction),
+            rtol=1e-6,
+            atol=1e-6,
+        )
 
 
 def test_map_tables_drop_static_zero_coefficients():
