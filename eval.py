@@ -9,8 +9,7 @@ Multi-process runs take the process flags of train.py (jrope.distributed).
 
 import importlib
 
-import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from jrope import distributed
@@ -30,13 +29,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    logging.info(
-        "JAX process %d of %d; local devices %s; all devices %d.",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_devices(),
-        jax.device_count(),
-    )
     config = _CONFIG.value
     if config.experiment == "kernel_probe":
         # Imported only here: the probe has its own config and needs no trained model.

@@ -11,7 +11,6 @@ process per host) add --multiprocess, or --coordinator_address,
 
 import sys
 
-import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -32,13 +31,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    logging.info(
-        "JAX process %d of %d; local devices %s; all devices %d.",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_devices(),
-        jax.device_count(),
-    )
     try:
         train_and_evaluate(TrainConfig.from_config_dict(_CONFIG.value), _WORKDIR.value)
     except TrainingPreempted as preempted:

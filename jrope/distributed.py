@@ -67,15 +67,24 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ProcessFlags:
 
 
 def initialize_from_flags(process_flags: ProcessFlags) -> None:
-    """Start the distributed runtime when the flags ask for it; a no-op for single-process runs."""
+    """Start the distributed runtime when the flags ask for it, then log this process's devices.
+
+    Single-process runs only log.
+    """
     explicit = {
         "coordinator_address": process_flags.coordinator_address.value,
         "num_processes": process_flags.num_processes.value,
         "process_id": process_flags.process_id.value,
     }
-    if not process_flags.multiprocess.value and all(value is None for value in explicit.values()):
-        return
-    initialize(**explicit)
+    if process_flags.multiprocess.value or any(value is not None for value in explicit.values()):
+        initialize(**explicit)
+    logging.info(
+        "JAX process %d of %d; local devices %s; all devices %d.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_devices(),
+        jax.device_count(),
+    )
 
 
 def initialize(
