@@ -10,16 +10,17 @@ together mean much), and reported as the median over rounds.
 
 Prints ms/step, steps/s, tokens/s and the ratio of each method's step time
 to RoPE's: the median over rounds of the two times measured in the same
-round, with its quartiles (pairing by round cancels most of the drift in
-the machine's load, which moves single times by 10 to 20 %). The machines are shared, so the speed-up over the paper's PyTorch
-reference is estimated through a yardstick timed in the same rounds: the
-straightforward JAX step of performance.md (its own textbook RoPE in
-float32, jax.nn.dot_product_attention, plain autodiff, AdamW with clipping;
-no jrope code, so the yardstick stays fixed as the library changes), which ran
-at 283 ms/step where the reference ran RoPE at 195 ms/step. So the reference
-would take 195/283 of the yardstick's measured time, and the speed-up is that
-over the method's time. A plain matmul timed in the same rounds says how
-loaded the machine was (about 450 GFLOP/s when idle).
+round, with its quartiles (pairing by round cancels most of the drift in the
+machine's load, which moves single times by 10 to 20 %). The machines are
+shared, so the speed-up over the paper's PyTorch reference is estimated
+through a yardstick timed in the same rounds: the straightforward JAX step
+of performance.md (its own textbook RoPE in float32,
+jax.nn.dot_product_attention, plain autodiff, AdamW with clipping; no jrope
+code, so the yardstick stays fixed as the library changes), which ran at 283
+ms/step where the reference ran RoPE at 195 ms/step. So the reference would
+take 195/283 of the yardstick's measured time, and the speed-up is that over
+the method's time. A plain matmul timed in the same rounds says how loaded
+the machine was (about 450 GFLOP/s when idle).
 """
 
 import functools

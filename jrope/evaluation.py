@@ -111,9 +111,9 @@ def evaluate_lengths(
                 "loss": loss,
                 "accuracy": totals["correct_sum"] / totals["weight_sum"],
                 # Byte-level LM: nats per byte -> bits per byte. Classification: not a rate.
-                "bits_per_byte": loss / math.log(2.0)
-                if source.num_classes is None
-                else float("nan"),
+                "bits_per_byte": (
+                    loss / math.log(2.0) if source.num_classes is None else float("nan")
+                ),
             }
         )
     return rows
