@@ -10,12 +10,13 @@ loops, per block, with the origin o = the query block's first position:
     k2 = enc.transform_qk(... k_blk ..., origin=o)          per (query, key) block pair
     logits = q2 . k2 / sqrt(H) + enc.logit_bias(params, qpos_blk, kpos_blk)
 
-For translation-invariant encodings (RoPE, damped RoPE, the exact Jordan
-variants) the keys are instead mapped once, each block from its own first
-position o_k, and per pair moved to o by the group law,
+A pair's k2 is not mapped from the raw keys, though: they are mapped once,
+each block from its own first position o_k, and per pair moved to o by the
+group law,
 A(-(j - o)) = A(-(o_k - o)) A(-(j - o_k)): one map whose table is the same for
 the whole block, so no per-position cos, sin or exp is evaluated in the
-loop (about 20 % off the exact variants' forward and backward at T 4096).
+loop. The stabilized variants, whose shear reads absolute positions, move
+by their damped rotation alone (see _pair_move).
 
 The exact variants are invariant to the origin (so are the stabilized ones:
 only their shear reads absolute positions, and it ignores the origin), and
@@ -42,8 +43,8 @@ Memory (B batch, T query length, S key length, N heads, H head dim, b block):
   gradients: a custom VJP saves only q, k, v, the output and the log-sum-exp
     (no per-pair residuals) and recomputes each pair's logits in the backward
     pass, pulling the logit cotangent back through the encoding with jax.vjp
-    (the keys' map per pair, or the per-pair move of premapped keys and the
-    premap once; the queries' map once per query block);
+    (the per-pair move of the premapped keys, the premap once, the queries'
+    map once per query block);
     float32 accumulators for dq, dk, dv and the parameter gradients: linear in
     T and S. (Plain autodiff of the loop would keep a b x b probability block
     per pair, O(T S / b) per head and layer; it also cannot differentiate a
@@ -59,11 +60,14 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from jrope.encodings import make_encoding
 
 # Finite, so that the running maximum stays finite while a row has seen only
 # masked logits: (mask - mask) is 0 and (mask - real) underflows to exp() = 0,
@@ -222,16 +226,24 @@ def _transform_queries(enc, params, q_blk, qpos_blk) -> jax.Array:
 
 
 def _premaps_keys(enc) -> bool:
-    """Whether the keys are mapped once, each block from its own first position.
+    """Whether the encoding maps keys at all; if so, once, each block from its first position."""
+    return bool(enc.segments)
 
-    For translation-invariant encodings (RoPE, damped RoPE, the exact Jordan
-    variants) the group law A(-(j - o)) = A(-(o_k - o)) A(-(j - o_k)) lets a
-    key block mapped from its first position o_k be moved to the query
-    block's origin o by one constant map per pair, with no per-position
-    table inside the loop. The stabilized variants read absolute positions
-    and are mapped per pair from scratch.
+
+def _pair_move(enc):
+    """The encoding whose key map at o_k - o moves keys mapped from o_k to the origin o.
+
+    Damping and rotation obey the group law for every variant:
+    A(-(j - o)) = A(-(o_k - o)) A(-(j - o_k)). The exact variants' shear does
+    too, so they move with their own map. The stabilized shear U(-j) reads the
+    absolute position and ignores the origin; it commutes with the damped
+    rotation (which acts alike on every chain element), so their keys move
+    with the damped rotation alone: the same encoding without its shear.
     """
-    return enc.cfg.is_translation_invariant and bool(enc.segments)
+    if enc.cfg.is_translation_invariant:
+        return enc
+    cfg = dataclasses.replace(enc.cfg, shear='none', jet_base=None)
+    return make_encoding(cfg, enc.num_heads, enc.head_dim)
 
 
 def _premap_keys(enc, params, k, k_positions, layout: _Layout) -> jax.Array:
@@ -251,16 +263,14 @@ def _premap_keys(enc, params, k, k_positions, layout: _Layout) -> jax.Array:
 def _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype) -> jax.Array:
     """The key block mapped from the query block's origin o = qpos_blk[..., 0].
 
-    keys_blk is premapped (_premap_keys: moved by A(-(o_k - o)), one map for the
-    whole block) or raw (mapped here from o). Returns [B, bk, N, H] in `dtype`
-    (float32 when enc.keeps_float32).
+    keys_blk is premapped (_premap_keys) and moved here by A(-(o_k - o)), one
+    map for the whole block; encodings without a map (nope, ALiBi) pass it
+    through. Returns [B, bk, N, H] in `dtype` (float32 when enc.keeps_float32).
     """
-    origin = qpos_blk[..., 0]  # scalar, or [B] for batched positions
     if not _premaps_keys(enc):
-        _, k2 = enc.transform_qk(params, keys_blk, keys_blk, kpos_blk, kpos_blk, origin=origin)
-        return k2
+        return keys_blk
     lag = (kpos_blk[..., :1] - qpos_blk[..., :1]).reshape(-1, 1)  # o_k - o, [B|1, 1]
-    _, k2 = enc.transform_qk(params, keys_blk, keys_blk, lag, lag, origin=0)
+    _, k2 = _pair_move(enc).transform_qk(params, keys_blk, keys_blk, lag, lag, origin=0)
     return k2 if enc.keeps_float32 else k2.astype(dtype)
 
 
