@@ -72,9 +72,9 @@ def _measure(kernel: str, length: int) -> dict:
         batch = next(source.eval_batches(length, 1, 1))
         batch = sharding.global_batch(batch, cfg.mesh.rules, mesh)
         ready_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        eval_step = make_eval_step(layout.graphdef, source.num_classes)
+        eval_step = make_eval_step(layout.graphdef, source.num_classes, cfg.model)
         start = time.perf_counter()
-        compiled = eval_step.lower(params, batch).compile()
+        compiled = eval_step.for_length(length).lower(params, batch).compile()
         compile_s = time.perf_counter() - start
         start = time.perf_counter()
         jax.block_until_ready(compiled(params, batch))

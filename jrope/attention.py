@@ -70,6 +70,15 @@ def resolve_impl(impl: str, *, has_bias: bool, length: int, blockwise_min_length
     return impl
 
 
+def uses_blockwise(impl: str, *, length: int, blockwise_min_length: int) -> bool:
+    """Whether attention over `length` keys with `impl` runs the blockwise kernel."""
+    # The bias only decides whether 'xla' is allowed, which the model checks itself.
+    chosen = resolve_impl(
+        impl, has_bias=False, length=length, blockwise_min_length=blockwise_min_length
+    )
+    return chosen == "blockwise"
+
+
 def causal_attention(
     q: jax.Array,
     k: jax.Array,

@@ -27,9 +27,10 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from jrope import resume, sharding, validation
+from jrope import attention, resume, sharding, validation
 from jrope.checkpointing import Checkpointer
-from jrope.config_types import TrainConfig
+from jrope.compile_options import step_compiler_options
+from jrope.config_types import ModelConfig, TrainConfig
 from jrope.train_state import build_source, model_from_params, state_layout
 
 CSV_COLUMNS = ("method", "seed", "length", "num_sequences", "loss", "accuracy", "bits_per_byte")
@@ -73,17 +74,45 @@ def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
         )
 
 
-def make_eval_step(graphdef: Any, num_classes: int | None):
-    """jit(params, batch) -> weighted sums; compiled once per evaluation length."""
+class EvalStep:
+    """step(params, batch) -> weighted sums; compiled once per evaluation length.
 
-    @jax.jit
-    def eval_step(params, batch):
-        tokens = batch["inputs"]
-        positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-        logits = model_from_params(graphdef, params)(tokens, positions)
-        return weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+    Lengths whose attention runs blockwise compile with other XLA options
+    than the rest (jrope.compile_options): `for_length` gives the jitted
+    function a length uses, and a call picks it by the batch's length.
+    """
 
-    return eval_step
+    def __init__(self, graphdef: Any, num_classes: int | None, model_cfg: ModelConfig):
+        def eval_sums(params, batch):
+            tokens = batch["inputs"]
+            positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+            logits = model_from_params(graphdef, params)(tokens, positions)
+            return weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+
+        self._model_cfg = model_cfg
+        self._jitted = {
+            blockwise: jax.jit(
+                eval_sums, compiler_options=step_compiler_options(blockwise=blockwise)
+            )
+            for blockwise in (False, True)
+        }
+
+    def for_length(self, length: int):
+        """The jitted step for batches of `length` tokens."""
+        blockwise = attention.uses_blockwise(
+            self._model_cfg.attention_impl,
+            length=length,
+            blockwise_min_length=self._model_cfg.blockwise_min_length,
+        )
+        return self._jitted[blockwise]
+
+    def __call__(self, params, batch):
+        return self.for_length(batch["inputs"].shape[1])(params, batch)
+
+
+def make_eval_step(graphdef: Any, num_classes: int | None, model_cfg: ModelConfig) -> EvalStep:
+    """The evaluation step of a model: EvalStep(graphdef, num_classes, model_cfg)."""
+    return EvalStep(graphdef, num_classes, model_cfg)
 
 
 def evaluate_lengths(
@@ -140,7 +169,11 @@ def evaluate_checkpoint(
     state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
     checkpointer.close()
     rows = evaluate_lengths(
-        make_eval_step(layout.graphdef, source.num_classes), state["params"], source, cfg, mesh
+        make_eval_step(layout.graphdef, source.num_classes, cfg.model),
+        state["params"],
+        source,
+        cfg,
+        mesh,
     )
     if jax.process_index() == 0:
         out_dir = results_dir(workdir, step, keep_existing=True)

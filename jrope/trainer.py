@@ -27,8 +27,9 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from jrope import evaluation, nonfinite, resume, sharding, validation
+from jrope import attention, evaluation, nonfinite, resume, sharding, validation
 from jrope.checkpointing import Checkpointer
+from jrope.compile_options import step_compiler_options
 from jrope.config_types import TrainConfig
 from jrope.metrics_logging import MetricsLogger
 from jrope.optimizer import learning_rate_schedule
@@ -53,6 +54,9 @@ def make_train_step(
     donate: bool = True,
 ) -> TrainStep:
     """The jitted train step for global batches of `cfg.batch_size` rows.
+
+    Compiled with jrope.compile_options (on CPU, without XLA's library fusions
+    unless the attention is blockwise).
 
     Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
     Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
@@ -91,11 +95,19 @@ def make_train_step(
 
     batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    blockwise = attention.uses_blockwise(
+        cfg.model.attention_impl,
+        length=cfg.pe.train_context,
+        blockwise_min_length=cfg.model.blockwise_min_length,
+    )
     return jax.jit(
         train_step,
         in_shardings=(layout.shardings, batch_sharding),
         out_shardings=(layout.shardings, replicated),
         donate_argnums=0 if donate else (),
+        compiler_options=step_compiler_options(
+            blockwise=blockwise, platform=mesh.devices.flat[0].platform
+        ),
     )
 
 
@@ -122,7 +134,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         cfg, checkpointer, layout.abstract, lambda: init_state(cfg, source.vocab_size, layout, mesh)
     )
     train_step = make_train_step(cfg, layout, source.num_classes, mesh)
-    eval_step = evaluation.make_eval_step(layout.graphdef, source.num_classes)
+    eval_step = evaluation.make_eval_step(layout.graphdef, source.num_classes, cfg.model)
     logger = MetricsLogger(
         workdir,
         every_steps=cfg.log.every_steps,
