@@ -12,7 +12,7 @@ import importlib
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope import distributed
+from jrope import distributed, huge_pages
 from jrope.config_types import TrainConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -40,4 +40,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    huge_pages.restart_with_huge_pages()
     app.run(main)

@@ -14,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jrope import distributed
+from jrope import distributed, huge_pages
 from jrope.config_types import TrainConfig
 from jrope.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from jrope.trainer import train_and_evaluate
@@ -39,4 +39,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    huge_pages.restart_with_huge_pages()
     app.run(main)

@@ -32,6 +32,8 @@ from absl import app, flags
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 
+from jrope import huge_pages  # noqa: E402  (after the path insert)
+
 _METHOD = flags.DEFINE_string(
     "method", "jordan_exact_scaled", "Position encoding (any paper name)."
 )
@@ -130,7 +132,8 @@ def main(argv):
     print(
         f"evaluate one sequence, synthetic model (d_model 128, 4 heads, 3 layers, float32), "
         f"{_METHOD.value}, blockwise block {_BLOCK.value}; one fresh process per row; "
-        f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+        f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print("| kernel | length | peak RSS GiB | RSS model ready GiB | compile s | eval s |")
     print("|---|---|---|---|---|---|")
@@ -156,4 +159,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    huge_pages.restart_with_huge_pages()
     app.run(main)

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import synthetic_cpu, wikitext_scaled_exact
-from jrope import sharding
+from jrope import huge_pages, sharding
 from jrope.config_types import ATTENTION_IMPLS, TrainConfig
 from jrope.flops import model_flops_per_step
 from jrope.train_state import build_source, init_state, state_layout
@@ -212,7 +212,8 @@ def main(argv):
         f'MFU of the train step; {_DTYPE.value}, remat {_REMAT.value}, attention {_IMPL.value}; '
         f'median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best '
         f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
-        f'(median round {statistics.median(peaks):.0f})'
+        f'(median round {statistics.median(peaks):.0f}); '
+        f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print(
         '| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | '
@@ -245,4 +246,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    huge_pages.restart_with_huge_pages()
     app.run(main)

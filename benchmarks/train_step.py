@@ -38,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from configs import synthetic_cpu  # noqa: E402
-from jrope import sharding  # noqa: E402
+from jrope import huge_pages, sharding  # noqa: E402
 from jrope.config_types import TrainConfig  # noqa: E402
 from jrope.train_state import build_source, init_state, state_layout  # noqa: E402
 from jrope.trainer import make_train_step  # noqa: E402
@@ -228,7 +228,8 @@ def main(argv):
         f"L {cfg.pe.train_context}, batch {cfg.batch_size}, {_DTYPE.value}, remat {_REMAT.value}, "
         f"attention {_IMPL.value}, readout {cfg.model.readout}; median of {_ROUNDS.value} rounds x "
         f"{_STEPS.value} steps; {jax.devices()[0].platform}; plain 2048^3 matmul "
-        f"{statistics.median(gflops):.0f} GFLOP/s (idle: about 450)"
+        f"{statistics.median(gflops):.0f} GFLOP/s (idle: about 450); "
+        f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print(
         "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) |"
@@ -243,4 +244,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    huge_pages.restart_with_huge_pages()
     app.run(main)

@@ -24,6 +24,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jrope import huge_pages
 from jrope.config_types import TrainConfig
 from jrope.evaluation import CSV_COLUMNS
 from jrope.trainer import train_and_evaluate
@@ -158,5 +159,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+    huge_pages.restart_with_huge_pages()
     flags.mark_flags_as_required(['config', 'workdir'])
     app.run(main)
