@@ -7,6 +7,7 @@ together mean much), and reported as the median over rounds.
 
     python benchmarks/train_step.py                      # float32
     python benchmarks/train_step.py --compute_dtype=bfloat16 --remat=full
+    python benchmarks/train_step.py --xla_defaults=rope,jordan_rope   # also compiled with XLA defaults
 
 Prints ms/step, steps/s, tokens/s and the ratio of each method's step time
 to RoPE's: the median over rounds of the two times measured in the same
@@ -20,11 +21,14 @@ code, so the yardstick stays fixed as the library changes), which ran at 283
 ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed in the same rounds says how loaded
-the machine was (about 450 GFLOP/s when idle).
+the machine was (about 450 GFLOP/s when idle). The last column counts the
+process's minor page faults per timed step (see jrope/huge_pages.py;
+JROPE_HUGE_PAGES=0 runs without huge pages).
 """
 
 import functools
 import os
+import resource
 import statistics
 import sys
 import time
@@ -61,11 +65,18 @@ _REMAT = flags.DEFINE_enum(
 _IMPL = flags.DEFINE_enum(
     "attention_impl", "auto", ["auto", "xla", "einsum", "blockwise"], "Attention kernel."
 )
+_XLA_DEFAULTS = flags.DEFINE_list(
+    "xla_defaults",
+    [],
+    "Methods also timed compiled with XLA's default options instead of jrope.compile_options "
+    "(rows named '<method> (XLA defaults)').",
+)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per method per round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds (the median is reported).")
 
 
-def _prepare(method: str):
+def _prepare(method: str, compiler_options: dict | None = None):
+    """Compiled, warmed-up step of `method`; compiler_options None: the project's own."""
     config = synthetic_cpu.get_config()
     config.pe.name = method
     config.model.compute_dtype = _DTYPE.value
@@ -78,7 +89,9 @@ def _prepare(method: str):
     source = build_source(cfg)
     layout = state_layout(cfg, source.vocab_size, mesh)
     state = init_state(cfg, source.vocab_size, layout, mesh)
-    step_fn = make_train_step(cfg, layout, source.num_classes, mesh)
+    step_fn = make_train_step(
+        cfg, layout, source.num_classes, mesh, compiler_options=compiler_options
+    )
     with jax.set_mesh(mesh):
         batches = [
             sharding.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
@@ -175,15 +188,21 @@ def _prepare_yardstick():
 
 
 def _time_steps(run: dict, num_steps: int) -> float:
-    """Seconds per step over `num_steps` steps (data already on device)."""
+    """Seconds per step over `num_steps` steps (data already on device).
+
+    Also adds the process's minor page faults over these steps to run["faults"].
+    """
     state = run["state"]
     with jax.set_mesh(run["mesh"]):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         for i in range(num_steps):
             state, metrics = run["step_fn"](state, run["batches"][i % 2])
         jax.block_until_ready((state, metrics))
         elapsed = time.perf_counter() - start
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     run["state"] = state
+    run["faults"] = run.get("faults", 0) + faults
     return elapsed / num_steps
 
 
@@ -212,6 +231,8 @@ def _paired_ratio(samples: list[float], baseline: list[float]) -> str:
 def main(argv):
     del argv
     runs = {method: _prepare(method) for method in _METHODS.value}
+    for method in _XLA_DEFAULTS.value:
+        runs[f"{method} (XLA defaults)"] = _prepare(method, compiler_options={})
     runs[YARDSTICK] = _prepare_yardstick()
     times = {method: [] for method in runs}
     gflops = []
@@ -232,14 +253,15 @@ def main(argv):
         f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print(
-        "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) |"
+        "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) | page faults/step |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for method, seconds in medians.items():
         ratio = _paired_ratio(times[method], times["rope"]) if "rope" in times else "-"
         print(
             f"| {method} | {1000 * seconds:.1f} | {1 / seconds:.2f} | {tokens / seconds:,.0f} | {ratio} | "
-            f"{reference_estimate / seconds:.2f}x |"
+            f"{reference_estimate / seconds:.2f}x | "
+            f"{runs[method]['faults'] / (_ROUNDS.value * _STEPS.value):,.0f} |"
         )
 
 

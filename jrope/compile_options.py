@@ -5,16 +5,15 @@ fusions by default. A library fusion takes only whole arrays as operands, so
 whatever XLA would otherwise fuse into its loops is written out first: the
 RMSNorm scale broadcast to a full [B, T, D] array in every block, for one.
 With those fusions off (`xla_cpu_experimental_ynn_fusion_type` empty) the
-steps that use the plain or einsum attention kernel ran faster on the
-2-core development machine, measured side by side in one process:
-
-  train step, synthetic shape (B 24, L 256)   0.93 to 0.97x the time
-  train step, WikiText v1 shape (batch 2)     0.96x
-  evaluation at 2048 (batch 8)                0.83x
-
-while evaluation through the blockwise kernel at 8192 ran 1.02 to 1.07x
-slower, so the blockwise path keeps XLA's defaults. Other backends keep them
-too (the option names a CPU pass).
+steps that use the plain or einsum attention kernel ran as fast or faster on
+the 2-core development machine, measured side by side in one process
+(`benchmarks/train_step.py --xla_defaults=...`; README, Performance):
+jordan_rope's synthetic train step 0.92x the time, RoPE's 1.01x (noise);
+before the entry points used huge pages (jrope.huge_pages), 0.93 to 0.97x
+for both at the synthetic and WikiText shapes and 0.83x for evaluation at
+2048. Evaluation through the blockwise kernel at 8192 ran 1.02 to 1.07x
+slower without them, so the blockwise path keeps XLA's defaults. Other
+backends keep them too (the option names a CPU pass).
 """
 
 from __future__ import annotations

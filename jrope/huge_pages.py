@@ -3,15 +3,15 @@
 XLA:CPU allocates each execution's scratch buffer afresh (172 MiB for the
 synthetic CPU train step) and glibc hands such large blocks back to the
 kernel when they are freed, so every step maps its scratch again in 4 KiB
-pages: 44 thousand page faults per step, about a third of the step's CPU time
-spent in the kernel. glibc (2.35 and later) can back large allocations with
-transparent huge pages instead (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`):
-about 400 faults per step, and the synthetic RoPE train step took 0.8x the
-time (192 to 225 ms against 238 to 262 ms, four alternating runs of each on
-the 2-core development machine). glibc reads the setting only when a process
-starts, so the entry points (train.py, eval.py, jrope.compare, the
-benchmarks) call `restart_with_huge_pages()` first: the process replaces
-itself once, same arguments and process id, with the setting added.
+pages: 44 thousand page faults per step. glibc (2.35 and later) can back
+large allocations with transparent huge pages instead
+(`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`): about 500 faults per step, and
+the synthetic RoPE train step took 0.7 to 0.8x the time
+(benchmarks/train_step.py; README, Performance). glibc reads the setting
+only when a process starts, so the entry points (train.py, eval.py,
+jrope.compare, the benchmarks) call `restart_with_huge_pages()` first: the
+process replaces itself once, same arguments and process id, with the
+setting added.
 
 Nothing happens off Linux, with another C library or glibc older than 2.35,
 when transparent huge pages are off ('never'), when GLIBC_TUNABLES already

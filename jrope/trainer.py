@@ -52,11 +52,13 @@ def make_train_step(
     mesh: Mesh,
     *,
     donate: bool = True,
+    compiler_options: dict[str, Any] | None = None,
 ) -> TrainStep:
     """The jitted train step for global batches of `cfg.batch_size` rows.
 
     Compiled with jrope.compile_options (on CPU, without XLA's library fusions
-    unless the attention is blockwise).
+    unless the attention is blockwise); `compiler_options` replaces them ({}:
+    XLA's defaults, as benchmarks/train_step.py compares).
 
     Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
     Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
@@ -95,19 +97,21 @@ def make_train_step(
 
     batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    blockwise = attention.uses_blockwise(
-        cfg.model.attention_impl,
-        length=cfg.pe.train_context,
-        blockwise_min_length=cfg.model.blockwise_min_length,
-    )
+    if compiler_options is None:
+        blockwise = attention.uses_blockwise(
+            cfg.model.attention_impl,
+            length=cfg.pe.train_context,
+            blockwise_min_length=cfg.model.blockwise_min_length,
+        )
+        compiler_options = step_compiler_options(
+            blockwise=blockwise, platform=mesh.devices.flat[0].platform
+        )
     return jax.jit(
         train_step,
         in_shardings=(layout.shardings, batch_sharding),
         out_shardings=(layout.shardings, replicated),
         donate_argnums=0 if donate else (),
-        compiler_options=step_compiler_options(
-            blockwise=blockwise, platform=mesh.devices.flat[0].platform
-        ),
+        compiler_options=compiler_options,
     )
 
 
