@@ -75,6 +75,13 @@ def _as_batched_positions(positions) -> jax.Array:
     return positions[None] if positions.ndim == 1 else positions
 
 
+def _scaled(coefficients: list, scale: jax.Array | None) -> list:
+    """Chain coefficients times a damping factor; static zeros stay python zeros."""
+    if scale is None:
+        return coefficients
+    return [c if isinstance(c, float) and c == 0.0 else scale * c for c in coefficients]
+
+
 def default_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """Midpoint of all positions per batch row, int32 [B|1, 1].
 
@@ -191,27 +198,30 @@ class JordanSegment:
             # Damping and rotation depend only on i - j: measure them from the origin.
             rel = (positions - origin).astype(jnp.float32)
             angle = rel[..., None, None] * _lead(omega, 3)  # [B|1, T, 1, nb]
-            cos, sin = jnp.cos(angle), jnp.sin(angle)
+            scale = None
             if 'gamma' in physical:
                 gamma = _lead(physical['gamma'], 2)
                 scale = jnp.exp(sign * gamma * rel[..., None, None])  # [B|1, T, N, nb]
-                cos, sin = scale * cos, scale * sin
             # Exact shear depends only on i - j too; stabilized shear needs the true position.
             shear_positions = rel if self.cfg.is_translation_invariant else positions
-            return cos, sin, -shear_positions.astype(jnp.float32)
+            return jnp.cos(angle), jnp.sin(angle), scale, -shear_positions.astype(jnp.float32)
 
         def blocks(x):
             return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
 
-        q_cos, q_sin, q_t = factors(q_pos, -1.0)
-        k_cos, k_sin, k_t = factors(k_pos, +1.0)
+        q_cos, q_sin, q_scale, q_t = factors(q_pos, -1.0)
+        k_cos, k_sin, k_scale, k_t = factors(k_pos, +1.0)
         if self.shear == 'eta':
             # U(t) = exp(s(t) N) with s odd: U(-p)^{-1} = U(p), no series inversion needed.
             q_inverse = self.chain_coefficients(physical, -q_t)
         else:
             q_inverse = pe_math.toeplitz_series_inverse(self.chain_coefficients(physical, q_t))
-        q2 = pe_math.query_map(blocks(q), q_cos, q_sin, q_inverse)
-        k2 = pe_math.key_map(blocks(k), k_cos, k_sin, self.chain_coefficients(physical, k_t))
+        k_coefficients = self.chain_coefficients(physical, k_t)
+        # The damping is carried by the chain coefficients, not by cos and sin:
+        # the rotation then does not depend on heads or parameters, so one
+        # [T, nb] table of it serves every layer (see pe_math.map_tables).
+        q2 = pe_math.query_map(blocks(q), q_cos, q_sin, _scaled(q_inverse, q_scale))
+        k2 = pe_math.key_map(blocks(k), k_cos, k_sin, _scaled(k_coefficients, k_scale))
         return q2.reshape(q.shape), k2.reshape(k.shape)
 
     def relative_operators(self, params, lags: jax.Array) -> jax.Array:

@@ -175,26 +175,31 @@ def damped_phase(lag, gamma, omega) -> tuple[jax.Array, jax.Array]:
 # ----------------------------------------------------------------------------
 
 
-def map_tables(cos_scaled, sin_scaled, coefficients: Coefficients) -> jax.Array:
+def map_tables(cos, sin, coefficients: Coefficients) -> jax.Array:
     """The per-position weights of a factorized map, float32 [..., nb, R, 2].
 
-    Entry r holds (s cos(phi) c_r, s sin(phi) c_r): the rotation and scale
-    folded into each chain coefficient, so applying the map is R
-    multiply-adds per element. Trailing static zeros (no shear) are dropped.
-    cos_scaled, sin_scaled: s cos(phi), s sin(phi), [..., nb]; coefficients:
-    c_r, each a python float or broadcastable to [..., nb].
+    Entry r holds (cos(phi) c_r, sin(phi) c_r): the rotation folded into each
+    chain coefficient, so applying the map is R multiply-adds per element. A
+    damping scale s is carried by the coefficients (c_r = s u_r). Trailing
+    static zeros (no shear) are dropped.
+    cos, sin: of the rotation angle, [..., 1|N, nb]; coefficients: c_r, each a
+    python float or broadcastable to [..., nb].
     """
     coefficients = list(coefficients)
     while len(coefficients) > 1 and isinstance(coefficients[-1], float) and coefficients[-1] == 0.0:
         coefficients.pop()
     shape = jnp.broadcast_shapes(
-        jnp.shape(cos_scaled), jnp.shape(sin_scaled), *(jnp.shape(c) for c in coefficients)
+        jnp.shape(cos), jnp.shape(sin), *(jnp.shape(c) for c in coefficients)
     )
-    weights = [
-        jnp.broadcast_to(jnp.stack([cos_scaled * c, sin_scaled * c], -1), shape + (2,))
-        for c in coefficients
-    ]
-    return jnp.stack(weights, -2).astype(jnp.float32)
+    # The rotation is built once as its own array and the coefficients as
+    # another: XLA:CPU then keeps the [T, 1, nb, 2] rotation (the same in every
+    # layer) as one table, instead of evaluating cos and sin again inside each
+    # layer's [T, N, nb, R, 2] table and its gradient.
+    rotation = jnp.stack([jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)], -1)
+    weights = jnp.stack(
+        [jnp.broadcast_to(jnp.asarray(c, jnp.float32), shape) for c in coefficients], -1
+    )
+    return weights[..., None] * rotation[..., None, :]
 
 
 def _apply_tables(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
@@ -281,24 +286,23 @@ def _sum_to_shape(g: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jnp.sum(g, axis=axes, keepdims=True) if axes else g
 
 
-def key_map(k: jax.Array, cos_scaled, sin_scaled, coefficients: Coefficients) -> jax.Array:
+def key_map(k: jax.Array, cos, sin, coefficients: Coefficients) -> jax.Array:
     """k' = A(-p) k = e^{gamma p} R(omega p)^T U(-p) k on [..., nb, m, 2] blocks.
 
-    cos_scaled, sin_scaled: e^{gamma p} cos(omega p), e^{gamma p} sin(omega p), [..., nb].
-    coefficients: c_r of U(-p), each broadcastable to [..., nb].
+    cos, sin: cos(omega p), sin(omega p), [..., nb].
+    coefficients: e^{gamma p} times the c_r of U(-p), each broadcastable to [..., nb].
     """
-    return apply_map(k, map_tables(cos_scaled, sin_scaled, coefficients), +1)
+    return apply_map(k, map_tables(cos, sin, coefficients), +1)
 
 
-def query_map(
-    q: jax.Array, cos_scaled, sin_scaled, inverse_coefficients: Coefficients
-) -> jax.Array:
+def query_map(q: jax.Array, cos, sin, inverse_coefficients: Coefficients) -> jax.Array:
     """q' = A(-p)^{-T} q = e^{-gamma p} R(omega p)^T U(-p)^{-T} q on [..., nb, m, 2].
 
-    cos_scaled, sin_scaled: e^{-gamma p} cos(omega p), e^{-gamma p} sin(omega p).
-    inverse_coefficients: c_r of U(-p)^{-1}; U^{-T} is lower triangular.
+    cos, sin: cos(omega p), sin(omega p), [..., nb].
+    inverse_coefficients: e^{-gamma p} times the c_r of U(-p)^{-1}; U^{-T} is
+    lower triangular.
     """
-    return apply_map(q, map_tables(cos_scaled, sin_scaled, inverse_coefficients), -1)
+    return apply_map(q, map_tables(cos, sin, inverse_coefficients), -1)
 
 
 # ----------------------------------------------------------------------------
