@@ -18,10 +18,15 @@ on random bytes, so the corpus need not be present (a step's cost does not
 depend on which bytes it sees); the synthetic step runs on the task's batches.
 
 Timing: every (shape, method) step is compiled and warmed up first, then all
-are timed side by side in interleaved rounds together with the matmul peak
-(machines are shared and noisy: only numbers measured together mean much);
-step times are the median over rounds, the peak is the best float32
-`jnp.dot` throughput over the sizes and rounds.
+are timed side by side in interleaved rounds (machines are shared and noisy:
+only numbers measured together mean much); step times are the median over
+rounds. The peak is the best float32 `jnp.dot` throughput over the sizes,
+measured before the first round and after the last: the first program run
+after these matmuls (compiled with XLA's library fusions, which the train steps
+are not) is slowed, and one RoPE program timed in the first and the last slot
+of each round at the WikiText shape ran 35 to 45 % slower in the slot right
+after them. So an untimed round comes first, and each round opens with an
+untimed run of its first step.
 
     python benchmarks/mfu.py                    # both shapes, rope and jordan_exact_scaled
     python benchmarks/mfu.py --shapes=synthetic --methods=rope,jordan_rope
@@ -40,10 +45,7 @@ XLA's own count for the compiled step (`cost_analysis()['flops']`, which also
 counts elementwise work, the optimizer, any rematerialised forward, and the
 attention logits the kernel actually forms: all T x T of them for 'xla',
 5/8 for the 4-block 'einsum' kernel), ms/step, achieved model GFLOP/s, the
-measured peak, MFU = achieved / peak, and the median over rounds of each
-round's achieved over that round's own peak (on a shared machine the load
-changes between rounds: this compares step and peak under a similar load).
-The peak is float32 (about 450 GFLOP/s on the idle development machine;
+measured peak, and MFU = achieved / peak. The peak is float32 (about 450 GFLOP/s on the idle development machine;
 bfloat16 matmuls were not faster there; performance.md).
 """
 
@@ -202,33 +204,32 @@ def main(argv):
     }
     matmuls = _matmuls([int(n) for n in _PEAK_SIZES.value])
     times = {key: [] for key in runs}
-    peaks = []  # each round's best GFLOP/s, measured just before its steps
+    peaks = [_peak_gflops(matmuls)]
+    for run in runs.values():  # an untimed round first: see the module docstring
+        _time_steps(run)
+    first = next(iter(runs.values()))
     for _ in range(_ROUNDS.value):
-        peaks.append(_peak_gflops(matmuls))
+        _time_steps(first)  # untimed: see the module docstring
         for key, run in runs.items():
             times[key].append(_time_steps(run))
+    peaks.append(_peak_gflops(matmuls))
     peak = max(peaks)
     print(
         f'MFU of the train step; {_DTYPE.value}, remat {_REMAT.value}, attention {_IMPL.value}; '
         f'median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best '
         f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
-        f'(median round {statistics.median(peaks):.0f}); '
+        f'(before the rounds {peaks[0]:.0f}, after {peaks[1]:.0f}); '
         f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print(
         '| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | '
-        'steps x rounds | ms/step | achieved GFLOP/s | peak GFLOP/s | MFU % | '
-        'MFU % same-round peak |'
+        'steps x rounds | ms/step | achieved GFLOP/s | peak GFLOP/s | MFU % |'
     )
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
     for (shape, method), run in runs.items():
         cfg, flops = run['cfg'], run['flops']
         seconds = statistics.median(times[shape, method])
         achieved = flops['total'] / seconds / 1e9
-        same_round = statistics.median(
-            flops['total'] / step / 1e9 / round_peak
-            for step, round_peak in zip(times[shape, method], peaks)
-        )
         cells = [
             shape,
             method,
@@ -240,7 +241,6 @@ def main(argv):
             f'{achieved:.0f}',
             f'{peak:.0f}',
             f'{100 * achieved / peak:.1f}',
-            f'{100 * same_round:.1f}',
         ]
         print('| ' + ' | '.join(cells) + ' |')
 
