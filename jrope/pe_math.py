@@ -223,14 +223,6 @@ def _apply_tables(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
     return jnp.stack([jnp.stack(out_re, -1), jnp.stack(out_im, -1)], -1)
 
 
-# Tables broadcast over at least this many copies (batch rows, or heads for
-# RoPE's head-independent table) are materialized before the map: left
-# fusable, XLA:CPU evaluates their cos, sin and exp inside the map's loop, once
-# per element of x. Less broadcast tables (batch 1, as in long-sequence
-# evaluation) cost less fused than written out and read back.
-_MATERIALIZE_BROADCAST = 2
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def apply_map(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
     """Applies map_tables weights to x [..., nb, m, 2]; direction +1: U, -1: U^T.
@@ -241,15 +233,10 @@ def apply_map(x: jax.Array, tables: jax.Array, direction: int) -> jax.Array:
     about ten times slower than an elementwise pass; here it is a matrix-vector
     product with ones instead.
     """
-    if x.size >= _MATERIALIZE_BROADCAST * tables.size:
-        tables = jax.lax.optimization_barrier(tables)
     return _apply_tables(x, tables, direction)
 
 
 def _apply_map_forward(x, tables, direction):
-    # Differentiated: always materialized, since the backward pass reads the
-    # tables in two more places (the adjoint map and the tables' gradient).
-    tables = jax.lax.optimization_barrier(tables)
     return _apply_tables(x, tables, direction), (x, tables)
 
 
