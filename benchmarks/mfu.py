@@ -23,9 +23,9 @@ only numbers measured together mean much); step times are the median over
 rounds. The peak is the best float32 `jnp.dot` throughput over the sizes,
 measured before the first round and after the last: the first program run
 after these matmuls (compiled with XLA's library fusions, which the train steps
-are not) is slowed, and one RoPE program timed in the first and the last slot
-of each round at the WikiText shape ran 35 to 45 % slower in the slot right
-after them. So an untimed round comes first, and each round opens with an
+are not) is slowed, and one RoPE program timed in the first and the last
+slot of each round at the WikiText shape ran 30 to 50 % (median 44 %) slower
+in the slot right after them. So an untimed round comes first, and each round opens with an
 untimed run of its first step.
 
     python benchmarks/mfu.py                    # both shapes, rope and jordan_exact_scaled
