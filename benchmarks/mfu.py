@@ -25,8 +25,8 @@ measured before the first round and after the last: the first program run
 after these matmuls (compiled with XLA's library fusions, which the train steps
 are not) is slowed, and one RoPE program timed in the first and the last
 slot of each round at the WikiText shape ran 30 to 50 % (median 44 %) slower
-in the slot right after them. So an untimed round comes first, and each round opens with an
-untimed run of its first step.
+in the slot right after them. So an untimed round comes first, and each round
+opens with an untimed run of its first step.
 
     python benchmarks/mfu.py                    # both shapes, rope and jordan_exact_scaled
     python benchmarks/mfu.py --shapes=synthetic --methods=rope,jordan_rope
