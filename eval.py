@@ -3,17 +3,16 @@
 For a trained experiment, evaluates the latest checkpoint in <workdir> at
 config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}
 (eval_step<N>.2, .3, ... when that already holds results: nothing is overwritten).
-For config.experiment == "kernel_probe", runs the closed-form kernel probe.
-Multi-process runs take the process flags of train.py (jrope.distributed).
+A probe config (one `probe` section, configs/kernel_probe*.py) runs the
+closed-form kernel probe instead. Multi-process runs take the process flags
+of train.py (jrope.train.distributed).
 """
-
-import importlib
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope import distributed, huge_pages
-from jrope.config_types import TrainConfig
+from jrope.train import distributed, huge_pages
+from jrope.train.config import TrainConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -30,11 +29,13 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     config = _CONFIG.value
-    if config.experiment == "kernel_probe":
-        # Imported only here: the probe has its own config and needs no trained model.
-        importlib.import_module("jrope.kernel_probe").run(config, _WORKDIR.value)
+    if "probe" in config:
+        # Imported only here: the probe needs no trained model.
+        from jrope.experiments import kernel_probe
+
+        kernel_probe.run(config, _WORKDIR.value)
         return
-    from jrope.evaluation import evaluate_checkpoint
+    from jrope.train.evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(TrainConfig.from_config_dict(config), _WORKDIR.value)
 

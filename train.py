@@ -6,7 +6,7 @@ can be overridden on the command line, e.g. --config.pe.name=rope.
 On SIGTERM (a preemption notice) the run checkpoints its current step and
 exits with status 143; the same command resumes it. Multi-process runs (one
 process per host) add --multiprocess, or --coordinator_address,
---num_processes and --process_id (jrope.distributed).
+--num_processes and --process_id (jrope.train.distributed).
 """
 
 import sys
@@ -14,10 +14,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jrope import distributed, huge_pages
-from jrope.config_types import TrainConfig
-from jrope.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
-from jrope.trainer import train_and_evaluate
+from jrope.train import distributed, huge_pages
+from jrope.train.config import TrainConfig
+from jrope.train.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+from jrope.train.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True

@@ -1,13 +1,12 @@
 """Speed and memory of one attention layer per encoding: forward, and forward + backward.
 
 Raw q, k, v [B, T, N, H] (default B 1, N 4 as in the synthetic model, and
-H 48 rather than its 32: an order-3 Jordan head needs H divisible by 6) go through jrope.attention.causal_attention, encoding included,
-with two kernels:
+H 48 rather than its 32: an order-3 Jordan head needs H divisible by 6) go
+through jrope.attention.causal_attention, encoding included, with two kernels:
 
-  dense      what attention_impl='auto' picks below its blockwise threshold
-             (the kernel column names it: 'xla' or 'einsum'); it forms the
-             T x T logits of every head.
-  blockwise  jrope.blockwise_attention (online softmax over key blocks).
+  dense      the einsum kernel, what attention_impl='auto' picks below its
+             blockwise threshold; it forms the T x T logits of every head.
+  blockwise  jrope.attention.blockwise (online softmax over key blocks).
 
 Every (kernel, length) group is compiled first and then timed side by side,
 in interleaved rounds, in one process (the machines are shared and noisy:
@@ -41,7 +40,8 @@ import jax
 import jax.numpy as jnp
 
 import jrope
-from jrope import attention, huge_pages
+from jrope import attention
+from jrope.train import huge_pages
 
 METHODS = (
     "nope", "rope", "alibi", "rope_alibi", "damped_rope", "jordan_rope",
@@ -85,8 +85,7 @@ def _layer(enc, kernel: str, length: int):
     def forward(params, q, k, v):
         return attention.causal_attention(
             q, k, v, enc=enc, params=params, positions=positions,
-            impl="blockwise" if kernel == "blockwise" else "auto",
-            blockwise_min_length=1 << 30, block_size=_BLOCK.value,
+            kernel="blockwise" if kernel == "blockwise" else "einsum", block_size=_BLOCK.value,
         )  # fmt: skip
 
     return forward

@@ -12,7 +12,7 @@ compiling), the compile time and the time of one evaluation.
     python benchmarks/long_eval.py --method=rope --lengths=2048,8192 --block_size=256
 
 'dense' is the kernel attention_impl='auto' picks below its blockwise
-threshold (jrope.attention.resolve_impl): it forms the T x T logits of
+threshold (jrope.attention.choose_kernel): it forms the T x T logits of
 every head. Dense runs whose logit matrices alone would
 exceed --max_dense_gb are skipped (at 32768 they would need 16 GiB per layer).
 Performance.md's reference: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
@@ -32,7 +32,7 @@ from absl import app, flags
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 
-from jrope import huge_pages  # noqa: E402  (after the path insert)
+from jrope.train import huge_pages  # noqa: E402  (after the path insert)
 
 _METHOD = flags.DEFINE_string(
     "method", "jordan_exact_scaled", "Position encoding (any paper name)."
@@ -52,10 +52,10 @@ def _measure(kernel: str, length: int) -> dict:
     import jax
 
     from configs import synthetic_cpu
-    from jrope import sharding
-    from jrope.config_types import TrainConfig
-    from jrope.evaluation import make_eval_step
-    from jrope.train_state import build_source, init_state, state_layout
+    from jrope.train import sharding
+    from jrope.train.config import TrainConfig
+    from jrope.train.evaluation import EvalStep
+    from jrope.train.setup import set_up_run
 
     config = synthetic_cpu.get_config()
     config.pe.name = _METHOD.value
@@ -65,16 +65,15 @@ def _measure(kernel: str, length: int) -> dict:
     config.model.block_size = _BLOCK.value
     config.mesh.data = 1
     cfg = TrainConfig.from_config_dict(config)
-    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    source, mesh = run.source, run.mesh
     # A fresh state's parameters (its optimizer moments are a few MB at this size).
-    params = init_state(cfg, source.vocab_size, layout, mesh)["params"]
+    params = run.init_state()["params"]
     with jax.set_mesh(mesh):
         batch = next(source.eval_batches(length, 1, 1))
         batch = sharding.global_batch(batch, cfg.mesh.rules, mesh)
         ready_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        eval_step = make_eval_step(layout.graphdef, source.num_classes, cfg.model)
+        eval_step = EvalStep(run)
         start = time.perf_counter()
         compiled = eval_step.for_length(length).lower(params, batch).compile()
         compile_s = time.perf_counter() - start

@@ -1,7 +1,7 @@
 """Model-FLOP utilisation (MFU) of the jitted train step against a measured matmul peak.
 
 For each shape and encoding: the model FLOPs of one train step, counted
-analytically from the config (`jrope.flops.model_flops_per_step`), divided by the
+analytically from the config (`jrope.train.flops.model_flops_per_step`), divided by the
 measured step time, over the best float32 matmul throughput measured on this
 machine in the same process. Two shapes, one device:
 
@@ -12,7 +12,7 @@ machine in the same process. Two shapes, one device:
             4 heads, 3 layers, MLP 2x, L 256, batch 24, vocabulary 3, logits
             at the last position only (readout 'last').
 
-The step is the project's own (jrope.train_state, jrope.trainer.make_train_step):
+The step is the project's own (jrope.train.setup, jrope.train.trainer.make_train_step):
 forward, backward, AdamW with clipping, state donated. The WikiText step runs
 on random bytes, so the corpus need not be present (a step's cost does not
 depend on which bytes it sees); the synthetic step runs on the task's batches.
@@ -47,7 +47,7 @@ attention logits the kernel actually forms: all T x T of them for 'xla',
 5/8 for the 4-block 'einsum' kernel), ms/step, achieved model GFLOP/s, the
 measured peak, and MFU = achieved / peak. The peak is float32 (about 450
 GFLOP/s on the idle development machine; bfloat16 matmuls were not faster
-there; performance.md).
+there; docs/performance.md).
 """
 
 import math
@@ -63,13 +63,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jrope.model.config import ATTENTION_IMPLS
 
 from configs import synthetic_cpu, wikitext_scaled_exact
-from jrope import huge_pages, sharding
-from jrope.config_types import ATTENTION_IMPLS, TrainConfig
-from jrope.flops import model_flops_per_step
-from jrope.train_state import build_source, init_state, state_layout
-from jrope.trainer import make_train_step
+from jrope.train import huge_pages, sharding
+from jrope.train.config import TrainConfig
+from jrope.train.flops import model_flops_per_step
+from jrope.train.setup import RunSetup, set_up_run
+from jrope.train.state import state_layout
+from jrope.train.trainer import make_train_step
 
 SHAPES = {'wikitext': wikitext_scaled_exact, 'synthetic': synthetic_cpu}
 
@@ -99,42 +101,54 @@ def _train_config(shape: str, method: str) -> TrainConfig:
     return TrainConfig.from_config_dict(config)
 
 
-def _host_batches(cfg: TrainConfig, num: int) -> tuple[list[dict], int, int | None]:
-    """`num` host batches, the vocabulary and num_classes of `cfg`'s experiment.
+class _RandomBytes:
+    """Uniform random bytes shaped like ByteTextSource's batches, so no corpus need be downloaded.
 
-    Byte-level text gets uniform random bytes shaped like ByteTextSource's
-    batches ('inputs', 'targets' int32 [B, T], 'weights' float32 [B, T] of
-    ones), so that the WikiText corpus need not be downloaded.
+    'inputs', 'targets' int32 [B, T] and 'weights' float32 [B, T] of ones
+    (the data-source contract of jrope.data.source).
     """
-    if cfg.experiment == 'text_bytes':
-        b, t, vocab = cfg.batch_size, cfg.data.seq_len, cfg.data.vocab_size
-        batches = []
-        for i in range(num):
-            rng = np.random.default_rng([cfg.seed, i])
-            window = rng.integers(cfg.data.token_offset, vocab, (b, t + 1), dtype=np.int32)
-            batches.append(
-                {
-                    'inputs': window[:, :-1],
-                    'targets': window[:, 1:],
-                    'weights': np.ones((b, t), np.float32),
-                }
-            )
-        return batches, vocab, None
-    source = build_source(cfg)
-    return [source.train_batch(i) for i in range(num)], source.vocab_size, source.num_classes
+
+    num_classes = None
+
+    def __init__(self, cfg: TrainConfig):
+        self._cfg = cfg
+        self.vocab_size = cfg.data.vocab_size
+
+    def train_batch(self, step: int) -> dict:
+        b, t = self._cfg.batch_size, self._cfg.data.seq_len
+        rng = np.random.default_rng([self._cfg.seed, step])
+        window = rng.integers(
+            self._cfg.data.token_offset, self.vocab_size, (b, t + 1), dtype=np.int32
+        )
+        return {
+            'inputs': window[:, :-1],
+            'targets': window[:, 1:],
+            'weights': np.ones((b, t), np.float32),
+        }
+
+
+def _set_up(cfg: TrainConfig) -> RunSetup:
+    """The run on one device; byte-level text runs on random bytes (_RandomBytes)."""
+    devices = jax.devices()[:1]
+    if cfg.data.source == 'synthetic':
+        return set_up_run(cfg, devices=devices)
+    source = _RandomBytes(cfg)
+    mesh = sharding.make_mesh(cfg.mesh, devices)
+    return RunSetup(cfg, source, mesh, state_layout(cfg, source.vocab_size, mesh))
 
 
 def _prepare(shape: str, method: str) -> dict:
     """The compiled, warmed-up train step of (shape, method), its state, batches and FLOPs."""
     cfg = _train_config(shape, method)
-    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    host_batches, vocab_size, num_classes = _host_batches(cfg, 2)
-    layout = state_layout(cfg, vocab_size, mesh)
-    state = init_state(cfg, vocab_size, layout, mesh)
+    run = _set_up(cfg)
+    mesh = run.mesh
+    state = run.init_state()
     with jax.set_mesh(mesh):
-        batches = [sharding.global_batch(batch, cfg.mesh.rules, mesh) for batch in host_batches]
+        batches = [
+            sharding.global_batch(run.source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
+        ]
         # Compiled once, ahead of time: the executable that is timed is the one XLA's count is of.
-        step_fn = make_train_step(cfg, layout, num_classes, mesh).lower(state, batches[0]).compile()
+        step_fn = make_train_step(run).lower(state, batches[0]).compile()
         cost = step_fn.cost_analysis()
         state, metrics = step_fn(state, batches[0])  # warm up
         jax.block_until_ready(metrics)
@@ -152,7 +166,7 @@ def _prepare(shape: str, method: str) -> dict:
         'step_fn': step_fn,
         'batches': batches,
         'steps': steps,
-        'flops': model_flops_per_step(cfg, vocab_size),
+        'flops': model_flops_per_step(cfg, run.source.vocab_size),
         'xla_flops': float(cost.get('flops', float('nan'))),
     }
 

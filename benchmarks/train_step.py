@@ -15,14 +15,14 @@ round, with its quartiles (pairing by round cancels most of the drift in the
 machine's load, which moves single times by 10 to 20 %). The machines are
 shared, so the speed-up over the paper's PyTorch reference is estimated
 through a yardstick timed in the same rounds: the straightforward JAX step
-of performance.md (its own textbook RoPE in float32,
+(docs/performance.md: its own textbook RoPE in float32,
 jax.nn.dot_product_attention, plain autodiff, AdamW with clipping; no jrope
 code, so the yardstick stays fixed as the library changes), which ran at 283
 ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed before and after the rounds says how
 loaded the machine was (about 450 GFLOP/s when idle). The last column counts the
-process's minor page faults per timed step (see jrope/huge_pages.py;
+process's minor page faults per timed step (see jrope/train/huge_pages.py;
 JROPE_HUGE_PAGES=0 runs without huge pages).
 """
 
@@ -42,12 +42,13 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from configs import synthetic_cpu  # noqa: E402
-from jrope import huge_pages, sharding  # noqa: E402
-from jrope.config_types import TrainConfig  # noqa: E402
-from jrope.train_state import build_source, init_state, state_layout  # noqa: E402
-from jrope.trainer import make_train_step  # noqa: E402
+from jrope.train import huge_pages, sharding  # noqa: E402
+from jrope.train.config import TrainConfig  # noqa: E402
+from jrope.train.setup import set_up_run  # noqa: E402
+from jrope.train.trainer import make_train_step  # noqa: E402
 
-# performance.md, one idle 2-core machine: the PyTorch reference's RoPE step and the naive JAX step.
+# Measured once on an idle 2-core development machine (docs/performance.md): the paper's
+# PyTorch code's RoPE step and the naive JAX step.
 REFERENCE_ROPE_MS = 195.0
 NAIVE_JAX_ROPE_MS = 283.0
 YARDSTICK = "naive_jax_rope"
@@ -68,7 +69,7 @@ _IMPL = flags.DEFINE_enum(
 _XLA_DEFAULTS = flags.DEFINE_list(
     "xla_defaults",
     [],
-    "Methods also timed compiled with XLA's default options instead of jrope.compile_options "
+    "Methods also timed compiled with XLA's default options instead of jrope.train.compile_options "
     "(rows named '<method> (XLA defaults)').",
 )
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per method per round.")
@@ -85,13 +86,10 @@ def _prepare(method: str, compiler_options: dict | None = None):
     config.model.attention_impl = _IMPL.value
     config.mesh.data = 1
     cfg = TrainConfig.from_config_dict(config)
-    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
-    step_fn = make_train_step(
-        cfg, layout, source.num_classes, mesh, compiler_options=compiler_options
-    )
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    source, mesh = run.source, run.mesh
+    state = run.init_state()
+    step_fn = make_train_step(run, compiler_options=compiler_options)
     with jax.set_mesh(mesh):
         batches = [
             sharding.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
@@ -103,7 +101,7 @@ def _prepare(method: str, compiler_options: dict | None = None):
 
 
 def _prepare_yardstick():
-    """The straightforward JAX train step performance.md timed at 283 ms (same model, same batch)."""
+    """The straightforward JAX train step (docs/performance.md: 283 ms there; same model, same batch)."""
     config = synthetic_cpu.get_config()
     config.pe.name = "rope"
     config.mesh.data = 1
@@ -177,8 +175,8 @@ def _prepare_yardstick():
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss
 
-    source = build_source(cfg)
-    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    source, mesh = run.source, run.mesh
     batches = [{k: jnp.asarray(v) for k, v in source.train_batch(i).items()} for i in range(2)]
     state = (params, optimizer.init(params))
     for batch in batches:

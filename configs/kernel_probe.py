@@ -1,4 +1,4 @@
-"""Kernel probe (experiments.md section 1): ridge fits of lag kernels on each method's basis.
+"""Kernel probe: ridge fits of lag kernels on each method's closed-form basis.
 
 Closed form, no training: each method's relative lag features (from its
 PEConfig and jrope.pe_math) are fitted by ridge regression to a target
@@ -55,8 +55,7 @@ METHODS = (
 
 def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
-    config.experiment = "kernel_probe"  # eval.py runs jrope.kernel_probe.run
-    config.probe = config_dict.ConfigDict()
+    config.probe = config_dict.ConfigDict()  # eval.py runs jrope.experiments.kernel_probe on it
     config.probe.methods = METHODS  # any names jrope.pe_config_from_name accepts
     config.probe.targets = ("phase", "linear", "mixed")  # cos(wd), -d/L, (d/L) cos(wd); or jet_r{r}
     config.probe.seeds = (0,)  # with train_points == train_context every seed gives the same fit

@@ -1,4 +1,9 @@
-"""Jordan-friendly synthetic LM at the paper's full scale (experiments.md section 2).
+"""Jordan-friendly synthetic LM at the paper's full scale.
+
+A sequence is L - 1 random bits then a QUERY token; the label is the sign of
+sum_p s_p K(L - 1 - p) with the paper's kernel K(d) = (d/L) cos(w d),
+normalised at the training length (so it keeps growing beyond it); the
+model answers from the last position (jrope/data/synthetic.py).
 
 Command (one method and seed per run; the paper's methods are nope, rope,
 alibi, rope_alibi, damped_rope, direct_sum, jordan_rope, jordan_no_gamma,
@@ -20,104 +25,41 @@ rope and 0.500 for direct_sum.
 
 from ml_collections import config_dict
 
+from configs import base
+
 
 def get_config() -> config_dict.ConfigDict:
-    config = config_dict.ConfigDict()
-    # Settings that two sections must share are FieldReferences: overriding one
-    # (e.g. --config.pe.train_context=512) updates the other.
-    train_length = config_dict.FieldReference(1024)
-    d_model = config_dict.FieldReference(128)
-    num_heads = config_dict.FieldReference(4)
-    theta = config_dict.FieldReference(10000.0)
-    seed = config_dict.FieldReference(0)
-
-    config.experiment = "synthetic"  # selects the data source (jrope.config_types.DATA_SOURCES)
-    config.seed = seed  # parameter initialisation and data seed
+    config = base.get_config(
+        train_context=1024, d_model=128, num_heads=4, num_layers=3, mlp_ratio=2
+    )
     config.num_steps = 1200  # optimizer steps
     config.batch_size = 24  # global batch (sequences per step)
-
-    config.model = config_dict.ConfigDict()
-    config.model.d_model = d_model  # residual width
-    config.model.num_heads = num_heads  # attention heads; head_dim = d_model / num_heads = 32
-    config.model.num_layers = 3  # Transformer blocks
-    config.model.mlp_ratio = 2  # MLP hidden width = mlp_ratio * d_model
-    config.model.compute_dtype = "float32"  # activations: float32 | bfloat16 (the paper: float32)
-    config.model.attention_impl = "auto"  # auto | xla | einsum | blockwise
-    config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
-    config.model.block_size = 512  # blockwise attention block length
-    # none | full | dots_saveable: recompute blocks in the backward pass
-    config.model.remat = "none"
-    config.model.dropout_rate = 0.0  # residual dropout after attention and MLP (the paper: none)
-    # last: the loss reads the last position only, so only it is computed
-    config.model.readout = "last"
-
-    config.pe = config_dict.ConfigDict()
-    # any paper name (math.md section 4), e.g. rope, jordan_exact_scaled
+    config.model.readout = "last"  # the loss reads the last position only, so only it is computed
     config.pe.name = "jordan_rope"
-    config.pe.train_context = train_length  # L of the encodings: tau(t) = t/(1+|t|/L), gamma = c/L
-    config.pe.theta = theta  # rotary base: omega_b = theta^(-2b/head_dim)
-    config.pe.gamma_min = 1e-4  # damping floor: gamma = softplus(raw) + gamma_min
-    config.pe.init_gamma = 1e-4  # initial damping
-    config.pe.eta_max = 0.1  # shear bound: eta = eta_max * tanh(raw)
-    config.pe.init_eta = 0.0  # initial shear
 
-    config.task = config_dict.ConfigDict()  # jrope.data.synthetic.SyntheticTaskConfig
-    config.task.seq_len = train_length  # training length L (bits then QUERY)
-    config.task.seed = seed  # data seed (the same as the run's seed)
-    config.task.kernel = "mixed_raw"  # K(d) = (d/L) cos(w d), the paper's kernel
-    config.task.head_dim = d_model // num_heads  # the kernel's frequencies are the model's
-    config.task.freq_index = 3  # w = theta^(-2*3/head_dim)
-    config.task.second_freq_index = 5  # second carrier ('rhythm_envelope' only)
-    config.task.theta = theta  # rotary base of the kernel's frequencies
-    config.task.label_mode = "threshold"  # label = 1[S > 0] | 'stochastic'
-    config.task.temperature = 1.0 / 3.0  # 'stochastic' labels: Bernoulli(sigmoid(S / temperature))
-    config.task.jet_power = 2  # r of the 'high_jet' kernels
-    config.task.jet_decay = 0.1  # c of 'scaled_high_jet'
-    config.task.damping_gamma = 1e-4  # gamma of 'damped_mixed'
-    config.task.damping_sin_weight = 0.75  # sine weight of 'damped_mixed'
-    config.task.envelope_offset = 0.25  # 'rhythm_envelope' envelope e0 + e1 d/L
-    config.task.envelope_slope = 0.85
-    config.task.carrier_cos_weight = 0.65  # 'rhythm_envelope' carrier c1 cos(w d) + c2 sin(w2 d)
-    config.task.carrier_sin_weight = 0.35
+    config.data = config_dict.ConfigDict()  # jrope.data.synthetic.SyntheticTaskConfig
+    config.data.source = "synthetic"  # the data source (jrope.data.source.SOURCES)
+    config.data.seq_len = config.pe.get_ref("train_context")  # training length L (bits then QUERY)
+    config.data.seed = config.get_ref("seed")  # data seed (the same as the run's seed)
+    config.data.kernel = "mixed_raw"  # K(d) = (d/L) cos(w d), the paper's kernel
+    # the kernel's frequencies are the model's
+    config.data.head_dim = config.model.get_ref("d_model") // config.model.get_ref("num_heads")
+    config.data.freq_index = 3  # w = theta^(-2*3/head_dim)
+    config.data.second_freq_index = 5  # second carrier ('rhythm_envelope' only)
+    config.data.theta = config.pe.get_ref("theta")  # rotary base of the kernel's frequencies
+    config.data.label_mode = "threshold"  # label = 1[S > 0] | 'stochastic'
+    config.data.temperature = 1.0 / 3.0  # 'stochastic' labels: Bernoulli(sigmoid(S / temperature))
+    config.data.jet_power = 2  # r of the 'high_jet' kernels
+    config.data.jet_decay = 0.1  # c of 'scaled_high_jet'
+    config.data.damping_gamma = 1e-4  # gamma of 'damped_mixed'
+    config.data.damping_sin_weight = 0.75  # sine weight of 'damped_mixed'
+    config.data.envelope_offset = 0.25  # 'rhythm_envelope' envelope e0 + e1 d/L
+    config.data.envelope_slope = 0.85
+    config.data.carrier_cos_weight = 0.65  # 'rhythm_envelope' carrier c1 cos(w d) + c2 sin(w2 d)
+    config.data.carrier_sin_weight = 0.35
 
-    config.opt = config_dict.ConfigDict()
-    config.opt.learning_rate = 5e-4  # peak (here constant) learning rate
+    config.opt.learning_rate = 5e-4  # constant learning rate
     config.opt.weight_decay = 0.01  # decoupled AdamW weight decay
-    config.opt.b1 = 0.9  # Adam first-moment decay
-    config.opt.b2 = 0.999  # Adam second-moment decay
-    config.opt.eps = 1e-8  # Adam epsilon
-    config.opt.clip_norm = 1.0  # global gradient-norm clip (0 = off)
-    config.opt.schedule = "constant"  # constant | cosine
-    config.opt.warmup_steps = 0  # linear warm-up steps
-    config.opt.final_lr_ratio = 0.0  # cosine only: final / peak learning rate
-    config.opt.nonfinite = "stop"  # NaN/Inf loss or grad norm: stop the run | skip the update
 
-    config.mesh = config_dict.ConfigDict()
-    config.mesh.data = -1  # data-parallel axis (-1: all devices left)
-    config.mesh.fsdp = 1  # parameter-sharded data-parallel axis
-    config.mesh.tensor = 1  # tensor-parallel axis (heads, MLP hidden)
-    # Logical axis -> mesh axes (jrope.sharding); dims that do not divide are replicated.
-    config.mesh.rules = (
-        ("batch", ("data", "fsdp")),
-        ("length", None),
-        ("embed", "fsdp"),
-        ("heads", "tensor"),
-        ("head_dim", None),
-        ("mlp", "tensor"),
-        ("vocab", None),
-    )
-
-    config.checkpoint = config_dict.ConfigDict()
-    config.checkpoint.every_steps = 200  # periodic save interval (the last step is always saved)
-    config.checkpoint.max_to_keep = 2  # older checkpoints are deleted
-
-    config.log = config_dict.ConfigDict()
-    config.log.every_steps = 50  # progress line / metrics.jsonl / TensorBoard interval
-    config.log.tensorboard = True  # write <workdir>/tensorboard event files
-
-    config.eval = config_dict.ConfigDict()
     config.eval.lengths = (1024, 2048, 4096, 8192)  # evaluation lengths (8x extrapolation)
-    config.eval.num_sequences = 32  # fixed evaluation sequences per length
-    config.eval.batch_size = 4  # sequences per evaluation batch (memory at length 8192)
-    config.eval.every_steps = 0  # evaluate during training every N steps (0: only at the end)
     return config

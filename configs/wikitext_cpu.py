@@ -1,4 +1,4 @@
-"""Byte-level language modelling at CPU scale on real WikiText-2 text (experiments.md section 3).
+"""Byte-level language modelling at CPU scale on real WikiText-2 text.
 
 The WikiText base (configs/wikitext_scaled_exact.py) on local text files and
 a small model: trained on WikiText-2's validation text, evaluated on its test

@@ -1,4 +1,4 @@
-"""Byte-level WikiText-103, the paper's v2 setting (experiments.md section 3).
+"""Byte-level WikiText-103, the paper's v2 setting.
 
 The v1 base (configs/wikitext_scaled_exact.py) trained on the first 1% of
 the training split's lines with a smaller model: d_model 192, 4 heads,

@@ -185,44 +185,61 @@ class JordanSegment:
             coefficients.append(gates[..., r - 1, :, :] * time**r / math.factorial(r))
         return coefficients
 
-    def transform(self, params, q, k, q_pos, k_pos, origin):
-        """(A(-i)^{-T} q, A(-j) k) on this segment's dims, float32.
+    def _rotation_and_scale(self, physical, positions, origin, sign):
+        """cos, sin [B|1, T, 1, nb] of omega (p - o) and the damping e^{sign gamma (p - o)}.
 
-        q: [B, T, N, width]; k: [B, S, N, width]; q_pos, k_pos: int32 [B|1, T|S];
-        origin: int32 [B|1, 1].
+        Damping and rotation depend only on i - j, so they are measured from
+        the origin; the damping is None for encodings without one.
+        """
+        rel = (positions - origin).astype(jnp.float32)
+        angle = rel[..., None, None] * _lead(self.frequencies(), 3)
+        scale = None
+        if 'gamma' in physical:
+            scale = jnp.exp(sign * _lead(physical['gamma'], 2) * rel[..., None, None])
+        return jnp.cos(angle), jnp.sin(angle), scale
+
+    def _map_time(self, positions, origin):
+        """-p for the shear of U(-p): exact shear reads p - o, stabilized shear the true p."""
+        shear_positions = positions - origin if self.cfg.is_translation_invariant else positions
+        return -shear_positions.astype(jnp.float32)
+
+    def _blocks(self, x):
+        return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
+
+    def map_queries(self, params, q, q_pos, origin):
+        """A(-(i - o))^{-T} q on this segment's dims, float32 [B, T, N, width].
+
+        q: [B, T, N, width]; q_pos: int32 [B|1, T]; origin: int32 [B|1, 1].
         """
         physical = self.physical_params(params)
-        omega = self.frequencies()
-
-        def factors(positions, sign):
-            # Damping and rotation depend only on i - j: measure them from the origin.
-            rel = (positions - origin).astype(jnp.float32)
-            angle = rel[..., None, None] * _lead(omega, 3)  # [B|1, T, 1, nb]
-            scale = None
-            if 'gamma' in physical:
-                gamma = _lead(physical['gamma'], 2)
-                scale = jnp.exp(sign * gamma * rel[..., None, None])  # [B|1, T, N, nb]
-            # Exact shear depends only on i - j too; stabilized shear needs the true position.
-            shear_positions = rel if self.cfg.is_translation_invariant else positions
-            return jnp.cos(angle), jnp.sin(angle), scale, -shear_positions.astype(jnp.float32)
-
-        def blocks(x):
-            return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
-
-        q_cos, q_sin, q_scale, q_t = factors(q_pos, -1.0)
-        k_cos, k_sin, k_scale, k_t = factors(k_pos, +1.0)
+        cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0)
+        time = self._map_time(q_pos, origin)
         if self.shear == 'eta':
             # U(t) = exp(s(t) N) with s odd: U(-p)^{-1} = U(p), no series inversion needed.
-            q_inverse = self.chain_coefficients(physical, -q_t)
+            inverse = self.chain_coefficients(physical, -time)
         else:
-            q_inverse = pe_math.toeplitz_series_inverse(self.chain_coefficients(physical, q_t))
-        k_coefficients = self.chain_coefficients(physical, k_t)
+            inverse = pe_math.toeplitz_series_inverse(self.chain_coefficients(physical, time))
         # The damping is carried by the chain coefficients, not by cos and sin:
         # the rotation then does not depend on heads or parameters, so one
         # [T, nb] table of it serves every layer (see pe_math.map_tables).
-        q2 = pe_math.query_map(blocks(q), q_cos, q_sin, _scaled(q_inverse, q_scale))
-        k2 = pe_math.key_map(blocks(k), k_cos, k_sin, _scaled(k_coefficients, k_scale))
-        return q2.reshape(q.shape), k2.reshape(k.shape)
+        q2 = pe_math.query_map(self._blocks(q), cos, sin, _scaled(inverse, scale))
+        return q2.reshape(q.shape)
+
+    def map_keys(self, params, k, k_pos, origin, *, shear: bool = True):
+        """A(-(j - o)) k on this segment's dims, float32 [B, S, N, width].
+
+        k: [B, S, N, width]; k_pos: int32 [B|1, S] (or [B|1, 1], broadcast
+        over S); origin: int32 [B|1, 1]. shear=False applies the damped
+        rotation alone.
+        """
+        physical = self.physical_params(params)
+        cos, sin, scale = self._rotation_and_scale(physical, k_pos, origin, +1.0)
+        if shear:
+            coefficients = self.chain_coefficients(physical, self._map_time(k_pos, origin))
+        else:
+            coefficients = [1.0]
+        k2 = pe_math.key_map(self._blocks(k), cos, sin, _scaled(coefficients, scale))
+        return k2.reshape(k.shape)
 
     def relative_operators(self, params, lags: jax.Array) -> jax.Array:
         """Closed-form G(d) for exact segments, [..., N, nb, 2m, 2m] for lags [...]."""
@@ -302,29 +319,76 @@ class Encoding:
           (q2, k2), shaped like q and k; dtype of q and k, or float32 when
           `keeps_float32`.
         """
+        if origin is None and self.segments:
+            origin = default_origin(
+                _as_batched_positions(q_positions), _as_batched_positions(k_positions)
+            )
+        return (
+            self.map_queries(params, q, q_positions, origin),
+            self.map_keys(params, k, k_positions, origin),
+        )
+
+    def map_queries(self, params, q, q_positions, origin=0):
+        """The query half of transform_qk: q2 = A(-(i - o))^{-T} q.
+
+        q: [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
+        scalar or [B]. A query and a key give the encoded score only when both
+        are mapped from the same origin; with damping, keep |p - o| below
+        ~88 / gamma (float32 range), e.g. the window's first position.
+        Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
+        """
+        return self._map(
+            'q', q, q_positions, origin, lambda seg, x, pos, o: seg.map_queries(params, x, pos, o)
+        )
+
+    def map_keys(self, params, k, k_positions, origin=0):
+        """The key half of transform_qk: k2 = A(-(j - o)) k.
+
+        k: [B, S, N, H]; k_positions: int32 [S] or [B, S] ([1] or [B, 1]
+        broadcast over S); origin: int32 scalar or [B]. Returns [B, S, N, H].
+        """
+        return self._map(
+            'k', k, k_positions, origin, lambda seg, x, pos, o: seg.map_keys(params, x, pos, o)
+        )
+
+    def move_keys(self, params, k2, shift):
+        """Keys mapped from origin o, re-expressed as mapped from origin o + shift.
+
+        By the group law A(-(j - o - shift)) = A(shift) A(-(j - o)): one map,
+        the same for every key of a row. The stabilized variants' shear reads
+        absolute positions and ignores the origin, so they move by their
+        damped rotation alone, which commutes with the shear.
+        k2: [B, S, N, H] from map_keys; shift: int32 scalar or [B].
+        Returns [B, S, N, H] like map_keys.
+        """
+        shear = self.cfg.is_translation_invariant
+        displacement = -jnp.asarray(shift, jnp.int32).reshape(-1, 1)
+        return self._map(
+            'k',
+            k2,
+            displacement,
+            0,
+            lambda seg, x, pos, o: seg.map_keys(params, x, pos, o, shear=shear),
+        )
+
+    def _map(self, name, x, positions, origin, segment_map):
+        """Applies segment_map(segment, x_slice, positions, origin) on every segment's dims."""
         if not self.segments:
-            return q, k
-        for name, x in (('q', q), ('k', k)):
-            if x.ndim != 4 or x.shape[-2:] != (self.num_heads, self.head_dim):
-                raise ValueError(
-                    f'{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}'
-                )
-        q_pos = _as_batched_positions(q_positions)
-        k_pos = _as_batched_positions(k_positions)
-        if origin is None:
-            origin = default_origin(q_pos, k_pos)
-        else:
-            origin = jnp.asarray(origin, jnp.int32).reshape(-1, 1)
-        q_parts, k_parts = [], []
-        for segment in self.segments:
-            window = slice(segment.start, segment.start + segment.width)
-            q2, k2 = segment.transform(params, q[..., window], k[..., window], q_pos, k_pos, origin)
-            q_parts.append(q2)
-            k_parts.append(k2)
-        q2 = q_parts[0] if len(q_parts) == 1 else jnp.concatenate(q_parts, -1)
-        k2 = k_parts[0] if len(k_parts) == 1 else jnp.concatenate(k_parts, -1)
-        dtype = jnp.float32 if self.keeps_float32 else q.dtype
-        return q2.astype(dtype), k2.astype(dtype)
+            return x
+        if x.ndim != 4 or x.shape[-2:] != (self.num_heads, self.head_dim):
+            raise ValueError(
+                f'{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}'
+            )
+        positions = _as_batched_positions(positions)
+        origin = jnp.asarray(origin, jnp.int32).reshape(-1, 1)
+        parts = [
+            segment_map(
+                segment, x[..., segment.start : segment.start + segment.width], positions, origin
+            )
+            for segment in self.segments
+        ]
+        mapped = parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
+        return mapped.astype(jnp.float32 if self.keeps_float32 else x.dtype)
 
     def logit_bias(self, params, q_positions, k_positions):
         """ALiBi: -slope_h * max(i - j, 0), float32 [N, T, S] ([B, N, T, S] for batched positions).

@@ -1,7 +1,7 @@
 """The typed positional-encoding configuration, and the paper-name parser.
 
-`PEConfig` is the library's own vocabulary: every variant of math.md
-section 4 is a point in it. The paper and its reference code name variants
+`PEConfig` is the library's own vocabulary: every variant of
+docs/mathematics.md, section 4, is a point in it. The paper and its reference code name variants
 with strings such as `jordan_exact_c150_eta010_alibi`; `pe_config_from_name`
 is the one place that translates those names, with the reference code's
 override rules (the keyword arguments are the base settings, the name's
@@ -18,7 +18,7 @@ Layout = Literal['none', 'rope', 'jordan', 'direct_sum']
 Shear = Literal['none', 'eta', 'jet']
 ShearTime = Literal['bounded', 'raw']
 
-# The methods of the paper's synthetic experiment and kernel probe (experiments.md).
+# The methods of the paper's synthetic experiment and kernel probe.
 PAPER_METHODS = (
     'nope',
     'rope',
@@ -42,6 +42,10 @@ accepted position-encoding names:
   any name but alibi/rope_alibi may end in _alibi (adds the ALiBi bias)
   e.g. jordan_exact_c150_eta010_alibi, jordan_exact_m3_c010_eta100_eta1,
        jordan_jetmix_m4_c150_g050_g030_g020, jordan_eta020, jordan_m3"""
+
+
+class UnknownEncodingName(ValueError):
+    """A position-encoding name that is not one of ACCEPTED_NAMES (the message lists them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +244,7 @@ def pe_config_from_name(
     eta_max: float = 0.1,
     init_eta: float = 0.0,
 ) -> PEConfig:
-    """Parses a paper/reference name (math.md section 4) into a PEConfig.
+    """Parses a paper/reference name (docs/mathematics.md, section 4) into a PEConfig.
 
     The keyword arguments are the base settings; the name's suffixes override
     them as in the reference code (e.g. `_c150` sets gamma_min = 0 and
@@ -248,10 +252,12 @@ def pe_config_from_name(
     eta_max = 1).
 
     Raises:
-      ValueError: for an unknown or malformed name, listing the accepted forms.
+      UnknownEncodingName (a ValueError): for an unknown or malformed name,
+        listing the accepted forms.
+      ValueError: for settings the variant cannot take (e.g. |init_eta| > eta_max).
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(
+        raise UnknownEncodingName(
             f'position-encoding name must be a non-empty string, got {name!r}\n{ACCEPTED_NAMES}'
         )
     base = dict(
@@ -270,13 +276,13 @@ def pe_config_from_name(
     elif name.endswith('_alibi'):
         core, alibi = name[: -len('_alibi')], True
         if core in ('nope', 'rope', 'alibi', 'rope_alibi'):
-            raise ValueError(
+            raise UnknownEncodingName(
                 f'unknown position-encoding name {name!r}: use alibi or rope_alibi\n{ACCEPTED_NAMES}'
             )
     try:
         settings = _parse_base(core, base)
     except ValueError as err:
-        raise ValueError(
+        raise UnknownEncodingName(
             f'unknown position-encoding name {name!r} ({err})\n{ACCEPTED_NAMES}'
         ) from None
     return PEConfig(name=name, **{**base, **settings, 'alibi': alibi})

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jrope import attention
-from jrope.model import _project
+from jrope.attention import dense
+from jrope.model.transformer import _project
 
 
 def _naive_causal_attention(q, k, v, bias):
@@ -22,6 +22,7 @@ def _naive_causal_attention(q, k, v, bias):
     return jnp.einsum("bnts,bsnh->btnh", probs, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "length, key_length", [(1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11)]
 )
@@ -42,9 +43,9 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
 
         return inner
 
-    got = jax.jit(
-        jax.value_and_grad(loss(attention._einsum_attention), argnums=range(len(operands)))
-    )(*operands)
+    got = jax.jit(jax.value_and_grad(loss(dense.einsum_attention), argnums=range(len(operands))))(
+        *operands
+    )
     want = jax.value_and_grad(loss(_naive_causal_attention), argnums=range(len(operands)))(
         *operands
     )
@@ -53,6 +54,7 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "x_shape, kernel_shape, num_contracted",
     [((2, 5, 8), (8, 3, 2, 4), 1), ((2, 5, 2, 4), (2, 4, 8), 2), ((2, 5, 8), (8, 6), 1)],

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import jrope
-from jrope import blockwise_attention as blockwise_attention_module
-from jrope.blockwise_attention import blockwise_attention
+from jrope.attention import blockwise as blockwise_attention_module
+from jrope.attention.blockwise import blockwise_attention
 
 BLOCK = 16
 HEADS = 2
@@ -167,6 +167,7 @@ def test_matches_plain_path_at_a_block_multiple():
     _compare_with_plain('rope_alibi', batch=1, q_len=3 * BLOCK, offsets=(0, 65536 - 3 * BLOCK))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('q_len', [21, 1])
 def test_matches_plain_path_when_queries_are_the_last_keys(q_len):
     # A key/value cache, or a read-out of the last position: T new queries

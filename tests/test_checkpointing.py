@@ -3,12 +3,11 @@
 import jax
 import numpy as np
 import pytest
+from helpers.tiny_config import tiny_config
 
-from jrope import sharding
-from jrope.checkpointing import Checkpointer
-from jrope.config_types import TrainConfig
-from jrope.train_state import build_source, init_state, state_layout
-from tiny_train_config import tiny_config
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.config import TrainConfig
+from jrope.train.setup import set_up_run
 
 
 def _checkpointer(directory, cfg, every_steps=2, max_to_keep=2):
@@ -22,10 +21,9 @@ def _checkpointer(directory, cfg, every_steps=2, max_to_keep=2):
 
 def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
     cfg = tiny_config(**{"model.num_heads": 4, "mesh.data": 2, "mesh.fsdp": 4})
-    mesh = sharding.make_mesh(cfg.mesh)
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
+    run = set_up_run(cfg)
+    layout = run.layout
+    state = run.init_state()
     checkpointer = _checkpointer(tmp_path, cfg)
     assert checkpointer.save(2, state)
     checkpointer.wait_until_finished()
@@ -48,10 +46,7 @@ def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
 
 def test_periodic_saves_keep_the_latest_ones(tmp_path):
     cfg = tiny_config()
-    mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
+    state = set_up_run(cfg, devices=jax.devices()[:1]).init_state()
     checkpointer = _checkpointer(tmp_path, cfg, every_steps=3, max_to_keep=2)
     saved = [step for step in range(1, 11) if checkpointer.save(step, state)]
     checkpointer.wait_until_finished()

@@ -2,10 +2,13 @@
 
 import os
 
-from jrope import compare
-from tiny_train_config import tiny_config_dict
+import pytest
+from helpers.tiny_config import tiny_config_dict
+
+from jrope.experiments import compare
 
 
+@pytest.mark.slow
 def test_comparison_trains_each_run_once_and_tabulates(tmp_path):
     config = tiny_config_dict(**{'mesh.data': -1})  # the batch of 8 over the 8 test devices
     workdir = str(tmp_path)

@@ -142,6 +142,7 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
     return logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', STABILIZED + ('jordan_exact_m3', 'jordan_raw_tau'))
 def test_factorized_equals_reference_formula(name):
     """Stabilized and jet-mix variants against q^T A(-i)^{-1} A(-j) k (not the group law)."""
@@ -238,6 +239,7 @@ def test_batched_positions_match_shared_positions():
     np.testing.assert_allclose(batched, shared, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', EXACT + STABILIZED)
 def test_position_zero_is_the_identity(name):
     enc = _encoding(name)
@@ -351,6 +353,7 @@ def test_gamma_initialised_at_its_floor_sits_just_above_it():
     np.testing.assert_allclose(phys['gamma'], 1e-4 + 1e-8, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'name',
     (

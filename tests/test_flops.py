@@ -4,10 +4,10 @@ import math
 
 import pytest
 from flax import nnx
-from tiny_train_config import tiny_config
+from helpers.tiny_config import tiny_config
 
-from jrope.flops import model_flops_per_step
 from jrope.model import Transformer
+from jrope.train.flops import model_flops_per_step
 
 VOCAB = 5
 
@@ -22,8 +22,8 @@ def _config(readout):
             'model.readout': readout,
             'pe.train_context': 6,
             'pe.name': 'rope',
-            'task.freq_index': 1,
-            'task.second_freq_index': 1,
+            'data.freq_index': 1,
+            'data.second_freq_index': 1,
             'batch_size': 3,
         }
     )
@@ -69,7 +69,7 @@ def test_count_matches_a_matmul_by_matmul_count(readout):
 def test_dense_part_is_six_times_matmul_parameters_times_tokens():
     cfg = _config('all')
     model = nnx.eval_shape(
-        lambda: Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+        lambda: Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
     )
     kernels = [model.embedding]  # the tied readout
     for block in model.blocks:

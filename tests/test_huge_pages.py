@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-from jrope import huge_pages
-from jrope.huge_pages import OPT_OUT, TUNABLE, environment_with_huge_pages
+from jrope.train import huge_pages
+from jrope.train.huge_pages import OPT_OUT, TUNABLE, environment_with_huge_pages
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GLIBC = (2, 36)
@@ -39,7 +39,7 @@ def test_restart_keeps_the_process_and_command_line():
     script = (
         "import os, sys\n"
         "print('pid', os.getpid(), flush=True)\n"
-        "from jrope import huge_pages\n"
+        "from jrope.train import huge_pages\n"
         "huge_pages.restart_with_huge_pages()\n"
         "print('tunables', os.environ.get('GLIBC_TUNABLES'))\n"
     )

@@ -10,8 +10,8 @@ import pytest
 import jrope
 from configs import kernel_probe as kernel_probe_config
 from configs import kernel_probe_high_order as high_order_config
-from jrope import kernel_probe
-from jrope.kernel_probe import KernelProbeConfig
+from jrope.experiments import kernel_probe
+from jrope.experiments.kernel_probe import KernelProbeConfig
 
 
 def _mean_mse(rows, task, method, split, context):

@@ -1,14 +1,17 @@
 """The Transformer: causality, kernel agreement, numerics, any-length evaluation."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.tiny_config import tiny_config
 
-from jrope import attention, sharding
+from jrope import attention
 from jrope.model import Transformer
-from tiny_train_config import tiny_config
+from jrope.model.axes import LOGICAL_AXES_KEY
 
 VOCAB = 3
 LENGTH = 16
@@ -16,7 +19,7 @@ LENGTH = 16
 
 def _model(**overrides) -> Transformer:
     cfg = tiny_config(**{"model.readout": "all", **overrides})
-    return Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+    return Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
 
 
 def _tokens(batch=2, length=LENGTH, seed=0):
@@ -32,6 +35,7 @@ def _apply(model, tokens):
     return model(tokens, jnp.arange(tokens.shape[1], dtype=jnp.int32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "pe_name, impl",
     [
@@ -66,21 +70,17 @@ def test_attention_kernels_agree():
     np.testing.assert_allclose(outputs["blockwise"], outputs["xla"], rtol=1e-5, atol=1e-5)
 
 
-def test_resolve_impl_choices():
-    assert (
-        attention.resolve_impl("auto", has_bias=False, length=100, blockwise_min_length=4096)
-        == "einsum"
+def test_choose_kernel_choices():
+    auto = dataclasses.replace(
+        tiny_config().model, attention_impl="auto", blockwise_min_length=4096
     )
-    assert (
-        attention.resolve_impl("auto", has_bias=True, length=100, blockwise_min_length=4096)
-        == "einsum"
-    )
-    assert (
-        attention.resolve_impl("auto", has_bias=True, length=4096, blockwise_min_length=4096)
-        == "blockwise"
-    )
+    assert attention.choose_kernel(auto, has_bias=False, length=100) == "einsum"
+    assert attention.choose_kernel(auto, has_bias=True, length=100) == "einsum"
+    assert attention.choose_kernel(auto, has_bias=True, length=4096) == "blockwise"
     with pytest.raises(ValueError, match="cannot add a logit bias"):
-        attention.resolve_impl("xla", has_bias=True, length=16, blockwise_min_length=4096)
+        attention.choose_kernel(
+            dataclasses.replace(auto, attention_impl="xla"), has_bias=True, length=16
+        )
 
 
 def test_evaluates_beyond_the_training_length():
@@ -101,6 +101,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     np.testing.assert_allclose(logits, reference, atol=0.15 * float(jnp.max(jnp.abs(reference))))
 
 
+@pytest.mark.slow
 def test_remat_changes_nothing_but_memory():
     tokens = _tokens()
 
@@ -123,7 +124,7 @@ def test_remat_changes_nothing_but_memory():
 
 def test_every_parameter_has_logical_axes_known_to_the_rules():
     cfg = tiny_config(**{"pe.name": "jordan_jetmix_m4_c150_g050_g030_g020"})
-    model = Transformer(cfg.model, cfg.pe.to_pe_config(), VOCAB, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
     rule_names = {name for name, _ in cfg.mesh.rules}
     variables = jax.tree.leaves(
         nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)
@@ -132,7 +133,7 @@ def test_every_parameter_has_logical_axes_known_to_the_rules():
         "jet_gates_raw" in str(path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))
     )
     for variable in variables:
-        axes = variable.get_metadata()[sharding.LOGICAL_AXES_KEY]
+        axes = variable.get_metadata()[LOGICAL_AXES_KEY]
         assert len(axes) == variable.ndim
         assert set(axes) - {None} <= rule_names
 

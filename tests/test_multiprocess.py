@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import pytest
-from train_process import (
+from helpers.train_process import (
     checkpoint_arrays,
     checkpoint_steps,
     free_port,

@@ -5,15 +5,14 @@ import json
 import jax
 import numpy as np
 import pytest
-from tiny_train_config import tiny_config
+from helpers.tiny_config import tiny_config
 
-from jrope import sharding
-from jrope.config_types import MeshConfig
 from jrope.data.synthetic import SyntheticSource
-from jrope.metrics_logging import MetricsLogger, NonFiniteLossError
-from jrope.nonfinite import first_nonfinite
-from jrope.train_state import build_source, init_state, state_layout
-from jrope.trainer import make_train_step, train_and_evaluate
+from jrope.train import sharding
+from jrope.train.metrics import MetricsLogger, NonFiniteLossError
+from jrope.train.nonfinite import first_nonfinite
+from jrope.train.setup import set_up_run
+from jrope.train.trainer import make_train_step, train_and_evaluate
 
 BAD_STEP_INDEX = 2  # the third step (step number 3) gets a NaN loss
 
@@ -32,6 +31,7 @@ def nan_batch_at_third_step(monkeypatch):
     monkeypatch.setattr(SyntheticSource, "train_batch", train_batch)
 
 
+@pytest.mark.slow
 def test_stop_names_step_metric_and_last_good_checkpoint(tmp_path, nan_batch_at_third_step):
     cfg = tiny_config(num_steps=4, **{"mesh.data": -1, "checkpoint.every_steps": 2})
     with pytest.raises(NonFiniteLossError) as caught:
@@ -65,13 +65,13 @@ def test_stop_on_gradient_norm_alone(tmp_path):
     assert first_nonfinite({"loss": 1.0, "grad_norm": 2.0}) is None
 
 
+@pytest.mark.slow
 def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step):
     cfg = tiny_config(**{"opt.nonfinite": "skip"})
-    mesh = sharding.make_mesh(MeshConfig(1, 1, 1, ()), devices=jax.devices()[:1])
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
-    train_step = make_train_step(cfg, layout, source.num_classes, mesh)
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    source, mesh = run.source, run.mesh
+    state = run.init_state()
+    train_step = make_train_step(run)
     history = []
     with jax.set_mesh(mesh):
         for step in range(4):

@@ -123,6 +123,7 @@ def test_contragredient_maps_give_the_relative_operator(order):
         np.testing.assert_allclose(score(i, j), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('order', (1, 2, 3))
 @pytest.mark.parametrize('direction', (1, -1))
 def test_apply_map_gradient_matches_autodiff_of_its_formula(order, direction):

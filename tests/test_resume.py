@@ -1,6 +1,6 @@
 """Runs that survive: SIGKILL and SIGTERM mid-run, unfinished saves, corrupt or foreign checkpoints.
 
-The interruption tests run `python train.py` as a subprocess (tests/train_process.py) and
+The interruption tests run `python train.py` as a subprocess (tests/helpers/train_process.py) and
 compare against one uninterrupted run of the same command: the final checkpoint must be
 bitwise equal (step, parameters, optimizer state) and so must the logged final loss.
 """
@@ -11,8 +11,8 @@ import signal
 
 import numpy as np
 import pytest
-from tiny_train_config import tiny_config
-from train_process import (
+from helpers.tiny_config import tiny_config
+from helpers.train_process import (
     checkpoint_arrays,
     checkpoint_steps,
     log_tail,
@@ -24,10 +24,10 @@ from train_process import (
     wait_for_step,
 )
 
-from jrope.resume import CorruptCheckpointError, IncompatibleCheckpointError, unfinished_saves
-from jrope.trainer import train_and_evaluate
+from jrope.train.resume import CorruptCheckpointError, IncompatibleCheckpointError, unfinished_saves
+from jrope.train.trainer import train_and_evaluate
 
-NUM_STEPS = 60  # tests/subprocess_run_config.py
+NUM_STEPS = 60  # tests/helpers/subprocess_run_config.py
 EVERY_STEPS = 8
 
 
@@ -133,6 +133,7 @@ def _snapshot(directory) -> dict[str, tuple[int, int]]:
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("truncated", ["array_chunks", "_METADATA"])
 def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(
     tmp_path, trained_two_steps, truncated

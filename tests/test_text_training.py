@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from configs import wikitext_cpu, wikitext_scaled_exact, wikitext_v2
-from jrope.config_types import TrainConfig
 from jrope.data import wikitext103
-from jrope.train_state import build_source
-from jrope.trainer import train_and_evaluate
+from jrope.train.config import TrainConfig
+from jrope.train.setup import set_up_run
+from jrope.train.trainer import train_and_evaluate
 
 
 def _tiny_text_config(tmp_path):
@@ -69,7 +69,7 @@ def test_wikitext103_config_without_data_stops_with_directions(tmp_path, monkeyp
     with pytest.raises(
         wikitext103.WikiText103Unavailable, match=r"wget -P .*tfds/downloads/manual"
     ):
-        build_source(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
+        set_up_run(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
 
 
 def test_paper_settings():

@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.tiny_config import tiny_config
 
 import jrope
-from jrope import sharding
-from jrope.config_types import MeshConfig
-from jrope.evaluation import check_readout, evaluate_checkpoint, weighted_sums
-from jrope.train_state import build_source, init_state, model_from_params, state_layout
-from jrope.trainer import make_train_step, train_and_evaluate
-from tiny_train_config import tiny_config
+from jrope.train import sharding
+from jrope.train.evaluation import check_readout, evaluate_checkpoint, weighted_sums
+from jrope.train.setup import set_up_run
+from jrope.train.state import model_from_params
+from jrope.train.trainer import make_train_step, train_and_evaluate
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
 EXTRA_METHODS = (
@@ -25,12 +25,12 @@ EXTRA_METHODS = (
 )
 
 
-def _run_steps(cfg, mesh, num_steps):
-    """Initialise and take `num_steps` steps on `mesh`; returns (host state, host metrics per step)."""
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
-    train_step = make_train_step(cfg, layout, source.num_classes, mesh)
+def _run_steps(cfg, devices, num_steps):
+    """Initialise and take `num_steps` steps on `devices`; returns (host state, host metrics per step)."""
+    run = set_up_run(cfg, devices=devices)
+    source, mesh = run.source, run.mesh
+    state = run.init_state()
+    train_step = make_train_step(run)
     history = []
     with jax.set_mesh(mesh):
         for step in range(num_steps):
@@ -41,17 +41,18 @@ def _run_steps(cfg, mesh, num_steps):
     return jax.device_get(state), history
 
 
-def _one_device_mesh():
-    return sharding.make_mesh(MeshConfig(1, 1, 1, ()), devices=jax.devices()[:1])
+def _one_device():
+    return jax.devices()[:1]
 
 
-# Obtained once by running `_run_steps(tiny_config(), _one_device_mesh(), 2)`
+# Obtained once by running `_run_steps(tiny_config(), _one_device(), 2)`
 # under tests/conftest.py (seed 0, tiny jordan_rope config, float32, one CPU
 # device, jax 0.10.2) and printing both losses.
 GOLDEN_LOSS_STEP_1 = 1.2759193181991577
 GOLDEN_LOSS_STEP_2 = 0.9392579793930054
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -64,25 +65,25 @@ GOLDEN_LOSS_STEP_2 = 0.9392579793930054
 def test_golden_one_step_loss(overrides):
     # Step 1's loss checks the initialisation and forward pass; step 2's also
     # checks the gradient and the AdamW update.
-    _, history = _run_steps(tiny_config(**overrides), _one_device_mesh(), 2)
+    _, history = _run_steps(tiny_config(**overrides), _one_device(), 2)
     np.testing.assert_allclose(history[0]["loss"], GOLDEN_LOSS_STEP_1, rtol=1e-5)
     np.testing.assert_allclose(history[1]["loss"], GOLDEN_LOSS_STEP_2, rtol=1e-5)
 
 
 @functools.lru_cache(maxsize=1)
 def _four_head_one_device_run():
-    return _run_steps(tiny_config(**{"model.num_heads": 4}), _one_device_mesh(), 2)
+    return _run_steps(tiny_config(**{"model.num_heads": 4}), _one_device(), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data, fsdp, tensor", [(2, 4, 1), (2, 1, 4)])
 def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     # 4 heads of 8 so that the tensor axis really splits heads and MLP.
     cfg = tiny_config(
         **{"model.num_heads": 4, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
     )
-    mesh = sharding.make_mesh(cfg.mesh)
-    assert mesh.devices.shape == (data, fsdp, tensor)
-    sharded_state, sharded_history = _run_steps(cfg, mesh, 2)
+    assert sharding.make_mesh(cfg.mesh).devices.shape == (data, fsdp, tensor)
+    sharded_state, sharded_history = _run_steps(cfg, None, 2)
     single_state, single_history = _four_head_one_device_run()
     for got, want in zip(sharded_history, single_history):
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
@@ -95,10 +96,7 @@ def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
 
 def test_parameters_are_really_sharded():
     cfg = tiny_config(**{"model.num_heads": 4, "mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 4})
-    mesh = sharding.make_mesh(cfg.mesh)
-    source = build_source(cfg)
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
+    state = set_up_run(cfg).init_state()
     qkv = state["params"]["blocks"][0]["attn"]["qkv"][...]  # [D, 3, N, H], heads over 'tensor'
     assert qkv.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor", None)
     assert qkv.addressable_shards[0].data.shape == (32, 3, 1, 8)
@@ -106,12 +104,13 @@ def test_parameters_are_really_sharded():
     assert embedding.sharding.spec == jax.sharding.PartitionSpec(None, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pe_name", jrope.PAPER_METHODS + EXTRA_METHODS)
 def test_every_encoding_trains_one_step(pe_name):
     # Order-3 blocks span 6 dims: heads of 12 for jordan_m3, of 16 otherwise.
     d_model = 24 if pe_name == "jordan_m3" else 32
     cfg = tiny_config(**{"pe.name": pe_name, "model.num_layers": 1, "model.d_model": d_model})
-    _, history = _run_steps(cfg, _one_device_mesh(), 1)
+    _, history = _run_steps(cfg, _one_device(), 1)
     assert np.isfinite(history[0]["loss"]) and history[0]["loss"] > 0
     assert np.isfinite(history[0]["grad_norm"]) and history[0]["grad_norm"] > 0
 
@@ -123,14 +122,16 @@ def test_last_position_readout_rejects_weights_elsewhere():
     check_readout(lm_batch, "all")
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_loss_close_to_float32():
-    _, bf16 = _run_steps(tiny_config(**{"model.compute_dtype": "bfloat16"}), _one_device_mesh(), 2)
+    _, bf16 = _run_steps(tiny_config(**{"model.compute_dtype": "bfloat16"}), _one_device(), 2)
     # float32 gives the golden losses; bf16 activations agree to about 2 significant digits.
     for got, want in zip(bf16, (GOLDEN_LOSS_STEP_1, GOLDEN_LOSS_STEP_2)):
         np.testing.assert_allclose(got["loss"], want, rtol=2e-2)
         assert got["loss"] != want  # the bf16 path really ran
 
 
+@pytest.mark.slow
 def test_train_then_resume_equals_uninterrupted_run(tmp_path):
     # Dropout on: the resumed steps must draw the masks of the steps they are.
     overrides = {"mesh.data": -1, "checkpoint.every_steps": 2, "model.dropout_rate": 0.2}
@@ -170,30 +171,30 @@ def test_loss_uses_only_the_class_logits():
     assert float(full["correct_sum"]) == 0.0 and float(full["loss_sum"]) > 40.0
 
 
+@pytest.mark.slow
 def test_dropout_is_a_pure_function_of_seed_and_step():
     cfg = tiny_config(**{"model.dropout_rate": 0.3})
-    _, first = _run_steps(cfg, _one_device_mesh(), 2)
-    _, again = _run_steps(cfg, _one_device_mesh(), 2)
+    _, first = _run_steps(cfg, _one_device(), 2)
+    _, again = _run_steps(cfg, _one_device(), 2)
     # Same seed and steps: the same masks, bit for bit.
     assert [h["loss"] for h in first] == [h["loss"] for h in again]
     # The masks are really drawn: the first loss differs from the dropout-free golden one...
     assert abs(first[0]["loss"] - GOLDEN_LOSS_STEP_1) > 1e-4
     # ...and another seed draws other masks (the data also change with the seed).
     _, other_seed = _run_steps(
-        tiny_config(**{"model.dropout_rate": 0.3, "seed": 1}), _one_device_mesh(), 1
+        tiny_config(**{"model.dropout_rate": 0.3, "seed": 1}), _one_device(), 1
     )
     assert other_seed[0]["loss"] != first[0]["loss"]
 
 
+@pytest.mark.slow
 def test_dropout_off_without_a_key():
     """Evaluation passes no key: the model is deterministic; a key draws masks, the same for the same key."""
     cfg = tiny_config(**{"model.dropout_rate": 0.5})
-    source = build_source(cfg)
-    mesh = _one_device_mesh()
-    layout = state_layout(cfg, source.vocab_size, mesh)
-    state = init_state(cfg, source.vocab_size, layout, mesh)
-    net = model_from_params(layout.graphdef, state["params"])
-    tokens = jnp.asarray(source.train_batch(0)["inputs"])
+    run = set_up_run(cfg, devices=_one_device())
+    state = run.init_state()
+    net = model_from_params(run.layout.graphdef, state["params"])
+    tokens = jnp.asarray(run.source.train_batch(0)["inputs"])
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     plain = net(tokens, positions)
     np.testing.assert_array_equal(plain, net(tokens, positions))

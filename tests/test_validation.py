@@ -6,14 +6,19 @@ import sys
 
 import pytest
 from absl import flags
+from helpers.tiny_config import tiny_config_dict
 from ml_collections import config_flags
-from tiny_train_config import tiny_config_dict
 
 from configs import wikitext_cpu
-from jrope.config_types import TrainConfig
-from jrope.evaluation import evaluate_checkpoint
-from jrope.trainer import train_and_evaluate
-from jrope.validation import ConfigError, RunEnvironment, check_evaluation_run, check_training_run
+from jrope.train.config import TrainConfig
+from jrope.train.evaluation import evaluate_checkpoint
+from jrope.train.trainer import train_and_evaluate
+from jrope.train.validation import (
+    ConfigError,
+    RunEnvironment,
+    check_evaluation_run,
+    check_training_run,
+)
 
 GIB = 2**30
 EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu", memory_bytes=16 * GIB)
@@ -88,7 +93,7 @@ BAD_INPUTS = [
         _tiny(**{"pe.train_context": 0}),
         EIGHT_CPUS,
         "fresh",
-        r"task: seq_len must be >= 2 \(bits then QUERY\), got 0",
+        r"data: seq_len must be >= 2 \(bits then QUERY\), got 0",
     ),
     (
         "eval_length_too_short",
@@ -300,7 +305,7 @@ def test_entry_points_check_before_building_anything(tmp_path):
 )
 def test_misspelt_command_line_override_is_rejected(override, monkeypatch):
     # train.py's flag: a locked config file. Overrides are read from sys.argv when the file is parsed.
-    config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
+    config_path = os.path.join(os.path.dirname(__file__), "helpers", "subprocess_run_config.py")
     argv = ["train.py", f"--config={config_path}", override]
     monkeypatch.setattr(sys, "argv", argv)
     flag_values = flags.FlagValues()
@@ -312,7 +317,7 @@ def test_misspelt_command_line_override_is_rejected(override, monkeypatch):
 
 
 def test_correct_command_line_override_is_applied(monkeypatch):
-    config_path = os.path.join(os.path.dirname(__file__), "subprocess_run_config.py")
+    config_path = os.path.join(os.path.dirname(__file__), "helpers", "subprocess_run_config.py")
     argv = [
         "train.py",
         f"--config={config_path}",

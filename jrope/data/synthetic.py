@@ -45,6 +45,8 @@ from typing import Iterator
 
 import numpy as np
 
+from jrope.data.source import ProcessShare
+
 BIT0 = 0
 BIT1 = 1
 QUERY = 2
@@ -71,6 +73,7 @@ class SyntheticTaskConfig:
     """Everything that determines the synthetic task's data.
 
     Attributes:
+      source: 'synthetic' (the data section's source name).
       seq_len: training length L (the QUERY token included); also the
         kernel's length scale and normalisation range.
       seed: data seed; training and evaluation data are pure functions of it.
@@ -93,6 +96,7 @@ class SyntheticTaskConfig:
     """
 
     seq_len: int
+    source: str = "synthetic"
     seed: int = 0
     kernel: str = "mixed_raw"
     head_dim: int = 32
@@ -111,6 +115,8 @@ class SyntheticTaskConfig:
     carrier_sin_weight: float = 0.35
 
     def __post_init__(self):
+        if self.source != "synthetic":
+            raise ValueError(f"source must be 'synthetic' for this task, got {self.source!r}.")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}.")
         if self.kernel not in KERNEL_NAMES:
@@ -261,7 +267,7 @@ def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
 
 
 class SyntheticSource:
-    """Data source of the synthetic task (the trainer's data-source contract).
+    """Data source of the synthetic task (jrope.data.source's contract).
 
     Each process builds one with the same config and global batch size and
     gets its own contiguous slice of every global batch: rows
@@ -282,28 +288,15 @@ class SyntheticSource:
         process_index: int,
         process_count: int,
     ):
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index {process_index} must lie in [0, process_count = {process_count})."
-            )
-        if global_batch_size < 1 or global_batch_size % process_count:
-            raise ValueError(
-                f"global_batch_size {global_batch_size} must be a positive multiple of process_count "
-                f"{process_count}; change the batch size."
-            )
         self.task_cfg = task_cfg
-        self.global_batch_size = global_batch_size
-        self.process_index = process_index
-        self.process_count = process_count
-        self._local_batch_size = global_batch_size // process_count
+        self.share = ProcessShare(global_batch_size, process_index, process_count)
         kernel_norm(task_cfg)  # a vanishing kernel fails here, not at the first batch
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step`` (length L)."""
-        first = self.process_index * self._local_batch_size
-        rows = range(first, first + self._local_batch_size)
         rngs = [
-            np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row]) for row in rows
+            np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row])
+            for row in self.share.train_rows()
         ]
         return self._make_batch(rngs, self.task_cfg.seq_len)
 
@@ -313,19 +306,10 @@ class SyntheticSource:
         ``batch_size`` is the global evaluation batch size; sequence ``i`` is
         the same whatever the batch size and process count.
         """
-        if length < 2:
-            raise ValueError(f"Evaluation length must be >= 2, got {length}.")
-        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
-            raise ValueError(
-                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
-                f"{self.process_count} and divide num_sequences {num_sequences}."
-            )
-        local = batch_size // self.process_count
-        for batch_start in range(0, num_sequences, batch_size):
-            first = batch_start + self.process_index * local
+        for indices in self.share.eval_rows(length, num_sequences, batch_size, min_length=2):
             rngs = [
                 np.random.default_rng([self.task_cfg.seed, _EVAL_STREAM, length, index])
-                for index in range(first, first + local)
+                for index in indices
             ]
             yield self._make_batch(rngs, length)
 

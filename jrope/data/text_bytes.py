@@ -39,6 +39,7 @@ import numpy as np
 from absl import logging
 
 from jrope.data import wikitext103
+from jrope.data.source import ProcessShare
 
 SOURCES = ("wikitext103", "text")
 VOCAB_SIZES = (256, 257)
@@ -130,7 +131,7 @@ def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
 
 
 class ByteTextSource:
-    """Byte-level LM data source (the trainer's data-source contract).
+    """Byte-level LM data source (jrope.data.source's contract).
 
     Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the inputs
     shifted by one), 'weights' float32 [b, T] of ones; ``b`` is this
@@ -146,32 +147,20 @@ class ByteTextSource:
         process_index: int,
         process_count: int,
     ):
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index {process_index} must lie in [0, process_count = {process_count})."
-            )
-        if global_batch_size < 1 or global_batch_size % process_count:
-            raise ValueError(
-                f"global_batch_size {global_batch_size} must be a positive multiple of process_count "
-                f"{process_count}; change the batch size."
-            )
         self.data_cfg = data_cfg
         self.vocab_size = data_cfg.vocab_size
-        self.process_index = process_index
-        self.process_count = process_count
-        self._local_batch_size = global_batch_size // process_count
+        self.share = ProcessShare(global_batch_size, process_index, process_count)
         self.train_corpus = load_corpus(data_cfg, training=True)
         self.eval_corpus = load_corpus(data_cfg, training=False)
         _check_long_enough(self.train_corpus, data_cfg.seq_len, "training")
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step``."""
-        first = self.process_index * self._local_batch_size
         starts = [
             self._window_start(
                 (_TRAIN_STREAM, step, row), len(self.train_corpus), self.data_cfg.seq_len
             )
-            for row in range(first, first + self._local_batch_size)
+            for row in self.share.train_rows()
         ]
         return self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
 
@@ -180,20 +169,13 @@ class ByteTextSource:
 
         ``batch_size`` is the global evaluation batch size.
         """
-        if length < 1:
-            raise ValueError(f"Evaluation length must be >= 1, got {length}.")
-        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
-            raise ValueError(
-                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
-                f"{self.process_count} and divide num_sequences {num_sequences}."
-            )
+        # The request is checked before the text's length.
+        batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
         _check_long_enough(self.eval_corpus, length, "evaluation")
-        local = batch_size // self.process_count
-        for batch_start in range(0, num_sequences, batch_size):
-            first = batch_start + self.process_index * local
+        for indices in batches:
             starts = [
                 self._window_start((_EVAL_STREAM, length, index), len(self.eval_corpus), length)
-                for index in range(first, first + local)
+                for index in indices
             ]
             yield self._make_batch(self.eval_corpus, starts, length)
 

@@ -1,6 +1,6 @@
-"""Device mesh, logical axis names, and the logical-to-mesh mapping.
+"""Device mesh and the mapping of logical axis names onto it.
 
-Parameters carry *logical* axis names (the constants below) as `nnx.Param`
+Parameters carry *logical* axis names (jrope.model.axes) as `nnx.Param`
 metadata `logical_axes`; the config's rules say which mesh axis, if any, each
 logical name is split over. The mesh always has the three axes
 `data`, `fsdp`, `tensor` (size 1 when unused), so one set of rules serves
@@ -23,7 +23,8 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jrope.config_types import MeshConfig
+from jrope.model.axes import BATCH, LOGICAL_AXES_KEY
+from jrope.train.config import MeshConfig
 
 # Mesh axes.
 DATA = "data"
@@ -31,41 +32,43 @@ FSDP = "fsdp"
 TENSOR = "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
 
-# Logical axes of parameters and activations.
-BATCH = "batch"
-LENGTH = "length"
-EMBED = "embed"
-HEADS = "heads"
-HEAD_DIM = "head_dim"
-MLP = "mlp"
-VOCAB = "vocab"
-LOGICAL_AXES = (BATCH, LENGTH, EMBED, HEADS, HEAD_DIM, MLP, VOCAB)
-
-# Metadata key on nnx.Param holding its tuple of logical axis names.
-LOGICAL_AXES_KEY = "logical_axes"
-
 MeshAxes = str | tuple[str, ...] | None
 Rules = Sequence[tuple[str, MeshAxes]]
+
+
+def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
+    """Sizes of the (data, fsdp, tensor) axes over `num_devices`, with the -1 axis filled in.
+
+    Raises ValueError, naming the mesh keys and the fix, when the sizes do not
+    fit the devices.
+    """
+    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)))
+    shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
+    known = math.prod(size for size in sizes.values() if size != -1)
+    if -1 in sizes.values():
+        if num_devices % known:
+            raise ValueError(
+                f"{shown}: the fixed axes need a multiple of {known} devices, but there are "
+                f"{num_devices}; make the product of the fixed mesh sizes divide {num_devices}."
+            )
+        free_axis = next(axis for axis, size in sizes.items() if size == -1)
+        sizes[free_axis] = num_devices // known
+    elif known != num_devices:
+        raise ValueError(
+            f"{shown} needs {known} devices, but there are {num_devices}; set one mesh size to -1 "
+            f"(all remaining devices) or make their product {num_devices}."
+        )
+    return sizes
 
 
 def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all), with -1 filled in."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
-    known = math.prod(size for size in sizes if size != -1)
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(
-                f"{len(devices)} devices cannot fill mesh {dict(zip(MESH_AXES, sizes))}; change mesh.*."
-            )
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(
-            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, found {len(devices)}; "
-            "set one mesh size to -1 or match the device count."
-        )
+    sizes = mesh_sizes(mesh_cfg, len(devices))
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+    return jax.make_mesh(
+        tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
+    )
 
 
 def logical_to_spec(

@@ -5,7 +5,7 @@ tests' cost is compilation, not computation.
 """
 
 from configs import synthetic
-from jrope.config_types import TrainConfig
+from jrope.train.config import TrainConfig
 
 
 def tiny_config_dict(**overrides):
@@ -16,7 +16,7 @@ def tiny_config_dict(**overrides):
     config.model.num_layers = 2
     config.pe.train_context = 16
     config.pe.name = "jordan_rope"
-    config.task.second_freq_index = 1  # stays valid for 4 heads of 8
+    config.data.second_freq_index = 1  # stays valid for 4 heads of 8
     config.num_steps = 2
     config.batch_size = 8
     config.mesh.data = 1

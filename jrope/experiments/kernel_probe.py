@@ -1,4 +1,4 @@
-"""The kernel probe (experiments.md section 1): which lag kernels can an encoding represent?
+"""The kernel probe: which lag kernels can an encoding represent?
 
 For fixed q and k, every encoding's attention logit between query i and key
 j is a linear combination of a few functions of the lag d = i - j: its
@@ -36,18 +36,18 @@ phase cos(w d), linear -x, mixed x cos(w d), jet_r{r} x^r cos(w d).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import os
 import re
 from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from jrope import pe_math
 from jrope.data import synthetic
 from jrope.pe_config import PEConfig, pe_config_from_name
+from jrope.train import reporting
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
 _JET_TARGET = re.compile(r"jet_r(\d+)")
@@ -121,11 +121,10 @@ class KernelProbeConfig:
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> "KernelProbeConfig":
-        """From the whole experiment ConfigDict: `experiment` == 'kernel_probe' and a `probe` section."""
-        if set(config.keys()) != {"experiment", "probe"} or config["experiment"] != "kernel_probe":
+        """From the whole experiment ConfigDict: its one section, `probe`."""
+        if set(config.keys()) != {"probe"}:
             raise ValueError(
-                f"a kernel-probe config has exactly the keys experiment='kernel_probe' and probe, "
-                f"got keys {sorted(config.keys())} (experiment={config.get('experiment')!r})."
+                f"a kernel-probe config has exactly one section, probe; got keys {sorted(config.keys())}."
             )
         section = dict(config["probe"])
         names = {f.name for f in dataclasses.fields(cls)}
@@ -292,25 +291,23 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
             for column in columns
         }
         best = {column: min(mean[m, column] for m in probe.methods) for column in columns}
-        lines += [
-            "",
-            f"### {target}",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + "---|" * len(header),
-        ]
-        for method in probe.methods:
-            cells = [
+        cells = [
+            [method]
+            + [
                 f"**{mean[method, c]:.3g}**"
                 if mean[method, c] == best[c]
                 else f"{mean[method, c]:.3g}"
                 for c in columns
             ]
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            for method in probe.methods
+        ]
+        lines += ["", f"### {target}", "", reporting.markdown_table(header, cells).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
-def plot_fits(path: str, plot_curves: dict[str, np.ndarray], probe: KernelProbeConfig) -> None:
+def plot_fits(
+    path: epath.PathLike, plot_curves: dict[str, np.ndarray], probe: KernelProbeConfig
+) -> None:
     """Every method's fit of plot_target over [0, T_max): error along the lag, and the last lags.
 
     The carrier period is a few lags, so the raw curves over thousands of
@@ -318,11 +315,7 @@ def plot_fits(path: str, plot_curves: dict[str, np.ndarray], probe: KernelProbeC
     lags (log scale, fit window dashed), the bottom one the curves over the
     last 96 lags, where extrapolation is hardest.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = reporting.pyplot()
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
@@ -353,8 +346,7 @@ def plot_fits(path: str, plot_curves: dict[str, np.ndarray], probe: KernelProbeC
     bottom.set_ylabel("kernel value")
     bottom.set_title(f"the last {tail.size} lags")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    reporting.save_figure(fig, path, dpi=130)
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
@@ -364,16 +356,12 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     """
     probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "kernel_probe.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    workdir = epath.Path(workdir)
+    reporting.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
-    with open(os.path.join(workdir, "kernel_probe.md"), "w") as f:
-        f.write(table)
+    reporting.write_text(workdir / "kernel_probe.md", table)
     plot_fits(
-        os.path.join(workdir, f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png"),
+        workdir / f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png",
         plot_curves,
         probe,
     )

@@ -1,4 +1,4 @@
-"""The train state: its model, its sharded initialisation and its layout.
+"""The train state: its model, its optimizer, its sharded initialisation and its layout.
 
 The train state is a plain pytree `{'step', 'params', 'opt_state'}`:
 `params` is the `nnx.State` of the model's parameters (split once; the
@@ -9,6 +9,11 @@ Initialisation is sharded from the start: `nnx.eval_shape` gives the
 abstract state, the logical-to-mesh rules turn it into shardings, and the
 initialiser is jitted with those as `out_shardings`, so no device ever holds
 the full unsharded state.
+
+The optimizer is AdamW with global-norm clipping: the paper trains with a
+constant learning rate and clipping at 1.0; warm-up and cosine decay are
+there for longer runs. Weight decay applies to every parameter, as in the
+paper's code (PyTorch AdamW over all parameters).
 """
 
 from __future__ import annotations
@@ -22,24 +27,36 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from jrope import sharding
-from jrope.checkpointing import abstract_with_shardings
-from jrope.config_types import TrainConfig
 from jrope.model import Transformer
-from jrope.optimizer import make_optimizer
+from jrope.train import sharding
+from jrope.train.checkpointing import abstract_with_shardings
+from jrope.train.config import OptimConfig, TrainConfig
 
 
-def build_source(
-    cfg: TrainConfig, *, process_index: int | None = None, process_count: int | None = None
-):
-    """The experiment's data source for this process (the data-source contract)."""
-    _, source_class = cfg.data_source_spec.load()
-    return source_class(
-        cfg.data,
-        cfg.batch_size,
-        jax.process_index() if process_index is None else process_index,
-        jax.process_count() if process_count is None else process_count,
+def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:
+    """Step -> learning rate: linear warm-up from 0, then constant or cosine decay."""
+    if cfg.schedule == "constant":
+        main = optax.constant_schedule(cfg.learning_rate)
+    else:
+        decay_steps = max(num_steps - cfg.warmup_steps, 1)
+        main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps, alpha=cfg.final_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.join_schedules([warmup, main], boundaries=[cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransformation:
+    adamw = optax.adamw(
+        learning_rate=learning_rate_schedule(cfg, num_steps),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
     )
+    if cfg.clip_norm == 0:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +75,14 @@ class StateLayout:
     optimizer: optax.GradientTransformation
 
 
+def _new_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
+    return Transformer(cfg.model, cfg.encoding, vocab_size, rngs=nnx.Rngs(params=cfg.seed))
+
+
 def _new_state(
     cfg: TrainConfig, vocab_size: int, optimizer: optax.GradientTransformation
 ) -> dict[str, Any]:
-    model = Transformer(
-        cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed)
-    )
-    params = nnx.state(model, nnx.Param)
+    params = nnx.state(_new_model(cfg, vocab_size), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
@@ -72,12 +90,7 @@ def state_layout(cfg: TrainConfig, vocab_size: int, mesh: Mesh) -> StateLayout:
     """Abstract shapes, shardings and graphdef of the train state, without allocating it."""
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     with jax.set_mesh(mesh):
-        abstract_model = nnx.eval_shape(
-            lambda: Transformer(
-                cfg.model, cfg.pe.to_pe_config(), vocab_size, rngs=nnx.Rngs(params=cfg.seed)
-            )
-        )
-        graphdef, _ = nnx.split(abstract_model, nnx.Param)
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, vocab_size)), nnx.Param)
         abstract_state = jax.eval_shape(lambda: _new_state(cfg, vocab_size, optimizer))
     shardings = sharding.state_shardings(abstract_state, cfg.mesh.rules, mesh)
     return StateLayout(

@@ -6,7 +6,8 @@ measured matmul peak.
 
 from __future__ import annotations
 
-from jrope.config_types import TrainConfig
+from jrope.data.source import source_spec
+from jrope.train.config import TrainConfig
 
 
 def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dict[str, float]:
@@ -49,7 +50,7 @@ def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dic
     if vocab_size is None:
         vocab_size = getattr(cfg.data, 'vocab_size', None)
         if vocab_size is None:
-            vocab_size = cfg.data_source_spec.load()[1].vocab_size
+            vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
     m = cfg.model
     b, t, d, v = cfg.batch_size, cfg.pe.train_context, m.d_model, vocab_size
     f = m.mlp_ratio * d

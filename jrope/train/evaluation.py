@@ -9,29 +9,31 @@ vocabulary for language modelling (where the loss is nats per byte).
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
 fit in memory; `write_results` writes a CSV (one row per method, seed and
-length), a markdown table and a PNG curve against length.
+length), a markdown table and a PNG curve against length
+(jrope.train.reporting).
 
 Shape legend: B batch, T length, V vocabulary.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-import os
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from etils import epath
 from jax.sharding import Mesh
 
-from jrope import attention, resume, sharding, validation
-from jrope.checkpointing import Checkpointer
-from jrope.compile_options import step_compiler_options
-from jrope.config_types import ModelConfig, TrainConfig
-from jrope.train_state import build_source, model_from_params, state_layout
+from jrope.attention import choose_kernel
+from jrope.train import reporting, resume, sharding, validation
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.compile_options import step_compiler_options
+from jrope.train.config import TrainConfig
+from jrope.train.setup import RunSetup, set_up_run
+from jrope.train.state import model_from_params
 
 CSV_COLUMNS = ("method", "seed", "length", "num_sequences", "loss", "accuracy", "bits_per_byte")
 
@@ -78,41 +80,43 @@ class EvalStep:
     """step(params, batch) -> weighted sums; compiled once per evaluation length.
 
     Lengths whose attention runs blockwise compile with other XLA options
-    than the rest (jrope.compile_options): `for_length` gives the jitted
+    than the rest (jrope.train.compile_options): `for_length` gives the jitted
     function a length uses, and a call picks it by the batch's length.
     """
 
-    def __init__(self, graphdef: Any, num_classes: int | None, model_cfg: ModelConfig):
+    def __init__(self, run: RunSetup):
+        graphdef, num_classes = run.layout.graphdef, run.source.num_classes
+
         def eval_sums(params, batch):
             tokens = batch["inputs"]
             positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
             logits = model_from_params(graphdef, params)(tokens, positions)
             return weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
 
-        self._model_cfg = model_cfg
+        self._cfg = run.cfg
+        self._platform = run.mesh.devices.flat[0].platform
         self._jitted = {
             blockwise: jax.jit(
-                eval_sums, compiler_options=step_compiler_options(blockwise=blockwise)
+                eval_sums,
+                compiler_options=step_compiler_options(
+                    blockwise=blockwise, platform=self._platform
+                ),
             )
             for blockwise in (False, True)
         }
 
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens."""
-        blockwise = attention.uses_blockwise(
-            self._model_cfg.attention_impl,
+        kernel = choose_kernel(
+            self._cfg.model,
+            has_bias=self._cfg.encoding.has_bias,
             length=length,
-            blockwise_min_length=self._model_cfg.blockwise_min_length,
+            backend=self._platform,
         )
-        return self._jitted[blockwise]
+        return self._jitted[kernel == "blockwise"]
 
     def __call__(self, params, batch):
         return self.for_length(batch["inputs"].shape[1])(params, batch)
-
-
-def make_eval_step(graphdef: Any, num_classes: int | None, model_cfg: ModelConfig) -> EvalStep:
-    """The evaluation step of a model: EvalStep(graphdef, num_classes, model_cfg)."""
-    return EvalStep(graphdef, num_classes, model_cfg)
 
 
 def evaluate_lengths(
@@ -155,61 +159,55 @@ def evaluate_checkpoint(
 
     Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` (or, when that is
     taken, the first free `eval_step<step>.<n>`) and returns the rows.
-    Raises validation.ConfigError before compiling anything when the config
-    does not fit the machine or the workdir holds no checkpoint, and
+    Raises ConfigError before compiling anything when the config does not fit
+    the machine or the workdir holds no checkpoint, and
     resume.IncompatibleCheckpointError / CorruptCheckpointError for a
     checkpoint of other parameters or an unreadable one.
     """
     validation.check_evaluation_run(cfg, workdir)
-    source = build_source(cfg)
-    mesh = sharding.make_mesh(cfg.mesh)
-    layout = state_layout(cfg, source.vocab_size, mesh)
+    run = set_up_run(cfg)
     checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step
-    state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
+    state = resume.restore_compatible(cfg, checkpointer, run.layout.abstract, step)
     checkpointer.close()
-    rows = evaluate_lengths(
-        make_eval_step(layout.graphdef, source.num_classes, cfg.model),
-        state["params"],
-        source,
-        cfg,
-        mesh,
-    )
+    rows = evaluate_lengths(EvalStep(run), state["params"], run.source, cfg, run.mesh)
     if jax.process_index() == 0:
         out_dir = results_dir(workdir, step, keep_existing=True)
-        write_results(rows, out_dir, language_model=source.num_classes is None)
+        write_results(rows, out_dir, language_model=run.source.num_classes is None)
         logging.info("Evaluation of step %d written to %s", step, out_dir)
     return rows
 
 
-def results_dir(workdir: str, step: int, *, keep_existing: bool = False) -> str:
+def results_dir(workdir: str, step: int, *, keep_existing: bool = False) -> epath.Path:
     """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`.
 
     With keep_existing, results already there (training's final evaluation,
     or an earlier evaluation, perhaps at other lengths) are left alone and the
     first free `eval_step<step>.<n>`, n = 2, 3, ..., is returned instead.
     """
-    base = os.path.join(workdir, f"eval_step{step}")
+    base = epath.Path(workdir) / f"eval_step{step}"
     path, n = base, 1
-    while keep_existing and os.path.exists(path):
+    while keep_existing and path.exists():
         n += 1
-        path = f"{base}.{n}"
+        path = base.parent / f"{base.name}.{n}"
     return path
 
 
 def write_results(
-    rows: Sequence[dict[str, Any]], out_dir: str, *, language_model: bool
-) -> dict[str, str]:
+    rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, language_model: bool
+) -> dict[str, epath.Path]:
     """CSV, markdown table and PNG curve of `rows`; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {name: os.path.join(out_dir, f"eval.{name}") for name in ("csv", "md", "png")}
-    with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(markdown_table(rows, language_model=language_model))
-    _plot(rows, paths["png"], language_model=language_model)
+    out_dir = epath.Path(out_dir)
+    paths = {name: out_dir / f"eval.{name}" for name in ("csv", "md", "png")}
+    reporting.write_csv(paths["csv"], rows, CSV_COLUMNS)
+    reporting.write_text(paths["md"], markdown_table(rows, language_model=language_model))
+    metric = "loss" if language_model else "accuracy"
+    reporting.plot_against_length(
+        paths["png"],
+        {rows[0]["method"]: ([row["length"] for row in rows], [row[metric] for row in rows], None)},
+        ylabel="loss (nats/byte)" if language_model else "accuracy",
+        size=(5, 3.5),
+    )
     return paths
 
 
@@ -218,39 +216,11 @@ def markdown_table(rows: Sequence[dict[str, Any]], *, language_model: bool) -> s
     columns = (
         ("length", "loss", "bits_per_byte") if language_model else ("length", "accuracy", "loss")
     )
-    lines = [
-        f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, {rows[0]['num_sequences']} sequences per length",
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-    ]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row[column]) for column in columns) + " |")
     means = {column: np.mean([row[column] for row in rows]) for column in columns[1:]}
-    lines.append("| mean | " + " | ".join(_cell(means[column]) for column in columns[1:]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (float, np.floating)) else str(value)
-
-
-def _plot(rows: Sequence[dict[str, Any]], path: str, *, language_model: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metric = "loss" if language_model else "accuracy"
-    lengths = [row["length"] for row in rows]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(lengths, [row[metric] for row in rows], marker="o", label=rows[0]["method"])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(length) for length in lengths])
-    ax.set_xlabel("evaluation length")
-    ax.set_ylabel("loss (nats/byte)" if language_model else "accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    cells = [[reporting.format_cell(row[column]) for column in columns] for row in rows]
+    cells.append(["mean"] + [reporting.format_cell(means[column]) for column in columns[1:]])
+    title = (
+        f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, "
+        f"{rows[0]['num_sequences']} sequences per length"
+    )
+    return f"{title}\n\n" + reporting.markdown_table(columns, cells)

@@ -20,7 +20,6 @@ what to do. Nothing in the workdir is ever deleted here.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,15 +27,15 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from jrope.checkpointing import Checkpointer
-from jrope.config_types import TrainConfig
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.config import TrainConfig
 
 # Name part of the temporary directory of a save in progress (orbax's atomic rename).
 UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
 
 # Dotted config keys that define the shapes or meaning of the saved parameters.
 PARAMETER_KEYS = (
-    "experiment",
+    "data.source",
     "model.d_model",
     "model.num_heads",
     "model.num_layers",
@@ -45,7 +44,7 @@ PARAMETER_KEYS = (
 # Every key under these sections defines the encoding's parameters and what they mean.
 PARAMETER_SECTIONS = ("pe",)
 # Data-section fields that set the vocabulary (the embedding's shape).
-VOCABULARY_FIELDS = ("vocab_size",)
+VOCABULARY_KEYS = ("data.vocab_size",)
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -56,9 +55,9 @@ class CorruptCheckpointError(RuntimeError):
     """The checkpoint cannot be read (truncated, missing or damaged files)."""
 
 
-def checkpoint_path(checkpointer: Checkpointer, step: int) -> str:
+def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
     """The directory of checkpoint `step` (CheckpointManager's default step names: the number)."""
-    return os.path.join(checkpointer.directory, str(step))
+    return checkpointer.directory / str(step)
 
 
 def describe_latest(checkpointer: Checkpointer) -> str:
@@ -121,9 +120,7 @@ def restore_compatible(
         raise CorruptCheckpointError(
             _unreadable_message(checkpointer, step, "its saved config", err)
         ) from err
-    incompatible, changed = config_differences(
-        saved_config, cfg.to_json_dict(), cfg.data_source_spec.section
-    )
+    incompatible, changed = config_differences(saved_config, cfg.to_json_dict())
     if incompatible:
         raise IncompatibleCheckpointError(
             f"Checkpoint {path} was written by a run with other parameters: {'; '.join(incompatible)}. "
@@ -141,7 +138,7 @@ def restore_compatible(
 
 
 def config_differences(
-    saved: Mapping[str, Any], current: Mapping[str, Any], data_section: str
+    saved: Mapping[str, Any], current: Mapping[str, Any]
 ) -> tuple[list[str], list[str]]:
     """Differences between two JSON config dicts as "key: saved value there, current value now" lines.
 
@@ -150,9 +147,7 @@ def config_differences(
     """
     saved_flat = _flatten(json.loads(json.dumps(saved)))
     current_flat = _flatten(json.loads(json.dumps(current)))  # tuples -> lists, as saved
-    parameter_keys = set(PARAMETER_KEYS) | {
-        f"{data_section}.{field}" for field in VOCABULARY_FIELDS
-    }
+    parameter_keys = set(PARAMETER_KEYS) | set(VOCABULARY_KEYS)
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")

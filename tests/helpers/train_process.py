@@ -20,9 +20,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SCRIPT = os.path.join(REPO_ROOT, "train.py")
-RUN_CONFIG = os.path.join(REPO_ROOT, "tests", "subprocess_run_config.py")
+RUN_CONFIG = os.path.join(REPO_ROOT, "tests", "helpers", "subprocess_run_config.py")
 
 
 def subprocess_env(num_devices: int, compilation_cache: str) -> dict[str, str]:

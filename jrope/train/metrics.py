@@ -9,7 +9,7 @@ Every step's loss and gradient norm are checked for NaN/Inf (reading a
 scalar per step costs nothing once it is one step late); a non-finite value
 stops the run with the step, the metric and the last good checkpoint named,
 unless the step reports that it skipped its update (opt.nonfinite = 'skip',
-jrope.nonfinite): such steps are counted and logged instead.
+jrope.train.nonfinite): such steps are counted and logged instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import jax
 from absl import logging
 
-from jrope import nonfinite
+from jrope.train import nonfinite
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -7,7 +7,7 @@ is the whole run: config checks, data source, mesh, sharded initialisation
 or automatic resume from the workdir's latest checkpoint, the loop with
 periodic checkpoints and evaluations, a final checkpoint and evaluation.
 On SIGTERM the loop checkpoints the current step and raises
-TrainingPreempted (jrope.preemption); the next start resumes there.
+TrainingPreempted (jrope.train.preemption); the next start resumes there.
 
 The step is a pure function of (state, batch): the data are a pure function
 of the step, and the step's randomness (dropout, when model.dropout_rate > 0)
@@ -25,16 +25,16 @@ import jax
 import jax.numpy as jnp
 import optax
 from absl import logging
-from jax.sharding import Mesh
 
-from jrope import attention, evaluation, nonfinite, resume, sharding, validation
-from jrope.checkpointing import Checkpointer
-from jrope.compile_options import step_compiler_options
-from jrope.config_types import TrainConfig
-from jrope.metrics_logging import MetricsLogger
-from jrope.optimizer import learning_rate_schedule
-from jrope.preemption import PreemptionWatch, TrainingPreempted
-from jrope.train_state import StateLayout, build_source, init_state, model_from_params, state_layout
+from jrope.attention import choose_kernel
+from jrope.train import evaluation, nonfinite, resume, sharding, validation
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.compile_options import step_compiler_options
+from jrope.train.config import TrainConfig
+from jrope.train.metrics import MetricsLogger
+from jrope.train.preemption import PreemptionWatch, TrainingPreempted
+from jrope.train.setup import RunSetup, set_up_run
+from jrope.train.state import learning_rate_schedule, model_from_params
 
 # Dropout keys come from their own stream of the seed, apart from the
 # initialisation's (nnx.Rngs folds small counters into the same seed).
@@ -46,25 +46,20 @@ TrainStep = Callable[
 
 
 def make_train_step(
-    cfg: TrainConfig,
-    layout: StateLayout,
-    num_classes: int | None,
-    mesh: Mesh,
-    *,
-    donate: bool = True,
-    compiler_options: dict[str, Any] | None = None,
+    run: RunSetup, *, donate: bool = True, compiler_options: dict[str, Any] | None = None
 ) -> TrainStep:
-    """The jitted train step for global batches of `cfg.batch_size` rows.
+    """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
 
-    Compiled with jrope.compile_options (on CPU, without XLA's library fusions
-    unless the attention is blockwise); `compiler_options` replaces them ({}:
-    XLA's defaults, as benchmarks/train_step.py compares).
+    Compiled with jrope.train.compile_options (on CPU, without XLA's library
+    fusions unless the attention is blockwise); `compiler_options` replaces
+    them ({}: XLA's defaults, as benchmarks/train_step.py compares).
 
     Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
     Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
-    opt.nonfinite = 'skip' also 'skipped' (jrope.nonfinite).
+    opt.nonfinite = 'skip' also 'skipped' (jrope.train.nonfinite).
     """
+    cfg, layout, mesh, num_classes = run.cfg, run.layout, run.mesh, run.source.num_classes
     schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
     optimizer = layout.optimizer
 
@@ -98,14 +93,14 @@ def make_train_step(
     batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
-        blockwise = attention.uses_blockwise(
-            cfg.model.attention_impl,
+        platform = mesh.devices.flat[0].platform
+        kernel = choose_kernel(
+            cfg.model,
+            has_bias=cfg.encoding.has_bias,
             length=cfg.pe.train_context,
-            blockwise_min_length=cfg.model.blockwise_min_length,
+            backend=platform,
         )
-        compiler_options = step_compiler_options(
-            blockwise=blockwise, platform=mesh.devices.flat[0].platform
-        )
+        compiler_options = step_compiler_options(blockwise=kernel == "blockwise", platform=platform)
     return jax.jit(
         train_step,
         in_shardings=(layout.shardings, batch_sharding),
@@ -127,18 +122,15 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
       NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite = 'stop').
     """
     validation.check_training_run(cfg, workdir)
-    source = build_source(cfg)
-    mesh = sharding.make_mesh(cfg.mesh)
+    run = set_up_run(cfg)
+    source, mesh = run.source, run.mesh
     logging.info(
         "Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count()
     )
-    layout = state_layout(cfg, source.vocab_size, mesh)
     checkpointer = Checkpointer.for_run(cfg, workdir)
-    state = resume.restore_or_initialize(
-        cfg, checkpointer, layout.abstract, lambda: init_state(cfg, source.vocab_size, layout, mesh)
-    )
-    train_step = make_train_step(cfg, layout, source.num_classes, mesh)
-    eval_step = evaluation.make_eval_step(layout.graphdef, source.num_classes, cfg.model)
+    state = resume.restore_or_initialize(cfg, checkpointer, run.layout.abstract, run.init_state)
+    train_step = make_train_step(run)
+    eval_step = evaluation.EvalStep(run)
     logger = MetricsLogger(
         workdir,
         every_steps=cfg.log.every_steps,

@@ -6,17 +6,16 @@ an online softmax (running row maximum, running row sum, rescaled output
 accumulator, as in flash attention). The positional encoding runs inside the
 loops, per block, with the origin o = the query block's first position:
 
-    q2 = enc.transform_qk(... q_blk ..., origin=o)          once per query block
-    k2 = enc.transform_qk(... k_blk ..., origin=o)          per (query, key) block pair
+    q2 = enc.map_queries(params, q_blk, qpos_blk, origin=o)        once per query block
+    k2 = enc.move_keys(params, premapped_k_blk, o - o_k)           per (query, key) block pair
     logits = q2 . k2 / sqrt(H) + enc.logit_bias(params, qpos_blk, kpos_blk)
 
-A pair's k2 is not mapped from the raw keys, though: they are mapped once,
-each block from its own first position o_k, and per pair moved to o by the
-group law,
-A(-(j - o)) = A(-(o_k - o)) A(-(j - o_k)): one map whose table is the same for
+The keys are mapped once, each block from its own first position o_k
+(enc.map_keys), and moved per pair to o by the group law,
+A(-(j - o)) = A(o - o_k) A(-(j - o_k)): one map whose table is the same for
 the whole block, so no per-position cos, sin or exp is evaluated in the
 loop. The stabilized variants, whose shear reads absolute positions, move
-by their damped rotation alone (see _pair_move).
+by their damped rotation alone (Encoding.move_keys).
 
 The exact variants are invariant to the origin (so are the stabilized ones:
 only their shear reads absolute positions, and it ignores the origin), and
@@ -26,7 +25,8 @@ any absolute position: the query factor e^{-gamma (i - o)} lies in
 e^{+gamma (j - o)} is at most e^{gamma (block - 1)} for every key a causal
 query can see (a key far behind decays towards zero, which is its true
 contribution), so e^{+gamma p} never overflows even at p = 65536
-(math.md section 5). ALiBi-type biases are computed per block from positions.
+(docs/numerics.md, section 2). ALiBi-type biases are computed per block
+from positions.
 
 Causality is decided by positions: key j is visible to query i iff
 k_positions[j] <= q_positions[i]. For every query block only the key blocks
@@ -60,14 +60,11 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-
-from jrope.encodings import make_encoding
 
 # Finite, so that the running maximum stays finite while a row has seen only
 # masked logits: (mask - mask) is 0 and (mask - real) underflows to exp() = 0,
@@ -216,34 +213,13 @@ def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
 
 
 def _transform_queries(enc, params, q_blk, qpos_blk) -> jax.Array:
-    """q2 [B, bq, N, H] of one query block, positions measured from the block's first one.
-
-    transform_qk maps queries and keys independently (per-position maps, with
-    the origin given); the key half of this call is unused and compiled away.
-    """
-    q2, _ = enc.transform_qk(params, q_blk, q_blk, qpos_blk, qpos_blk, origin=qpos_blk[..., 0])
-    return q2
+    """q2 [B, bq, N, H] of one query block, positions measured from the block's first one."""
+    return enc.map_queries(params, q_blk, qpos_blk, origin=qpos_blk[..., 0])
 
 
 def _premaps_keys(enc) -> bool:
     """Whether the encoding maps keys at all; if so, once, each block from its first position."""
     return bool(enc.segments)
-
-
-def _pair_move(enc):
-    """The encoding whose key map at o_k - o moves keys mapped from o_k to the origin o.
-
-    Damping and rotation obey the group law for every variant:
-    A(-(j - o)) = A(-(o_k - o)) A(-(j - o_k)). The exact variants' shear does
-    too, so they move with their own map. The stabilized shear U(-j) reads the
-    absolute position and ignores the origin; it commutes with the damped
-    rotation (which acts alike on every chain element), so their keys move
-    with the damped rotation alone: the same encoding without its shear.
-    """
-    if enc.cfg.is_translation_invariant:
-        return enc
-    cfg = dataclasses.replace(enc.cfg, shear='none', jet_base=None)
-    return make_encoding(cfg, enc.num_heads, enc.head_dim)
 
 
 def _premap_keys(enc, params, k, k_positions, layout: _Layout) -> jax.Array:
@@ -256,21 +232,21 @@ def _premap_keys(enc, params, k, k_positions, layout: _Layout) -> jax.Array:
     rows = batch * layout.num_k_blocks
     blocks = k.astype(jnp.float32).reshape(rows, layout.k_block, heads, head_dim)
     positions = jnp.broadcast_to(k_positions, (batch, length)).reshape(rows, layout.k_block)
-    _, k2 = enc.transform_qk(params, blocks, blocks, positions, positions, origin=positions[:, 0])
-    return k2.reshape(k.shape)
+    return enc.map_keys(params, blocks, positions, origin=positions[:, 0]).reshape(k.shape)
 
 
 def _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype) -> jax.Array:
     """The key block mapped from the query block's origin o = qpos_blk[..., 0].
 
-    keys_blk is premapped (_premap_keys) and moved here by A(-(o_k - o)), one
-    map for the whole block; encodings without a map (nope, ALiBi) pass it
-    through. Returns [B, bk, N, H] in `dtype` (float32 when enc.keeps_float32).
+    keys_blk is premapped from its own origin o_k (_premap_keys) and moved
+    here by o - o_k (Encoding.move_keys: one map for the whole block);
+    encodings without a map (nope, ALiBi) pass it through. Returns
+    [B, bk, N, H] in `dtype` (float32 when enc.keeps_float32).
     """
     if not _premaps_keys(enc):
         return keys_blk
-    lag = (kpos_blk[..., :1] - qpos_blk[..., :1]).reshape(-1, 1)  # o_k - o, [B|1, 1]
-    _, k2 = _pair_move(enc).transform_qk(params, keys_blk, keys_blk, lag, lag, origin=0)
+    shift = (qpos_blk[..., 0] - kpos_blk[..., 0]).reshape(-1)  # o - o_k, [B|1]
+    k2 = enc.move_keys(params, keys_blk, shift)
     return k2 if enc.keeps_float32 else k2.astype(dtype)
 
 

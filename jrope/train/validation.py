@@ -11,7 +11,7 @@ against the data-parallel size and the process count, the attention memory
 of the longest evaluation, the workdir (writable; holding checkpoints, for
 evaluation) and the dataset files. Single-section checks (choices, positive
 sizes, d_model divisible by num_heads) run earlier, when the ConfigDict is
-converted (jrope.config_types).
+converted (jrope.train.config).
 """
 
 from __future__ import annotations
@@ -19,30 +19,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
 
 import jax
 
-import jrope
-from jrope import attention
-from jrope.config_types import TrainConfig
-from jrope.resume import finished_steps
+from jrope.attention import choose_kernel
+from jrope.pe_config import PAPER_METHODS, UnknownEncodingName
+from jrope.train.config import ConfigError, TrainConfig
+from jrope.train.resume import finished_steps
+from jrope.train.sharding import mesh_sizes
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.
 PLAIN_ATTENTION_MEMORY_FRACTION = 0.5
 _GIB = 2.0**30
-
-
-class ConfigError(ValueError):
-    """Every problem found in a run's config, one per line."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = tuple(problems)
-        lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(
-            f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,56 +92,33 @@ def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[s
 
 
 def _encoding_problems(cfg: TrainConfig):
-    """(the encoding or None, problems)."""
+    """(the run's Encoding or None, problems)."""
     try:
-        # The name alone, with default settings: a bad setting is reported below.
-        jrope.pe_config_from_name(cfg.pe.name, train_context=1024)
-    except ValueError as err:
-        examples = ", ".join(jrope.PAPER_METHODS[:7])
+        cfg.pe_config
+    except UnknownEncodingName as err:
+        examples = ", ".join(PAPER_METHODS[:7])
         return None, [
             (
                 f"pe.name = {cfg.pe.name!r} is not a known encoding ({_first_line(err)}); "
                 f"use e.g. {examples} (all forms: jrope.ACCEPTED_NAMES)."
             )
         ]
-    try:
-        pe_config = cfg.pe.to_pe_config()
     except ValueError as err:
         return None, [f"pe settings: {_first_line(err)}; fix that pe.* value."]
     try:
-        encoding = jrope.make_encoding(
-            pe_config, num_heads=cfg.model.num_heads, head_dim=cfg.model.head_dim
-        )
+        return cfg.encoding, []
     except ValueError as err:
         return None, [
             f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."
         ]
-    return encoding, []
 
 
 def _mesh_problems(cfg: TrainConfig, env: RunEnvironment):
-    """(mesh sizes by axis name with -1 filled in, or None; problems). Mirrors sharding.make_mesh."""
-    sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
-    shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
-    known = math.prod(size for size in sizes.values() if size != -1)
-    if -1 in sizes.values():
-        if env.num_devices % known:
-            return None, [
-                (
-                    f"{shown}: the fixed axes need a multiple of {known} devices, but there are {env.num_devices}; "
-                    f"make the product of the fixed mesh sizes divide {env.num_devices}."
-                )
-            ]
-        free_axis = next(axis for axis, size in sizes.items() if size == -1)
-        sizes[free_axis] = env.num_devices // known
-    elif known != env.num_devices:
-        return None, [
-            (
-                f"{shown} needs {known} devices, but there are {env.num_devices}; set one mesh size to -1 "
-                f"(all remaining devices) or make their product {env.num_devices}."
-            )
-        ]
-    return sizes, []
+    """(mesh sizes by axis name with -1 filled in, or None; problems)."""
+    try:
+        return mesh_sizes(cfg.mesh, env.num_devices), []
+    except ValueError as err:
+        return None, [str(err)]
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str, int]) -> list[str]:
@@ -188,12 +154,7 @@ def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_si
     has_bias = encoding is not None and encoding.has_bias
     for length in sorted(set(cfg.eval.lengths)):
         try:
-            impl = attention.resolve_impl(
-                cfg.model.attention_impl,
-                has_bias=has_bias,
-                length=length,
-                blockwise_min_length=cfg.model.blockwise_min_length,
-            )
+            impl = choose_kernel(cfg.model, has_bias=has_bias, length=length, backend=env.platform)
         except ValueError as err:
             problems.append(
                 f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"
@@ -272,13 +233,12 @@ def _dataset_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[st
     # sources (synthetic, the WikiText-103 builder) need none or check their own.
     if getattr(cfg.data, "source", None) != "text":
         return []
-    section = cfg.data_source_spec.section
     problems = []
     for field in path_fields:
         path = os.path.expanduser(getattr(cfg.data, field))
         if not os.path.exists(path):
             problems.append(
-                f"{section}.{field} = {path!r} does not exist; point --config.{section}.{field} at a UTF-8 text "
+                f"data.{field} = {path!r} does not exist; point --config.data.{field} at a UTF-8 text "
                 "file or a directory of them."
             )
     return problems

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 if TYPE_CHECKING:
-    from jrope.config_types import TrainConfig
+    from jrope.train.config import TrainConfig
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
@@ -39,7 +40,7 @@ class Checkpointer:
     def __init__(
         self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
     ):
-        self.directory = os.path.abspath(directory)
+        self.directory = absolute_path(directory)
         self._config_json = config_json
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every_steps, max_to_keep=max_to_keep, create=True
@@ -52,7 +53,7 @@ class Checkpointer:
     def for_run(cls, cfg: TrainConfig, workdir: str) -> Checkpointer:
         """The checkpoints of the run in `workdir` (`<workdir>/checkpoints`), as `cfg` sets them."""
         return cls(
-            os.path.join(workdir, "checkpoints"),
+            epath.Path(workdir) / "checkpoints",
             every_steps=cfg.checkpoint.every_steps,
             max_to_keep=cfg.checkpoint.max_to_keep,
             config_json=cfg.to_json_dict(),
@@ -116,6 +117,13 @@ class Checkpointer:
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )
         return step
+
+
+def absolute_path(path: epath.PathLike) -> epath.Path:
+    """`path` made absolute when it is local; a URI (gs://bucket/...) is kept as it is."""
+    if "://" in os.fspath(path):
+        return epath.Path(path)
+    return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
 def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:

@@ -3,7 +3,7 @@
 `opt.nonfinite` chooses:
 
   'stop'  (default) the host reads every step's metrics (one step late, see
-          jrope.metrics_logging) and raises NonFiniteLossError naming the
+          jrope.train.metrics) and raises NonFiniteLossError naming the
           step, the metric and the last good checkpoint. The trainer reads
           the pending step before every save, so no checkpoint ever holds a
           state produced by a non-finite step.

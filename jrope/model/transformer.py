@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import jrope
 from jrope import attention
-from jrope.config_types import ModelConfig
-from jrope.sharding import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
+from jrope.encodings import Encoding
+from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
+from jrope.model.config import ModelConfig
 
 NORM_EPS = 1e-6
 
@@ -106,7 +106,7 @@ class RMSNorm(nnx.Module):
 class CausalSelfAttention(nnx.Module):
     """Fused q/k/v projection, the encoding's hooks, causal attention, output projection."""
 
-    def __init__(self, cfg: ModelConfig, encoding: Any, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, encoding: Encoding, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.encoding = encoding
         d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
@@ -139,6 +139,9 @@ class CausalSelfAttention(nnx.Module):
                 q = _project(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1)
                 k, v = jnp.unstack(_project(x, kernel[:, 1:], 1), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
+        kernel = attention.choose_kernel(
+            self.cfg, has_bias=self.encoding.has_bias, length=k.shape[1]
+        )
         y = attention.causal_attention(
             q,
             k,
@@ -146,8 +149,7 @@ class CausalSelfAttention(nnx.Module):
             enc=self.encoding,
             params=pe_params,
             positions=positions,
-            impl=self.cfg.attention_impl,
-            blockwise_min_length=self.cfg.blockwise_min_length,
+            kernel=kernel,
             block_size=self.cfg.block_size,
         )
         with jax.named_scope("out_projection"):
@@ -168,7 +170,7 @@ class MLPBlock(nnx.Module):
 
 
 class TransformerBlock(nnx.Module):
-    def __init__(self, cfg: ModelConfig, encoding: Any, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, encoding: Encoding, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg, encoding, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model)
@@ -210,12 +212,18 @@ class Transformer(nnx.Module):
     """Tokens -> float32 logits over the vocabulary.
 
     Each layer has its own encoding parameters (the encoding object itself,
-    pure and stateless, is shared).
+    pure and stateless, is shared). `encoding` is made for cfg.num_heads heads
+    of cfg.head_dim (jrope.make_encoding).
     """
 
-    def __init__(self, cfg: ModelConfig, pe_config: Any, vocab_size: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, encoding: Encoding, vocab_size: int, *, rngs: nnx.Rngs):
+        if (encoding.num_heads, encoding.head_dim) != (cfg.num_heads, cfg.head_dim):
+            raise ValueError(
+                f"the encoding is made for {encoding.num_heads} heads of {encoding.head_dim}, the "
+                f"model has {cfg.num_heads} of {cfg.head_dim}; make it with "
+                "jrope.make_encoding(pe_config, num_heads=cfg.num_heads, head_dim=cfg.head_dim)."
+            )
         self.cfg = cfg
-        encoding = jrope.make_encoding(pe_config, num_heads=cfg.num_heads, head_dim=cfg.head_dim)
         self.embedding = _param(
             jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32), (VOCAB, EMBED)
         )

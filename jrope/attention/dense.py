@@ -1,19 +1,12 @@
-"""Causal self-attention over a positional encoding's two hooks.
+"""The two kernels that form the logits of a whole sequence: XLA's fused attention and an einsum one.
 
-The encoding reaches attention only through `enc.transform_qk` (a
-per-position linear map of queries and keys) and `enc.logit_bias` (an
-additive bias, ALiBi-type variants only). Three interchangeable kernels:
+Both take queries and keys already mapped by the encoding:
 
   xla        jax.nn.dot_product_attention (XLA implementation, causal mask):
              encodings without a bias.
   einsum     explicit logits, bias, mask and softmax, with causal row blocks
-             and a hand-written VJP: any encoding.
-  blockwise  jrope.blockwise_attention: flash-style blocks, memory linear in
-             length; it applies the encoding per block itself.
-
-'auto' picks blockwise from `blockwise_min_length` on (when that module is
-present), else einsum: on CPU its train step is faster than xla's (see
-QUERY_CHUNKS), and it is the same computation on any backend.
+             and a hand-written VJP: any encoding. On CPU its train step is
+             faster than xla's (see QUERY_CHUNKS).
 
 Numerics: logits and softmax in float32 whatever the compute dtype; the
 causal mask is a finite large negative, so a fully masked row cannot turn
@@ -24,10 +17,7 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,101 +30,9 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 # 0.59 with 4, 0.65 with 8 (CPU time, median of 9 interleaved rounds).
 QUERY_CHUNKS = 4
 
-_BLOCKWISE_MODULE = "jrope.blockwise_attention"
 
-
-def blockwise_available() -> bool:
-    """Whether the blockwise kernel module is installed in this checkout."""
-    return importlib.util.find_spec(_BLOCKWISE_MODULE) is not None
-
-
-def resolve_impl(impl: str, *, has_bias: bool, length: int, blockwise_min_length: int) -> str:
-    """The concrete kernel ('xla', 'einsum' or 'blockwise') for a requested `impl`."""
-    if impl == "blockwise":
-        if not blockwise_available():
-            raise ValueError(
-                f"attention_impl='blockwise' needs {_BLOCKWISE_MODULE}, which is not installed; "
-                "use 'auto', 'xla' or 'einsum'."
-            )
-        return "blockwise"
-    if impl == "auto":
-        if length >= blockwise_min_length and blockwise_available():
-            return "blockwise"
-        return "einsum"
-    if impl == "xla" and has_bias:
-        raise ValueError(
-            "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
-        )
-    if impl not in ("xla", "einsum"):
-        raise ValueError(f"Unknown attention_impl {impl!r}; choose auto, xla, einsum or blockwise.")
-    return impl
-
-
-def uses_blockwise(impl: str, *, length: int, blockwise_min_length: int) -> bool:
-    """Whether attention over `length` keys with `impl` runs the blockwise kernel."""
-    # The bias only decides whether 'xla' is allowed, which the model checks itself.
-    chosen = resolve_impl(
-        impl, has_bias=False, length=length, blockwise_min_length=blockwise_min_length
-    )
-    return chosen == "blockwise"
-
-
-def causal_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    enc: Any,
-    params: dict[str, jax.Array],
-    positions: jax.Array,
-    impl: str = "auto",
-    blockwise_min_length: int = 4096,
-    block_size: int = 512,
-) -> jax.Array:
-    """Causal self-attention of raw (not yet position-encoded) q, k, v.
-
-    The queries are the last T of the S key positions (T = S for a full
-    sequence; T = 1 reads out the last position only).
-
-    Args:
-      q: [B, T, N, H]; k, v: [B, S, N, H], T <= S, in the compute dtype.
-      enc: a jrope encoding (transform_qk, logit_bias, has_bias).
-      params: the encoding's parameters for this layer.
-      positions: int32 [S] or [B, S], the key positions (queries: the last T).
-      impl: 'auto', 'xla', 'einsum' or 'blockwise' (see the module docstring).
-    Returns:
-      [B, T, N, H] in v's dtype.
-    """
-    length, key_length = q.shape[1], k.shape[1]
-    if length > key_length:
-        raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
-    q_positions = positions[..., key_length - length :]
-    choice = resolve_impl(
-        impl, has_bias=enc.has_bias, length=key_length, blockwise_min_length=blockwise_min_length
-    )
-    if choice == "blockwise":
-        blockwise = importlib.import_module(_BLOCKWISE_MODULE).blockwise_attention
-        return blockwise(
-            q,
-            k,
-            v,
-            enc=enc,
-            params=params,
-            q_positions=q_positions,
-            k_positions=positions,
-            block_size=block_size,
-        )
-    # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
-    with jax.named_scope("encoding"):
-        q, k = enc.transform_qk(params, q, k, q_positions, positions)
-        bias = enc.logit_bias(params, q_positions, positions) if enc.has_bias else None
-    with jax.named_scope("attention_kernel"):
-        if choice == "xla":
-            return _xla_attention(q, k, v)
-        return _einsum_attention(q, k, v, bias)
-
-
-def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """jax.nn.dot_product_attention with a causal mask: q [B, T, N, H] (the last T of S), k, v [B, S, N, H]."""
     # Raw-shear encodings return float32 q, k (their cancellation is not
     # bf16-safe); the fused kernel wants one dtype, so v follows them.
     common = jnp.promote_types(q.dtype, v.dtype)
@@ -156,9 +54,7 @@ def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.astype(v.dtype)
 
 
-def _einsum_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None
-) -> jax.Array:
+def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None) -> jax.Array:
     """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
     return _chunked_causal_attention(q, k, v, bias)
 

@@ -1,6 +1,6 @@
 """A tiny synthetic-task config file for tests that run train.py as a subprocess.
 
-    python train.py --config=tests/subprocess_run_config.py --workdir=...
+    python train.py --config=tests/helpers/subprocess_run_config.py --workdir=...
 
 RoPE, d_model 16 (2 heads of 8), 1 layer, L 8, batch 8, 60 steps, a
 checkpoint every 8 steps (3 kept), metrics every step: a run is mostly
@@ -18,7 +18,7 @@ def get_config():
     config.model.num_layers = 1
     config.pe.name = "rope"
     config.pe.train_context = 8
-    config.task.second_freq_index = 1  # below head_dim / 2 = 4
+    config.data.second_freq_index = 1  # below head_dim / 2 = 4
     config.num_steps = 60
     config.batch_size = 8
     config.mesh.data = -1

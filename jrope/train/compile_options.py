@@ -9,7 +9,7 @@ steps that use the plain or einsum attention kernel ran as fast or faster on
 the 2-core development machine, measured side by side in one process
 (`benchmarks/train_step.py --xla_defaults=...`; README, Performance):
 jordan_rope's synthetic train step 0.92x the time, RoPE's 1.01x (noise);
-before the entry points used huge pages (jrope.huge_pages), 0.93 to 0.97x
+before the entry points used huge pages (jrope.train.huge_pages), 0.93 to 0.97x
 for both at the synthetic and WikiText shapes and 0.83x for evaluation at
 2048. Evaluation through the blockwise kernel at 8192 ran 1.02 to 1.07x
 slower without them, so the blockwise path keeps XLA's defaults. Other

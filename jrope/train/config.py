@@ -1,96 +1,45 @@
-"""Typed, frozen views of an experiment's ConfigDict.
+"""The run config: typed, frozen views of an experiment's ConfigDict.
 
-`configs/*.py` build an `ml_collections.ConfigDict`; the library never reads
-it directly. `TrainConfig.from_config_dict` converts it once, at the entry
-point, into the frozen dataclasses below, rejecting unknown and missing keys
-(a typo in a command-line override must not be silently ignored). The data
-section is converted by the data source's own config dataclass, looked up in
-`DATA_SOURCES` by the config's `experiment`.
+`configs/*.py` build an `ml_collections.ConfigDict`; nothing below the entry
+points reads it. `TrainConfig.from_config_dict` converts it once into the
+frozen dataclasses below, rejecting unknown and missing keys (a typo in a
+command-line override must not be silently ignored) and reporting every
+section's problems together. The `data` section is converted by the config
+dataclass of the source it names (`data.source`, jrope.data.source.SOURCES).
+
+The encoding's name is parsed once per run config (`TrainConfig.pe_config`)
+and its Encoding built once (`TrainConfig.encoding`); everything downstream
+takes those.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
+from collections.abc import Sequence
 from typing import Any, Mapping
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "einsum", "blockwise")
-REMAT_POLICIES = ("none", "full", "dots_saveable")
-READOUTS = ("all", "last")
+from jrope.data.source import source_spec
+from jrope.encodings import Encoding, make_encoding
+from jrope.model.config import ModelConfig
+from jrope.pe_config import PEConfig, pe_config_from_name
+
 LR_SCHEDULES = ("constant", "cosine")
-NONFINITE_POLICIES = ("stop", "skip")  # what a NaN/Inf loss or gradient norm does (jrope.nonfinite)
+NONFINITE_POLICIES = (
+    "stop",
+    "skip",
+)  # what a NaN/Inf loss or gradient norm does (jrope.train.nonfinite)
 
 
-@dataclasses.dataclass(frozen=True)
-class DataSourceSpec:
-    """Where an experiment's data source lives and which config section feeds it."""
+class ConfigError(ValueError):
+    """Every problem found in a run's config, one per line, each naming its key and the fix."""
 
-    section: str  # name of the ConfigDict section holding the source's settings
-    module: str  # module defining the source
-    config_class: str  # its frozen config dataclass
-    # the source, built as Source(cfg, global_batch_size, process_index, process_count)
-    source_class: str
-
-    def load(self) -> tuple[type, type]:
-        module = importlib.import_module(self.module)
-        return getattr(module, self.config_class), getattr(module, self.source_class)
-
-
-DATA_SOURCES = {
-    "synthetic": DataSourceSpec(
-        "task", "jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"
-    ),
-    "text_bytes": DataSourceSpec(
-        "data", "jrope.data.text_bytes", "TextDataConfig", "ByteTextSource"
-    ),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Decoder-only Transformer shape and numerics (vocabulary comes from the data source)."""
-
-    d_model: int
-    num_heads: int
-    num_layers: int
-    mlp_ratio: int
-    compute_dtype: str  # activations and matmuls; parameters are always float32
-    attention_impl: str  # one of ATTENTION_IMPLS
-    blockwise_min_length: int  # 'auto' switches to blockwise attention at this length and above
-    block_size: int  # query/key block length of blockwise attention
-    remat: str  # one of REMAT_POLICIES, applied per Transformer block
-    # 'last': the final block computes queries, MLP and logits at the last
-    # position only (for tasks whose loss weights are zero elsewhere).
-    readout: str = "all"
-    # Residual dropout on each block's attention and MLP outputs (0: none, the paper's setting).
-    dropout_rate: float = 0.0
-
-    def __post_init__(self):
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model {self.d_model} must be a multiple of num_heads {self.num_heads}; change one of them."
-            )
-        _check_choice("model.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-        _check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        _check_choice("model.remat", self.remat, REMAT_POLICIES)
-        _check_choice("model.readout", self.readout, READOUTS)
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
-        for name in (
-            "d_model",
-            "num_heads",
-            "num_layers",
-            "mlp_ratio",
-            "blockwise_min_length",
-            "block_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def __init__(self, problems: Sequence[str]):
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(
+            f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +54,9 @@ class PESettings:
     eta_max: float
     init_eta: float
 
-    def to_pe_config(self):
-        """The core library's frozen PEConfig (ValueError on an unknown name)."""
-        import jrope
-
-        return jrope.pe_config_from_name(
+    def to_pe_config(self) -> PEConfig:
+        """The library's frozen PEConfig (ValueError on an unknown name or a bad setting)."""
+        return pe_config_from_name(
             self.name,
             train_context=self.train_context,
             theta=self.theta,
@@ -206,34 +153,35 @@ class EvalConfig:
 class TrainConfig:
     """Everything a training or evaluation run reads."""
 
-    experiment: str
     seed: int
     num_steps: int
     batch_size: int
     model: ModelConfig
     pe: PESettings
-    data: Any  # the data source's frozen config dataclass
+    data: Any  # the data source's frozen config dataclass (its `source` field names it)
     opt: OptimConfig
     mesh: MeshConfig
     checkpoint: CheckpointConfig
     log: LogConfig
     eval: EvalConfig
 
-    @property
-    def data_source_spec(self) -> DataSourceSpec:
-        return DATA_SOURCES[self.experiment]
+    @functools.cached_property
+    def pe_config(self) -> PEConfig:
+        """The encoding's PEConfig, parsed once (ValueError on a bad name or setting)."""
+        return self.pe.to_pe_config()
+
+    @functools.cached_property
+    def encoding(self) -> Encoding:
+        """The model's Encoding, built once (ValueError when its blocks do not divide the head)."""
+        return make_encoding(
+            self.pe_config, num_heads=self.model.num_heads, head_dim=self.model.head_dim
+        )
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> "TrainConfig":
-        """Convert a ConfigDict (or nested dict); ValueError on unknown, missing or bad keys."""
+        """Convert a ConfigDict (or nested dict); ConfigError listing every unknown, missing or bad key."""
         raw = _to_plain(config)
-        experiment = raw.get("experiment")
-        if experiment not in DATA_SOURCES:
-            raise ValueError(
-                f"experiment {experiment!r} is not a training experiment; choose one of {sorted(DATA_SOURCES)}."
-            )
-        spec = DATA_SOURCES[experiment]
-        scalar_keys = {"experiment", "seed", "num_steps", "batch_size"}
+        scalar_keys = {"seed", "num_steps", "batch_size"}
         sections = {
             "model": ModelConfig,
             "pe": PESettings,
@@ -243,24 +191,35 @@ class TrainConfig:
             "log": LogConfig,
             "eval": EvalConfig,
         }
-        _check_keys("config", raw, scalar_keys | set(sections) | {spec.section})
-        data_config_class, _ = spec.load()
+        problems = []
+        try:
+            _check_keys("config", raw, scalar_keys | set(sections) | {"data"})
+        except ValueError as err:
+            raise ConfigError([str(err)]) from None
+        try:
+            data = raw["data"]
+            sections["data"] = source_spec(
+                data.get("source") if isinstance(data, Mapping) else None
+            ).load()[0]
+        except ValueError as err:
+            problems.append(str(err))
         # Every section is converted, and all their errors are reported together.
-        converted, errors = {}, []
-        for name, section_cls in {**sections, spec.section: data_config_class}.items():
+        converted = {}
+        for name, section_cls in sections.items():
             try:
                 converted[name] = _build(section_cls, raw[name], name)
             except ValueError as err:
                 # Each line names its section (a message that does not already start with it gets it).
-                errors.append(str(err) if str(err).startswith(name) else f"{name}: {err}")
-        if errors:
-            raise ValueError("\n".join(errors))
+                problems += [
+                    line if line.startswith(name) else f"{name}: {line}"
+                    for line in str(err).splitlines()
+                ]
+        if problems:
+            raise ConfigError(problems)
         cfg = cls(
-            experiment=experiment,
             seed=int(raw["seed"]),
             num_steps=int(raw["num_steps"]),
             batch_size=int(raw["batch_size"]),
-            data=converted.pop(spec.section),
             **converted,
         )
         cfg.check_consistency()
@@ -268,22 +227,16 @@ class TrainConfig:
 
     def to_json_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready nested dict that `from_config_dict` accepts back."""
-        plain = {
-            "experiment": self.experiment,
-            "seed": self.seed,
-            "num_steps": self.num_steps,
-            "batch_size": self.batch_size,
-            self.data_source_spec.section: dataclasses.asdict(self.data),
-        }
-        for name in ("model", "pe", "opt", "mesh", "checkpoint", "log", "eval"):
+        plain = {"seed": self.seed, "num_steps": self.num_steps, "batch_size": self.batch_size}
+        for name in ("model", "pe", "data", "opt", "mesh", "checkpoint", "log", "eval"):
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
 
     def check_consistency(self) -> None:
         """Cross-section checks: settings that two sections state must agree."""
         if self.num_steps < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}."
+            raise ConfigError(
+                [f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}."]
             )
         shared = {
             "seq_len": self.pe.train_context,
@@ -292,9 +245,11 @@ class TrainConfig:
         }
         for field, expected in shared.items():
             if hasattr(self.data, field) and getattr(self.data, field) != expected:
-                raise ValueError(
-                    f"{self.data_source_spec.section}.{field} = {getattr(self.data, field)} disagrees with the "
-                    f"model/pe value {expected}; set both from one place (see configs/)."
+                raise ConfigError(
+                    [
+                        f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
+                        f"value {expected}; set both from one place (see configs/)."
+                    ]
                 )
 
 

@@ -1,0 +1,136 @@
+"""The data-source contract: what the trainer and the evaluation ask of every data source.
+
+A data source is built once per process for a global batch size, and hands
+out this process's rows of every global batch:
+
+    source = build_source(data_cfg, global_batch_size, process_index, process_count)
+    source.train_batch(step)                                  # one step's rows
+    source.eval_batches(length, num_sequences, batch_size)    # fixed evaluation rows
+
+Each batch is a dict of numpy arrays with a leading axis of this process's
+rows: 'inputs' int32 [b, T], 'targets' int32 [b, T], 'weights' float32 [b, T].
+Row r of a global batch belongs to process r // b (b = global / process
+count), so the processes' shares are disjoint, cover the global batch, and
+are the same whatever the process count. Batches are pure functions of the
+config's seed and the step (or the length and sequence index): a resumed run
+sees exactly the data an uninterrupted one would.
+
+`data.source` names the source; SOURCES maps each name to the module, the
+frozen config dataclass its `data` section converts to, and the source class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+class DataSource(Protocol):
+    """What every source provides (see the module docstring)."""
+
+    vocab_size: int  # tokens the model embeds
+    num_classes: int | None  # classification over the first num_classes tokens, or None (LM)
+
+    def train_batch(self, step: int) -> Batch: ...
+
+    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[Batch]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessShare:
+    """This process's rows of global batches; the checks every source needs, in one place.
+
+    Raises ValueError (naming the fix) when the process index is out of
+    range or the global batch does not split over the processes.
+    """
+
+    global_batch_size: int
+    process_index: int
+    process_count: int
+
+    def __post_init__(self):
+        if self.process_count < 1 or not 0 <= self.process_index < self.process_count:
+            raise ValueError(
+                f"process_index {self.process_index} must lie in [0, process_count = "
+                f"{self.process_count})."
+            )
+        if self.global_batch_size < 1 or self.global_batch_size % self.process_count:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} must be a positive multiple of "
+                f"process_count {self.process_count}; change the batch size."
+            )
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.global_batch_size // self.process_count
+
+    def train_rows(self) -> range:
+        """Indices of this process's rows in every global training batch."""
+        first = self.process_index * self.local_batch_size
+        return range(first, first + self.local_batch_size)
+
+    def eval_rows(
+        self, length: int, num_sequences: int, batch_size: int, min_length: int
+    ) -> Iterator[range]:
+        """Per global evaluation batch, the indices of this process's sequences.
+
+        Sequence i is the same whatever the batch size and process count.
+        Raises ValueError for a length below min_length or a batch size that
+        does not split over the processes or divide num_sequences.
+        """
+        if length < min_length:
+            raise ValueError(f"Evaluation length must be >= {min_length}, got {length}.")
+        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
+            raise ValueError(
+                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
+                f"{self.process_count} and divide num_sequences {num_sequences}."
+            )
+        local = batch_size // self.process_count
+        for batch_start in range(0, num_sequences, batch_size):
+            first = batch_start + self.process_index * local
+            yield range(first, first + local)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """Where a source lives: its module, its config dataclass and its class."""
+
+    module: str
+    config_class: str
+    source_class: str
+
+    def load(self) -> tuple[type, type]:
+        module = importlib.import_module(self.module)
+        return getattr(module, self.config_class), getattr(module, self.source_class)
+
+
+_SYNTHETIC = SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource")
+_TEXT_BYTES = SourceSpec("jrope.data.text_bytes", "TextDataConfig", "ByteTextSource")
+
+# data.source -> where that source lives.
+SOURCES = {
+    "synthetic": _SYNTHETIC,
+    "text": _TEXT_BYTES,
+    "wikitext103": _TEXT_BYTES,
+}
+
+
+def source_spec(name: Any) -> SourceSpec:
+    """The spec of data.source `name`; ValueError naming the choices otherwise."""
+    if name not in SOURCES:
+        raise ValueError(f"data.source = {name!r} is not one of {tuple(SOURCES)}.")
+    return SOURCES[name]
+
+
+def build_source(
+    data_cfg: Any, global_batch_size: int, process_index: int, process_count: int
+) -> DataSource:
+    """The source of a converted data config (its `source` field picks the class)."""
+    _, source_class = source_spec(data_cfg.source).load()
+    return source_class(data_cfg, global_batch_size, process_index, process_count)

@@ -1,0 +1,72 @@
+"""The model's own configuration: shape and numerics of the decoder-only Transformer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("auto", "xla", "einsum", "blockwise")
+REMAT_POLICIES = ("none", "full", "dots_saveable")
+READOUTS = ("all", "last")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only Transformer shape and numerics (the vocabulary comes from the data).
+
+    Every check raises ValueError naming the `model.` key and the fix.
+    """
+
+    d_model: int
+    num_heads: int
+    num_layers: int
+    mlp_ratio: int
+    compute_dtype: str  # activations and matmuls; parameters are always float32
+    attention_impl: str  # one of ATTENTION_IMPLS (jrope.attention.choose_kernel)
+    blockwise_min_length: int  # 'auto' switches to blockwise attention at this length and above
+    block_size: int  # query/key block length of blockwise attention
+    remat: str  # one of REMAT_POLICIES, applied per Transformer block
+    # 'last': the final block computes queries, MLP and logits at the last
+    # position only (for tasks whose loss weights are zero elsewhere).
+    readout: str = "all"
+    # Residual dropout on each block's attention and MLP outputs (0: none, the paper's setting).
+    dropout_rate: float = 0.0
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every problem of this section, one line each (empty when valid)."""
+        problems = []
+        for name in (
+            "d_model",
+            "num_heads",
+            "num_layers",
+            "mlp_ratio",
+            "blockwise_min_length",
+            "block_size",
+        ):
+            if getattr(self, name) < 1:
+                problems.append(f"model.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.num_heads >= 1 and self.d_model % self.num_heads:
+            problems.append(
+                f"model: d_model {self.d_model} must be a multiple of num_heads "
+                f"{self.num_heads}; change one of them."
+            )
+        for name, choices in (
+            ("compute_dtype", COMPUTE_DTYPES),
+            ("attention_impl", ATTENTION_IMPLS),
+            ("remat", REMAT_POLICIES),
+            ("readout", READOUTS),
+        ):
+            if getattr(self, name) not in choices:
+                problems.append(f"model.{name} = {getattr(self, name)!r} is not one of {choices}.")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            problems.append(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+        return problems
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads

@@ -1,0 +1,1 @@
+"""The training harness: run config and checks, state, sharding, checkpoints, trainer, evaluation, runtime."""

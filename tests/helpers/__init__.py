@@ -1,0 +1,1 @@
+"""Shared test helpers: tiny configs and drivers of subprocess runs."""
