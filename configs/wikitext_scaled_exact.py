@@ -5,7 +5,7 @@ from it). Other methods are the same config with another encoding:
 --config.pe.name=rope | rope_alibi | damped_rope | direct_sum | jordan_rope.
 
 Data: the raw WikiText-103 bytes through the TFDS builder of
-jrope/data/wikitext103.py, prepared once on first use (download where the
+jrope/data/wikitext.py, prepared once on first use (download where the
 network allows; else put wikitext-103-raw-v1.zip, or the extracted
 wiki.{train,valid,test}.raw, in --config.data.manual_dir, by default
 ~/tensorflow_datasets/downloads/manual). Without either the command stops at

@@ -189,7 +189,7 @@ def test_bad_input_raises_clear_errors(tmp_path, corpus_files):
     with pytest.raises(ValueError, match="train_fraction"):
         TextDataConfig(source="text", path="a", eval_path="b", train_fraction=0.0)
     with pytest.raises(ValueError, match="Unknown text source"):
-        TextDataConfig(source="wikitext2")
+        TextDataConfig(source="wikitext3")
 
 
 def test_no_partial_files_left_behind(tmp_path):

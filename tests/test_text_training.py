@@ -10,7 +10,7 @@ import pytest
 
 from configs import wikitext_cpu, wikitext_scaled_exact, wikitext_v2
 from jrope.config_types import TrainConfig
-from jrope.data import wikitext103
+from jrope.data import wikitext
 from jrope.train_state import build_source
 from jrope.trainer import train_and_evaluate
 
@@ -62,13 +62,11 @@ def test_two_steps_on_a_text_file(tmp_path):
 
 
 def test_wikitext103_config_without_data_stops_with_directions(tmp_path, monkeypatch):
-    monkeypatch.setattr(wikitext103, "archive_host_reachable", lambda: False)
+    monkeypatch.setattr(wikitext, "archive_host_reachable", lambda: False)
     config = wikitext_scaled_exact.get_config()
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.cache_dir = str(tmp_path / "cache")
-    with pytest.raises(
-        wikitext103.WikiText103Unavailable, match=r"wget -P .*tfds/downloads/manual"
-    ):
+    with pytest.raises(wikitext.WikiTextUnavailable, match=r"wget -P .*tfds/downloads/manual"):
         build_source(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
 
 

@@ -1,6 +1,6 @@
-"""Byte-level language-modelling data from WikiText-103 or any UTF-8 text.
+"""Byte-level language-modelling data from WikiText-103 or WikiText-2, or any UTF-8 text.
 
-A corpus is the bytes of its text held as one flat uint8 array: WikiText-103's
+A corpus is the bytes of its text held as one flat uint8 array: WikiText's
 rows joined with newlines (which gives back the official file's text), or a
 text file's bytes (a directory: its files' bytes, in sorted path order,
 joined with newlines). Each corpus is written once to a cache file
@@ -38,9 +38,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from jrope.data import wikitext103
+from jrope.data import wikitext
 
-SOURCES = ("wikitext103", "text")
+SOURCES = ("wikitext103", "wikitext2", "text")
 VOCAB_SIZES = (256, 257)
 DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
 
@@ -49,7 +49,7 @@ _TRAIN_STREAM = 0
 _EVAL_STREAM = 1
 # Bytes read per chunk when copying text into a cache file.
 _CHUNK_BYTES = 1 << 24
-# Rows fetched per call from the WikiText-103 data source.
+# Rows fetched per call from a WikiText data source.
 _CHUNK_ROWS = 4096
 
 
@@ -58,21 +58,22 @@ class TextDataConfig:
     """Everything that determines the byte-level data.
 
     Attributes:
-      source: 'wikitext103' (the TFDS builder of jrope.data.wikitext103) or
-        'text' (local UTF-8 text at ``path`` and ``eval_path``).
+      source: 'wikitext103' or 'wikitext2' (the TFDS builders of
+        jrope.data.wikitext) or 'text' (local UTF-8 text at ``path`` and
+        ``eval_path``).
       path: 'text': training text, a file or a directory of files.
       eval_path: 'text': evaluation text, a file or a directory of files.
-      train_split: 'wikitext103': split to train on.
-      eval_split: 'wikitext103': split to evaluate on.
+      train_split: 'wikitext103' / 'wikitext2': split to train on.
+      eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
       train_fraction: in (0, 1]: train on this leading fraction of the
-        training rows ('wikitext103'; 0.01 is the paper's v2 setting, the
+        training rows (WikiText; 0.01 is the paper's v2 setting, the
         split's first 1% of lines) or bytes ('text').
       vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
       seq_len: training length L (the model sees L tokens, predicts L).
       seed: data seed; every batch is a pure function of it.
       cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
-      data_dir: 'wikitext103': TFDS data directory ('' = TFDS's default).
-      manual_dir: 'wikitext103': folder with the official archive or the
+      data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
+      manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
         extracted files ('' = ``<data_dir>/downloads/manual``).
     """
 
@@ -237,19 +238,27 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
             _write_atomically(path, _limit_bytes(_text_file_chunks(files), fraction, files))
     else:
         split = data_cfg.train_split if training else data_cfg.eval_split
-        rows = wikitext103.wikitext103_data_source(
-            split, data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None
+        rows = wikitext.wikitext_data_source(
+            data_cfg.source,
+            split,
+            data_dir=data_cfg.data_dir or None,
+            manual_dir=data_cfg.manual_dir or None,
         )
         num_rows = max(1, round(fraction * len(rows)))
+        builder = wikitext.builder_class(data_cfg.source)
         key = {
-            "builder": f"{wikitext103.Wikitext103Raw.name}:{wikitext103.Wikitext103Raw.VERSION}",
+            "builder": f"{builder.name}:{builder.VERSION}",
             "split": split,
             "rows": [num_rows, len(rows)],
         }
-        path = _cache_path(cache_dir, "wikitext103", key)
+        path = _cache_path(cache_dir, data_cfg.source, key)
         if not os.path.exists(path):
             logging.info(
-                "Writing the bytes of %d rows of WikiText-103 %s to %s.", num_rows, split, path
+                "Writing the bytes of %d rows of %s %s to %s.",
+                num_rows,
+                builder.ARCHIVE.title,
+                split,
+                path,
             )
             _write_atomically(path, _joined_rows(rows, num_rows))
     if os.path.getsize(path) == 0:
@@ -352,7 +361,7 @@ def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[str])
 
 
 def _joined_rows(rows: Sequence[dict], num_rows: int) -> Iterator[bytes]:
-    """Rows ``0 .. num_rows - 1`` of a WikiText-103 data source joined with newlines."""
+    """Rows ``0 .. num_rows - 1`` of a WikiText data source joined with newlines."""
     for first in range(0, num_rows, _CHUNK_ROWS):
         indices = list(range(first, min(first + _CHUNK_ROWS, num_rows)))
         texts = [row["text"] for row in rows.__getitems__(indices)]
