@@ -1,13 +1,14 @@
-"""Byte-level language-modelling data from WikiText-103 or WikiText-2, or any UTF-8 text.
+"""Byte-level language-modelling data from WikiText-103 or -2, any UTF-8 text, or audio tokens.
 
 A corpus is the bytes of its text held as one flat uint8 array: WikiText's
 rows joined with newlines (which gives back the official file's text), or a
 text file's bytes (a directory: its files' bytes, in sorted path order,
-joined with newlines). Each corpus is written once to a cache file
+joined with newlines). Each text corpus is written once to a cache file
 ``<cache_dir>/<source>-<hash>.u8`` (atomically: a temporary file renamed into
 place; the hash covers everything the bytes depend on) and memory-mapped, so
 a 540 MB training split costs no Python objects and no resident memory it
-does not touch.
+does not touch. Audio token files (jrope.data.audio) are already such byte
+files: they are memory-mapped where they lie, with no UTF-8 check.
 
 Tokens: vocabulary 257 maps byte ``b`` to ``b + 1`` and reserves 0 (the
 paper's reference); vocabulary 256 uses the byte itself.
@@ -38,9 +39,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from jrope.data import wikitext
+from jrope.data import audio, wikitext
 
-SOURCES = ("wikitext103", "wikitext2", "text")
+SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
 DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
 
@@ -59,15 +60,18 @@ class TextDataConfig:
 
     Attributes:
       source: 'wikitext103' or 'wikitext2' (the TFDS builders of
-        jrope.data.wikitext) or 'text' (local UTF-8 text at ``path`` and
-        ``eval_path``).
+        jrope.data.wikitext), 'text' (local UTF-8 text at ``path`` and
+        ``eval_path``) or 'audio_tokens' (token files of jrope.data.audio at
+        ``path`` and ``eval_path``).
       path: 'text': training text, a file or a directory of files.
+        'audio_tokens': train.u8, or the folder holding it.
       eval_path: 'text': evaluation text, a file or a directory of files.
+        'audio_tokens': eval.u8, or the folder holding it.
       train_split: 'wikitext103' / 'wikitext2': split to train on.
       eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
       train_fraction: in (0, 1]: train on this leading fraction of the
         training rows (WikiText; 0.01 is the paper's v2 setting, the
-        split's first 1% of lines) or bytes ('text').
+        split's first 1% of lines) or bytes ('text', 'audio_tokens').
       vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
       seq_len: training length L (the model sees L tokens, predicts L).
       seed: data seed; every batch is a pure function of it.
@@ -98,6 +102,13 @@ class TextDataConfig:
                 "source='text' needs both path (training text) and eval_path (evaluation text), "
                 f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
                 "--config.data.path=train.txt --config.data.eval_path=valid.txt."
+            )
+        if self.source == "audio_tokens" and not (self.path and self.eval_path):
+            raise ValueError(
+                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
+                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
+                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
+                "--config.data.eval_path=DIR."
             )
         if self.vocab_size not in VOCAB_SIZES:
             raise ValueError(
@@ -230,6 +241,11 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
     """The training or evaluation corpus as a read-only uint8 [n] memory map."""
     cache_dir = os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR)
     fraction = data_cfg.train_fraction if training else 1.0
+    if data_cfg.source == "audio_tokens":
+        # Already a byte file: mapped where it lies, its leading fraction a view.
+        split = "train" if training else "eval"
+        tokens = audio.load_token_file(data_cfg.path if training else data_cfg.eval_path, split)
+        return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
         files = _text_files(data_cfg.path if training else data_cfg.eval_path)
         key = {"files": [_file_identity(f) for f in files], "fraction": fraction}
