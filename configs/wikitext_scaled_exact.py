@@ -5,7 +5,7 @@ from it). Other methods are the same config with another encoding:
 --config.pe.name=rope | rope_alibi | damped_rope | direct_sum | jordan_rope.
 
 Data: the raw WikiText-103 bytes through the TFDS builder of
-jrope/data/wikitext103.py, prepared once on first use (download where the
+jrope/data/wikitext.py, prepared once on first use (download where the
 network allows; else put wikitext-103-raw-v1.zip, or the extracted
 wiki.{train,valid,test}.raw, in --config.data.manual_dir, by default
 ~/tensorflow_datasets/downloads/manual). Without either the command stops at
@@ -47,11 +47,12 @@ def get_config() -> config_dict.ConfigDict:
     )
 
     config.data = config_dict.ConfigDict()  # jrope.data.text_bytes.TextDataConfig
-    config.data.source = "wikitext103"  # 'wikitext103' (TFDS builder) | 'text' (local UTF-8 files)
-    config.data.path = ""  # 'text' only: training text, a file or a directory
-    config.data.eval_path = ""  # 'text' only: evaluation text, a file or a directory
-    config.data.train_split = "train"  # 'wikitext103': split to train on
-    config.data.eval_split = "validation"  # 'wikitext103': split to evaluate on
+    # wikitext103 | wikitext2 (TFDS builders) | text (local UTF-8 files) | audio_tokens
+    config.data.source = "wikitext103"
+    config.data.path = ""  # 'text', 'audio_tokens': training text (a file or a directory)
+    config.data.eval_path = ""  # 'text', 'audio_tokens': evaluation text (a file or a directory)
+    config.data.train_split = "train"  # WikiText: split to train on
+    config.data.eval_split = "validation"  # WikiText: split to evaluate on
     config.data.train_fraction = 1.0  # leading fraction of the training rows (v2: 0.01)
     # 257: token = byte + 1, 0 reserved (the reference) | 256: the byte
     config.data.vocab_size = 257

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from jrope.data import text_bytes
+from jrope.data import files, text_bytes
 from jrope.data.text_bytes import ByteTextSource, TextDataConfig, decode_tokens, encode_text
 
 NON_ASCII = "Café naïve – Ελληνικά, 日本語 and 🦞 lobsters.\n"
@@ -189,7 +189,7 @@ def test_bad_input_raises_clear_errors(tmp_path, corpus_files):
     with pytest.raises(ValueError, match="train_fraction"):
         TextDataConfig(source="text", path="a", eval_path="b", train_fraction=0.0)
     with pytest.raises(ValueError, match="Unknown text source"):
-        TextDataConfig(source="wikitext2")
+        TextDataConfig(source="wikitext3")
 
 
 def test_no_partial_files_left_behind(tmp_path):
@@ -200,5 +200,5 @@ def test_no_partial_files_left_behind(tmp_path):
         raise RuntimeError("disk gone")
 
     with pytest.raises(RuntimeError, match="disk gone"):
-        text_bytes._write_atomically(str(target), failing_chunks())
+        files.write_atomically(str(target), failing_chunks())
     assert os.listdir(tmp_path / "cache") == []

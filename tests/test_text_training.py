@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import wikitext_cpu, wikitext_scaled_exact, wikitext_v2
-from jrope.data import wikitext103
+from jrope.data import wikitext
 from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import train_and_evaluate
@@ -22,6 +22,7 @@ def _tiny_text_config(tmp_path):
         encoding="utf-8",
     )
     config = wikitext_cpu.get_config()
+    config.data.source = "text"
     config.data.path = str(text)
     config.data.eval_path = str(text)
     config.data.cache_dir = str(tmp_path / "cache")
@@ -62,13 +63,11 @@ def test_two_steps_on_a_text_file(tmp_path):
 
 
 def test_wikitext103_config_without_data_stops_with_directions(tmp_path, monkeypatch):
-    monkeypatch.setattr(wikitext103, "archive_host_reachable", lambda: False)
+    monkeypatch.setattr(wikitext, "archive_host_reachable", lambda: False)
     config = wikitext_scaled_exact.get_config()
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.cache_dir = str(tmp_path / "cache")
-    with pytest.raises(
-        wikitext103.WikiText103Unavailable, match=r"wget -P .*tfds/downloads/manual"
-    ):
+    with pytest.raises(wikitext.WikiTextUnavailable, match=r"wget -P .*tfds/downloads/manual"):
         set_up_run(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
 
 
@@ -96,8 +95,6 @@ def test_paper_settings():
     for cfg in (v1, v2):
         assert cfg.data.source == "wikitext103" and cfg.data.vocab_size == 257
     cpu = TrainConfig.from_config_dict(wikitext_cpu.get_config())
-    assert cpu.data.source == "text"
-    assert cpu.data.path.endswith(("wikitext2/valid.txt")) and cpu.data.eval_path.endswith(
-        "wikitext2/test.txt"
-    )
+    assert cpu.data.source == "wikitext2" and not cpu.data.path and not cpu.data.eval_path
+    assert (cpu.data.train_split, cpu.data.eval_split) == ("train", "validation")
     assert np.all(np.diff(cpu.eval.lengths) > 0) and cpu.eval.lengths[-1] == 8 * cpu.data.seq_len

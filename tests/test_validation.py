@@ -42,7 +42,10 @@ def _tiny(**overrides):
 
 
 def _text_config(**paths):
+    """The WikiText-2 CPU config on local text: this file stands in for the evaluation text."""
     config = wikitext_cpu.get_config()
+    config.data.source = "text"
+    config.data.eval_path = __file__
     for key, value in paths.items():
         config.data[key] = value
     return config

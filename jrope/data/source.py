@@ -118,6 +118,8 @@ SOURCES = {
     "synthetic": _SYNTHETIC,
     "text": _TEXT_BYTES,
     "wikitext103": _TEXT_BYTES,
+    "wikitext2": _TEXT_BYTES,
+    "audio_tokens": _TEXT_BYTES,
 }
 
 

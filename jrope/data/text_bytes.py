@@ -1,13 +1,14 @@
-"""Byte-level language-modelling data from WikiText-103 or any UTF-8 text.
+"""Byte-level language-modelling data from WikiText-103 or -2, any UTF-8 text, or audio tokens.
 
-A corpus is the bytes of its text held as one flat uint8 array: WikiText-103's
+A corpus is the bytes of its text held as one flat uint8 array: WikiText's
 rows joined with newlines (which gives back the official file's text), or a
 text file's bytes (a directory: its files' bytes, in sorted path order,
-joined with newlines). Each corpus is written once to a cache file
+joined with newlines). Each text corpus is written once to a cache file
 ``<cache_dir>/<source>-<hash>.u8`` (atomically: a temporary file renamed into
 place; the hash covers everything the bytes depend on) and memory-mapped, so
 a 540 MB training split costs no Python objects and no resident memory it
-does not touch.
+does not touch. Audio token files (jrope.data.audio) are already such byte
+files: they are memory-mapped where they lie, with no UTF-8 check.
 
 Tokens: vocabulary 257 maps byte ``b`` to ``b + 1`` and reserves 0 (the
 paper's reference); vocabulary 256 uses the byte itself.
@@ -32,16 +33,16 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
 
-from jrope.data import wikitext103
+from jrope.data import audio, wikitext
+from jrope.data.files import write_atomically
 from jrope.data.source import ProcessShare
 
-SOURCES = ("wikitext103", "text")
+SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
 DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
 
@@ -50,7 +51,7 @@ _TRAIN_STREAM = 0
 _EVAL_STREAM = 1
 # Bytes read per chunk when copying text into a cache file.
 _CHUNK_BYTES = 1 << 24
-# Rows fetched per call from the WikiText-103 data source.
+# Rows fetched per call from a WikiText data source.
 _CHUNK_ROWS = 4096
 
 
@@ -59,21 +60,25 @@ class TextDataConfig:
     """Everything that determines the byte-level data.
 
     Attributes:
-      source: 'wikitext103' (the TFDS builder of jrope.data.wikitext103) or
-        'text' (local UTF-8 text at ``path`` and ``eval_path``).
+      source: 'wikitext103' or 'wikitext2' (the TFDS builders of
+        jrope.data.wikitext), 'text' (local UTF-8 text at ``path`` and
+        ``eval_path``) or 'audio_tokens' (token files of jrope.data.audio at
+        ``path`` and ``eval_path``).
       path: 'text': training text, a file or a directory of files.
+        'audio_tokens': train.u8, or the folder holding it.
       eval_path: 'text': evaluation text, a file or a directory of files.
-      train_split: 'wikitext103': split to train on.
-      eval_split: 'wikitext103': split to evaluate on.
+        'audio_tokens': eval.u8, or the folder holding it.
+      train_split: 'wikitext103' / 'wikitext2': split to train on.
+      eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
       train_fraction: in (0, 1]: train on this leading fraction of the
-        training rows ('wikitext103'; 0.01 is the paper's v2 setting, the
-        split's first 1% of lines) or bytes ('text').
+        training rows (WikiText; 0.01 is the paper's v2 setting, the
+        split's first 1% of lines) or bytes ('text', 'audio_tokens').
       vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
       seq_len: training length L (the model sees L tokens, predicts L).
       seed: data seed; every batch is a pure function of it.
       cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
-      data_dir: 'wikitext103': TFDS data directory ('' = TFDS's default).
-      manual_dir: 'wikitext103': folder with the official archive or the
+      data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
+      manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
         extracted files ('' = ``<data_dir>/downloads/manual``).
     """
 
@@ -98,6 +103,13 @@ class TextDataConfig:
                 "source='text' needs both path (training text) and eval_path (evaluation text), "
                 f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
                 "--config.data.path=train.txt --config.data.eval_path=valid.txt."
+            )
+        if self.source == "audio_tokens" and not (self.path and self.eval_path):
+            raise ValueError(
+                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
+                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
+                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
+                "--config.data.eval_path=DIR."
             )
         if self.vocab_size not in VOCAB_SIZES:
             raise ValueError(
@@ -211,29 +223,42 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
     """The training or evaluation corpus as a read-only uint8 [n] memory map."""
     cache_dir = os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR)
     fraction = data_cfg.train_fraction if training else 1.0
+    if data_cfg.source == "audio_tokens":
+        # Already a byte file: mapped where it lies, its leading fraction a view.
+        split = "train" if training else "eval"
+        tokens = audio.load_token_file(data_cfg.path if training else data_cfg.eval_path, split)
+        return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
         files = _text_files(data_cfg.path if training else data_cfg.eval_path)
         key = {"files": [_file_identity(f) for f in files], "fraction": fraction}
         path = _cache_path(cache_dir, "text", key)
         if not os.path.exists(path):
-            _write_atomically(path, _limit_bytes(_text_file_chunks(files), fraction, files))
+            write_atomically(path, _limit_bytes(_text_file_chunks(files), fraction, files))
     else:
         split = data_cfg.train_split if training else data_cfg.eval_split
-        rows = wikitext103.wikitext103_data_source(
-            split, data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None
+        rows = wikitext.wikitext_data_source(
+            data_cfg.source,
+            split,
+            data_dir=data_cfg.data_dir or None,
+            manual_dir=data_cfg.manual_dir or None,
         )
         num_rows = max(1, round(fraction * len(rows)))
+        builder = wikitext.builder_class(data_cfg.source)
         key = {
-            "builder": f"{wikitext103.Wikitext103Raw.name}:{wikitext103.Wikitext103Raw.VERSION}",
+            "builder": f"{builder.name}:{builder.VERSION}",
             "split": split,
             "rows": [num_rows, len(rows)],
         }
-        path = _cache_path(cache_dir, "wikitext103", key)
+        path = _cache_path(cache_dir, data_cfg.source, key)
         if not os.path.exists(path):
             logging.info(
-                "Writing the bytes of %d rows of WikiText-103 %s to %s.", num_rows, split, path
+                "Writing the bytes of %d rows of %s %s to %s.",
+                num_rows,
+                builder.ARCHIVE.title,
+                split,
+                path,
             )
-            _write_atomically(path, _joined_rows(rows, num_rows))
+            write_atomically(path, _joined_rows(rows, num_rows))
     if os.path.getsize(path) == 0:
         raise ValueError(f"The corpus cached at {path} is empty; check the text it was made from.")
     return np.memmap(path, dtype=np.uint8, mode="r")
@@ -244,27 +269,6 @@ def _cache_path(cache_dir: str, source: str, key: dict) -> str:
         json.dumps({"source": source, **key}, sort_keys=True).encode()
     ).hexdigest()
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
-
-
-def _write_atomically(path: str, chunks: Iterable[bytes]) -> None:
-    """Writes the chunks to ``path`` through a temporary file in the same folder.
-
-    Processes that race to build the same cache each write their own
-    temporary file and rename it over the same name with the same bytes.
-    """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the cache from other users
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def _text_files(path: str) -> list[str]:
@@ -334,7 +338,7 @@ def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[str])
 
 
 def _joined_rows(rows: Sequence[dict], num_rows: int) -> Iterator[bytes]:
-    """Rows ``0 .. num_rows - 1`` of a WikiText-103 data source joined with newlines."""
+    """Rows ``0 .. num_rows - 1`` of a WikiText data source joined with newlines."""
     for first in range(0, num_rows, _CHUNK_ROWS):
         indices = list(range(first, min(first + _CHUNK_ROWS, num_rows)))
         texts = [row["text"] for row in rows.__getitems__(indices)]

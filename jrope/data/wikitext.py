@@ -1,0 +1,318 @@
+"""WikiText-103 and WikiText-2 (raw) as TFDS builders in ArrayRecord, read without TensorFlow.
+
+One example per line of the official files ``wiki.{train,valid,test}.raw``,
+in file order (shuffling disabled), the line's text without its newline, so
+joining a split's rows with newlines gives back the file's text. The two
+datasets differ only in their archive; both builders share one
+implementation (``WikiTextRaw``) and are chosen by name ('wikitext103',
+'wikitext2', the keys of BUILDERS):
+
+  dataset      archive                   train      validation  test
+  wikitext103  wikitext-103-raw-v1.zip   1,801,350  3,760       4,358 lines
+  wikitext2    wikitext-2-raw-v1.zip     36,718     3,760       4,358 lines
+
+Where the text comes from, first match wins:
+
+1. the extracted files in the manual directory (``wiki.train.raw``,
+   ``wiki.valid.raw``, ``wiki.test.raw``, directly there or in the
+   archive's folder, ``wikitext-103-raw/`` or ``wikitext-2-raw/``);
+2. the official archive in the manual directory;
+3. the archive downloaded from its ``archive_url``.
+
+The archive, manual or downloaded, is checked by TFDS against the size and
+SHA-256 in ``checksums.tsv`` beside this file (the values published for the
+official archives), then read member by member with ``zipfile``: TFDS's own
+extractor needs TensorFlow. The manual directory defaults
+to ``<data_dir>/downloads/manual`` (TFDS's convention), ``data_dir`` to
+TFDS's (``~/tensorflow_datasets``).
+
+``wikitext_data_source`` prepares a dataset on first use and returns a
+split's random-access data source; without the files and without a route to
+the archives' host it fails at once with WikiTextUnavailable, saying where to
+put the files. To prepare once, on a machine with network access
+(``--dataset=wikitext2`` for WikiText-2):
+
+    python -m jrope.data.wikitext --dataset=wikitext103 [--data_dir=DIR] [--manual_dir=DIR]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import urllib.parse
+import zipfile
+from collections.abc import Sequence
+from typing import ClassVar
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+# TFDS raises this on a checksum mismatch but does not export it under tfds.download.
+from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
+
+ARCHIVE_HOST = "https://wikitext.smerity.com"
+SPLIT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
+
+# Seconds to wait for the archives' host before declaring the network absent.
+_CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WikiTextArchive:
+    """One official raw WikiText archive: what it is called and how it is laid out."""
+
+    title: str  # 'WikiText-103', for messages
+    archive_name: str  # the zip's file name, also its name in the manual directory
+    archive_folder: str  # the folder inside the zip holding the three wiki.*.raw files
+
+    @property
+    def archive_url(self) -> str:
+        return f"{ARCHIVE_HOST}/{self.archive_name}"
+
+
+WIKITEXT103 = WikiTextArchive("WikiText-103", "wikitext-103-raw-v1.zip", "wikitext-103-raw")
+WIKITEXT2 = WikiTextArchive("WikiText-2", "wikitext-2-raw-v1.zip", "wikitext-2-raw")
+
+
+class WikiTextUnavailable(FileNotFoundError):
+    """A WikiText dataset is neither prepared, nor on disk, nor downloadable from here."""
+
+
+class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Raw WikiText, one example ``{'text': str}`` per line of the official files.
+
+    The shared body of the builders below, each of which names its ARCHIVE.
+    All are kept out of TFDS's global registry (build them with their class,
+    not ``tfds.builder``): running this module as ``__main__`` next to its
+    imported copy would otherwise register the names twice.
+    """
+
+    ARCHIVE: ClassVar[WikiTextArchive]
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "One example per line of wiki.{train,valid,test}.raw, in file order."}
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return self.dataset_info_from_configs(
+            description=f"{self.ARCHIVE.title} raw (Merity et al., 2016), one line per example.",
+            features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+            homepage="https://arxiv.org/abs/1609.07843",
+            # Line order is the text: rows joined with newlines must give the file back.
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+        raw_dir = None
+        try:
+            raw_dir = find_extracted_files(dl_manager.manual_dir, self.ARCHIVE)
+        except AssertionError:
+            # TFDS asserts when the manual directory is absent or empty: no manual files.
+            pass
+        if raw_dir is not None:
+            return {
+                split: self._generate_examples(raw_dir / name, None)
+                for split, name in SPLIT_FILES.items()
+            }
+        # Taken from the manual directory if it is there, else downloaded; checksum-checked either way.
+        archive = dl_manager.download(self.ARCHIVE.archive_url)
+        return {
+            split: self._generate_examples(archive, f"{self.ARCHIVE.archive_folder}/{name}")
+            for split, name in SPLIT_FILES.items()
+        }
+
+    def _generate_examples(self, path: epath.Path, member: str | None):
+        """Lines of a raw file, or of the archive's ``member`` (read from the zip,
+        not extracted: TFDS's extractor needs TensorFlow)."""
+        with path.open("rb") as raw, zipfile.ZipFile(raw).open(member) if member else raw as lines:
+            # Binary lines split on b"\n" only: text-mode reading would also split
+            # on, and rewrite, any carriage return, and the bytes must stay the file's.
+            for index, line in enumerate(lines):
+                if line.endswith(b"\n"):
+                    line = line[:-1]
+                yield index, {"text": line.decode("utf-8")}
+
+
+def _manual_download_instructions(archive: WikiTextArchive) -> str:
+    return f"""
+    Put the official archive {archive.archive_name} (from {archive.archive_url}), or the
+    three files {', '.join(SPLIT_FILES.values())} extracted from it, in the
+    manual directory.
+    """
+
+
+class Wikitext103Raw(WikiTextRaw, skip_registration=True):
+    """WikiText-103 raw: 103 M words of Wikipedia articles."""
+
+    name = "wikitext103_raw"
+    ARCHIVE = WIKITEXT103
+    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT103)
+
+
+class Wikitext2Raw(WikiTextRaw, skip_registration=True):
+    """WikiText-2 raw: 2 M words; same validation and test articles as WikiText-103."""
+
+    name = "wikitext2_raw"
+    ARCHIVE = WIKITEXT2
+    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT2)
+
+
+# The dataset names accepted here, on the command line and as TextDataConfig.source.
+BUILDERS: dict[str, type[WikiTextRaw]] = {"wikitext103": Wikitext103Raw, "wikitext2": Wikitext2Raw}
+
+
+def builder_class(dataset: str) -> type[WikiTextRaw]:
+    """The builder of a dataset name ('wikitext103' or 'wikitext2')."""
+    if dataset not in BUILDERS:
+        raise ValueError(f"Unknown WikiText dataset {dataset!r}; choose one of {tuple(BUILDERS)}.")
+    return BUILDERS[dataset]
+
+
+def find_extracted_files(directory: epath.PathLike, archive: WikiTextArchive) -> epath.Path | None:
+    """The folder under ``directory`` holding all three ``wiki.*.raw`` files, or None.
+
+    Looks in ``directory`` itself and in the archive's folder below it.
+    """
+    directory = epath.Path(directory)
+    for candidate in (directory, directory / archive.archive_folder):
+        if all((candidate / filename).is_file() for filename in SPLIT_FILES.values()):
+            return candidate
+    return None
+
+
+def default_manual_dir(data_dir: str | None) -> epath.Path:
+    """TFDS's default manual directory for a data directory (None: TFDS's default)."""
+    root = epath.Path(data_dir) if data_dir else epath.Path(tfds.core.constants.DATA_DIR)
+    return root.expanduser() / "downloads" / "manual"
+
+
+def archive_host_reachable(url: str = ARCHIVE_HOST, timeout_s: float = _CONNECT_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the host of ``url`` opens within ``timeout_s``."""
+    parsed = urllib.parse.urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _unavailable_message(
+    dataset: str, manual_dir: epath.Path, data_dir: str | None, reason: str
+) -> str:
+    archive = BUILDERS[dataset].ARCHIVE
+    prepare_command = f"python -m jrope.data.wikitext --dataset={dataset}" + (
+        f" --data_dir={data_dir}" if data_dir else ""
+    )
+    return (
+        f"{archive.title} is not available: {reason}\n"
+        f"Put the official archive {archive.archive_name} (or the files "
+        f"{', '.join(SPLIT_FILES.values())} extracted from it) in\n"
+        f"    {manual_dir}\n"
+        f"e.g. with\n"
+        f"    wget -P {manual_dir} {archive.archive_url}\n"
+        f"or, where the network allows, download and prepare it once with\n"
+        f"    {prepare_command}\n"
+        f"then run the same command again."
+    )
+
+
+def prepare_wikitext(
+    dataset: str, data_dir: str | None = None, manual_dir: str | None = None
+) -> WikiTextRaw:
+    """The builder of ``dataset``, with its ArrayRecord files written if they were not yet.
+
+    Raises:
+      ValueError: ``dataset`` is not a key of BUILDERS.
+      WikiTextUnavailable: no prepared data, no manual files and no route
+        to the archive's host; or the archive failed to download or does not
+        match the recorded checksum.
+    """
+    builder_cls = builder_class(dataset)
+    archive = builder_cls.ARCHIVE
+    builder = builder_cls(data_dir=data_dir, file_format="array_record")
+    if builder.is_prepared():
+        return builder
+    manual = epath.Path(manual_dir).expanduser() if manual_dir else default_manual_dir(data_dir)
+    has_manual_files = (
+        find_extracted_files(manual, archive) is not None
+        or (manual / archive.archive_name).is_file()
+    )
+    # Checked before TFDS starts, so that an offline machine fails at once with directions.
+    if not has_manual_files and not archive_host_reachable():
+        host = urllib.parse.urlparse(ARCHIVE_HOST).hostname
+        raise WikiTextUnavailable(
+            _unavailable_message(
+                dataset,
+                manual,
+                data_dir,
+                f"nothing is prepared in {builder.data_dir}, "
+                f"the manual directory holds no data, and {host} cannot be reached.",
+            )
+        )
+    config = tfds.download.DownloadConfig(manual_dir=os.fspath(manual))
+    try:
+        builder.download_and_prepare(download_config=config, file_format="array_record")
+    except NonMatchingChecksumError as error:
+        raise WikiTextUnavailable(
+            _unavailable_message(
+                dataset, manual, data_dir, f"the archive is not the official one ({error})."
+            )
+        ) from None
+    except (tfds.download.DownloadError, OSError) as error:
+        # Failed downloads (HTTP errors, resets, timeouts) and unreadable archives.
+        raise WikiTextUnavailable(
+            _unavailable_message(
+                dataset, manual, data_dir, f"preparing failed with {type(error).__name__}: {error}"
+            )
+        ) from None
+    return builder
+
+
+def wikitext_data_source(
+    dataset: str, split: str, *, data_dir: str | None = None, manual_dir: str | None = None
+) -> Sequence[dict]:
+    """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test').
+
+    Prepares the dataset on first use (see ``prepare_wikitext``).
+    """
+    title = builder_class(dataset).ARCHIVE.title
+    if split not in SPLIT_FILES:
+        raise ValueError(f"Unknown {title} split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
+    return prepare_wikitext(dataset, data_dir, manual_dir).as_data_source(split=split)
+
+
+def _cli() -> None:
+    """``python -m jrope.data.wikitext --dataset=...``: prepare once and print the splits' sizes."""
+    from absl import app, flags
+
+    dataset = flags.DEFINE_enum(
+        "dataset", None, list(BUILDERS), "Which WikiText to prepare.", required=True
+    )
+    data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
+    manual_dir = flags.DEFINE_string(
+        "manual_dir",
+        "",
+        "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual).",
+    )
+
+    def main(argv: Sequence[str]) -> None:
+        del argv
+        try:
+            builder = prepare_wikitext(
+                dataset.value, data_dir.value or None, manual_dir.value or None
+            )
+        except WikiTextUnavailable as error:
+            sys.exit(str(error))  # the message is the whole story: no traceback
+        for split, info in builder.info.splits.items():
+            print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
+
+    app.run(main)
+
+
+if __name__ == "__main__":
+    # Run the importable copy of this module: TFDS finds a builder's files
+    # (checksums.tsv, data directory) through its module name, which __main__ is not.
+    from jrope.data import wikitext
+
+    wikitext._cli()
