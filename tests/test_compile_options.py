@@ -26,7 +26,7 @@ def test_options_turn_library_fusions_off_on_cpu_only():
 def test_default_cpu_compilation_has_library_fusions():
     """The pinned jaxlib fuses a dot and its reduction into a library call by default.
 
-    If this fails, XLA no longer makes them and jrope.compile_options has nothing left to do.
+    If this fails, XLA no longer makes them and jrope.train.compile_options has nothing left to do.
     """
 
     def dot_then_max(x, w):

@@ -32,7 +32,7 @@ def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dic
                                        (query, key) pairs, each 2 H FLOPs per head
 
     Every block has Q = S = T (P = T (T + 1) / 2, the causal half of T x T)
-    except the last one with readout 'last' (jrope.model), which has Q = 1
+    except the last one with readout 'last' (jrope.model.transformer), which has Q = 1
     (its one query sees all S = T keys: P = T). The tied readout is
     2 B Q D V forward with Q the last block's Q; the input embedding is a
     gather (0 FLOPs; its gradient is a scatter-add, also not counted).
