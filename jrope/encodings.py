@@ -6,7 +6,7 @@ gates, per head and per block) live in a plain dict made by `init_params()`
 and passed back in, so the same object serves jit, grad and sharding.
 
 Every variant is a per-position linear map on q and k followed by an
-ordinary dot product (math.md section 3), plus an optional additive bias, so
+ordinary dot product (docs/mathematics.md, section 3), plus an optional additive bias, so
 it works with any attention kernel.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
@@ -87,7 +87,7 @@ def default_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
 
     Exact variants are invariant to the origin; measuring positions from the
     middle of the window bounds e^{+-gamma (p - origin)} and the raw shear by
-    half the window span instead of the absolute position (math.md section 5).
+    half the window span instead of the absolute position (docs/numerics.md, section 2).
     """
     lo = jnp.minimum(q_positions.min(-1), k_positions.min(-1))
     hi = jnp.maximum(q_positions.max(-1), k_positions.max(-1))
@@ -273,7 +273,7 @@ class Encoding:
 
         Shear with an unscaled time makes q1' = q1 + s q0 with s up to eta * L or
         eta * T: the lag term of the score is then a difference of large products
-        that bfloat16 cannot resolve (math.md section 5).
+        that bfloat16 cannot resolve (docs/numerics.md, section 3).
         """
         return (
             self.cfg.shear == 'eta'
@@ -409,7 +409,7 @@ class Encoding:
         """The O(T^2) relative (oracle) form of attention_logits, for exact variants.
 
         Builds q_i^T G(i - j) k_j from the closed form over the lag matrix
-        (math.md section 6). q: [B, T, N, H]; k: [B, S, N, H]. Returns [B, N, T, S].
+        (docs/mathematics.md, section 5). q: [B, T, N, H]; k: [B, S, N, H]. Returns [B, N, T, S].
         """
         if not self.cfg.is_translation_invariant:
             raise ValueError(

@@ -1,6 +1,6 @@
 """The mathematics of Jordan-RoPE as small pure functions (no Flax, no state).
 
-One complex Jordan block of order m (math.md sections 1-3):
+One complex Jordan block of order m (docs/mathematics.md, sections 1-3):
 
     lambda = -gamma + i*omega
     J      = lambda * I_m + eta * N_m              N_m = upper shift, N_m^m = 0
@@ -73,7 +73,7 @@ def shear_series(shear: jax.Array, order: int) -> list[jax.Array | float]:
 
 
 def toeplitz_series_inverse(coefficients: Coefficients) -> list[jax.Array | float]:
-    """Coefficients of U^{-1} for U = sum_r c_r N^r (math.md section 3).
+    """Coefficients of U^{-1} for U = sum_r c_r N^r (docs/mathematics.md, section 3).
 
     inv_0 = 1 / c_0,   inv_p = -(sum_{r=1..p} c_r inv_{p-r}) / c_0.
     """

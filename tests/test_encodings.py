@@ -74,7 +74,7 @@ def test_factorized_equals_relative_oracle(name):
 
 
 def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
-    """q_i^T A(-i)^{-1} A(-j) k_j in float64 numpy, written from math.md alone.
+    """q_i^T A(-i)^{-1} A(-j) k_j in float64 numpy, written from docs/mathematics.md alone.
 
     A(t) = e^{-gamma t} U(t) (x) R(omega t) per block, U(t) = sum_r c_r(t) N^r
     with the variant's coefficient sequence; the inverse is a dense solve.
@@ -206,7 +206,7 @@ def test_exact_variants_are_shift_invariant_to_65536(name, dtype):
 
 
 def test_raw_shear_stays_float32_under_bfloat16_inputs():
-    """Raw shear's lag term is a difference of O(p) products: q/k must stay fp32 (math.md 5)."""
+    """Raw shear's lag term is a difference of O(p) products: q/k must stay fp32 (docs/numerics.md, section 3)."""
     enc = _encoding('jordan_raw_tau')
     params = enc.init_params()
     params['eta_raw'] = jnp.full_like(params['eta_raw'], 2.0)  # eta ~ 0.096

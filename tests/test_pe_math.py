@@ -56,7 +56,7 @@ def test_real_closed_form_is_expm_and_obeys_group_law(order):
             g(a), _expm64(a * np.asarray(generator, np.float64)), rtol=1e-5, atol=2e-6
         )
         np.testing.assert_allclose(g(a) @ g(b), g(a + b), rtol=1e-5, atol=2e-6)
-    # The order-2 real block of math.md section 2: e^{-gamma d} [[R, s R], [0, R]].
+    # The order-2 real block of docs/mathematics.md, section 2: e^{-gamma d} [[R, s R], [0, R]].
     if order == 2:
         d = 6.0
         c, s = np.cos(omega * d), np.sin(omega * d)
