@@ -67,7 +67,7 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
     cotangent = jax.random.normal(kc, out_shape)
 
     def custom(x, kernel):
-        return jnp.sum(_project(x, kernel, num_contracted) * cotangent)
+        return jnp.sum(_project(x, kernel, num_contracted, None) * cotangent)
 
     def plain(x, kernel):
         return jnp.sum(jnp.tensordot(x, kernel, axes=num_contracted) * cotangent)

@@ -108,10 +108,7 @@ class EvalStep:
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens."""
         kernel = choose_kernel(
-            self._cfg.model,
-            has_bias=self._cfg.encoding.has_bias,
-            length=length,
-            backend=self._platform,
+            self._cfg.model, self._cfg.encoding, length=length, backend=self._platform
         )
         return self._jitted[kernel == "blockwise"]
 

@@ -95,10 +95,7 @@ def make_train_step(
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
         kernel = choose_kernel(
-            cfg.model,
-            has_bias=cfg.encoding.has_bias,
-            length=cfg.pe.train_context,
-            backend=platform,
+            cfg.model, cfg.encoding, length=cfg.pe.train_context, backend=platform
         )
         compiler_options = step_compiler_options(blockwise=kernel == "blockwise", platform=platform)
     return jax.jit(

@@ -31,6 +31,8 @@ from jrope.train.sharding import mesh_sizes
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.
 PLAIN_ATTENTION_MEMORY_FRACTION = 0.5
+# Kernels that never hold the whole logits tensor.
+MEMORY_LINEAR_KERNELS = ("blockwise", "splash", "cudnn")
 _GIB = 2.0**30
 
 
@@ -150,17 +152,23 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
 
 def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_sizes) -> list[str]:
     """The attention path at each evaluation length: valid, and its logits fit in memory."""
+    if encoding is None:
+        return []  # the encoding's own problem is reported
+    try:
+        choose_kernel(cfg.model, encoding, length=cfg.pe.train_context, backend=env.platform)
+    except ValueError as err:
+        return [f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"]
     problems = []
-    has_bias = encoding is not None and encoding.has_bias
     for length in sorted(set(cfg.eval.lengths)):
         try:
-            impl = choose_kernel(cfg.model, has_bias=has_bias, length=length, backend=env.platform)
+            impl = choose_kernel(cfg.model, encoding, length=length, backend=env.platform)
         except ValueError as err:
             problems.append(
-                f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"
+                f"model.attention_impl = {cfg.model.attention_impl!r} at eval length {length}: "
+                f"{_first_line(err)}"
             )
             break
-        if impl == "blockwise" or env.memory_bytes is None:
+        if impl in MEMORY_LINEAR_KERNELS or env.memory_bytes is None:
             continue
         rows, heads = _rows_and_heads_per_memory(cfg, env, mesh_sizes)
         needed = rows * heads * length * length * 4
