@@ -101,4 +101,11 @@ def get_config(
     config.eval.num_sequences = 32  # fixed evaluation sequences per length
     config.eval.batch_size = 4  # sequences per evaluation batch (memory at the longest length)
     config.eval.every_steps = 0  # evaluate during training every N steps (0: only at the end)
+
+    config.runtime = config_dict.ConfigDict()
+    # JAX's persistent compilation cache: a local folder or gs://bucket/...; '' = off
+    config.runtime.compilation_cache_dir = ""
+    # jax.profiler trace of train steps [from, to) into <workdir>/tensorboard; to <= from: none
+    config.runtime.profile_from_step = 0
+    config.runtime.profile_to_step = 0
     return config

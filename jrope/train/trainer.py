@@ -27,7 +27,15 @@ import optax
 from absl import logging
 
 from jrope.attention import choose_kernel
-from jrope.train import evaluation, nonfinite, resume, sharding, validation
+from jrope.train import (
+    compilation_cache,
+    evaluation,
+    nonfinite,
+    profiler,
+    resume,
+    sharding,
+    validation,
+)
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig
@@ -119,6 +127,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
       NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite = 'stop').
     """
     validation.check_training_run(cfg, workdir)
+    compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
     run = set_up_run(cfg)
     source, mesh = run.source, run.mesh
     logging.info(
@@ -152,13 +161,16 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         return rows
 
     start = int(jax.device_get(state["step"]))
+    trace = profiler.StepTrace(workdir, cfg.runtime)
     try:
         with jax.set_mesh(mesh), PreemptionWatch() as preemption:
             for step in range(start, cfg.num_steps):
                 local_batch = source.train_batch(step)
                 evaluation.check_readout(local_batch, cfg.model.readout)
                 batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
+                trace.before_step(step)
                 state, metrics = train_step(state, batch)
+                trace.after_step(step, state)
                 done = step + 1
                 logger.push(done, metrics)
                 is_last = done == cfg.num_steps
@@ -175,6 +187,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
                     logger.flush()
                     run_evaluation(done)
     finally:
+        trace.close()
         # Also on errors: an in-flight save finishes (the last good checkpoint), none is left half-written.
         checkpointer.wait_until_finished()
     logger.flush()
