@@ -13,7 +13,7 @@ import pytest
 
 import jrope
 from jrope import attention
-from jrope.attention import cudnn
+from jrope.attention import cudnn, splash
 
 LENGTH = 128  # the splash kernel's key blocks are multiples of 128
 
@@ -106,3 +106,18 @@ def test_the_cudnn_call_is_causal_attention_with_alibi_as_its_bias(monkeypatch, 
         np.testing.assert_allclose(
             got.astype(jnp.float32), want.astype(jnp.float32), atol=3e-2 * scale
         )
+
+
+@pytest.mark.parametrize(
+    "length, head_dim, dtype", [(1024, 64, jnp.float32), (256, 32, jnp.bfloat16)]
+)
+def test_splash_lowers_for_tpu_forward_and_backward(length, head_dim, dtype):
+    # Mosaic lowers the kernel here, in Python: block shapes it cannot tile fail now, not on a TPU.
+    x = jnp.zeros((4, length, 6, head_dim), dtype)
+
+    def loss(q, k, v):
+        return jnp.sum(splash.splash_attention_causal(q, k, v, interpret=False).astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(x, x, x)
+    text = lowered.lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 3  # forward, dq, dk and dv

@@ -37,9 +37,12 @@ LENGTH_MULTIPLE = 128
 _BLOCK_CHOICES = (512, 256, 128)
 
 
-def splash_attention_causal(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def splash_attention_causal(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool | None = None
+) -> jax.Array:
     """Causal attention of mapped q, k [B, T, N, H] and v [B, T, N, H]; T a multiple of 128.
 
+    interpret: run the kernel in Pallas interpret mode (default: off TPU).
     Returns [B, T, N, H] in v's dtype.
     """
     batch, length, heads, head_dim = q.shape
@@ -49,7 +52,9 @@ def splash_attention_causal(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arr
             f"{LENGTH_MULTIPLE}; got {q.shape}, {k.shape}, {v.shape}."
         )
     common = jnp.promote_types(q.dtype, v.dtype)
-    kernel = _kernel(length, heads, interpret=jax.default_backend() != "tpu")
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
+    kernel = _kernel(length, heads, interpret=interpret)
     scale = 1.0 / math.sqrt(head_dim)
 
     def attend(q, k, v):  # [b, T, N, H] each, b the batch rows this call holds
