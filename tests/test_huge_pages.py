@@ -55,10 +55,11 @@ def test_this_cpu_only_machine_has_no_accelerator_backend():
     assert not huge_pages._accelerator_backend_installed()
 
 
-def test_restart_keeps_the_process_and_command_line():
-    """`python -c` restarts once, as the same process, with the option set (where supported)."""
+def _run_entry_point(prelude: str = "") -> list[str]:
+    """Output lines of a `python -c` entry point that restarts itself, run after `prelude`."""
     script = (
         "import os, sys\n"
+        f"{prelude}"
         "print('pid', os.getpid(), flush=True)\n"
         "from jrope.train import huge_pages\n"
         "huge_pages.restart_with_huge_pages()\n"
@@ -74,7 +75,12 @@ def test_restart_keeps_the_process_and_command_line():
         timeout=120,
         check=True,
     )
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_restart_keeps_the_process_and_command_line():
+    """`python -c` restarts once, as the same process, with the option set (where supported)."""
+    lines = _run_entry_point()
     supported = huge_pages.environment_with_huge_pages(
         {}, huge_pages._glibc_version(), huge_pages._thp_mode(), cpu_run=True
     )
@@ -87,19 +93,6 @@ def test_restart_keeps_the_process_and_command_line():
 
 
 def test_no_restart_under_a_debugger():
-    script = (
-        "import os, sys\n"
-        "sys.settrace(lambda *args: None)\n"
-        "print('pid', os.getpid(), flush=True)\n"
-        "from jrope.train import huge_pages\n"
-        "huge_pages.restart_with_huge_pages()\n"
-        "print('tunables', os.environ.get('GLIBC_TUNABLES'))\n"
-    )
-    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=_REPO, env=environ, capture_output=True, text=True,
-        timeout=120, check=True,
-    )  # fmt: skip
-    lines = result.stdout.splitlines()
+    lines = _run_entry_point(prelude="sys.settrace(lambda *args: None)\n")
     assert len([line for line in lines if line.startswith("pid")]) == 1
     assert lines[-1] == "tunables None"
