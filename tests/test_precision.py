@@ -102,6 +102,7 @@ def _model_dots(**overrides) -> list[str]:
     return _dot_precisions(jax.jit(jax.grad(loss)).lower(params).as_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["einsum", "xla", "blockwise"])
 def test_the_model_runs_attention_in_float32_for_a_raw_shear_and_the_rest_at_default(impl):
     raw_shear = {"pe.name": "jordan_raw_tau", "model.attention_impl": impl}
