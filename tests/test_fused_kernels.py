@@ -72,7 +72,7 @@ def test_splash_under_a_device_mesh_splits_the_batch():
                 params=enc.init_params(),
                 positions=jnp.arange(LENGTH),
                 kernel="splash",
-            )  # fmt: skip
+            )
         )(q, k, v)
     assert "shard_map" in str(traced)
     want_value, want_grads = _loss_and_grads(enc, "xla", q, k, v, cotangent)

@@ -147,7 +147,7 @@ def _damped_attention(kernel: str, length: int):
             positions=jnp.arange(length),
             kernel=kernel,
             block_size=64,
-        )  # fmt: skip
+        )
     )
 
 

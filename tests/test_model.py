@@ -1,6 +1,5 @@
 """The Transformer: causality, kernel agreement, numerics, any-length evaluation."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

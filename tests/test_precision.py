@@ -82,7 +82,7 @@ def test_every_dot_of_a_kernel_forward_and_backward_runs_at_its_precision(kernel
             k_positions=positions,
             block_size=8,
             precision=highest,
-        ),  # fmt: skip
+        ),
     }[kernel]
     dots = _gradient_dots(attend)
     assert len(dots) >= 4  # q.k and p.v forward, and their transposes
