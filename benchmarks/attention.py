@@ -17,11 +17,11 @@ compiled executable's scratch memory from XLA's buffer assignment
 what the layer allocates beyond its inputs and outputs, not a measured RSS.
 
 On an NVIDIA GPU (jax.default_backend() == 'gpu') it also runs RoPE and the
-exact Jordan variants through cuDNN's fused attention
-(jax.nn.dot_product_attention(implementation='cudnn'), bfloat16 q, k, v after
-the float32 positional transform) and through XLA with the same inputs, and
-reports both errors against a float32 XLA reference and both times. On CPU
-that part prints that it was skipped.
+exact Jordan variants through the model's cuDNN kernel (jrope.attention.cudnn:
+bfloat16 q, k, v after the float32 positional transform) and through its XLA
+kernel with the same inputs, and reports both errors (output and gradients)
+against float32 XLA attention at HIGHEST precision, and both forward +
+backward times side by side. Elsewhere that part prints that it was skipped.
 
     python benchmarks/attention.py
     python benchmarks/attention.py --lengths=512,2048 --kernels=blockwise --rounds=5
@@ -125,14 +125,6 @@ def _seconds_per_call(fn, args) -> float:
             return elapsed / calls
 
 
-def _kernel_label(kernel: str, enc, length: int) -> str:
-    if kernel == "blockwise":
-        return "blockwise"
-    return attention.resolve_impl(
-        "auto", has_bias=enc.has_bias, length=length, blockwise_min_length=1 << 30
-    )
-
-
 def _measure_group(kernel: str, length: int) -> None:
     runs = {method: _prepare(method, kernel, length) for method in _METHODS.value}
     for _ in range(_ROUNDS.value):
@@ -144,7 +136,7 @@ def _measure_group(kernel: str, length: int) -> None:
         fwd, train = statistics.median(run["fwd_s"]), statistics.median(run["train_s"])
         fwd_ratio = f"{fwd / statistics.median(base['fwd_s']):.2f}" if base else "-"
         train_ratio = f"{train / statistics.median(base['train_s']):.2f}" if base else "-"
-        label = _kernel_label(kernel, _encoding(method), length)
+        label = "blockwise" if kernel == "blockwise" else "einsum"
         print(
             f"| {length} | {label} | {method} | {1000 * fwd:.2f} | {fwd_ratio} | {1000 * train:.2f} | "
             f"{train_ratio} | {run['fwd_bytes'] / 2**20:.1f} | {run['train_bytes'] / 2**20:.1f} |",
@@ -152,42 +144,77 @@ def _measure_group(kernel: str, length: int) -> None:
         )
 
 
-def _fused_attention(enc, length: int, implementation: str, dtype):
-    """jit (params, q, k, v) -> float32 [B, T, N, H]: float32 transform, then the fused kernel in `dtype`."""
+def _layer_in(dtype, enc, kernel: str, length: int, precision=None):
+    """(params, q, k, v) -> float32 [B, T, N, H] through `kernel`, q, k, v cast to `dtype`."""
     positions = jnp.arange(length, dtype=jnp.int32)
 
-    @jax.jit
-    def attend(params, q, k, v):
-        q2, k2 = enc.transform_qk(params, q, k, positions, positions)
-        out = jax.nn.dot_product_attention(
-            q2.astype(dtype), k2.astype(dtype), v.astype(dtype),
-            is_causal=True, implementation=implementation,
+    def forward(params, q, k, v):
+        out = attention.causal_attention(
+            q.astype(dtype), k.astype(dtype), v.astype(dtype), enc=enc, params=params,
+            positions=positions, kernel=kernel, precision=precision,
         )  # fmt: skip
         return out.astype(jnp.float32)
 
-    return attend
+    return forward
+
+
+def _value_and_grads(forward, cotangent):
+    def loss(params, q, k, v):
+        return jnp.vdot(forward(params, q, k, v), cotangent)
+
+    return jax.jit(forward), jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+
+
+def _max_relative_error(got, want) -> float:
+    """Largest |got - want| over the largest |want|, over every array of two matching pytrees."""
+    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want))
+    return max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in pairs)
 
 
 def _cudnn_check(lengths) -> None:
-    """cuDNN vs XLA fused attention on bf16 inputs after the float32 transform (GPU only)."""
-    print("\ncuDNN check: bfloat16 q2, k2, v (transform in float32), causal")
-    print("| T | method | cuDNN max err | XLA bf16 max err | cuDNN ms | XLA bf16 ms |")
-    print("|---|---|---|---|---|---|")
+    """cuDNN against XLA attention, both in bfloat16 after the float32 transform (GPU only).
+
+    Errors are against float32 XLA attention at HIGHEST precision (output, and
+    the gradients of the encoding's parameters, q, k and v); times are medians
+    over interleaved rounds, and the ratio is taken per round.
+    """
+    print("\ncuDNN check: bfloat16 q, k, v (positional transform in float32), causal; errors")
+    print("against float32 XLA attention at HIGHEST precision, relative to the largest value")
+    print(
+        "| T | method | cuDNN out err | XLA out err | cuDNN grad err | XLA grad err | "
+        "cuDNN fwd+bwd ms | XLA fwd+bwd ms | cuDNN / XLA |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    highest = jax.lax.Precision.HIGHEST
     for length in lengths:
-        q, k, v, _ = _inputs(length)
+        q, k, v, cotangent = _inputs(length)
         for method in CUDNN_METHODS:
             enc = _encoding(method)
             args = (enc.init_params(), q, k, v)
-            reference = _fused_attention(enc, length, "xla", jnp.float32)(*args)
-            cells = []
-            for implementation in ("cudnn", "xla"):
-                fn = _fused_attention(enc, length, implementation, jnp.bfloat16)
-                error = float(jnp.max(jnp.abs(fn(*args) - reference)))
-                cells.append((error, _seconds_per_call(fn, args)))
-            (cudnn_err, cudnn_s), (xla_err, xla_s) = cells
+            ref_fwd, ref_grad = _value_and_grads(
+                _layer_in(jnp.float32, enc, "xla", length, highest), cotangent
+            )
+            want_out, want_grads = ref_fwd(*args), ref_grad(*args)
+            cells, runs = {}, {}
+            for kernel in ("cudnn", "xla"):
+                fwd, grad = _value_and_grads(
+                    _layer_in(jnp.bfloat16, enc, kernel, length), cotangent
+                )
+                cells[kernel] = (
+                    _max_relative_error(fwd(*args), want_out),
+                    _max_relative_error(grad(*args), want_grads),
+                )
+                runs[kernel] = (grad, [])
+            ratios = []
+            for _ in range(_ROUNDS.value):
+                for grad, times in runs.values():
+                    times.append(_seconds_per_call(grad, args))
+                ratios.append(runs["cudnn"][1][-1] / runs["xla"][1][-1])
+            cudnn_ms, xla_ms = (1000 * statistics.median(runs[k][1]) for k in ("cudnn", "xla"))
             print(
-                f"| {length} | {method} | {cudnn_err:.3g} | {xla_err:.3g} | "
-                f"{1000 * cudnn_s:.2f} | {1000 * xla_s:.2f} |",
+                f"| {length} | {method} | {cells['cudnn'][0]:.2e} | {cells['xla'][0]:.2e} | "
+                f"{cells['cudnn'][1]:.2e} | {cells['xla'][1]:.2e} | {cudnn_ms:.2f} | "
+                f"{xla_ms:.2f} | {statistics.median(ratios):.2f} |",
                 flush=True,
             )
 

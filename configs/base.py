@@ -30,8 +30,18 @@ def get_config(
     config.model.num_layers = num_layers  # Transformer blocks
     config.model.mlp_ratio = mlp_ratio  # MLP hidden width = mlp_ratio * d_model
     config.model.compute_dtype = "float32"  # activations: float32 | bfloat16 (the paper: float32)
-    config.model.attention_impl = "auto"  # auto | xla | einsum | blockwise
+    # auto | xla | cudnn | splash | blockwise | einsum; 'auto': splash on TPU and cuDNN
+    # on GPU where they apply, blockwise where one map origin could overflow, else dense
+    # (jrope/attention/selection.py)
+    config.model.attention_impl = "auto"
     config.model.blockwise_min_length = 4096  # 'auto' uses blockwise attention from this length on
+    # the largest learned damping gamma 'auto' plans for: one map origin over S keys
+    # only while max_damping * S <= 80, else blockwise
+    config.model.max_damping = 0.02
+    # q.k and p.v dots: auto | default | high | highest; 'auto' is full float32 for
+    # encodings whose logits cancel large products, the backend's default otherwise
+    config.model.attention_precision = "auto"
+    config.model.matmul_precision = "default"  # every other matmul: default | high | highest
     config.model.block_size = 512  # blockwise attention block length
     config.model.remat = (
         "none"  # none | full | dots_saveable: recompute blocks in the backward pass
@@ -91,4 +101,11 @@ def get_config(
     config.eval.num_sequences = 32  # fixed evaluation sequences per length
     config.eval.batch_size = 4  # sequences per evaluation batch (memory at the longest length)
     config.eval.every_steps = 0  # evaluate during training every N steps (0: only at the end)
+
+    config.runtime = config_dict.ConfigDict()
+    # JAX's persistent compilation cache: a local folder or gs://bucket/...; '' = off
+    config.runtime.compilation_cache_dir = ""
+    # jax.profiler trace of train steps [from, to) into <workdir>/tensorboard; to <= from: none
+    config.runtime.profile_from_step = 0
+    config.runtime.profile_to_step = 0
     return config

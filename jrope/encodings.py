@@ -282,6 +282,17 @@ class Encoding:
         )
 
     @property
+    def dot_precision(self) -> jax.lax.Precision | None:
+        """The precision the q.k and p.v dots need to keep this encoding's logits.
+
+        HIGHEST (full float32) where the logits cancel large products
+        (`keeps_float32`): on TPU a float32 dot otherwise runs as bfloat16
+        passes and on recent NVIDIA GPUs as TF32, which loses the lag term
+        inside the dot itself. None (the backend's default) for the others.
+        """
+        return jax.lax.Precision.HIGHEST if self.keeps_float32 else None
+
+    @property
     def param_logical_axes(self) -> dict[str, tuple[str | None, ...]]:
         axes = {
             'gamma_raw': ('heads', None),
@@ -487,13 +498,22 @@ def _check_divides(cfg: PEConfig, head_dim: int, block: int, why: str) -> None:
         )
 
 
-def attention_logits(enc: Encoding, params, q, k, q_positions, k_positions) -> jax.Array:
+def attention_logits(
+    enc: Encoding, params, q, k, q_positions, k_positions, *, precision=None
+) -> jax.Array:
     """Encoded attention logits before mask and softmax, float32 [B, N, T, S].
 
     q2 . k2 / sqrt(H) + bias, with q: [B, T, N, H] and k: [B, S, N, H].
+    precision: of the q.k dot (a jax.lax.Precision); default: enc.dot_precision.
     """
     q2, k2 = enc.transform_qk(params, q, k, q_positions, k_positions)
-    logits = jnp.einsum('btnh,bsnh->bnts', q2, k2, preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+        'btnh,bsnh->bnts',
+        q2,
+        k2,
+        preferred_element_type=jnp.float32,
+        precision=enc.dot_precision if precision is None else precision,
+    )
     logits = logits / math.sqrt(enc.head_dim)
     return add_bias(logits, enc.logit_bias(params, q_positions, k_positions))
 

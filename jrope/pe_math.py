@@ -267,8 +267,11 @@ def _sum_to_shape(g: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Sums g over the axes that `shape` broadcasts (size 1 there, not in g)."""
     g = jnp.sum(g, axis=tuple(range(g.ndim - len(shape))))
     if g.ndim and shape[0] == 1 and g.shape[0] != 1:
-        # The leading (batch) axis as a matrix-vector product.
-        g = jnp.tensordot(jnp.ones(g.shape[0], g.dtype), g, axes=(0, 0))[None]
+        # The leading (batch) axis as a matrix-vector product; at full precision, as a
+        # sum is (a default-precision dot rounds its terms to bfloat16 on TPU).
+        g = jnp.tensordot(
+            jnp.ones(g.shape[0], g.dtype), g, axes=(0, 0), precision=jax.lax.Precision.HIGHEST
+        )[None]
     axes = tuple(i for i, (n, m) in enumerate(zip(g.shape, shape)) if m == 1 and n != 1)
     return jnp.sum(g, axis=axes, keepdims=True) if axes else g
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jrope.attention import dense
+from jrope.model import transformer
 from jrope.model.transformer import _project
 
 
@@ -67,7 +68,7 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
     cotangent = jax.random.normal(kc, out_shape)
 
     def custom(x, kernel):
-        return jnp.sum(_project(x, kernel, num_contracted) * cotangent)
+        return jnp.sum(_project(x, kernel, num_contracted, None) * cotangent)
 
     def plain(x, kernel):
         return jnp.sum(jnp.tensordot(x, kernel, axes=num_contracted) * cotangent)
@@ -77,3 +78,11 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     for got_grad, want_grad in zip(got[1], want[1]):
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, custom", [("cpu", True), ("tpu", False), ("gpu", False)])
+def test_the_projections_custom_vjp_is_used_on_cpu_only(monkeypatch, backend, custom):
+    monkeypatch.setattr(transformer.jax, "default_backend", lambda: backend)
+    x, kernel = jnp.ones((2, 5, 8)), jnp.ones((8, 6))
+    traced = str(jax.make_jaxpr(lambda x, k: transformer._projection(x, k, 1, None))(x, kernel))
+    assert ("custom_vjp_call" in traced) == custom

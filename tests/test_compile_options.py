@@ -21,6 +21,7 @@ def test_options_turn_library_fusions_off_on_cpu_only():
     }
     assert step_compiler_options(blockwise=True, platform="cpu") == {}
     assert step_compiler_options(blockwise=False, platform="gpu") == {}
+    assert step_compiler_options(blockwise=False, platform="tpu") == {}
 
 
 def test_default_cpu_compilation_has_library_fusions():

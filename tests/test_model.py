@@ -1,7 +1,5 @@
 """The Transformer: causality, kernel agreement, numerics, any-length evaluation."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +7,6 @@ import pytest
 from flax import nnx
 from helpers.tiny_config import tiny_config
 
-from jrope import attention
 from jrope.model import Transformer
 from jrope.model.axes import LOGICAL_AXES_KEY
 
@@ -68,19 +65,6 @@ def test_attention_kernels_agree():
     }
     np.testing.assert_allclose(outputs["einsum"], outputs["xla"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outputs["blockwise"], outputs["xla"], rtol=1e-5, atol=1e-5)
-
-
-def test_choose_kernel_choices():
-    auto = dataclasses.replace(
-        tiny_config().model, attention_impl="auto", blockwise_min_length=4096
-    )
-    assert attention.choose_kernel(auto, has_bias=False, length=100) == "einsum"
-    assert attention.choose_kernel(auto, has_bias=True, length=100) == "einsum"
-    assert attention.choose_kernel(auto, has_bias=True, length=4096) == "blockwise"
-    with pytest.raises(ValueError, match="cannot add a logit bias"):
-        attention.choose_kernel(
-            dataclasses.replace(auto, attention_impl="xla"), has_bias=True, length=16
-        )
 
 
 def test_evaluates_beyond_the_training_length():

@@ -6,8 +6,12 @@ queries and keys (`map_queries`, `map_keys`) and its additive bias
 `causal_attention` runs it:
 
   xla, einsum  jrope.attention.dense: the whole T x S logits at once.
-  blockwise    jrope.attention.blockwise: flash-style blocks, memory linear in
-               length; it applies the encoding per block itself.
+  cudnn        jrope.attention.cudnn: cuDNN's fused flash attention (NVIDIA GPUs).
+  splash       jrope.attention.splash: JAX's splash attention kernel (TPU).
+  blockwise    jrope.attention.blockwise: flash-style blocks in pure JAX, memory
+               linear in length; it applies the encoding per block itself.
+
+The dots run at the precision `jrope.attention.precision` resolves.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
@@ -19,10 +23,21 @@ from typing import Any
 import jax
 
 from jrope.attention.blockwise import blockwise_attention
+from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
+from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
+from jrope.attention.splash import splash_attention_causal
 
-__all__ = ["KERNELS", "MASK_VALUE", "blockwise_attention", "causal_attention", "choose_kernel"]
+__all__ = [
+    "KERNELS",
+    "MASK_VALUE",
+    "attention_precision",
+    "blockwise_attention",
+    "causal_attention",
+    "choose_kernel",
+    "matmul_precision",
+]
 
 
 def causal_attention(
@@ -35,6 +50,7 @@ def causal_attention(
     positions: jax.Array,
     kernel: str,
     block_size: int = 512,
+    precision: jax.lax.Precision | None = None,
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
@@ -48,6 +64,8 @@ def causal_attention(
       positions: int32 [S] or [B, S], the key positions (queries: the last T).
       kernel: one of KERNELS, as choose_kernel returns it.
       block_size: query/key block length of the blockwise kernel.
+      precision: of the q.k and p.v dots (attention_precision; None: the
+        backend's default). The fused kernels run at their own.
     Returns:
       [B, T, N, H] in v's dtype.
     """
@@ -67,6 +85,7 @@ def causal_attention(
             q_positions=q_positions,
             k_positions=positions,
             block_size=block_size,
+            precision=precision,
         )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
@@ -74,5 +93,9 @@ def causal_attention(
         bias = enc.logit_bias(params, q_positions, positions) if enc.has_bias else None
     with jax.named_scope("attention_kernel"):
         if kernel == "xla":
-            return xla_attention(q, k, v)
-        return einsum_attention(q, k, v, bias)
+            return xla_attention(q, k, v, precision)
+        if kernel == "cudnn":
+            return cudnn_attention(q, k, v, bias)
+        if kernel == "splash":
+            return splash_attention_causal(q, k, v)
+        return einsum_attention(q, k, v, bias, precision)

@@ -54,6 +54,8 @@ Forward-mode differentiation (jax.jvp) is not supported by the custom VJP.
 Query blocks run one after another (lax.map); the key loop is a
 lax.fori_loop. Statistics, the softmax and all accumulators are float32; the
 probabilities are cast to the value dtype for the probability x value product.
+The q.k and p.v dots, forward and backward, run at the precision passed in
+(jrope.attention.precision; None: the backend's default).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
@@ -73,13 +75,14 @@ _MASK_VALUE = -1e30
 
 
 class _Layout(NamedTuple):
-    """Static block geometry of one call."""
+    """Static settings of one call: block geometry and the dots' precision."""
 
     q_block: int  # rows per query block
     k_block: int  # keys per key block
     q_len: int  # T before padding
     k_len: int  # S before padding
     causal: bool
+    precision: jax.lax.Precision | None = None  # of the q.k and p.v dots (None: backend default)
 
     @property
     def num_q_blocks(self) -> int:
@@ -101,6 +104,7 @@ def blockwise_attention(
     k_positions: jax.Array,
     block_size: int,
     causal: bool = True,
+    precision: jax.lax.Precision | None = None,
 ) -> jax.Array:
     """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
 
@@ -115,6 +119,7 @@ def blockwise_attention(
         and to S so that short inputs (e.g. T = 1 new query against S keys)
         are not padded to a large block.
       causal: mask keys whose position exceeds the query's position.
+      precision: of the q.k and p.v dots (jrope.attention.precision).
 
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
@@ -123,7 +128,9 @@ def blockwise_attention(
     k_positions = jnp.asarray(k_positions)
     _check_inputs(q, k, v, q_positions, k_positions, block_size)
     q_len, k_len = q.shape[1], k.shape[1]
-    layout = _Layout(min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal))
+    layout = _Layout(
+        min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal), precision
+    )
     q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * layout.q_block)
     k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * layout.k_block)
     v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * layout.k_block)
@@ -250,17 +257,21 @@ def _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype) -> jax.Array:
     return k2 if enc.keeps_float32 else k2.astype(dtype)
 
 
-def _pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype) -> jax.Array:
+def _pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype, precision) -> jax.Array:
     """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking.
 
     q2: the query block already transformed (_transform_queries); keys_blk:
     the key block, raw or premapped (see _pair_keys); dtype: the keys' compute
-    dtype.
+    dtype; precision: of the dot.
     """
     k2 = _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype)
     dtype = jnp.promote_types(q2.dtype, k2.dtype)
     logits = jnp.einsum(
-        'btnh,bsnh->bnts', q2.astype(dtype), k2.astype(dtype), preferred_element_type=jnp.float32
+        'btnh,bsnh->bnts',
+        q2.astype(dtype),
+        k2.astype(dtype),
+        preferred_element_type=jnp.float32,
+        precision=precision,
     ) / math.sqrt(q2.shape[-1])
     if enc.has_bias:
         bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
@@ -296,7 +307,9 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
             k_start = kb * bk
             kpos_blk = _slice_seq(k_positions, k_start, bk)
             keys_blk = _slice_seq(keys, k_start, bk)
-            logits = _pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype)
+            logits = _pair_logits(
+                enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype, layout.precision
+            )
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
             logits = jnp.where(mask, logits, _MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
@@ -304,7 +317,11 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
             probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
             v_blk = _slice_seq(v, k_start, bk)
             acc = acc * correction[..., None] + jnp.einsum(
-                'bnts,bsnh->bnth', probs.astype(v.dtype), v_blk, preferred_element_type=jnp.float32
+                'bnts,bsnh->bnth',
+                probs.astype(v.dtype),
+                v_blk,
+                preferred_element_type=jnp.float32,
+                precision=layout.precision,
             )
             return acc, new_max, row_sum * correction + probs.sum(-1)
 
@@ -333,7 +350,7 @@ def _backward(enc, layout: _Layout, residuals, d_out):
     ends = _key_block_ends(layout, q_positions, k_positions)
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
-    delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32))
+    delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32), precision=layout.precision)
     if _premaps_keys(enc):
         # dk collects the premapped keys' cotangent, pulled back through the premap once.
         keys, keys_pullback = jax.vjp(
@@ -362,7 +379,9 @@ def _backward(enc, layout: _Layout, residuals, d_out):
             k_start = kb * bk
             kpos_blk = _slice_seq(k_positions, k_start, bk)
             logits, pullback = jax.vjp(
-                lambda p, qq, kk: _pair_logits(enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype),
+                lambda p, qq, kk: _pair_logits(
+                    enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision
+                ),
                 params,
                 q2,
                 _slice_seq(keys, k_start, bk),
@@ -370,10 +389,10 @@ def _backward(enc, layout: _Layout, residuals, d_out):
             mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
             v_blk = _slice_seq(v, k_start, bk).astype(jnp.float32)
-            d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk)
+            d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk, precision=layout.precision)
             d_logits = probs * (d_probs - delta_blk[..., None])
             d_params_pair, dq2_pair, dk_pair = pullback(d_logits)
-            dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk)
+            dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk, precision=layout.precision)
             dk = _add_to_slice(dk, dk_pair, k_start)
             dv = _add_to_slice(dv, dv_pair, k_start)
             dparams = jax.tree.map(

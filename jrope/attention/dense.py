@@ -10,17 +10,21 @@ Both take queries and keys already mapped by the encoding:
 
 Numerics: logits and softmax in float32 whatever the compute dtype; the
 causal mask is a finite large negative, so a fully masked row cannot turn
-into NaN.
+into NaN. The q.k and p.v dots, forward and backward, run at the precision
+passed in (jrope.attention.precision; None: the backend's default).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+
+from jrope.attention.precision import precision_scope
 
 # Finite stand-in for -inf on masked logits (float32 softmax).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -31,7 +35,9 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 QUERY_CHUNKS = 4
 
 
-def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def xla_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, precision: jax.lax.Precision | None = None
+) -> jax.Array:
     """jax.nn.dot_product_attention with a causal mask: q [B, T, N, H] (the last T of S), k, v [B, S, N, H]."""
     # Raw-shear encodings return float32 q, k (their cancellation is not
     # bf16-safe); the fused kernel wants one dtype, so v follows them.
@@ -43,20 +49,27 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         mask = (
             jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None]
         )[None, None]
-    out = jax.nn.dot_product_attention(
-        q.astype(common),
-        k.astype(common),
-        v.astype(common),
-        mask=mask,
-        is_causal=mask is None,
-        implementation="xla",
-    )
+    with precision_scope(precision):
+        out = jax.nn.dot_product_attention(
+            q.astype(common),
+            k.astype(common),
+            v.astype(common),
+            mask=mask,
+            is_causal=mask is None,
+            implementation="xla",
+        )
     return out.astype(v.dtype)
 
 
-def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None) -> jax.Array:
+def einsum_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    precision: jax.lax.Precision | None = None,
+) -> jax.Array:
     """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
-    return _chunked_causal_attention(q, k, v, bias)
+    return _chunked_causal_attention(q, k, v, bias, precision)
 
 
 def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
@@ -73,8 +86,8 @@ def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
     return bounds
 
 
-@jax.custom_vjp
-def _chunked_causal_attention(q, k, v, bias):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunked_causal_attention(q, k, v, bias, precision):
     """Causal attention with queries cut into QUERY_CHUNKS row blocks.
 
     q [B, T, N, H] (the last T of S positions), k, v [B, S, N, H]; bias None,
@@ -89,7 +102,7 @@ def _chunked_causal_attention(q, k, v, bias):
     padded key gradients per block) than the gradient needs, and on CPU
     attention time is spent passing over them.
     """
-    return _chunked_forward(q, k, v, bias)[0]
+    return _chunked_forward(q, k, v, bias, precision)[0]
 
 
 def _head_major(x: jax.Array) -> jax.Array:
@@ -97,13 +110,13 @@ def _head_major(x: jax.Array) -> jax.Array:
     return jnp.transpose(x, (0, 2, 1, 3))
 
 
-def _chunked_forward(q, k, v, bias):
+def _chunked_forward(q, k, v, bias, precision):
     q, k, v = _head_major(q), _head_major(k), _head_major(v)
     outputs, saved = [], []
     for start, stop, key_stop in _chunk_bounds(q.shape[2], k.shape[2]):
         chunk_bias = None if bias is None else bias[..., start:stop, :key_stop]
         out, unnormalised, row_sum = _chunk_forward(
-            q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop], chunk_bias
+            q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop], chunk_bias, precision
         )
         outputs.append(out)
         saved.append((unnormalised, row_sum))
@@ -111,7 +124,7 @@ def _chunked_forward(q, k, v, bias):
     return _head_major(out), (q, k, v, bias, out, saved)
 
 
-def _chunk_forward(q, k, v, bias):
+def _chunk_forward(q, k, v, bias, precision):
     """The last T query rows over S >= T keys: row t sits at key index S - T + t.
 
     q [B, N, T, H], k and v [B, N, S, H]. Returns the output [B, N, T, H], the
@@ -119,7 +132,9 @@ def _chunk_forward(q, k, v, bias):
     their row sums [B, N, T].
     """
     length, key_length, head_dim = q.shape[2], k.shape[2], q.shape[-1]
-    logits = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+        "bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32, precision=precision
+    )
     logits = logits * (1.0 / math.sqrt(head_dim))
     if bias is not None:
         bias = bias.astype(jnp.float32)
@@ -131,12 +146,16 @@ def _chunk_forward(q, k, v, bias):
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)
     out = jnp.einsum(
-        "bnts,bnsh->bnth", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32
+        "bnts,bnsh->bnth",
+        unnormalised.astype(v.dtype),
+        v,
+        preferred_element_type=jnp.float32,
+        precision=precision,
     )
     return (out / row_sum[..., None]).astype(v.dtype), unnormalised, row_sum
 
 
-def _chunked_backward(residuals, d_out):
+def _chunked_backward(precision, residuals, d_out):
     """Per block, with P = E / r and dO_r = dO / r (row-wise):
     dV = E^T dO_r,  dLogits = E * (dO_r V^T - rowsum(dO_r * O)),
     dQ = dLogits K / sqrt(H),  dK = dLogits^T Q / sqrt(H)."""
@@ -146,25 +165,16 @@ def _chunked_backward(residuals, d_out):
     bounds = _chunk_bounds(q.shape[2], key_length)
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_q_rows, d_k_parts, d_v_parts, d_bias_rows = [], [], [], []
+    dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32, precision=precision)
     for (start, stop, key_stop), (unnormalised, row_sum) in zip(bounds, saved):
         d_scaled = d_out[:, :, start:stop] / row_sum[..., None]
-        d_v_parts.append(jnp.einsum("bnts,bnth->bnsh", unnormalised, d_scaled))
-        d_probs = jnp.einsum(
-            "bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop], preferred_element_type=jnp.float32
-        )
+        d_v_parts.append(dot("bnts,bnth->bnsh", unnormalised, d_scaled))
+        d_probs = dot("bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop])
         # [B, N, T]
         correction = jnp.sum(d_scaled * out[:, :, start:stop].astype(jnp.float32), axis=-1)
         d_logits = unnormalised * (d_probs - correction[..., None])
-        d_q_rows.append(
-            jnp.einsum(
-                "bnts,bnsh->bnth", d_logits, k[:, :, :key_stop], preferred_element_type=jnp.float32
-            )
-        )
-        d_k_parts.append(
-            jnp.einsum(
-                "bnts,bnth->bnsh", d_logits, q[:, :, start:stop], preferred_element_type=jnp.float32
-            )
-        )
+        d_q_rows.append(dot("bnts,bnsh->bnth", d_logits, k[:, :, :key_stop]))
+        d_k_parts.append(dot("bnts,bnth->bnsh", d_logits, q[:, :, start:stop]))
         if bias is not None:
             rows = d_logits if bias.ndim == 4 else jnp.sum(d_logits, axis=0)
             d_bias_rows.append(

@@ -2,38 +2,160 @@
 
 The model, the run checks, the train step's compiler options and the
 evaluation step all ask `choose_kernel`, so they cannot disagree.
+
+'auto' chooses, in this order:
+  1. blockwise where one map origin would overflow: every kernel but the
+     blockwise one maps all S keys (and the queries) from one origin, the
+     window's midpoint, so a damped encoding's factors reach e^{gamma S / 2}
+     and the products of masked (future) pairs e^{gamma S}. Float32 and
+     bfloat16 overflow past e^{88.7}; with gamma at most model.max_damping
+     (the learned damping is unbounded, so this is the bound the config
+     plans for), one origin is used only while max_damping * S <= 80, which
+     leaves e^{8.7} ~ 6000 for |q||k|. The blockwise kernel measures
+     positions from each query block and its factors stay below
+     e^{gamma * block_size}.
+  2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
+     GPU (see fused_kernel_problem for when they do not);
+  3. otherwise today's choice: blockwise from model.blockwise_min_length on
+     (memory linear in length); below it, on CPU the einsum kernel (its train
+     step is faster there than xla's; jrope.attention.dense), elsewhere xla's
+     attention, or einsum for encodings with a bias.
+An explicit attention_impl is taken as asked, or refused with the reason.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jrope.attention import cudnn, splash
+from jrope.attention.precision import attention_precision
 from jrope.model.config import ATTENTION_IMPLS, ModelConfig
 
 # The concrete kernels `choose_kernel` returns.
-KERNELS = ("xla", "einsum", "blockwise")
+KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash")
+# Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).
+SINGLE_ORIGIN_EXPONENT_LIMIT = 80.0
+# The fused kernel of each accelerator backend.
+_FUSED_KERNEL = {"tpu": "splash", "gpu": "cudnn"}
 
 
 def choose_kernel(
-    model_cfg: ModelConfig, *, has_bias: bool, length: int, backend: str | None = None
+    model_cfg: ModelConfig,
+    encoding: Any,
+    *,
+    length: int,
+    num_queries: int | None = None,
+    backend: str | None = None,
 ) -> str:
-    """The kernel ('xla', 'einsum' or 'blockwise') for attention over `length` keys.
+    """The kernel (one of KERNELS) for attention of `num_queries` queries over `length` keys.
 
-    model_cfg.attention_impl 'auto' takes blockwise attention from
-    model_cfg.blockwise_min_length on and the einsum kernel below it (on CPU
-    its train step is faster than xla's; see jrope.attention.dense).
-    has_bias: the encoding adds a logit bias (ALiBi), which 'xla' cannot take.
+    encoding: a jrope Encoding (has_bias, keeps_float32, dot_precision, cfg).
+    num_queries: the queries are the last of the keys (default: all of them;
+      1 for the last-position readout).
     backend: 'cpu', 'gpu' or 'tpu' (default: JAX's default backend).
 
     Raises:
-      ValueError: the requested kernel cannot run this encoding.
+      ValueError: the requested kernel cannot run this encoding here; the
+        message says why and what to set instead.
     """
-    del backend  # every kernel here runs on every backend
+    backend = backend or jax.default_backend()
+    num_queries = length if num_queries is None else num_queries
     impl = model_cfg.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
     if impl == "auto":
-        return "blockwise" if length >= model_cfg.blockwise_min_length else "einsum"
-    if impl == "xla" and has_bias:
+        return _auto_kernel(model_cfg, encoding, length, num_queries, backend)
+    if impl == "xla" and encoding.has_bias:
         raise ValueError(
             "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
         )
+    if impl in ("cudnn", "splash"):
+        problem = fused_kernel_problem(impl, model_cfg, encoding, length, num_queries, backend)
+        if problem:
+            raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
     return impl
+
+
+def single_origin_is_safe(model_cfg: ModelConfig, encoding: Any, length: int) -> bool:
+    """Whether mapping `length` keys from one origin keeps every damping factor finite."""
+    if not encoding.cfg.learn_gamma:
+        return True
+    return model_cfg.max_damping * length <= SINGLE_ORIGIN_EXPONENT_LIMIT
+
+
+def fused_kernel_problem(
+    kernel: str,
+    model_cfg: ModelConfig,
+    encoding: Any,
+    length: int,
+    num_queries: int,
+    backend: str,
+) -> str | None:
+    """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can)."""
+    wanted = {"splash": "tpu", "cudnn": "gpu"}[kernel]
+    if backend != wanted:
+        return f"it runs on {wanted.upper()} only and this run is on {backend}"
+    if num_queries != length:
+        return f"it attends full sequences, not the last {num_queries} of {length} positions"
+    if not single_origin_is_safe(model_cfg, encoding, length):
+        return (
+            f"one map origin over {length} keys may overflow float32 for a damping up to "
+            f"model.max_damping={model_cfg.max_damping} (max_damping * length > "
+            f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); the blockwise kernel keeps the factors bounded"
+        )
+    if encoding.keeps_float32:
+        return (
+            f"{encoding.cfg.name}'s logits cancel large products and need full float32 dots, "
+            "which the fused kernel does not take (docs/numerics.md, sections 3 and 4)"
+        )
+    if kernel == "splash":
+        return _splash_problem(model_cfg, encoding, length)
+    return _cudnn_problem(model_cfg, encoding, length)
+
+
+def _splash_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | None:
+    if encoding.has_bias:
+        return "the splash kernel adds no logit bias (ALiBi)"
+    if length % splash.LENGTH_MULTIPLE:
+        return f"the length {length} is not a multiple of {splash.LENGTH_MULTIPLE}"
+    if attention_precision(model_cfg, encoding) is not None:
+        return (
+            f"its dots run at the kernel's own precision, not model.attention_precision="
+            f"{model_cfg.attention_precision!r}"
+        )
+    return None
+
+
+def _cudnn_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | None:
+    if jnp.dtype(model_cfg.compute_dtype) != jnp.bfloat16:
+        return (
+            "cuDNN flash attention takes bfloat16 or float16 only; set "
+            "model.compute_dtype='bfloat16'"
+        )
+    head_dim = model_cfg.head_dim
+    if head_dim % cudnn.HEAD_DIM_MULTIPLE or head_dim > cudnn.MAX_HEAD_DIM:
+        return (
+            f"head dim {head_dim} is not a multiple of {cudnn.HEAD_DIM_MULTIPLE} up to "
+            f"{cudnn.MAX_HEAD_DIM}"
+        )
+    if encoding.has_bias and length % 2:
+        return f"with a bias, cuDNN trains only even lengths, not {length}"
+    return None
+
+
+def _auto_kernel(
+    model_cfg: ModelConfig, encoding: Any, length: int, num_queries: int, backend: str
+) -> str:
+    if not single_origin_is_safe(model_cfg, encoding, length):
+        return "blockwise"
+    fused = _FUSED_KERNEL.get(backend)
+    if fused and not fused_kernel_problem(fused, model_cfg, encoding, length, num_queries, backend):
+        return fused
+    if length >= model_cfg.blockwise_min_length:
+        return "blockwise"
+    if backend == "cpu" or encoding.has_bias:
+        return "einsum"
+    return "xla"

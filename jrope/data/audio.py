@@ -70,8 +70,9 @@ from collections.abc import Sequence
 
 import numpy as np
 from absl import logging
+from etils import epath
 
-from jrope.data.files import write_atomically
+from jrope.data.files import resolved, write_atomically
 
 TRAIN_FILE = "train.u8"
 EVAL_FILE = "eval.u8"
@@ -321,15 +322,19 @@ def prepare_audio_tokens(
     return manifest
 
 
+def token_file(path: str, split: str) -> epath.Path:
+    """The split's .u8 file: ``path`` itself, or in the folder ``path`` (local or a bucket)."""
+    location = resolved(path)
+    return location / _SPLIT_FILES[split] if location.is_dir() else location
+
+
 def load_token_file(path: str, split: str) -> np.ndarray:
     """A prepared split's tokens as a read-only uint8 [n] memory map.
 
-    ``path``: the split's .u8 file, or the folder that holds it (``split``
-    'train' reads train.u8 there, 'eval' eval.u8).
+    ``path``: the split's local .u8 file, or the folder that holds it
+    (``split`` 'train' reads train.u8 there, 'eval' eval.u8).
     """
-    path = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(path):
-        path = os.path.join(path, _SPLIT_FILES[split])
+    path = os.fspath(token_file(path, split))
     if not os.path.isfile(path):
         raise ValueError(
             f"Audio token file {path} does not exist; write it with\n"

@@ -1,10 +1,28 @@
-"""Writing a data file whole or not at all."""
+"""Paths that may be local or on an object store, and writing a local data file whole or not at all."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from collections.abc import Iterable
+
+from etils import epath
+
+
+def is_uri(path: epath.PathLike) -> bool:
+    """Whether `path` names an object store (`gs://bucket/...`) rather than a local file."""
+    return "://" in os.fspath(path)
+
+
+def resolved(path: epath.PathLike) -> epath.Path:
+    """`path` as an epath.Path: local paths made absolute (with ~ expanded), URIs as they are.
+
+    Never `os.path.abspath` a URI: that turns `gs://bucket/run` into a local
+    folder `gs:/bucket/run`.
+    """
+    if is_uri(path):
+        return epath.Path(path)
+    return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
 def write_atomically(path: str, chunks: Iterable[bytes]) -> None:

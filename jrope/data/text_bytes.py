@@ -37,9 +37,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from jrope.data import audio, wikitext
-from jrope.data.files import write_atomically
+from jrope.data.files import is_uri, resolved, write_atomically
 from jrope.data.source import ProcessShare
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
@@ -224,9 +225,13 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
     cache_dir = os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR)
     fraction = data_cfg.train_fraction if training else 1.0
     if data_cfg.source == "audio_tokens":
-        # Already a byte file: mapped where it lies, its leading fraction a view.
+        # Already a byte file: mapped where it lies (a bucket's copied to the cache
+        # first), its leading fraction a view.
         split = "train" if training else "eval"
-        tokens = audio.load_token_file(data_cfg.path if training else data_cfg.eval_path, split)
+        location = data_cfg.path if training else data_cfg.eval_path
+        if is_uri(location):
+            location = _local_copy(audio.token_file(location, split), cache_dir)
+        tokens = audio.load_token_file(location, split)
         return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
         files = _text_files(data_cfg.path if training else data_cfg.eval_path)
@@ -271,42 +276,75 @@ def _cache_path(cache_dir: str, source: str, key: dict) -> str:
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
 
 
-def _text_files(path: str) -> list[str]:
-    """The file, or the regular non-hidden files under the directory in sorted path order."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
+def _local_copy(source: epath.Path, cache_dir: str) -> str:
+    """A file in a bucket copied once into the cache (memory maps need a local file)."""
+    path = _cache_path(cache_dir, "copy", {"file": _file_identity(source)})
+    if not os.path.exists(path):
+        logging.info("Copying %s to %s.", source, path)
+        write_atomically(path, _file_chunks(source))
+    return path
+
+
+def _text_files(path: str) -> list[epath.Path]:
+    """The file, or the regular non-hidden files under the directory in sorted path order.
+
+    ``path`` is local or in a bucket (``gs://...``); either is read through epath.
+    """
+    root = resolved(path)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
         raise ValueError(
-            f"Text path {path} is neither a file nor a directory; point the config at UTF-8 text."
+            f"Text path {root} is neither a file nor a directory; point the config at UTF-8 text."
         )
-    files = []
-    for root, dirs, names in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        files.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+    files = sorted(_files_under(root), key=str)
     if not files:
-        raise ValueError(f"Directory {path} holds no text files.")
-    return sorted(files)
+        raise ValueError(f"Directory {root} holds no text files.")
+    return files
 
 
-def _file_identity(path: str) -> list:
+def _files_under(directory: epath.Path) -> Iterator[epath.Path]:
+    """The non-hidden files below ``directory``, hidden folders skipped."""
+    for child in directory.iterdir():
+        if child.name.startswith("."):
+            continue
+        if child.is_dir():
+            yield from _files_under(child)
+        else:
+            yield child
+
+
+def _file_identity(path: epath.Path) -> list:
+    """Name, size and modification time: what a cached copy of the file depends on."""
+    if is_uri(path):
+        stat = path.stat()
+        return [str(path), stat.length, stat.mtime]
     stat = os.stat(path)
-    return [path, stat.st_size, stat.st_mtime_ns]
+    return [str(path), stat.st_size, stat.st_mtime_ns]
 
 
-def _text_file_chunks(files: Sequence[str]) -> Iterator[bytes]:
+def _size(path: epath.Path) -> int:
+    return path.stat().length if is_uri(path) else os.path.getsize(path)
+
+
+def _file_chunks(path: epath.Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK_BYTES):
+            yield chunk
+
+
+def _text_file_chunks(files: Sequence[epath.Path]) -> Iterator[bytes]:
     """The files' bytes joined with newlines, checked to be UTF-8 on the way."""
-    for index, name in enumerate(files):
+    for index, path in enumerate(files):
         if index:
             yield b"\n"
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset = 0
-        with open(name, "rb") as handle:
-            while chunk := handle.read(_CHUNK_BYTES):
-                _check_utf8(decoder, chunk, name, offset, final=False)
-                offset += len(chunk)
-                yield chunk
-        _check_utf8(decoder, b"", name, offset, final=True)
+        for chunk in _file_chunks(path):
+            _check_utf8(decoder, chunk, str(path), offset, final=False)
+            offset += len(chunk)
+            yield chunk
+        _check_utf8(decoder, b"", str(path), offset, final=True)
 
 
 def _check_utf8(decoder, chunk: bytes, name: str, offset: int, *, final: bool) -> None:
@@ -323,12 +361,14 @@ def _check_utf8(decoder, chunk: bytes, name: str, offset: int, *, final: bool) -
         ) from None
 
 
-def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[str]) -> Iterator[bytes]:
+def _limit_bytes(
+    chunks: Iterable[bytes], fraction: float, files: Sequence[epath.Path]
+) -> Iterator[bytes]:
     """The leading ``fraction`` of the bytes the chunks make up."""
     if fraction == 1.0:
         yield from chunks
         return
-    total = sum(os.path.getsize(f) for f in files) + len(files) - 1
+    total = sum(_size(f) for f in files) + len(files) - 1
     remaining = max(1, round(fraction * total))
     for chunk in chunks:
         yield chunk[:remaining]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "einsum", "blockwise")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum")
+# Dot precisions (jax.lax.Precision names); 'auto' lets the encoding decide
+# (jrope.attention.precision).
+ATTENTION_PRECISIONS = ("auto", "default", "high", "highest")
+MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 READOUTS = ("all", "last")
 
@@ -31,6 +35,16 @@ class ModelConfig:
     readout: str = "all"
     # Residual dropout on each block's attention and MLP outputs (0: none, the paper's setting).
     dropout_rate: float = 0.0
+    # Precision of the attention's q.k and p.v dots: 'auto' is full float32 for
+    # encodings whose logits cancel large products (Encoding.dot_precision), the
+    # backend's default otherwise (docs/numerics.md, section 4).
+    attention_precision: str = "auto"
+    # Precision of every other matmul (projections, MLP, output logits).
+    matmul_precision: str = "default"
+    # The largest learned damping gamma that 'auto' plans for: attention that maps
+    # all S keys from one origin is taken only while max_damping * S <= 80
+    # (jrope.attention.selection); longer windows go blockwise.
+    max_damping: float = 0.02
 
     def __post_init__(self):
         problems = self.problems()
@@ -60,11 +74,15 @@ class ModelConfig:
             ("attention_impl", ATTENTION_IMPLS),
             ("remat", REMAT_POLICIES),
             ("readout", READOUTS),
+            ("attention_precision", ATTENTION_PRECISIONS),
+            ("matmul_precision", MATMUL_PRECISIONS),
         ):
             if getattr(self, name) not in choices:
                 problems.append(f"model.{name} = {getattr(self, name)!r} is not one of {choices}.")
         if not 0.0 <= self.dropout_rate < 1.0:
             problems.append(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+        if not self.max_damping > 0.0:
+            problems.append(f"model.max_damping must be > 0, got {self.max_damping}.")
         return problems
 
     @property

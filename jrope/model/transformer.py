@@ -14,7 +14,9 @@ norm scales 1; the encoding's own `init_params()`.
 
 Numerics: parameters float32; activations and matmuls in
 `model.compute_dtype`; RMSNorm statistics, positional maths, softmax and the
-output logits in float32.
+output logits in float32. The attention's dots run at
+`model.attention_precision` and every other matmul at
+`model.matmul_precision` (jrope.attention.precision).
 
 Shape legend: B batch, T length, D d_model, N heads, H head dim, F MLP hidden,
 V vocabulary.
@@ -47,39 +49,61 @@ def _param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
     return nnx.Param(value, **{LOGICAL_AXES_KEY: tuple(logical_axes)})
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _project(x: jax.Array, kernel: jax.Array, num_contracted: int) -> jax.Array:
+def _projection(
+    x: jax.Array, kernel: jax.Array, num_contracted: int, precision: jax.lax.Precision | None
+) -> jax.Array:
+    """Contract the last `num_contracted` axes of x with the first of kernel, at `precision`.
+
+    x [B, T, *K], kernel [*K, *M] -> [B, T, *M]. On CPU through _project's
+    custom VJP (measured there); elsewhere plain autodiff, which XLA's GPU
+    and TPU compilers lay out themselves.
+    """
+    if jax.default_backend() == "cpu":
+        return _project(x, kernel, num_contracted, precision)
+    return _contract(x, kernel, num_contracted, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _project(
+    x: jax.Array, kernel: jax.Array, num_contracted: int, precision: jax.lax.Precision | None
+) -> jax.Array:
     """Contract the last `num_contracted` axes of x with the first of kernel.
 
     x [B, T, *K], kernel [*K, *M] -> [B, T, *M] (e.g. [B, T, D] x [D, 3, N, H]).
     Same value and gradients as the tensordot. The custom VJP exists for
-    speed: autodiff's kernel gradient contracts over two axes (B, T), for which
-    XLA:CPU transposes the output gradient in a copy fused with the
+    speed on CPU: autodiff's kernel gradient contracts over two axes (B, T),
+    for which XLA:CPU transposes the output gradient in a copy fused with the
     activation's backward (half of the MLP's backward time at the synthetic
     config); contracting one flattened B*T axis of both operands avoids it.
     """
-    return _contract(x, kernel, num_contracted)
+    return _contract(x, kernel, num_contracted, precision)
 
 
-def _contract(x, kernel, num_contracted):
+def _contract(x, kernel, num_contracted, precision):
     x_axes = tuple(range(x.ndim - num_contracted, x.ndim))
-    return jax.lax.dot_general(x, kernel, ((x_axes, tuple(range(num_contracted))), ((), ())))
+    return jax.lax.dot_general(
+        x, kernel, ((x_axes, tuple(range(num_contracted))), ((), ())), precision=precision
+    )
 
 
-def _project_forward(x, kernel, num_contracted):
-    return _contract(x, kernel, num_contracted), (x, kernel)
+def _project_forward(x, kernel, num_contracted, precision):
+    return _contract(x, kernel, num_contracted, precision), (x, kernel)
 
 
-def _project_backward(num_contracted, residuals, d_out):
+def _project_backward(num_contracted, precision, residuals, d_out):
     x, kernel = residuals
     num_out = kernel.ndim - num_contracted
     kernel_out_axes = tuple(range(num_contracted, kernel.ndim))
     d_out_axes = tuple(range(d_out.ndim - num_out, d_out.ndim))
-    d_x = jax.lax.dot_general(d_out, kernel, ((d_out_axes, kernel_out_axes), ((), ())))
+    d_x = jax.lax.dot_general(
+        d_out, kernel, ((d_out_axes, kernel_out_axes), ((), ())), precision=precision
+    )
     rows = math.prod(x.shape[: x.ndim - num_contracted])
     x_rows = x.reshape((rows,) + x.shape[x.ndim - num_contracted :])
     d_out_rows = d_out.reshape((rows,) + d_out.shape[d_out.ndim - num_out :])
-    d_kernel = jax.lax.dot_general(x_rows, d_out_rows, (((0,), (0,)), ((), ())))
+    d_kernel = jax.lax.dot_general(
+        x_rows, d_out_rows, (((0,), (0,)), ((), ())), precision=precision
+    )
     return d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
 
 
@@ -129,18 +153,19 @@ class CausalSelfAttention(nnx.Module):
         The output covers the last T = num_queries positions (default: all S).
         """
         kernel = self.qkv[...].astype(x.dtype)
+        precision = attention.matmul_precision(self.cfg)
         with jax.named_scope("qkv_projection"):
             if num_queries is None:
                 # [B, S, 3, N, H]: the matmul's natural output layout. unstack
                 # (not indexing) so that the backward pass concatenates the three
                 # gradients instead of padding each to full size and summing.
-                q, k, v = jnp.unstack(_project(x, kernel, 1), axis=2)
+                q, k, v = jnp.unstack(_projection(x, kernel, 1, precision), axis=2)
             else:
-                q = _project(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1)
-                k, v = jnp.unstack(_project(x, kernel[:, 1:], 1), axis=2)
+                q = _projection(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1, precision)
+                k, v = jnp.unstack(_projection(x, kernel[:, 1:], 1, precision), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
         kernel = attention.choose_kernel(
-            self.cfg, has_bias=self.encoding.has_bias, length=k.shape[1]
+            self.cfg, self.encoding, length=k.shape[1], num_queries=q.shape[1]
         )
         y = attention.causal_attention(
             q,
@@ -151,9 +176,10 @@ class CausalSelfAttention(nnx.Module):
             positions=positions,
             kernel=kernel,
             block_size=self.cfg.block_size,
+            precision=attention.attention_precision(self.cfg, self.encoding),
         )
         with jax.named_scope("out_projection"):
-            return _project(y.astype(x.dtype), self.out[...].astype(x.dtype), 2)
+            return _projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
 
 
 class MLPBlock(nnx.Module):
@@ -161,12 +187,14 @@ class MLPBlock(nnx.Module):
         d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
         self.up = _param(_uniform_fan_in(rngs.params(), (d, f), d), (EMBED, MLP))
         self.down = _param(_uniform_fan_in(rngs.params(), (f, d), f), (MLP, EMBED))
+        self.precision = attention.matmul_precision(cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> [B, T, D]; exact (erf) GELU as in the reference."""
         with jax.named_scope("mlp"):
-            hidden = jax.nn.gelu(_project(x, self.up[...].astype(x.dtype), 1), approximate=False)
-            return _project(hidden, self.down[...].astype(x.dtype), 1)
+            up = _projection(x, self.up[...].astype(x.dtype), 1, self.precision)
+            hidden = jax.nn.gelu(up, approximate=False)
+            return _projection(hidden, self.down[...].astype(x.dtype), 1, self.precision)
 
 
 class TransformerBlock(nnx.Module):
@@ -268,5 +296,9 @@ class Transformer(nnx.Module):
         x = self.final_norm(x)
         # Tied output projection; logits accumulate in float32.
         return jnp.einsum(
-            "btd,vd->btv", x, self.embedding[...].astype(dtype), preferred_element_type=jnp.float32
+            "btd,vd->btv",
+            x,
+            self.embedding[...].astype(dtype),
+            preferred_element_type=jnp.float32,
+            precision=attention.matmul_precision(self.cfg),
         )

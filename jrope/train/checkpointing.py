@@ -8,17 +8,19 @@ data sources are pure functions of the step, so resuming at `step`
 continues the exact batch sequence.
 
 Saves are atomic (orbax writes to a temporary directory and renames it), so
-a run killed mid-save resumes from the previous checkpoint.
+a run killed mid-save resumes from the previous checkpoint. The directory
+may be local or on a bucket (`gs://...`): orbax handles both itself.
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+from jrope.data.files import resolved
 
 if TYPE_CHECKING:
     from jrope.train.config import TrainConfig
@@ -40,7 +42,7 @@ class Checkpointer:
     def __init__(
         self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
     ):
-        self.directory = absolute_path(directory)
+        self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every_steps, max_to_keep=max_to_keep, create=True
@@ -117,13 +119,6 @@ class Checkpointer:
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )
         return step
-
-
-def absolute_path(path: epath.PathLike) -> epath.Path:
-    """`path` made absolute when it is local; a URI (gs://bucket/...) is kept as it is."""
-    if "://" in os.fspath(path):
-        return epath.Path(path)
-    return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
 def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:

@@ -150,6 +150,29 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Process runtime: the persistent compilation cache and a profiler trace."""
+
+    # JAX's persistent compilation cache (a local folder or gs://...); '' = off.
+    compilation_cache_dir: str = ""
+    # jax.profiler trace of train steps [profile_from_step, profile_to_step) (step s
+    # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
+    profile_from_step: int = 0
+    profile_to_step: int = 0
+
+    def __post_init__(self):
+        if self.profile_from_step < 0 or self.profile_to_step < 0:
+            raise ValueError(
+                "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
+                f"{self.profile_from_step}, {self.profile_to_step}."
+            )
+
+    @property
+    def profiles(self) -> bool:
+        return self.profile_to_step > self.profile_from_step
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a training or evaluation run reads."""
 
@@ -164,6 +187,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig
     log: LogConfig
     eval: EvalConfig
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @functools.cached_property
     def pe_config(self) -> PEConfig:
@@ -190,10 +214,13 @@ class TrainConfig:
             "checkpoint": CheckpointConfig,
             "log": LogConfig,
             "eval": EvalConfig,
+            "runtime": RuntimeConfig,
         }
         problems = []
         try:
-            _check_keys("config", raw, scalar_keys | set(sections) | {"data"})
+            # A config written before the runtime section existed runs with its defaults.
+            _check_keys("config", raw, scalar_keys | set(sections) | {"data"}, {"runtime"})
+            raw.setdefault("runtime", {})
         except ValueError as err:
             raise ConfigError([str(err)]) from None
         try:
@@ -228,7 +255,7 @@ class TrainConfig:
     def to_json_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready nested dict that `from_config_dict` accepts back."""
         plain = {"seed": self.seed, "num_steps": self.num_steps, "batch_size": self.batch_size}
-        for name in ("model", "pe", "data", "opt", "mesh", "checkpoint", "log", "eval"):
+        for name in ("model", "pe", "data", "opt", "mesh", "checkpoint", "log", "eval", "runtime"):
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
 

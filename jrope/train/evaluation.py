@@ -28,7 +28,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
-from jrope.train import reporting, resume, sharding, validation
+from jrope.train import compilation_cache, reporting, resume, sharding, validation
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig
@@ -108,10 +108,7 @@ class EvalStep:
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens."""
         kernel = choose_kernel(
-            self._cfg.model,
-            has_bias=self._cfg.encoding.has_bias,
-            length=length,
-            backend=self._platform,
+            self._cfg.model, self._cfg.encoding, length=length, backend=self._platform
         )
         return self._jitted[kernel == "blockwise"]
 
@@ -165,6 +162,7 @@ def evaluate_checkpoint(
     checkpoint of other parameters or an unreadable one.
     """
     validation.check_evaluation_run(cfg, workdir)
+    compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
     run = set_up_run(cfg)
     checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step

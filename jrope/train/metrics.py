@@ -15,14 +15,14 @@ jrope.train.nonfinite): such steps are counted and logged instead.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Callable, Mapping
 
 import jax
 from absl import logging
+from etils import epath
 
-from jrope.train import nonfinite
+from jrope.train import metric_files, nonfinite
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -33,7 +33,8 @@ class MetricsLogger:
     """Logs every `every_steps`-th step; checks every step.
 
     Args:
-      workdir: directory for `metrics.jsonl` and `tensorboard/`.
+      workdir: directory for `metrics.jsonl` and `tensorboard/` (local, or a
+        bucket: jrope.train.metric_files).
       every_steps: logging interval.
       num_steps: total steps of the run (for the progress bar).
       tensorboard: whether to write TensorBoard event files.
@@ -61,12 +62,11 @@ class MetricsLogger:
         self._jsonl = None
         self._tensorboard = None
         if is_writer:
-            os.makedirs(workdir, exist_ok=True)
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            self._jsonl = metric_files.JsonLinesLog(epath.Path(workdir) / "metrics.jsonl")
             if tensorboard:
-                from tensorboardX import SummaryWriter
-
-                self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+                self._tensorboard = metric_files.tensorboard_writer(
+                    epath.Path(workdir) / "tensorboard"
+                )
 
     def push(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
         """Record the (still computing) metrics of `step`; read and log the previous step's."""
@@ -81,6 +81,8 @@ class MetricsLogger:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._read(*pending)
+        if self._jsonl is not None:
+            self._jsonl.flush()  # on a bucket: the log catches up with the checkpoint
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
         """Log named scalars (e.g. evaluation results) at `step`."""
@@ -124,8 +126,7 @@ class MetricsLogger:
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **scalars}) + "\n")
-            self._jsonl.flush()
+            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **scalars}))
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)

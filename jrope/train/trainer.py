@@ -27,7 +27,15 @@ import optax
 from absl import logging
 
 from jrope.attention import choose_kernel
-from jrope.train import evaluation, nonfinite, resume, sharding, validation
+from jrope.train import (
+    compilation_cache,
+    evaluation,
+    nonfinite,
+    profiler,
+    resume,
+    sharding,
+    validation,
+)
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig
@@ -95,10 +103,7 @@ def make_train_step(
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
         kernel = choose_kernel(
-            cfg.model,
-            has_bias=cfg.encoding.has_bias,
-            length=cfg.pe.train_context,
-            backend=platform,
+            cfg.model, cfg.encoding, length=cfg.pe.train_context, backend=platform
         )
         compiler_options = step_compiler_options(blockwise=kernel == "blockwise", platform=platform)
     return jax.jit(
@@ -122,6 +127,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
       NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite = 'stop').
     """
     validation.check_training_run(cfg, workdir)
+    compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
     run = set_up_run(cfg)
     source, mesh = run.source, run.mesh
     logging.info(
@@ -155,13 +161,16 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         return rows
 
     start = int(jax.device_get(state["step"]))
+    trace = profiler.StepTrace(workdir, cfg.runtime)
     try:
         with jax.set_mesh(mesh), PreemptionWatch() as preemption:
             for step in range(start, cfg.num_steps):
                 local_batch = source.train_batch(step)
                 evaluation.check_readout(local_batch, cfg.model.readout)
                 batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
+                trace.before_step(step)
                 state, metrics = train_step(state, batch)
+                trace.after_step(step, state)
                 done = step + 1
                 logger.push(done, metrics)
                 is_last = done == cfg.num_steps
@@ -178,6 +187,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
                     logger.flush()
                     run_evaluation(done)
     finally:
+        trace.close()
         # Also on errors: an in-flight save finishes (the last good checkpoint), none is left half-written.
         checkpointer.wait_until_finished()
     logger.flush()

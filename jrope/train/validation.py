@@ -9,7 +9,8 @@ Checked: the encoding (a known name, valid settings, a head dimension the
 encoding's blocks divide), the mesh against the devices present, the batch
 against the data-parallel size and the process count, the attention memory
 of the longest evaluation, the workdir (writable; holding checkpoints, for
-evaluation) and the dataset files. Single-section checks (choices, positive
+evaluation; a bucket that answers within jrope.train.storage's deadline) and
+the dataset files. Single-section checks (choices, positive
 sizes, d_model divisible by num_heads) run earlier, when the ConfigDict is
 converted (jrope.train.config).
 """
@@ -23,7 +24,9 @@ import os
 import jax
 
 from jrope.attention import choose_kernel
+from jrope.data.files import is_uri
 from jrope.pe_config import PAPER_METHODS, UnknownEncodingName
+from jrope.train import storage
 from jrope.train.config import ConfigError, TrainConfig
 from jrope.train.resume import finished_steps
 from jrope.train.sharding import mesh_sizes
@@ -31,6 +34,8 @@ from jrope.train.sharding import mesh_sizes
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.
 PLAIN_ATTENTION_MEMORY_FRACTION = 0.5
+# Kernels that never hold the whole logits tensor.
+MEMORY_LINEAR_KERNELS = ("blockwise", "splash", "cudnn")
 _GIB = 2.0**30
 
 
@@ -150,17 +155,23 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
 
 def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_sizes) -> list[str]:
     """The attention path at each evaluation length: valid, and its logits fit in memory."""
+    if encoding is None:
+        return []  # the encoding's own problem is reported
+    try:
+        choose_kernel(cfg.model, encoding, length=cfg.pe.train_context, backend=env.platform)
+    except ValueError as err:
+        return [f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"]
     problems = []
-    has_bias = encoding is not None and encoding.has_bias
     for length in sorted(set(cfg.eval.lengths)):
         try:
-            impl = choose_kernel(cfg.model, has_bias=has_bias, length=length, backend=env.platform)
+            impl = choose_kernel(cfg.model, encoding, length=length, backend=env.platform)
         except ValueError as err:
             problems.append(
-                f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"
+                f"model.attention_impl = {cfg.model.attention_impl!r} at eval length {length}: "
+                f"{_first_line(err)}"
             )
             break
-        if impl == "blockwise" or env.memory_bytes is None:
+        if impl in MEMORY_LINEAR_KERNELS or env.memory_bytes is None:
             continue
         rows, heads = _rows_and_heads_per_memory(cfg, env, mesh_sizes)
         needed = rows * heads * length * length * 4
@@ -202,8 +213,11 @@ def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
 
 
 def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
-    if "://" in workdir:
-        return []  # a cloud bucket (gs://...): orbax and the loggers check it themselves
+    if is_uri(workdir):
+        problem = storage.uri_problem(workdir, "--workdir")
+        if problem is None and needs_checkpoint:
+            problem = _checkpoint_problem(workdir, f"{workdir.rstrip('/')}/checkpoints")
+        return [problem] if problem else []
     path = os.path.abspath(os.path.expanduser(workdir))
     existing = path
     while not os.path.exists(existing):
@@ -217,15 +231,18 @@ def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
             f"--workdir {path} is not writable ({existing} denies writing); choose a writable --workdir."
         ]
     if needs_checkpoint:
-        checkpoints = os.path.join(path, "checkpoints")
-        if not finished_steps(checkpoints):
-            return [
-                (
-                    f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
-                    f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
-                )
-            ]
+        problem = _checkpoint_problem(path, os.path.join(path, "checkpoints"))
+        return [problem] if problem else []
     return []
+
+
+def _checkpoint_problem(workdir: str, checkpoints: str) -> str | None:
+    if finished_steps(checkpoints):
+        return None
+    return (
+        f"--workdir {workdir} holds no finished checkpoint in {checkpoints}; train first "
+        f"(python train.py --config=... --workdir={workdir}) or point --workdir at a trained run."
+    )
 
 
 def _dataset_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
@@ -235,8 +252,11 @@ def _dataset_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[st
         return []
     problems = []
     for field in path_fields:
-        path = os.path.expanduser(getattr(cfg.data, field))
-        if not os.path.exists(path):
+        path = getattr(cfg.data, field)
+        if is_uri(path):
+            problem = storage.uri_problem(path, f"data.{field} =", must_exist=True)
+            problems += [problem] if problem else []
+        elif not os.path.exists(os.path.expanduser(path)):
             problems.append(
                 f"data.{field} = {path!r} does not exist; point --config.data.{field} at a UTF-8 text "
                 "file or a directory of them."

@@ -1,0 +1,62 @@
+"""The precision of the model's dots: float32 where an encoding's exactness needs it.
+
+On CPU a float32 dot is a float32 dot. On TPU a float32 dot without a
+precision runs as bfloat16 passes, and on recent NVIDIA GPUs as TF32. For
+most of the model that is the speed one asked for; for encodings whose
+logits are differences of large products (raw shear, `Encoding.keeps_float32`,
+docs/numerics.md, sections 3 and 4) it drops the lag term inside the dot
+itself. So the attention's q.k and p.v dots take `model.attention_precision`
+('auto': whatever the encoding needs, `Encoding.dot_precision`), and every
+other matmul takes `model.matmul_precision`.
+
+A precision is a `jax.lax.Precision`, or None for the backend's default (no
+precision attribute in the lowered dot). Kernels that JAX implements
+(`jax.nn.dot_product_attention`) take it through `precision_scope`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from jrope.model.config import ModelConfig
+
+_PRECISIONS = {
+    "default": None,
+    "high": jax.lax.Precision.HIGH,
+    "highest": jax.lax.Precision.HIGHEST,
+}
+
+
+def attention_precision(model_cfg: ModelConfig, encoding: Any) -> jax.lax.Precision | None:
+    """Precision of the attention's q.k and p.v dots for this model and encoding.
+
+    'auto' is the encoding's `dot_precision`: HIGHEST for encodings whose
+    logits cancel large products, whatever the compute dtype (their q and k
+    stay float32 in bfloat16 runs too, for this very dot), None otherwise.
+    """
+    if model_cfg.attention_precision == "auto":
+        return encoding.dot_precision
+    return _PRECISIONS[model_cfg.attention_precision]
+
+
+def matmul_precision(model_cfg: ModelConfig) -> jax.lax.Precision | None:
+    """Precision of the projections, the MLP and the output logits."""
+    return _PRECISIONS[model_cfg.matmul_precision]
+
+
+@contextlib.contextmanager
+def precision_scope(precision: jax.lax.Precision | None) -> Iterator[None]:
+    """Dots traced inside (in library code that takes no precision argument) run at `precision`.
+
+    None leaves the backend's default. Autodiff keeps a dot's precision in
+    its transposes, so the backward pass of code traced here gets it too.
+    """
+    if precision is None:
+        yield
+        return
+    with jax.default_matmul_precision(precision.name.lower()):
+        yield

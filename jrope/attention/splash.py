@@ -1,0 +1,108 @@
+"""The TPU splash (sparse flash) attention kernel that ships with JAX, on the mapped q and k.
+
+`jax.experimental.pallas.ops.tpu.splash_attention` computes attention by
+blocks in TPU memory with a causal mask whose fully masked blocks are
+skipped, forward and backward (its own VJP). The encodings other than the
+ALiBi family are a map of q and k followed by plain causal attention, so the
+kernel takes the mapped q and k as they are; it has no additive bias, so the
+ALiBi family never comes here (`jrope.attention.selection`).
+
+What the kernel wants, and how it gets it:
+  - heads-major [N, T, H] per sequence: q, k, v are transposed and the
+    kernel is vmapped over the batch;
+  - no logit scale of its own: q is multiplied by 1/sqrt(H) first;
+  - block sizes dividing T, key blocks multiples of 128 (the TPU lane
+    width): T must be a multiple of 128 (the selection checks it) and the
+    blocks are the largest of 512, 256, 128 that divide T;
+  - no automatic partitioning (a Mosaic kernel is one custom call): under a
+    device mesh the call runs inside `jax.shard_map`, the batch split over
+    as many mesh axes as divide it, the rest replicated.
+Off TPU the same kernel runs in Pallas interpret mode (slow; for tests on CPU).
+
+Shape legend: B batch, T length, N heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention
+from jax.sharding import PartitionSpec
+
+# Key blocks must be multiples of the TPU's 128 lanes.
+LENGTH_MULTIPLE = 128
+_BLOCK_CHOICES = (512, 256, 128)
+
+
+def splash_attention_causal(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool | None = None
+) -> jax.Array:
+    """Causal attention of mapped q, k [B, T, N, H] and v [B, T, N, H]; T a multiple of 128.
+
+    interpret: run the kernel in Pallas interpret mode (default: off TPU).
+    Returns [B, T, N, H] in v's dtype.
+    """
+    batch, length, heads, head_dim = q.shape
+    if length % LENGTH_MULTIPLE or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"splash attention needs q, k, v of one shape [B, T, N, H] with T a multiple of "
+            f"{LENGTH_MULTIPLE}; got {q.shape}, {k.shape}, {v.shape}."
+        )
+    common = jnp.promote_types(q.dtype, v.dtype)
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
+    kernel = _kernel(length, heads, interpret=interpret)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def attend(q, k, v):  # [b, T, N, H] each, b the batch rows this call holds
+        heads_major = [jnp.swapaxes(x, 1, 2).astype(common) for x in (q * scale, k, v)]
+        return jnp.swapaxes(jax.vmap(kernel)(*heads_major), 1, 2)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        spec = PartitionSpec(_batch_axes(mesh, batch))
+        attend = jax.shard_map(
+            attend, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+        )
+    return attend(q, k, v).astype(v.dtype)
+
+
+def _batch_axes(mesh, batch: int) -> tuple[str, ...] | None:
+    """The mesh axes the batch is split over: each in turn while the product divides it."""
+    axes, size = [], 1
+    for name in mesh.axis_names:
+        if mesh.shape[name] > 1 and batch % (size * mesh.shape[name]) == 0:
+            axes.append(name)
+            size *= mesh.shape[name]
+    return tuple(axes) or None
+
+
+@functools.cache
+def _kernel(length: int, heads: int, *, interpret: bool):
+    """The splash kernel for causal attention of `heads` heads over `length` positions.
+
+    Built once per shape: the causal mask's block structure is worked out in
+    numpy, and its tables are made concrete arrays even when the first call is
+    being traced (a cached tracer would leak into later traces).
+    """
+    block = next(size for size in _BLOCK_CHOICES if length % size == 0)
+    blocks = splash_attention.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash_attention.MultiHeadMask(
+        [splash_attention.CausalMask((length, length)) for _ in range(heads)]
+    )
+    with jax.ensure_compile_time_eval():
+        return splash_attention.make_splash_mha(
+            mask, head_shards=1, q_seq_shards=1, block_sizes=blocks, interpret=interpret
+        )

@@ -1,0 +1,172 @@
+"""choose_kernel: the kernel 'auto' takes on each backend, the refusals, and the one-origin bound."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers.tiny_config import tiny_config
+
+import jrope
+from jrope import attention
+from jrope.attention import selection
+
+
+def _model_cfg(**changes):
+    base = dataclasses.replace(
+        tiny_config().model, attention_impl="auto", blockwise_min_length=4096, max_damping=0.02
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _encoding(name, head_dim=16):
+    cfg = jrope.pe_config_from_name(name, train_context=1024)
+    return jrope.make_encoding(cfg, num_heads=2, head_dim=head_dim)
+
+
+BF16 = {"compute_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(
+    "backend, name, length, changes, expected",
+    [
+        # CPU: today's choice, einsum below blockwise_min_length, blockwise from it on.
+        ("cpu", "rope", 1024, {}, "einsum"),
+        ("cpu", "rope_alibi", 1024, {}, "einsum"),
+        ("cpu", "rope", 4096, {}, "blockwise"),
+        ("cpu", "rope", 8192, {"blockwise_min_length": 1 << 20}, "einsum"),
+        # ... except where one origin would overflow: 0.02 * 8192 > 80.
+        ("cpu", "jordan_exact_scaled", 8192, {"blockwise_min_length": 1 << 20}, "blockwise"),
+        # TPU: splash where it applies.
+        ("tpu", "rope", 1024, {}, "splash"),
+        ("tpu", "damped_rope", 1024, BF16, "splash"),
+        ("tpu", "jordan_exact_scaled", 2048, {}, "splash"),
+        ("tpu", "jordan_exact_scaled", 8192, {"blockwise_min_length": 1 << 20}, "blockwise"),
+        ("tpu", "rope", 1000, {}, "xla"),  # not a multiple of 128
+        ("tpu", "rope_alibi", 1024, {}, "einsum"),  # a bias
+        ("tpu", "jordan_raw_tau", 1024, {}, "xla"),  # needs float32 dots
+        ("tpu", "rope", 1024, {"attention_precision": "highest"}, "xla"),
+        ("tpu", "rope", 8192, {}, "splash"),  # memory linear: no blockwise needed
+        # GPU: cuDNN for bfloat16 runs where it applies.
+        ("gpu", "rope", 1024, BF16, "cudnn"),
+        ("gpu", "rope_alibi", 1024, BF16, "cudnn"),  # ALiBi as cuDNN's bias
+        ("gpu", "jordan_exact_scaled", 1024, BF16, "cudnn"),
+        ("gpu", "rope", 1024, {}, "xla"),  # float32: cuDNN takes 16-bit inputs only
+        ("gpu", "rope_alibi", 1024, {}, "einsum"),
+        ("gpu", "jordan_raw_tau", 1024, BF16, "xla"),  # its q, k stay float32
+        ("gpu", "rope", 8192, {}, "blockwise"),
+        (
+            "gpu",
+            "jordan_exact_scaled",
+            8192,
+            {**BF16, "blockwise_min_length": 1 << 20},
+            "blockwise",
+        ),
+    ],
+)
+def test_auto_chooses_by_backend_encoding_and_length(backend, name, length, changes, expected):
+    kernel = attention.choose_kernel(
+        _model_cfg(**changes), _encoding(name), length=length, backend=backend
+    )
+    assert kernel == expected
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_auto_reads_out_the_last_position_with_a_dense_kernel(backend):
+    kernel = attention.choose_kernel(
+        _model_cfg(**BF16), _encoding("rope"), length=1024, num_queries=1, backend=backend
+    )
+    assert kernel == "xla"
+
+
+def test_auto_keeps_cudnn_within_its_head_dims():
+    cfg = dataclasses.replace(_model_cfg(**BF16), d_model=2 * 144)
+    assert attention.choose_kernel(cfg, _encoding("rope", 144), length=512, backend="gpu") == "xla"
+
+
+@pytest.mark.parametrize(
+    "impl, backend, name, changes, reason",
+    [
+        ("splash", "cpu", "rope", {}, "runs on TPU only and this run is on cpu"),
+        ("cudnn", "tpu", "rope", BF16, "runs on GPU only"),
+        (
+            "cudnn",
+            "gpu",
+            "rope",
+            {},
+            r"bfloat16 or float16 only; set model\.compute_dtype='bfloat16'",
+        ),
+        ("splash", "tpu", "rope_alibi", {}, "adds no logit bias"),
+        ("splash", "tpu", "jordan_raw_tau", {}, "cancel large products and need full float32"),
+        ("cudnn", "gpu", "jordan_rope", BF16, "cancel large products"),
+        ("xla", "cpu", "alibi", {}, "cannot add a logit bias"),
+    ],
+)
+def test_an_explicit_kernel_that_cannot_run_is_refused_with_the_reason(
+    impl, backend, name, changes, reason
+):
+    with pytest.raises(ValueError, match=reason):
+        attention.choose_kernel(
+            _model_cfg(attention_impl=impl, **changes),
+            _encoding(name),
+            length=1024,
+            backend=backend,
+        )
+
+
+def test_explicit_fused_kernels_are_taken_where_they_apply():
+    cfg = _model_cfg(attention_impl="splash")
+    assert attention.choose_kernel(cfg, _encoding("rope"), length=256, backend="tpu") == "splash"
+    cfg = _model_cfg(attention_impl="cudnn", **BF16)
+    assert attention.choose_kernel(cfg, _encoding("rope"), length=256, backend="gpu") == "cudnn"
+
+
+def test_the_one_origin_bound_is_max_damping_times_length_80():
+    cfg = _model_cfg(max_damping=0.01)
+    damped, undamped = _encoding("jordan_exact_scaled"), _encoding("rope")
+    assert selection.single_origin_is_safe(cfg, damped, 8000)
+    assert not selection.single_origin_is_safe(cfg, damped, 8001)
+    assert selection.single_origin_is_safe(cfg, undamped, 1 << 30)
+
+
+@functools.cache
+def _damped_attention(kernel: str, length: int):
+    """jit(params) -> attention output of jordan_exact_scaled over `length` fixed inputs."""
+    enc = _encoding("jordan_exact_scaled")
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(key, (1, length, 2, 16)) for key in keys)
+    return enc, jax.jit(
+        lambda params: attention.causal_attention(
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            positions=jnp.arange(length),
+            kernel=kernel,
+            block_size=64,
+        )
+    )
+
+
+def _attend_with_damping(kernel: str, gamma: float, length: int) -> np.ndarray:
+    """Attention output of jordan_exact_scaled with every damping set to `gamma`."""
+    enc, attend = _damped_attention(kernel, length)
+    params = enc.init_params()
+    # gamma = softplus(gamma_raw) (gamma_min is 0 for the scaled-exact variant).
+    params["gamma_raw"] = jnp.full_like(params["gamma_raw"], np.log(np.expm1(gamma)))
+    return np.asarray(attend(params))
+
+
+def test_one_origin_is_finite_within_the_bound_and_overflows_beyond_it():
+    length = 256
+    # gamma * S = 80: one origin (the einsum kernel) agrees with the blockwise kernel.
+    within = _attend_with_damping("einsum", 80.0 / length, length)
+    np.testing.assert_allclose(
+        within, _attend_with_damping("blockwise", 80.0 / length, length), rtol=2e-4, atol=2e-5
+    )
+    # gamma * S = 200: e^{gamma S / 2} = e^100 is past float32; blockwise stays finite.
+    assert not np.all(np.isfinite(_attend_with_damping("einsum", 200.0 / length, length)))
+    assert np.all(np.isfinite(_attend_with_damping("blockwise", 200.0 / length, length)))
