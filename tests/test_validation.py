@@ -103,7 +103,7 @@ BAD_INPUTS = [
         _tiny(**{"eval.lengths": (1, 16)}),
         EIGHT_CPUS,
         "fresh",
-        r"eval\.lengths must be a non-empty list of lengths >= 2, got \(1, 16\)",
+        r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(1, 16\)",
     ),
     (
         "batch_not_divisible_by_data_parallel",
@@ -225,7 +225,7 @@ BAD_INPUTS = [
         _tiny(num_steps=0),
         EIGHT_CPUS,
         "fresh",
-        r"num_steps and batch_size must be >= 1, got 0, 8",
+        r"num_steps must be an integer >= 1, got 0\.",
     ),
 ]
 

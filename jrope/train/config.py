@@ -7,6 +7,11 @@ command-line override must not be silently ignored) and reporting every
 section's problems together. The `data` section is converted by the config
 dataclass of the source it names (`data.source`, jrope.data.source.SOURCES).
 
+`convert_config` is the same conversion without raising: it returns the
+problems and a TrainConfig whose failed sections are None, so that the run
+checks (jrope.train.validation) can still check every section that converted
+and report all problems in one message, not in rounds of fixes.
+
 The encoding's name is parsed once per run config (`TrainConfig.pe_config`)
 and its Encoding built once (`TrainConfig.encoding`); everything downstream
 takes those.
@@ -36,10 +41,15 @@ class ConfigError(ValueError):
 
     def __init__(self, problems: Sequence[str]):
         self.problems = tuple(problems)
-        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        # A problem of several lines (the data's directions) keeps them indented under its dash.
+        lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
         super().__init__(
             f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
         )
+
+
+class DataError(ConfigError):
+    """Every problem found before compiling, all of them with the run's data (absent, too short)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +89,23 @@ class OptimConfig:
     warmup_steps: int  # linear warm-up from 0 (0 = none)
     final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
     nonfinite: str = "stop"  # one of NONFINITE_POLICIES: stop the run, or skip the update
+    # 'skip' gives up after this many skipped steps in a row (the run is diverging).
+    max_consecutive_skips: int = 10
 
     def __post_init__(self):
-        _check_choice("opt.schedule", self.schedule, LR_SCHEDULES)
-        _check_choice("opt.nonfinite", self.nonfinite, NONFINITE_POLICIES)
-        if self.learning_rate <= 0 or self.warmup_steps < 0 or self.clip_norm < 0:
-            raise ValueError(
-                "opt.learning_rate must be > 0, opt.warmup_steps >= 0 and opt.clip_norm >= 0; "
-                f"got {self.learning_rate}, {self.warmup_steps}, {self.clip_norm}."
-            )
+        problems = [
+            _choice_problem("opt.schedule", self.schedule, LR_SCHEDULES),
+            _choice_problem("opt.nonfinite", self.nonfinite, NONFINITE_POLICIES),
+        ]
+        for key, value, low in (
+            ("learning_rate", self.learning_rate, "> 0"),
+            ("warmup_steps", self.warmup_steps, ">= 0"),
+            ("clip_norm", self.clip_norm, ">= 0"),
+            ("max_consecutive_skips", self.max_consecutive_skips, ">= 1"),
+        ):
+            if not _satisfies(value, low):
+                problems.append(f"opt.{key} must be {low}, got {value!r}.")
+        _raise_if(problems)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +134,11 @@ class CheckpointConfig:
     max_to_keep: int
 
     def __post_init__(self):
-        if self.every_steps < 1 or self.max_to_keep < 1:
-            raise ValueError("checkpoint.every_steps and checkpoint.max_to_keep must be >= 1.")
+        _raise_if(
+            f"checkpoint.{key} must be >= 1, got {value!r}."
+            for key, value in (("every_steps", self.every_steps), ("max_to_keep", self.max_to_keep))
+            if not _satisfies(value, ">= 1")
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +147,8 @@ class LogConfig:
     tensorboard: bool
 
     def __post_init__(self):
-        if self.every_steps < 1:
-            raise ValueError("log.every_steps must be >= 1.")
+        if not _satisfies(self.every_steps, ">= 1"):
+            raise ValueError(f"log.every_steps must be >= 1, got {self.every_steps!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,15 +159,32 @@ class EvalConfig:
     every_steps: int  # evaluation during training (0 = only after the last step)
 
     def __post_init__(self):
-        object.__setattr__(self, "lengths", tuple(int(length) for length in self.lengths))
-        if not self.lengths or min(self.lengths) < 2:
-            raise ValueError(
-                f"eval.lengths must be a non-empty list of lengths >= 2, got {self.lengths}."
+        problems = []
+        lengths = tuple(self.lengths) if isinstance(self.lengths, (tuple, list)) else ()
+        if not lengths or not all(
+            isinstance(length, int) and _satisfies(length, ">= 2") for length in lengths
+        ):
+            problems.append(
+                f"eval.lengths must be a non-empty list of integer lengths >= 2, got {self.lengths!r}; "
+                "e.g. --config.eval.lengths='(256,512)'."
             )
-        if self.batch_size < 1 or self.num_sequences % self.batch_size:
-            raise ValueError(
-                f"eval.batch_size {self.batch_size} must be >= 1 and divide eval.num_sequences {self.num_sequences}."
+        object.__setattr__(self, "lengths", lengths)
+        for key, value in (
+            ("num_sequences", self.num_sequences),
+            ("every_steps", self.every_steps),
+        ):
+            low = ">= 1" if key == "num_sequences" else ">= 0"
+            if not _satisfies(value, low):
+                problems.append(f"eval.{key} must be {low}, got {value!r}.")
+        if not _satisfies(self.batch_size, ">= 1"):
+            problems.append(f"eval.batch_size must be >= 1, got {self.batch_size!r}.")
+        elif _satisfies(self.num_sequences, ">= 1") and self.num_sequences % self.batch_size:
+            problems.append(
+                f"eval.batch_size {self.batch_size} must divide eval.num_sequences "
+                f"{self.num_sequences}; set them to e.g. {self.batch_size} and "
+                f"{self.num_sequences + self.batch_size - self.num_sequences % self.batch_size}."
             )
+        _raise_if(problems)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,49 +218,9 @@ class TrainConfig:
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> "TrainConfig":
         """Convert a ConfigDict (or nested dict); ConfigError listing every unknown, missing or bad key."""
-        raw = _to_plain(config)
-        scalar_keys = {"seed", "num_steps", "batch_size"}
-        sections = {
-            "model": ModelConfig,
-            "pe": PESettings,
-            "opt": OptimConfig,
-            "mesh": MeshConfig,
-            "checkpoint": CheckpointConfig,
-            "log": LogConfig,
-            "eval": EvalConfig,
-        }
-        problems = []
-        try:
-            _check_keys("config", raw, scalar_keys | set(sections) | {"data"})
-        except ValueError as err:
-            raise ConfigError([str(err)]) from None
-        try:
-            data = raw["data"]
-            sections["data"] = source_spec(
-                data.get("source") if isinstance(data, Mapping) else None
-            ).load()[0]
-        except ValueError as err:
-            problems.append(str(err))
-        # Every section is converted, and all their errors are reported together.
-        converted = {}
-        for name, section_cls in sections.items():
-            try:
-                converted[name] = _build(section_cls, raw[name], name)
-            except ValueError as err:
-                # Each line names its section (a message that does not already start with it gets it).
-                problems += [
-                    line if line.startswith(name) else f"{name}: {line}"
-                    for line in str(err).splitlines()
-                ]
+        cfg, problems = convert_config(config)
         if problems:
             raise ConfigError(problems)
-        cfg = cls(
-            seed=int(raw["seed"]),
-            num_steps=int(raw["num_steps"]),
-            batch_size=int(raw["batch_size"]),
-            **converted,
-        )
-        cfg.check_consistency()
         return cfg
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -232,12 +230,15 @@ class TrainConfig:
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
 
-    def check_consistency(self) -> None:
-        """Cross-section checks: settings that two sections state must agree."""
-        if self.num_steps < 1 or self.batch_size < 1:
-            raise ConfigError(
-                [f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}."]
-            )
+    def consistency_problems(self) -> list[str]:
+        """Cross-section checks: settings that two sections state must agree (None sections skipped)."""
+        problems = [
+            f"{key} must be an integer >= 1, got {getattr(self, key)!r}."
+            for key in ("num_steps", "batch_size")
+            if getattr(self, key) is not None and not _satisfies(getattr(self, key), ">= 1")
+        ]
+        if self.data is None or self.pe is None or self.model is None:
+            return problems
         shared = {
             "seq_len": self.pe.train_context,
             "head_dim": self.model.head_dim,
@@ -245,17 +246,91 @@ class TrainConfig:
         }
         for field, expected in shared.items():
             if hasattr(self.data, field) and getattr(self.data, field) != expected:
-                raise ConfigError(
-                    [
-                        f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
-                        f"value {expected}; set both from one place (see configs/)."
-                    ]
+                problems.append(
+                    f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
+                    f"value {expected}; set both from one place (see configs/)."
                 )
+        return problems
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} = {value!r} is not one of {choices}.")
+SECTIONS = {
+    "model": ModelConfig,
+    "pe": PESettings,
+    "opt": OptimConfig,
+    "mesh": MeshConfig,
+    "checkpoint": CheckpointConfig,
+    "log": LogConfig,
+    "eval": EvalConfig,
+}
+SCALAR_KEYS = ("seed", "num_steps", "batch_size")
+
+
+def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
+    """(the run config, every problem); a section that fails to convert is None in it.
+
+    Use the TrainConfig only when the problems are empty, or to check what
+    did convert (jrope.train.validation). None when the top-level keys are wrong.
+    """
+    problems = []
+    raw = _to_plain(config, "", problems)
+    try:
+        _check_keys("config", raw, set(SCALAR_KEYS) | set(SECTIONS) | {"data"})
+    except ValueError as err:
+        return None, problems + [str(err)]
+    classes = dict(SECTIONS)
+    try:
+        data = raw["data"]
+        classes["data"] = source_spec(
+            data.get("source") if isinstance(data, Mapping) else None
+        ).load()[0]
+    except ValueError as err:
+        problems.append(str(err))
+    converted = {name: None for name in ("data", *SECTIONS)}
+    for name, section_cls in classes.items():
+        if raw[name] is _UNRESOLVED or _UNRESOLVED in _values(raw[name]):
+            continue  # its unresolvable key is already a problem
+        try:
+            converted[name] = _build(section_cls, raw[name], name)
+        except (ValueError, TypeError) as err:
+            # Each line names its section (a message that does not already start with it gets it).
+            problems += [
+                line if line.startswith(name) else f"{name}: {line}"
+                for line in str(err).splitlines()
+            ]
+    scalars = {key: None if raw[key] is _UNRESOLVED else raw[key] for key in SCALAR_KEYS}
+    cfg = TrainConfig(**scalars, **converted)
+    return cfg, problems + cfg.consistency_problems()
+
+
+def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"section.key": value}."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_dict(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _choice_problem(name: str, value: str, choices: tuple[str, ...]) -> str | None:
+    return None if value in choices else f"{name} = {value!r} is not one of {choices}."
+
+
+def _satisfies(value: Any, bound: str) -> bool:
+    """Whether `value` is an int or float (not a bool) meeting `bound` ('>= 1', '> 0', ...)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    operator, limit = bound.split()
+    return value > float(limit) if operator == ">" else value >= float(limit)
+
+
+def _raise_if(problems) -> None:
+    """ValueError with one line per problem (None entries ignored), if there is any."""
+    lines = [problem for problem in problems if problem]
+    if lines:
+        raise ValueError("\n".join(lines))
 
 
 def _check_keys(
@@ -293,10 +368,31 @@ def _as_mesh_axes(axes: Any):
     return tuple(axes)
 
 
-def _to_plain(config: Any) -> Any:
-    """A ConfigDict (or FrozenConfigDict) as nested plain dicts, lists as tuples left alone."""
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    if isinstance(config, Mapping):
-        return {key: _to_plain(value) for key, value in config.items()}
-    return config
+# A key whose value could not be computed (a FieldReference expression that raised).
+_UNRESOLVED = object()
+
+
+def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
+    """A ConfigDict (or nested mapping) as nested plain dicts, key by key.
+
+    A key derived from others (e.g. data.head_dim = d_model // num_heads)
+    whose computation fails becomes _UNRESOLVED, and a problem naming it.
+    """
+    if not isinstance(config, Mapping) and not hasattr(config, "keys"):
+        return config
+    plain = {}
+    for key in config.keys():
+        try:
+            value = config[key]
+        except Exception as err:  # any error of the config's own expression
+            problems.append(
+                f"{prefix}{key} cannot be computed ({type(err).__name__}: {err}); it is derived "
+                "from other keys (see the config file): fix those."
+            )
+            value = _UNRESOLVED
+        plain[key] = _to_plain(value, f"{prefix}{key}.", problems)
+    return plain
+
+
+def _values(section: Any) -> list[Any]:
+    return list(section.values()) if isinstance(section, Mapping) else []
