@@ -71,6 +71,12 @@ BAD_INPUTS = [
         [r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(8, 'x'\)"],
     ),
     (
+        "no_evaluation_sequences",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.num_sequences=0"],
+        cli.EXIT_CONFIG,
+        [r"eval\.num_sequences must be >= 1, got 0"],
+    ),
+    (
         "no_config_file",
         ["train.py", "--config=configs/nope.py", "--workdir={tmp}/run"],
         cli.EXIT_CONFIG,

@@ -32,7 +32,11 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from jrope.train import cli, distributed, reporting
+from jrope.train import cli, distributed, evaluation, reporting, validation
+from jrope.train.config import ConfigError, DataError
+from jrope.train.console import say
+from jrope.train.evaluation import CSV_COLUMNS
+from jrope.train.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file.', lock_config=True
@@ -50,11 +54,6 @@ def run_comparison(
 
     Raises ConfigError (DataError) listing every problem of every run before any trains.
     """
-    # Imported here: `python -m jrope.compare --help` and flag mistakes need no JAX program.
-    from jrope.train import evaluation
-    from jrope.train.console import say
-    from jrope.train.trainer import train_and_evaluate
-
     runs = {
         (method, seed): (
             _run_config(config, method, seed),
@@ -65,7 +64,7 @@ def run_comparison(
     }
     checked = _check_every_run(runs)
     rows = []
-    for (method, seed), (run_config, run_dir) in runs.items():
+    for (method, seed), (_, run_dir) in runs.items():
         num_steps = checked[method, seed].num_steps
         if evaluation.finished_results(run_dir, num_steps) is None:
             say(f'{method} seed {seed}: training in {run_dir}')
@@ -88,11 +87,8 @@ def _run_config(config, method: str, seed: int):
 
 def _check_every_run(runs: dict) -> dict:
     """(method, seed) -> its checked TrainConfig; one ConfigError (DataError) for all runs' problems."""
-    from jrope.train import validation
-    from jrope.train.config import ConfigError, DataError
-
     checked, problems, only_data = {}, collections.defaultdict(list), True
-    for (method, seed), (run_config, run_dir) in runs.items():
+    for (method, seed), (_, run_dir) in runs.items():
         try:
             checked[method, seed] = validation.check_training_run(run_config, str(run_dir)).cfg
         except ConfigError as error:

@@ -21,7 +21,11 @@ that does not exist is named with the closest one that does
 
 The console is for what a person reads (jrope.train.console). Library log
 records below WARNING (orbax writes about a hundred per short run) are
-hidden unless `--log_level=info` (or debug) asks for them.
+hidden unless `--log_level=info` (or debug) asks for them. So are the
+libraries' own reports of a storage failure (orbax logs one traceback per
+thread it runs), unless --verbose: the same failure reaches the entry point
+as an exception, which ends the command with one message naming the path
+and the cause (jrope.train.io_failures).
 """
 
 from __future__ import annotations
@@ -160,6 +164,10 @@ def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
     _set_log_level(_LOG_LEVEL.value)
+    if not _verbose():
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_hide_storage_failure_records)
+        sys.excepthook = _excepthook_without_closed_loop_noise
     try:
         main(argv)
     except Exception as error:
@@ -173,6 +181,24 @@ def _set_log_level(name: str) -> None:
     """Library records below `name` hidden: absl's (orbax logs through it) and Python's (JAX's)."""
     absl_logging.set_verbosity(name)
     logging.getLogger().setLevel(name.upper())
+
+
+def _hide_storage_failure_records(record: logging.LogRecord) -> bool:
+    """False (hide) for a library's record of a storage failure."""
+    error = record.exc_info[1] if record.exc_info else Exception(record.getMessage())
+    return error is None or io_failures.find_io_failure(error) is None
+
+
+def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
+    """sys.excepthook, silent for write callbacks that outlive a failed save's event loop.
+
+    When a checkpoint write fails, tensorstore still completes the other
+    writes of that save and prints each callback's "Event loop is closed"
+    (through this hook); the failure itself is reported once.
+    """
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+        return
+    sys.__excepthook__(kind, value, traceback_)
 
 
 def _first_line(error: BaseException) -> str:

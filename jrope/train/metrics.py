@@ -184,8 +184,11 @@ class MetricsLogger:
         if self._jsonl is not None:
             record = {"step": step, "time": time.time(), **scalars}
             safe = {key: _json_number(value) for key, value in record.items()}
-            self._jsonl.write(json.dumps(safe, allow_nan=False) + "\n")
-            self._jsonl.flush()
+            try:
+                self._jsonl.write(json.dumps(safe, allow_nan=False) + "\n")
+                self._jsonl.flush()
+            except OSError as error:  # a file object's errors do not name the file
+                raise OSError(error.errno, error.strerror, self._jsonl.name) from error
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)

@@ -25,6 +25,7 @@ here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +37,9 @@ from jrope.train import digests
 from jrope.train.checkpointing import Checkpointer, NoCheckpointError
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.console import say
+
+# Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
+_FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
 
 # Name part of the temporary directory of a save in progress (orbax's atomic rename).
 UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
@@ -200,9 +204,14 @@ def _unreadable_message(
     checkpointer: Checkpointer, abstract_state: Any, step: int, what: str, err: Exception
 ) -> str:
     path = checkpoint_path(checkpointer, step)
-    cause = (str(err).strip().splitlines() or [""])[0][:300]
+    root = err
+    while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
+        root = root.__cause__
+    cause = (str(root).strip().splitlines() or [""])[0][:300]
+    array = _FAILED_READ.search(str(root))
+    where = f"array {array.group(1).replace('.', '/')}: " if array else ""
     return (
-        f"Cannot read {what} from checkpoint {path} ({type(err).__name__}: {cause}). "
+        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
         f"The file may be truncated or damaged; nothing was deleted. "
         f"{_fallback(checkpointer, abstract_state, step)}"
     )

@@ -116,7 +116,7 @@ def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[s
     encoding, problems = _encoding_problems(cfg)
     mesh_sizes, mesh_problems = _mesh_problems(cfg, env)
     problems += mesh_problems
-    if mesh_sizes is not None and cfg.batch_size is not None and cfg.eval is not None:
+    if mesh_sizes is not None and cfg.batch_size is not None:
         problems += _batch_problems(cfg, env, mesh_sizes)
     if cfg.model is not None and cfg.eval is not None:
         problems += _attention_problems(cfg, env, encoding, mesh_sizes)
@@ -124,8 +124,8 @@ def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[s
 
 
 def _encoding_problems(cfg: TrainConfig):
-    """(the run's Encoding or None, problems)."""
-    if cfg.pe is None or cfg.model is None:
+    """(the run's Encoding or None, problems); the name is checked even when the model section failed."""
+    if cfg.pe is None:
         return None, []
     try:
         cfg.pe_config
@@ -139,6 +139,8 @@ def _encoding_problems(cfg: TrainConfig):
         ]
     except ValueError as err:
         return None, [f"pe settings: {_first_line(err)}; fix that pe.* value."]
+    if cfg.model is None:
+        return None, []
     try:
         return cfg.encoding, []
     except ValueError as err:
@@ -167,7 +169,10 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
             f"batch_size = {cfg.batch_size} is not divisible by the data-parallel size {data_parallel} ({where}); "
             f"set --config.batch_size to a multiple of {data_parallel}, or move devices to mesh.tensor."
         )
-    for key, rows in (("batch_size", cfg.batch_size), ("eval.batch_size", cfg.eval.batch_size)):
+    batches = {"batch_size": cfg.batch_size}
+    if cfg.eval is not None:
+        batches["eval.batch_size"] = cfg.eval.batch_size
+    for key, rows in batches.items():
         if rows % env.process_count:
             problems.append(
                 f"{key} = {rows} does not split over the {env.process_count} processes (each loads its share); "
@@ -175,7 +180,7 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
             )
     # One process can hand its rows to a batch split over devices, or to a
     # replicated batch (it holds all rows); several processes only to a split one.
-    if env.process_count > 1 and cfg.eval.batch_size % data_parallel:
+    if env.process_count > 1 and cfg.eval is not None and cfg.eval.batch_size % data_parallel:
         problems.append(
             f"eval.batch_size = {cfg.eval.batch_size} is not divisible by the data-parallel size {data_parallel} "
             f"({where}), which a multi-process run needs; set it (and eval.num_sequences) to a multiple of "
