@@ -86,7 +86,7 @@ def _run_config(config, method: str, seed: int):
 
 
 def _check_every_run(runs: dict) -> dict:
-    """(method, seed) -> its checked TrainConfig; one ConfigError (DataError) for all runs' problems."""
+    """(method, seed) -> its checked TrainConfig; one ConfigError (DataError) for all problems."""
     checked, problems, only_data = {}, collections.defaultdict(list), True
     for (method, seed), (_, run_dir) in runs.items():
         try:

@@ -74,10 +74,6 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def all_steps(self) -> list[int]:
-        """Steps of the finished checkpoints, ascending."""
-        return sorted(self._manager.all_steps())
-
     def should_save(self, step: int) -> bool:
         return step % self._every_steps == 0
 

@@ -61,7 +61,7 @@ _LOG_LEVEL = flags.DEFINE_enum(
     "log_level",
     "warning",
     LOG_LEVELS,
-    "Lowest level of library log records shown (JAX, orbax, absl); the progress lines are always shown.",
+    "Lowest level of library log records shown (JAX, orbax, absl); progress is always shown.",
 )
 
 

@@ -1,8 +1,8 @@
 """The run config: typed, frozen views of an experiment's ConfigDict.
 
 `configs/*.py` build an `ml_collections.ConfigDict`; nothing below the entry
-points reads it. `TrainConfig.from_config_dict` converts it once into the
-frozen dataclasses below, rejecting unknown and missing keys (a typo in a
+points reads it. `TrainConfig.from_config_dict` converts it once into frozen
+dataclasses, one per section (jrope.train.config_sections), rejecting unknown and missing keys (a typo in a
 command-line override must not be silently ignored) and reporting every
 section's problems together. The `data` section is converted by the config
 dataclass of the source it names (`data.source`, jrope.data.source.SOURCES).
@@ -27,13 +27,16 @@ from typing import Any, Mapping
 from jrope.data.source import source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.model.config import ModelConfig
-from jrope.pe_config import PEConfig, pe_config_from_name
-
-LR_SCHEDULES = ("constant", "cosine")
-NONFINITE_POLICIES = (
-    "stop",
-    "skip",
-)  # what a NaN/Inf loss or gradient norm does (jrope.train.nonfinite)
+from jrope.pe_config import PEConfig
+from jrope.train.config_sections import (
+    CheckpointConfig,
+    EvalConfig,
+    LogConfig,
+    MeshConfig,
+    OptimConfig,
+    PESettings,
+    meets_bound,
+)
 
 
 class ConfigError(ValueError):
@@ -50,141 +53,6 @@ class ConfigError(ValueError):
 
 class DataError(ConfigError):
     """Every problem found before compiling, all of them with the run's data (absent, too short)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PESettings:
-    """The positional encoding: a paper name plus the base settings its suffixes override."""
-
-    name: str
-    train_context: int
-    theta: float
-    gamma_min: float
-    init_gamma: float
-    eta_max: float
-    init_eta: float
-
-    def to_pe_config(self) -> PEConfig:
-        """The library's frozen PEConfig (ValueError on an unknown name or a bad setting)."""
-        return pe_config_from_name(
-            self.name,
-            train_context=self.train_context,
-            theta=self.theta,
-            gamma_min=self.gamma_min,
-            init_gamma=self.init_gamma,
-            eta_max=self.eta_max,
-            init_eta=self.init_eta,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    learning_rate: float
-    weight_decay: float
-    b1: float
-    b2: float
-    eps: float
-    clip_norm: float  # global gradient norm clip; 0 disables
-    schedule: str  # one of LR_SCHEDULES
-    warmup_steps: int  # linear warm-up from 0 (0 = none)
-    final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
-    nonfinite: str = "stop"  # one of NONFINITE_POLICIES: stop the run, or skip the update
-    # 'skip' gives up after this many skipped steps in a row (the run is diverging).
-    max_consecutive_skips: int = 10
-
-    def __post_init__(self):
-        problems = [
-            _choice_problem("opt.schedule", self.schedule, LR_SCHEDULES),
-            _choice_problem("opt.nonfinite", self.nonfinite, NONFINITE_POLICIES),
-        ]
-        for key, value, low in (
-            ("learning_rate", self.learning_rate, "> 0"),
-            ("warmup_steps", self.warmup_steps, ">= 0"),
-            ("clip_norm", self.clip_norm, ">= 0"),
-            ("max_consecutive_skips", self.max_consecutive_skips, ">= 1"),
-        ):
-            if not _satisfies(value, low):
-                problems.append(f"opt.{key} must be {low}, got {value!r}.")
-        _raise_if(problems)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh sizes (one may be -1: all remaining devices) and logical-to-mesh rules."""
-
-    data: int
-    fsdp: int
-    tensor: int
-    rules: tuple[tuple[str, Any], ...]  # (logical axis, mesh axis | tuple of mesh axes | None)
-
-    def __post_init__(self):
-        sizes = (self.data, self.fsdp, self.tensor)
-        if sizes.count(-1) > 1 or any(size < 1 and size != -1 for size in sizes):
-            raise ValueError(
-                f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."
-            )
-        object.__setattr__(
-            self, "rules", tuple((str(name), _as_mesh_axes(axes)) for name, axes in self.rules)
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    every_steps: int  # periodic save interval (the final step is always saved)
-    max_to_keep: int
-
-    def __post_init__(self):
-        _raise_if(
-            f"checkpoint.{key} must be >= 1, got {value!r}."
-            for key, value in (("every_steps", self.every_steps), ("max_to_keep", self.max_to_keep))
-            if not _satisfies(value, ">= 1")
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class LogConfig:
-    every_steps: int  # progress line, JSONL and TensorBoard interval
-    tensorboard: bool
-
-    def __post_init__(self):
-        if not _satisfies(self.every_steps, ">= 1"):
-            raise ValueError(f"log.every_steps must be >= 1, got {self.every_steps!r}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    lengths: tuple[int, ...]
-    num_sequences: int  # per length
-    batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
-    every_steps: int  # evaluation during training (0 = only after the last step)
-
-    def __post_init__(self):
-        problems = []
-        lengths = tuple(self.lengths) if isinstance(self.lengths, (tuple, list)) else ()
-        if not lengths or not all(
-            isinstance(length, int) and _satisfies(length, ">= 2") for length in lengths
-        ):
-            problems.append(
-                f"eval.lengths must be a non-empty list of integer lengths >= 2, got {self.lengths!r}; "
-                "e.g. --config.eval.lengths='(256,512)'."
-            )
-        object.__setattr__(self, "lengths", lengths)
-        for key, value in (
-            ("num_sequences", self.num_sequences),
-            ("every_steps", self.every_steps),
-        ):
-            low = ">= 1" if key == "num_sequences" else ">= 0"
-            if not _satisfies(value, low):
-                problems.append(f"eval.{key} must be {low}, got {value!r}.")
-        if not _satisfies(self.batch_size, ">= 1"):
-            problems.append(f"eval.batch_size must be >= 1, got {self.batch_size!r}.")
-        elif _satisfies(self.num_sequences, ">= 1") and self.num_sequences % self.batch_size:
-            problems.append(
-                f"eval.batch_size {self.batch_size} must divide eval.num_sequences "
-                f"{self.num_sequences}; set them to e.g. {self.batch_size} and "
-                f"{self.num_sequences + self.batch_size - self.num_sequences % self.batch_size}."
-            )
-        _raise_if(problems)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,11 +99,11 @@ class TrainConfig:
         return plain
 
     def consistency_problems(self) -> list[str]:
-        """Cross-section checks: settings that two sections state must agree (None sections skipped)."""
+        """Cross-section checks: what two sections state must agree (None sections skipped)."""
         problems = [
             f"{key} must be an integer >= 1, got {getattr(self, key)!r}."
             for key in ("num_steps", "batch_size")
-            if getattr(self, key) is not None and not _satisfies(getattr(self, key), ">= 1")
+            if getattr(self, key) is not None and not meets_bound(getattr(self, key), ">= 1")
         ]
         if self.data is None or self.pe is None or self.model is None:
             return problems
@@ -314,25 +182,6 @@ def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _choice_problem(name: str, value: str, choices: tuple[str, ...]) -> str | None:
-    return None if value in choices else f"{name} = {value!r} is not one of {choices}."
-
-
-def _satisfies(value: Any, bound: str) -> bool:
-    """Whether `value` is an int or float (not a bool) meeting `bound` ('>= 1', '> 0', ...)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    operator, limit = bound.split()
-    return value > float(limit) if operator == ">" else value >= float(limit)
-
-
-def _raise_if(problems) -> None:
-    """ValueError with one line per problem (None entries ignored), if there is any."""
-    lines = [problem for problem in problems if problem]
-    if lines:
-        raise ValueError("\n".join(lines))
-
-
 def _check_keys(
     where: str, given: Mapping[str, Any], expected: set[str], optional: set[str] = frozenset()
 ) -> None:
@@ -360,12 +209,6 @@ def _build(config_class: type, values: Any, where: str):
         name: tuple(value) if isinstance(value, list) else value for name, value in values.items()
     }
     return config_class(**kwargs)
-
-
-def _as_mesh_axes(axes: Any):
-    if axes is None or isinstance(axes, str):
-        return axes
-    return tuple(axes)
 
 
 # A key whose value could not be computed (a FieldReference expression that raised).

@@ -1,4 +1,4 @@
-"""Command-line overrides of a config file (`--config.pe.name=rope`), checked before absl parses them.
+"""Command-line overrides of a config file (`--config.pe.name=rope`), checked where absl parses.
 
 ml_collections applies `--config.<dotted key>=<value>` overrides while absl
 parses the command line. A key the config does not have then ends in a long

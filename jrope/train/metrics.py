@@ -227,7 +227,7 @@ def _drop_redone_records(path: str, start_step: int, num_steps: int) -> None:
 
 
 def _progress_line(step: int, num_steps: int, values: Mapping[str, float]) -> str:
-    """'step 100/250  loss 0.4123  accuracy 0.8125  12.1 steps/s  31.0k tokens/s  MFU 4.1 %  12.4 s left'."""
+    """E.g. 'step 100/250  loss 0.41  accuracy 0.81  12.1 steps/s  31k tokens/s  12.4 s left'."""
     parts = [f"step {step}/{num_steps}"]
     parts += [f"{name} {values[name]:.4g}" for name in ("loss", "accuracy") if name in values]
     if values.get("skipped_steps"):

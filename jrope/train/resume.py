@@ -161,7 +161,7 @@ def restore_compatible(
 def _restore_and_compare(
     checkpointer: Checkpointer, abstract_state: Any, step: int
 ) -> tuple[Any, list[str]]:
-    """(the state of checkpoint `step`, names of its arrays whose digest differs from the saved one)."""
+    """(the state of checkpoint `step`, names of its arrays whose digest differs from the saved)."""
     state = checkpointer.restore(abstract_state, step)
     saved = checkpointer.restore_digests(step)
     if saved is None:

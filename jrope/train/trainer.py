@@ -33,6 +33,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+from etils import epath
 
 from jrope.attention import choose_kernel
 from jrope.train import (
@@ -166,7 +167,8 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
                 raise
             raise io_failures.RunIOError(*failure, resume.describe_latest(checkpointer)) from error
         finally:
-            # Also on errors: an in-flight save finishes (the last good checkpoint), none is left half-written.
+            # Also on errors: an in-flight save finishes (the last good checkpoint), none is
+            # left half-written.
             checkpointer.close()
 
 
@@ -209,9 +211,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         )
     eval_step = evaluation.EvalStep(run)
 
-    def evaluate(state, step: int) -> list[dict[str, Any]]:
+    def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
-        rows, _ = evaluation.evaluate_and_report(
+        rows, out_dir = evaluation.evaluate_and_report(
             eval_step,
             state["params"],
             run,
@@ -223,13 +225,13 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             logger.write_scalars(
                 step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}"
             )
-        return rows
+        return rows, out_dir
 
     state = _train_steps(run, state, start, checkpointer, logger, evaluate)
-    rows = evaluate(state, cfg.num_steps)
+    rows, out_dir = evaluate(state, cfg.num_steps)
     logger.close()
     checkpointer.wait_until_finished()
-    _show_outputs(workdir, cfg)
+    _show_outputs(workdir, cfg, out_dir)
     return {"state": state, "eval": rows}
 
 
@@ -272,11 +274,11 @@ def _train_steps(
     return state
 
 
-def _show_outputs(workdir: str, cfg: TrainConfig) -> None:
+def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
     """Where every output of the run went."""
     lines = [
         f"checkpoints/{cfg.num_steps}/  the trained state (resume; eval.py for other lengths)",
-        f"eval_step{cfg.num_steps}/  eval.md (above), eval.csv, eval.png",
+        f"{results.name}/  eval.md (above), eval.csv, eval.png",
         f"{METRICS_FILE}  training and evaluation metrics, one JSON object per line",
         f"{run_record.RECORD_FILE}  config, command line, versions and devices of each start",
     ]

@@ -1,4 +1,4 @@
-"""Checks of a run's config against itself, the machine, the workdir and the data, before anything compiles.
+"""Checks of a run's config against itself, the machine, the workdir and the data, before compiling.
 
 A mistake found after minutes of compilation (or hours of training, for the
 final long-length evaluation) costs that time; these checks cost
@@ -91,7 +91,7 @@ def check_training_run(
 def check_evaluation_run(
     config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
 ) -> CheckedRun:
-    """Raise ConfigError (DataError) listing every problem that would stop an evaluation of a trained run."""
+    """Raise ConfigError (DataError) listing every problem that would stop an evaluation."""
     return _check_run(config, workdir, env, evaluation=True)
 
 
@@ -124,7 +124,7 @@ def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[s
 
 
 def _encoding_problems(cfg: TrainConfig):
-    """(the run's Encoding or None, problems); the name is checked even when the model section failed."""
+    """(the run's Encoding or None, problems); the name is checked even if the model's failed."""
     if cfg.pe is None:
         return None, []
     try:
@@ -276,8 +276,8 @@ def _steps_problems(cfg: TrainConfig, workdir: str) -> list[str]:
         return []
     return [
         f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
-        f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} (or more) "
-        "to see or continue it, evaluate it with eval.py, or choose another --workdir."
+        f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
+        "(or more) to see or continue it, evaluate it with eval.py, or choose another --workdir."
     ]
 
 

@@ -61,8 +61,8 @@ class WorkdirLock:
             holder = _read_holder(handle)
             handle.close()
             raise WorkdirBusy(
-                f"Another run is using {os.path.dirname(self.path)}: {describe_holder(holder)} holds "
-                f"{self.path}. Wait for it to end (or stop it), or choose another --workdir."
+                f"Another run is using {os.path.dirname(self.path)}: {describe_holder(holder)} "
+                f"holds {self.path}. Wait for it to end (or stop it), or choose another --workdir."
             ) from None
         self.previous_holder = _read_holder(handle)
         handle.seek(0)
