@@ -80,7 +80,7 @@ def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> No
 
 def exit_code(error: BaseException) -> int | None:
     """The exit status of one of the project's errors; None for any other (a bug)."""
-    # Imported here: a mistake on the command line is reported before JAX loads.
+    # Imported here: they load the whole harness, which a mistake on the command line needs not.
     from jrope.data.wikitext import WikiTextUnavailable
     from jrope.train.checkpointing import NoCheckpointError
     from jrope.train.config import ConfigError, DataError

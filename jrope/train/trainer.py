@@ -174,10 +174,11 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
 
 def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, Any]:
     cfg, mesh = run.cfg, run.mesh
-    devices = mesh.devices.flat
+    devices = list(mesh.devices.flat)
     say(
-        f"Training {cfg.pe.name} (seed {cfg.seed}) for {cfg.num_steps} steps on {mesh.size} "
-        f"{devices[0].platform.upper()} device(s) ({devices[0].device_kind}); workdir {workdir}"
+        f"Training {cfg.pe.name} (seed {cfg.seed}) for {cfg.num_steps} steps; mesh "
+        f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
+        f"{jax.process_count()} process(es); workdir {workdir}"
     )
     state = resume.restore_or_initialize(cfg, checkpointer, run.layout.abstract, run.init_state)
     start = int(jax.device_get(state["step"]))
@@ -201,7 +202,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         last_checkpoint=lambda: resume.describe_latest(checkpointer),
         is_writer=jax.process_index() == 0,
         start_step=start,
-        throughput=Throughput.for_run(cfg, run.source.vocab_size, list(devices)),
+        throughput=Throughput.for_run(cfg, run.source.vocab_size, devices),
         max_consecutive_skips=cfg.opt.max_consecutive_skips,
     )
     if start == 0:
