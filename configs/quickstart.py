@@ -9,6 +9,9 @@ stabilized Jordan-RoPE, 250 steps, then evaluated on 32 fixed sequences at
 the evaluation table and what to run next.
 
 Hardware: a 2-core CPU (README, Quick start, for the time it took).
+
+Measured result (seed 0, 2026-12-01): accuracy 0.906, 0.906, 0.906 and
+0.781 at lengths 256, 512, 1024 and 2048 (mean 0.875), each on 32 sequences.
 """
 
 from configs import synthetic_cpu
@@ -20,5 +23,5 @@ def get_config():
     config.num_steps = 250  # enough to beat chance well at 8x the training length
     config.checkpoint.every_steps = 125  # one checkpoint half-way, and the final one
     config.log.every_steps = 50  # five progress lines
-    config.eval.num_sequences = 32  # per length: a quick estimate (binomial error about 0.08)
+    config.eval.num_sequences = 32  # per length: a quick estimate (binomial error up to 0.09)
     return config

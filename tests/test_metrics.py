@@ -68,19 +68,24 @@ def test_progress_line_shows_step_loss_rates_and_time_left(tmp_path, capsys):
     assert records[0]["train/mfu"] == pytest.approx(records[0]["train/steps_per_sec"] / 100)
 
 
+def _start(workdir, *, start_step, num_steps):
+    """A logger of a run (re)starting at `start_step`, closed at once: what it left in the log."""
+    MetricsLogger(
+        str(workdir),
+        every_steps=1,
+        num_steps=num_steps,
+        tensorboard=False,
+        last_checkpoint=str,
+        start_step=start_step,
+    ).close()
+    return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+
+
 def test_a_resumed_run_drops_the_records_it_will_write_again(tmp_path):
     lines = [json.dumps({"step": step, "train/loss": 1.0}) for step in range(1, 7)]
     lines.insert(4, json.dumps({"step": 4, "eval_8/loss": 0.5}))  # a periodic evaluation at 4
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 7, "tr')  # torn
-    MetricsLogger(
-        str(tmp_path),
-        every_steps=1,
-        num_steps=8,
-        tensorboard=False,
-        last_checkpoint=str,
-        start_step=4,
-    ).close()
-    kept = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    kept = _start(tmp_path, start_step=4, num_steps=8)
     assert [(r["step"], "eval_8/loss" in r) for r in kept] == [
         (1, False),
         (2, False),
@@ -89,15 +94,7 @@ def test_a_resumed_run_drops_the_records_it_will_write_again(tmp_path):
         (4, True),
     ]
     # Resumed at the last step, the final evaluation is done again: its record goes too.
-    MetricsLogger(
-        str(tmp_path),
-        every_steps=1,
-        num_steps=4,
-        tensorboard=False,
-        last_checkpoint=str,
-        start_step=4,
-    ).close()
-    assert [r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl"))] == [1, 2, 3, 4]
+    assert [r["step"] for r in _start(tmp_path, start_step=4, num_steps=4)] == [1, 2, 3, 4]
 
 
 def test_hparams_go_to_tensorboard(tmp_path):

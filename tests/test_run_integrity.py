@@ -15,11 +15,13 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from helpers.train_process import (
     REPO_ROOT,
     RUN_CONFIG,
     TRAIN_SCRIPT,
+    checkpoint_arrays,
     checkpoint_steps,
     log_tail,
     run_command,
@@ -62,6 +64,34 @@ def _largest_data_file(workdir, step: int) -> str:
     return max((os.path.join(data, name) for name in os.listdir(data)), key=os.path.getsize)
 
 
+def _flip_one_bit(data: bytes, attempt: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[(len(data) // 2 + 97 * attempt) % len(data)] ^= 0x10
+    return bytes(damaged)
+
+
+def _write_random_bytes(data: bytes, attempt: int) -> bytes:
+    damaged = bytearray(data)
+    start = (max(len(data) // 2 - 2048, 0) + 509 * attempt) % len(data)
+    damaged[start : start + 4096] = os.urandom(len(damaged[start : start + 4096]))
+    return bytes(damaged)
+
+
+def _damage_until_the_state_changes(path, original: bytes, damage, workdir, intact) -> None:
+    """Write damage(original, attempt) to `path` for attempt 0, 1, ... until checkpoint 16 reads
+    differently (or not at all): a flipped bit in a byte no restore reads is no damage."""
+    for attempt in range(20):
+        with open(path, "wb") as f:
+            f.write(damage(original, attempt))
+        try:
+            restored = checkpoint_arrays(workdir, 16)
+        except Exception:  # unreadable: damage enough
+            return
+        if any(not np.array_equal(a, b) for a, b in zip(restored, intact)):
+            return
+    raise AssertionError(f"no damage of {path} changed what checkpoint 16 restores")
+
+
 def _strict_json_lines(path) -> list[dict]:
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
@@ -93,14 +123,9 @@ def test_finished_run_is_left_as_it_is_and_damage_is_refused_with_nothing_change
 
     damaged_file = _largest_data_file(workdir, 16)
     original = open(damaged_file, "rb").read()
-    flipped = bytearray(original)
-    flipped[len(flipped) // 2] ^= 0x10
-    random_bytes = bytearray(original)
-    middle = max(len(original) // 2 - 2048, 0)
-    random_bytes[middle : middle + 4096] = os.urandom(len(random_bytes[middle : middle + 4096]))
-    for damage in (flipped, random_bytes):
-        with open(damaged_file, "wb") as f:
-            f.write(damage)
+    intact = checkpoint_arrays(workdir, 16)
+    for damage in (_flip_one_bit, _write_random_bytes):
+        _damage_until_the_state_changes(damaged_file, original, damage, workdir, intact)
         before = _contents(workdir)
         refused = _train(workdir, env, "--config.num_steps=16")
         assert refused.returncode == cli.EXIT_CHECKPOINT, refused.stdout + refused.stderr

@@ -88,7 +88,7 @@ def _run_config(config, method: str, seed: int):
 def _check_every_run(runs: dict) -> dict:
     """(method, seed) -> its checked TrainConfig; one ConfigError (DataError) for all problems."""
     checked, problems, only_data = {}, collections.defaultdict(list), True
-    for (method, seed), (_, run_dir) in runs.items():
+    for (method, seed), (run_config, run_dir) in runs.items():
         try:
             checked[method, seed] = validation.check_training_run(run_config, str(run_dir)).cfg
         except ConfigError as error:
