@@ -17,7 +17,7 @@ import re
 # Failures of the storage itself, not of the program: the fix is outside it.
 IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 _STRERRORS = {os.strerror(code): code for code in IO_ERRNOS}
-# A path in a library's message: quoted, or after "file" / "path".
+# A path in a library's message, quoted (tensorstore: 'Error writing local file "/w/..."').
 _QUOTED_PATH = re.compile(r"""["']((?:/|gs://)[^"']+)["']""")
 
 
