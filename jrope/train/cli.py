@@ -11,7 +11,7 @@ A person running a command wants to read what went wrong and how to fix it,
 not a traceback: the project's own errors (a bad config, missing data, a
 damaged checkpoint, a NaN loss, a busy workdir, a full disk, a preemption)
 end with their message alone on stderr and an exit status that says which
-kind it was (EXIT_CODES; the README has the table). `--verbose` (or
+kind it was (the EXIT_* constants below; the README has the table). `--verbose` (or
 JROPE_VERBOSE=1) adds the traceback. Any other error is a bug and keeps its
 traceback.
 
