@@ -4,15 +4,15 @@ For a trained experiment, evaluates the latest checkpoint in <workdir> at
 config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}
 (eval_step<N>.2, .3, ... when that already holds results: nothing is overwritten).
 A probe config (one `probe` section, configs/kernel_probe*.py) runs the
-closed-form kernel probe instead. Multi-process runs take the process flags
+closed-form kernel probe instead. Errors end with their message and an exit
+status per kind (jrope.train.cli). Multi-process runs take the process flags
 of train.py (jrope.train.distributed).
 """
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope.train import distributed, huge_pages
-from jrope.train.config import TrainConfig
+from jrope.train import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -32,14 +32,18 @@ def main(argv):
     if "probe" in config:
         # Imported only here: the probe needs no trained model.
         from jrope.experiments import kernel_probe
+        from jrope.train.config import ConfigError
 
+        try:
+            kernel_probe.KernelProbeConfig.from_config_dict(config)
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
         kernel_probe.run(config, _WORKDIR.value)
         return
     from jrope.train.evaluation import evaluate_checkpoint
 
-    evaluate_checkpoint(TrainConfig.from_config_dict(config), _WORKDIR.value)
+    evaluate_checkpoint(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
-    app.run(main)
+    cli.run(main)

@@ -1,23 +1,24 @@
 """Train one model: python train.py --config=configs/<experiment>.py --workdir=<dir>.
 
-Resumes automatically from the latest checkpoint in <workdir>. Any config key
-can be overridden on the command line, e.g. --config.pe.name=rope.
+Resumes automatically from the latest checkpoint in <workdir>; a finished run
+is reported and left as it is. Any config key can be overridden on the
+command line, e.g. --config.pe.name=rope.
 
 On SIGTERM (a preemption notice) the run checkpoints its current step and
-exits with status 143; the same command resumes it. Multi-process runs (one
-process per host) add --multiprocess, or --coordinator_address,
---num_processes and --process_id (jrope.train.distributed).
+exits with status 143; the same command resumes it. Errors end with their
+message and an exit status per kind (jrope.train.cli; --verbose adds the
+traceback). Multi-process runs (one process per host) add --multiprocess, or
+--coordinator_address, --num_processes and --process_id
+(jrope.train.distributed).
 """
 
+import shlex
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from jrope.train import distributed, huge_pages
-from jrope.train.config import TrainConfig
-from jrope.train.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
-from jrope.train.trainer import train_and_evaluate
+from jrope.train import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -31,13 +32,32 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    try:
-        train_and_evaluate(TrainConfig.from_config_dict(_CONFIG.value), _WORKDIR.value)
-    except TrainingPreempted as preempted:
-        logging.warning("%s", preempted)
-        sys.exit(PREEMPTED_EXIT_CODE)
+    # Imported here: a mistake on the command line is reported without loading the trainer.
+    from jrope.train.console import say
+    from jrope.train.trainer import train_and_evaluate
+
+    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    say(_next_commands(sys.argv, [row["length"] for row in result["eval"]]))
+
+
+def _next_commands(argv: list[str], lengths: list[int]) -> str:
+    """What to run next, as commands the user can paste: the same config and overrides."""
+    config_args = [arg for arg in argv[1:] if arg.startswith(("--config", "-config"))]
+    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
+    evaluate = shlex.join(
+        ["python", "eval.py", *config_args, f"--workdir={_WORKDIR.value}"]
+        + [f"--config.eval.lengths=({longer})"]
+    )
+    files = [arg for arg in config_args if not arg.startswith(("--config.", "-config."))]
+    compare = shlex.join(
+        ["python", "-m", "jrope.compare", *files, "--methods=rope,jordan_rope", "--seeds=0,1"]
+        + [f"--workdir={_WORKDIR.value.rstrip('/')}_compare"]
+    )
+    return (
+        f"Next, evaluate at more lengths:\n  {evaluate}\n"
+        f"or compare encodings over seeds:\n  {compare}"
+    )
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
-    app.run(main)
+    cli.run(main)

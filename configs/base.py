@@ -72,6 +72,7 @@ def get_config(
     config.opt.warmup_steps = 0  # linear warm-up steps
     config.opt.final_lr_ratio = 0.0  # cosine only: final / peak learning rate
     config.opt.nonfinite = "stop"  # NaN/Inf loss or grad norm: stop the run | skip the update
+    config.opt.max_consecutive_skips = 10  # 'skip' stops the run after this many skips in a row
 
     config.mesh = config_dict.ConfigDict()
     config.mesh.data = -1  # data-parallel axis (-1: all devices left)

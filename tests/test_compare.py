@@ -6,6 +6,7 @@ import pytest
 from helpers.tiny_config import tiny_config_dict
 
 from jrope.experiments import compare
+from jrope.train import evaluation
 
 
 @pytest.mark.slow
@@ -22,10 +23,10 @@ def test_comparison_trains_each_run_once_and_tabulates(tmp_path):
     assert os.path.exists(os.path.join(workdir, 'comparison.png'))
 
     # A second call finds every run finished: nothing is retrained, the numbers are the same.
-    finished = compare.final_results_path(os.path.join(workdir, 'jordan_exact_scaled', 'seed0'), 2)
-    stamp = os.path.getmtime(finished)
+    finished = evaluation.finished_results(os.path.join(workdir, 'jordan_exact_scaled', 'seed0'), 2)
+    stamp = os.path.getmtime(finished / 'eval.csv')
     again = compare.run_comparison(config, ['jordan_exact_scaled'], [0, 1], workdir)
-    assert os.path.getmtime(finished) == stamp
+    assert os.path.getmtime(finished / 'eval.csv') == stamp
     assert [r['accuracy'] for r in again] == [r['accuracy'] for r in rows]
 
 

@@ -10,6 +10,7 @@ from helpers.tiny_config import tiny_config
 import jrope
 from jrope.model.transformer import CausalSelfAttention
 from jrope.train import config as run_config
+from jrope.train import config_sections
 from jrope.train import validation
 from jrope.train.setup import set_up_run
 from jrope.train.state import model_from_params
@@ -38,7 +39,9 @@ def test_a_run_parses_its_encoding_name_and_builds_its_encoding_once(monkeypatch
         return call
 
     monkeypatch.setattr(
-        run_config, "pe_config_from_name", counting("parse", run_config.pe_config_from_name)
+        config_sections,
+        "pe_config_from_name",
+        counting("parse", config_sections.pe_config_from_name),
     )
     monkeypatch.setattr(run_config, "make_encoding", counting("build", run_config.make_encoding))
     monkeypatch.setattr(jrope, "make_encoding", counting("build", jrope.make_encoding))

@@ -55,6 +55,7 @@ def _log_steps(steps, workdir=RUN):
         num_steps=max(steps),
         tensorboard=True,
         last_checkpoint=lambda: "none",
+        start_step=min(steps) - 1,
     )
     for step in steps:
         logger.push(step, {"loss": np.float32(1.0 / step), "grad_norm": np.float32(0.5)})
@@ -94,6 +95,7 @@ def test_evaluation_results_are_written_to_the_bucket(bucket):
         {
             "method": "rope",
             "seed": 0,
+            "step": 7,
             "length": length,
             "num_sequences": 4,
             "loss": 1.0,
@@ -108,7 +110,7 @@ def test_evaluation_results_are_written_to_the_bucket(bucket):
     assert all(path.exists() for path in paths.values())
     assert paths["png"].read_bytes().startswith(b"\x89PNG")
     # An evaluation of the same step later does not overwrite these.
-    assert str(evaluation.results_dir(RUN, 7, keep_existing=True)) == f"{RUN}/eval_step7.2"
+    assert str(evaluation.results_dir(RUN, 7)) == f"{RUN}/eval_step7.2"
 
 
 def test_the_comparison_reads_and_writes_the_bucket(bucket):

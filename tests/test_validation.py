@@ -13,6 +13,7 @@ from configs import wikitext_cpu
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.trainer import train_and_evaluate
+from jrope.train.config import DataError
 from jrope.train.validation import (
     ConfigError,
     RunEnvironment,
@@ -103,7 +104,7 @@ BAD_INPUTS = [
         _tiny(**{"eval.lengths": (1, 16)}),
         EIGHT_CPUS,
         "fresh",
-        r"eval\.lengths must be a non-empty list of lengths >= 2, got \(1, 16\)",
+        r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(1, 16\)",
     ),
     (
         "batch_not_divisible_by_data_parallel",
@@ -232,7 +233,7 @@ BAD_INPUTS = [
         _tiny(num_steps=0),
         EIGHT_CPUS,
         "fresh",
-        r"num_steps and batch_size must be >= 1, got 0, 8",
+        r"num_steps must be an integer >= 1, got 0\.",
     ),
 ]
 
@@ -342,3 +343,45 @@ def test_correct_command_line_override_is_applied(monkeypatch):
     flag_values(argv)
     cfg = TrainConfig.from_config_dict(flag_values.config)
     assert cfg.model.d_model == 64 and cfg.data.head_dim == 32 and cfg.opt.nonfinite == "skip"
+
+
+def test_absent_wikitext2_is_a_data_error_with_directions(tmp_path, monkeypatch):
+    # configs/wikitext_cpu.py reads WikiText-2 through its builder; offline and without files the
+    # checks stop before anything is built, with the builder's directions.
+    from jrope.data import wikitext
+
+    monkeypatch.setattr(wikitext, "archive_host_reachable", lambda: False)
+    config = wikitext_cpu.get_config()
+    assert config.data.source == "wikitext2"
+    config.data.data_dir = str(tmp_path / "tfds")
+    config.data.manual_dir = str(tmp_path / "manual")
+    with pytest.raises(DataError) as caught:
+        check_training_run(config, str(tmp_path / "run"), EIGHT_CPUS)
+    message = str(caught.value)
+    assert message.startswith("1 problem(s) in the run's config, found before compiling:\n  - ")
+    assert "WikiText-2 is not available" in message and "wikitext-2-raw-v1.zip" in message
+    assert "python -m jrope.data.wikitext --dataset=wikitext2" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_problem_of_every_section_at_once_from_the_config_dict(tmp_path):
+    # Conversion problems and run checks in one pass: none waits for another to be fixed.
+    config = _tiny(
+        batch_size=12,
+        **{
+            "model.compute_dtype": "float16",
+            "opt.schedule": "linear",
+            "eval.num_sequences": 0,
+            "pe.name": "ropee",
+        },
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_training_run(config, str(tmp_path), EIGHT_CPUS)
+    problems = caught.value.problems
+    assert [problem.split()[0] for problem in problems] == [
+        "model.compute_dtype",
+        "opt.schedule",
+        "eval.num_sequences",
+        "pe.name",
+        "batch_size",
+    ]

@@ -165,7 +165,7 @@ class ByteTextSource:
         self.share = ProcessShare(global_batch_size, process_index, process_count)
         self.train_corpus = load_corpus(data_cfg, training=True)
         self.eval_corpus = load_corpus(data_cfg, training=False)
-        _check_long_enough(self.train_corpus, data_cfg.seq_len, "training")
+        _check_long_enough(self.train_corpus, data_cfg.seq_len, describe_corpus(data_cfg, True))
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step``."""
@@ -184,7 +184,7 @@ class ByteTextSource:
         """
         # The request is checked before the text's length.
         batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
-        _check_long_enough(self.eval_corpus, length, "evaluation")
+        _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
         for indices in batches:
             starts = [
                 self._window_start((_EVAL_STREAM, length, index), len(self.eval_corpus), length)
@@ -209,12 +209,21 @@ class ByteTextSource:
         }
 
 
-def _check_long_enough(corpus: np.ndarray, length: int, role: str) -> None:
+def _check_long_enough(corpus: np.ndarray, length: int, description: str) -> None:
     if len(corpus) < length + 1:
         raise ValueError(
-            f"The {role} text has {len(corpus)} bytes, too few for windows of {length} + 1 bytes; "
+            f"{description} has {len(corpus)} bytes, too few for windows of {length} + 1 bytes; "
             f"use more text or a shorter length."
         )
+
+
+def describe_corpus(data_cfg: TextDataConfig, training: bool) -> str:
+    """The config key and value a corpus comes from, for messages: "data.path = 'train.txt'"."""
+    if data_cfg.source in ("text", "audio_tokens"):
+        key = "path" if training else "eval_path"
+        return f"data.{key} = {getattr(data_cfg, key)!r}"
+    split = data_cfg.train_split if training else data_cfg.eval_split
+    return f"the {split} split of data.source = {data_cfg.source!r}"
 
 
 # ---- Corpus files: built once, memory-mapped after.
@@ -265,7 +274,10 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
             )
             write_atomically(path, _joined_rows(rows, num_rows))
     if os.path.getsize(path) == 0:
-        raise ValueError(f"The corpus cached at {path} is empty; check the text it was made from.")
+        raise ValueError(
+            f"{describe_corpus(data_cfg, training)} holds no text (0 bytes); point it at a file "
+            "with some."
+        )
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 

@@ -5,26 +5,36 @@
         --seeds=0,1,2 --workdir=runs/synthetic_cpu
 
 Each (method, seed) trains in `<workdir>/<method>/seed<seed>` with the same
-config but `pe.name` and `seed`. The run is resumable at two levels: a
+config but `pe.name` and `seed`. Every run's config is checked before the
+first one trains (jrope.train.validation), and all problems of all runs are
+reported together: a misspelt method last in --methods must not cost the
+training of the others first. The run is resumable at two levels: a
 finished run (its final evaluation CSV exists) is not retrained, and an
 interrupted one resumes from its latest checkpoint. The comparison is
 written to `<workdir>/comparison.{csv,md,png}`: every row, then the mean and
 spread (sample standard deviation) over seeds per method and length.
+
+It takes the multi-process flags of train.py (--multiprocess, or
+--coordinator_address, --num_processes, --process_id): every process runs
+the same command, and each run uses all of them.
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from jrope.train import huge_pages, reporting
-from jrope.train.config import TrainConfig
+from jrope.train import cli, distributed, evaluation, reporting, validation
+from jrope.train.config import ConfigError, DataError
+from jrope.train.console import say
 from jrope.train.evaluation import CSV_COLUMNS
 from jrope.train.trainer import train_and_evaluate
 
@@ -34,44 +44,72 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Root directory of the comparison.')
 _METHODS = flags.DEFINE_list('methods', None, 'Position-encoding names to compare.')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every method.')
-
-
-def final_results_path(run_dir: epath.PathLike, num_steps: int) -> epath.Path:
-    """The evaluation CSV a finished run leaves behind (see jrope.train.trainer)."""
-    return epath.Path(run_dir) / f'eval_step{num_steps}' / 'eval.csv'
+_PROCESS_FLAGS = distributed.define_flags()
 
 
 def run_comparison(
     config, methods: Sequence[str], seeds: Sequence[int], workdir: str
 ) -> list[dict]:
-    """Trains every (method, seed) not yet finished, then writes the comparison files."""
+    """Checks every (method, seed), trains those not yet finished, then writes the comparison files.
+
+    Raises ConfigError (DataError) listing every problem of every run before any trains.
+    """
+    runs = {
+        (method, seed): (
+            _run_config(config, method, seed),
+            epath.Path(workdir) / method / f'seed{seed}',
+        )
+        for seed in seeds
+        for method in methods
+    }
+    checked = _check_every_run(runs)
     rows = []
-    for seed in seeds:
-        for method in methods:
-            config.pe.name = method
-            config.seed = seed  # a FieldReference: the data seed follows
-            cfg = TrainConfig.from_config_dict(config)
-            run_dir = epath.Path(workdir) / method / f'seed{seed}'
-            results = final_results_path(run_dir, cfg.num_steps)
-            if results.exists():
-                logging.info('%s seed %d: finished earlier, reading %s', method, seed, results)
-            else:
-                logging.info('%s seed %d: training in %s', method, seed, run_dir)
-                train_and_evaluate(cfg, str(run_dir))
-            rows.extend(_read_rows(results))
+    for (method, seed), (_, run_dir) in runs.items():
+        num_steps = checked[method, seed].num_steps
+        if evaluation.finished_results(run_dir, num_steps) is None:
+            say(f'{method} seed {seed}: training in {run_dir}')
+            train_and_evaluate(checked[method, seed], str(run_dir))
+        else:
+            say(f'{method} seed {seed}: finished earlier, reading its results in {run_dir}')
+        rows.extend(evaluation.read_results(evaluation.finished_results(run_dir, num_steps)))
     if jax.process_index() == 0:
         write_comparison(rows, workdir)
     return rows
 
 
-def _read_rows(path: epath.Path) -> list[dict[str, Any]]:
-    rows = reporting.read_csv(path)
-    for row in rows:
-        for key in ('seed', 'length', 'num_sequences'):
-            row[key] = int(row[key])
-        for key in ('loss', 'accuracy', 'bits_per_byte'):
-            row[key] = float(row[key])
-    return rows
+def _run_config(config, method: str, seed: int):
+    """A copy of `config` with `pe.name` and `seed` set (FieldReferences follow within the copy)."""
+    run_config = copy.deepcopy(config)
+    run_config.pe.name = method
+    run_config.seed = seed  # a FieldReference: the data seed follows
+    return run_config
+
+
+def _check_every_run(runs: dict) -> dict:
+    """(method, seed) -> its checked TrainConfig; one ConfigError (DataError) for all problems."""
+    checked, problems, only_data = {}, collections.defaultdict(list), True
+    for (method, seed), (run_config, run_dir) in runs.items():
+        try:
+            checked[method, seed] = validation.check_training_run(run_config, str(run_dir)).cfg
+        except ConfigError as error:
+            only_data &= isinstance(error, DataError)
+            for problem in error.problems:
+                problems[problem].append((method, seed))
+    if problems:
+        lines = [f'{_which_runs(where)}: {problem}' for problem, where in problems.items()]
+        raise (DataError if only_data else ConfigError)(lines)
+    return checked
+
+
+def _which_runs(runs: list[tuple[str, int]]) -> str:
+    """'rope seeds 0, 1; jordan_rope seed 2'."""
+    seeds_by_method = collections.defaultdict(list)
+    for method, seed in runs:
+        seeds_by_method[method].append(str(seed))
+    return '; '.join(
+        f"{method} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+        for method, seeds in seeds_by_method.items()
+    )
 
 
 def summarize(
@@ -135,14 +173,18 @@ def main(argv):
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     if not _METHODS.value:
         raise app.UsageError('--methods is required, e.g. --methods=rope,jordan_rope')
-    run_comparison(_CONFIG.value, _METHODS.value, [int(s) for s in _SEEDS.value], _WORKDIR.value)
+    try:
+        seeds = [int(seed) for seed in _SEEDS.value]
+    except ValueError:
+        raise app.UsageError(f'--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}.')
+    distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    run_comparison(_CONFIG.value, _METHODS.value, seeds, _WORKDIR.value)
 
 
 def run_main() -> None:
     """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
-    huge_pages.restart_with_huge_pages()
     flags.mark_flags_as_required(['config', 'workdir'])
-    app.run(main)
+    cli.run(main)
 
 
 if __name__ == '__main__':

@@ -1,11 +1,17 @@
 """One orbax CheckpointManager for a run's workdir.
 
-Each checkpoint step holds two items: `state` (the train state pytree:
+Each checkpoint step holds three items: `state` (the train state pytree:
 step, params, optimizer state; sharded arrays, restored straight into an
-abstract sharded target) and `config` (the run's ConfigDict as JSON, so a
-workdir says how it was made). The data position is the state's `step`:
-data sources are pure functions of the step, so resuming at `step`
-continues the exact batch sequence.
+abstract sharded target), `config` (the run's ConfigDict as JSON, so a
+workdir says how it was made) and `digests` (a fingerprint of every array of
+the state, JSON, jrope.train.digests; checked after every restore by
+jrope.train.resume). The data position is the state's `step`: data sources
+are pure functions of the step, so resuming at `step` continues the exact
+batch sequence.
+
+A step is saved when it is a multiple of checkpoint.every_steps, or when
+forced (the last step, a preemption); orbax's own policy would also save the
+first step of every start, which nobody asked for.
 
 Saves are atomic (orbax writes to a temporary directory and renames it), so
 a run killed mid-save resumes from the previous checkpoint. The directory
@@ -21,16 +27,22 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jrope.data.files import resolved
+from jrope.train import digests
 
 if TYPE_CHECKING:
     from jrope.train.config import TrainConfig
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
+DIGESTS_ITEM = "digests"
+
+
+class NoCheckpointError(FileNotFoundError):
+    """The workdir holds no finished checkpoint of the step asked for."""
 
 
 class Checkpointer:
-    """Periodic and final saves, latest-checkpoint restore, config beside the state.
+    """Periodic and final saves, latest-checkpoint restore, config and digests beside the state.
 
     Args:
       directory: where checkpoints live (created if missing); one subdirectory per step.
@@ -44,11 +56,10 @@ class Checkpointer:
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
-        options = ocp.CheckpointManagerOptions(
-            save_interval_steps=every_steps, max_to_keep=max_to_keep, create=True
-        )
+        self._every_steps = every_steps
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM)
+            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
         )
 
     @classmethod
@@ -65,7 +76,7 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        return self._manager.should_save(step)
+        return step % self._every_steps == 0
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
@@ -73,15 +84,18 @@ class Checkpointer:
         Returns once the arrays are copied off the device, so the caller may
         donate `state` to the next step while the files are written.
         """
+        if not (force or self.should_save(step)):
+            return False
         return self._manager.save(
             step,
             args=ocp.args.Composite(
                 **{
                     STATE_ITEM: ocp.args.StandardSave(state),
                     CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+                    DIGESTS_ITEM: ocp.args.JsonSave(digests.state_digests(state)),
                 }
             ),
-            force=force,
+            force=True,
         )
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
@@ -98,11 +112,21 @@ class Checkpointer:
 
     def restore_config(self, step: int | None = None) -> dict[str, Any]:
         """The configuration saved with checkpoint `step` (default: latest)."""
+        return self._restore_json(CONFIG_ITEM, step)
+
+    def restore_digests(self, step: int | None = None) -> dict[str, list[int]] | None:
+        """The array digests saved with checkpoint `step` (default: latest); None if it has none."""
+        step = self._require_step(step)
+        if not (self.directory / str(step) / DIGESTS_ITEM).exists():
+            return None  # written before checkpoints carried digests
+        return self._restore_json(DIGESTS_ITEM, step)
+
+    def _restore_json(self, item: str, step: int | None) -> dict[str, Any]:
         step = self._require_step(step)
         restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{CONFIG_ITEM: ocp.args.JsonRestore()})
+            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
         )
-        return restored[CONFIG_ITEM]
+        return restored[item]
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -114,7 +138,7 @@ class Checkpointer:
         if step is None:
             step = self.latest_step()
         if step is None or step not in self._manager.all_steps():
-            raise FileNotFoundError(
+            raise NoCheckpointError(
                 f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )

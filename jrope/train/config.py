@@ -1,11 +1,16 @@
 """The run config: typed, frozen views of an experiment's ConfigDict.
 
 `configs/*.py` build an `ml_collections.ConfigDict`; nothing below the entry
-points reads it. `TrainConfig.from_config_dict` converts it once into the
-frozen dataclasses below, rejecting unknown and missing keys (a typo in a
+points reads it. `TrainConfig.from_config_dict` converts it once into frozen
+dataclasses, one per section (jrope.train.config_sections), rejecting unknown and missing keys (a typo in a
 command-line override must not be silently ignored) and reporting every
 section's problems together. The `data` section is converted by the config
 dataclass of the source it names (`data.source`, jrope.data.source.SOURCES).
+
+`convert_config` is the same conversion without raising: it returns the
+problems and a TrainConfig whose failed sections are None, so that the run
+checks (jrope.train.validation) can still check every section that converted
+and report all problems in one message, not in rounds of fixes.
 
 The encoding's name is parsed once per run config (`TrainConfig.pe_config`)
 and its Encoding built once (`TrainConfig.encoding`); everything downstream
@@ -22,13 +27,17 @@ from typing import Any, Mapping
 from jrope.data.source import source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.model.config import ModelConfig
-from jrope.pe_config import PEConfig, pe_config_from_name
-
-LR_SCHEDULES = ("constant", "cosine")
-NONFINITE_POLICIES = (
-    "stop",
-    "skip",
-)  # what a NaN/Inf loss or gradient norm does (jrope.train.nonfinite)
+from jrope.pe_config import PEConfig
+from jrope.train.config_sections import (
+    CheckpointConfig,
+    EvalConfig,
+    LogConfig,
+    MeshConfig,
+    OptimConfig,
+    PESettings,
+    RuntimeConfig,
+    meets_bound,
+)
 
 
 class ConfigError(ValueError):
@@ -36,140 +45,15 @@ class ConfigError(ValueError):
 
     def __init__(self, problems: Sequence[str]):
         self.problems = tuple(problems)
-        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        # A problem of several lines (the data's directions) keeps them indented under its dash.
+        lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
         super().__init__(
             f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class PESettings:
-    """The positional encoding: a paper name plus the base settings its suffixes override."""
-
-    name: str
-    train_context: int
-    theta: float
-    gamma_min: float
-    init_gamma: float
-    eta_max: float
-    init_eta: float
-
-    def to_pe_config(self) -> PEConfig:
-        """The library's frozen PEConfig (ValueError on an unknown name or a bad setting)."""
-        return pe_config_from_name(
-            self.name,
-            train_context=self.train_context,
-            theta=self.theta,
-            gamma_min=self.gamma_min,
-            init_gamma=self.init_gamma,
-            eta_max=self.eta_max,
-            init_eta=self.init_eta,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    learning_rate: float
-    weight_decay: float
-    b1: float
-    b2: float
-    eps: float
-    clip_norm: float  # global gradient norm clip; 0 disables
-    schedule: str  # one of LR_SCHEDULES
-    warmup_steps: int  # linear warm-up from 0 (0 = none)
-    final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
-    nonfinite: str = "stop"  # one of NONFINITE_POLICIES: stop the run, or skip the update
-
-    def __post_init__(self):
-        _check_choice("opt.schedule", self.schedule, LR_SCHEDULES)
-        _check_choice("opt.nonfinite", self.nonfinite, NONFINITE_POLICIES)
-        if self.learning_rate <= 0 or self.warmup_steps < 0 or self.clip_norm < 0:
-            raise ValueError(
-                "opt.learning_rate must be > 0, opt.warmup_steps >= 0 and opt.clip_norm >= 0; "
-                f"got {self.learning_rate}, {self.warmup_steps}, {self.clip_norm}."
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh sizes (one may be -1: all remaining devices) and logical-to-mesh rules."""
-
-    data: int
-    fsdp: int
-    tensor: int
-    rules: tuple[tuple[str, Any], ...]  # (logical axis, mesh axis | tuple of mesh axes | None)
-
-    def __post_init__(self):
-        sizes = (self.data, self.fsdp, self.tensor)
-        if sizes.count(-1) > 1 or any(size < 1 and size != -1 for size in sizes):
-            raise ValueError(
-                f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."
-            )
-        object.__setattr__(
-            self, "rules", tuple((str(name), _as_mesh_axes(axes)) for name, axes in self.rules)
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    every_steps: int  # periodic save interval (the final step is always saved)
-    max_to_keep: int
-
-    def __post_init__(self):
-        if self.every_steps < 1 or self.max_to_keep < 1:
-            raise ValueError("checkpoint.every_steps and checkpoint.max_to_keep must be >= 1.")
-
-
-@dataclasses.dataclass(frozen=True)
-class LogConfig:
-    every_steps: int  # progress line, JSONL and TensorBoard interval
-    tensorboard: bool
-
-    def __post_init__(self):
-        if self.every_steps < 1:
-            raise ValueError("log.every_steps must be >= 1.")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    lengths: tuple[int, ...]
-    num_sequences: int  # per length
-    batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
-    every_steps: int  # evaluation during training (0 = only after the last step)
-
-    def __post_init__(self):
-        object.__setattr__(self, "lengths", tuple(int(length) for length in self.lengths))
-        if not self.lengths or min(self.lengths) < 2:
-            raise ValueError(
-                f"eval.lengths must be a non-empty list of lengths >= 2, got {self.lengths}."
-            )
-        if self.batch_size < 1 or self.num_sequences % self.batch_size:
-            raise ValueError(
-                f"eval.batch_size {self.batch_size} must be >= 1 and divide eval.num_sequences {self.num_sequences}."
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeConfig:
-    """Process runtime: the persistent compilation cache and a profiler trace."""
-
-    # JAX's persistent compilation cache (a local folder or gs://...); '' = off.
-    compilation_cache_dir: str = ""
-    # jax.profiler trace of train steps [profile_from_step, profile_to_step) (step s
-    # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
-    profile_from_step: int = 0
-    profile_to_step: int = 0
-
-    def __post_init__(self):
-        if self.profile_from_step < 0 or self.profile_to_step < 0:
-            raise ValueError(
-                "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
-                f"{self.profile_from_step}, {self.profile_to_step}."
-            )
-
-    @property
-    def profiles(self) -> bool:
-        return self.profile_to_step > self.profile_from_step
+class DataError(ConfigError):
+    """Every problem found before compiling, all of them with the run's data (absent, too short)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,52 +88,9 @@ class TrainConfig:
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> "TrainConfig":
         """Convert a ConfigDict (or nested dict); ConfigError listing every unknown, missing or bad key."""
-        raw = _to_plain(config)
-        scalar_keys = {"seed", "num_steps", "batch_size"}
-        sections = {
-            "model": ModelConfig,
-            "pe": PESettings,
-            "opt": OptimConfig,
-            "mesh": MeshConfig,
-            "checkpoint": CheckpointConfig,
-            "log": LogConfig,
-            "eval": EvalConfig,
-            "runtime": RuntimeConfig,
-        }
-        problems = []
-        try:
-            # A config written before the runtime section existed runs with its defaults.
-            _check_keys("config", raw, scalar_keys | set(sections) | {"data"}, {"runtime"})
-            raw.setdefault("runtime", {})
-        except ValueError as err:
-            raise ConfigError([str(err)]) from None
-        try:
-            data = raw["data"]
-            sections["data"] = source_spec(
-                data.get("source") if isinstance(data, Mapping) else None
-            ).load()[0]
-        except ValueError as err:
-            problems.append(str(err))
-        # Every section is converted, and all their errors are reported together.
-        converted = {}
-        for name, section_cls in sections.items():
-            try:
-                converted[name] = _build(section_cls, raw[name], name)
-            except ValueError as err:
-                # Each line names its section (a message that does not already start with it gets it).
-                problems += [
-                    line if line.startswith(name) else f"{name}: {line}"
-                    for line in str(err).splitlines()
-                ]
+        cfg, problems = convert_config(config)
         if problems:
             raise ConfigError(problems)
-        cfg = cls(
-            seed=int(raw["seed"]),
-            num_steps=int(raw["num_steps"]),
-            batch_size=int(raw["batch_size"]),
-            **converted,
-        )
-        cfg.check_consistency()
         return cfg
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -259,12 +100,15 @@ class TrainConfig:
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
 
-    def check_consistency(self) -> None:
-        """Cross-section checks: settings that two sections state must agree."""
-        if self.num_steps < 1 or self.batch_size < 1:
-            raise ConfigError(
-                [f"num_steps and batch_size must be >= 1, got {self.num_steps}, {self.batch_size}."]
-            )
+    def consistency_problems(self) -> list[str]:
+        """Cross-section checks: what two sections state must agree (None sections skipped)."""
+        problems = [
+            f"{key} must be an integer >= 1, got {getattr(self, key)!r}."
+            for key in ("num_steps", "batch_size")
+            if getattr(self, key) is not None and not meets_bound(getattr(self, key), ">= 1")
+        ]
+        if self.data is None or self.pe is None or self.model is None:
+            return problems
         shared = {
             "seq_len": self.pe.train_context,
             "head_dim": self.model.head_dim,
@@ -272,17 +116,75 @@ class TrainConfig:
         }
         for field, expected in shared.items():
             if hasattr(self.data, field) and getattr(self.data, field) != expected:
-                raise ConfigError(
-                    [
-                        f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
-                        f"value {expected}; set both from one place (see configs/)."
-                    ]
+                problems.append(
+                    f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
+                    f"value {expected}; set both from one place (see configs/)."
                 )
+        return problems
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} = {value!r} is not one of {choices}.")
+SECTIONS = {
+    "model": ModelConfig,
+    "pe": PESettings,
+    "opt": OptimConfig,
+    "mesh": MeshConfig,
+    "checkpoint": CheckpointConfig,
+    "log": LogConfig,
+    "eval": EvalConfig,
+    "runtime": RuntimeConfig,
+}
+SCALAR_KEYS = ("seed", "num_steps", "batch_size")
+
+
+def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
+    """(the run config, every problem); a section that fails to convert is None in it.
+
+    Use the TrainConfig only when the problems are empty, or to check what
+    did convert (jrope.train.validation). None when the top-level keys are wrong.
+    """
+    problems = []
+    raw = _to_plain(config, "", problems)
+    try:
+        # A config written before the runtime section existed runs with its defaults.
+        _check_keys("config", raw, set(SCALAR_KEYS) | set(SECTIONS) | {"data"}, {"runtime"})
+    except ValueError as err:
+        return None, problems + [str(err)]
+    raw.setdefault("runtime", {})
+    classes = dict(SECTIONS)
+    try:
+        data = raw["data"]
+        classes["data"] = source_spec(
+            data.get("source") if isinstance(data, Mapping) else None
+        ).load()[0]
+    except ValueError as err:
+        problems.append(str(err))
+    converted = {name: None for name in ("data", *SECTIONS)}
+    for name, section_cls in classes.items():
+        if raw[name] is _UNRESOLVED or _UNRESOLVED in _values(raw[name]):
+            continue  # its unresolvable key is already a problem
+        try:
+            converted[name] = _build(section_cls, raw[name], name)
+        except (ValueError, TypeError) as err:
+            # Each line names its section (a message that does not already start with it gets it).
+            problems += [
+                line if line.startswith(name) else f"{name}: {line}"
+                for line in str(err).splitlines()
+            ]
+    scalars = {key: None if raw[key] is _UNRESOLVED else raw[key] for key in SCALAR_KEYS}
+    cfg = TrainConfig(**scalars, **converted)
+    return cfg, problems + cfg.consistency_problems()
+
+
+def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"section.key": value}."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_dict(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
 
 
 def _check_keys(
@@ -314,16 +216,31 @@ def _build(config_class: type, values: Any, where: str):
     return config_class(**kwargs)
 
 
-def _as_mesh_axes(axes: Any):
-    if axes is None or isinstance(axes, str):
-        return axes
-    return tuple(axes)
+# A key whose value could not be computed (a FieldReference expression that raised).
+_UNRESOLVED = object()
 
 
-def _to_plain(config: Any) -> Any:
-    """A ConfigDict (or FrozenConfigDict) as nested plain dicts, lists as tuples left alone."""
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    if isinstance(config, Mapping):
-        return {key: _to_plain(value) for key, value in config.items()}
-    return config
+def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
+    """A ConfigDict (or nested mapping) as nested plain dicts, key by key.
+
+    A key derived from others (e.g. data.head_dim = d_model // num_heads)
+    whose computation fails becomes _UNRESOLVED, and a problem naming it.
+    """
+    if not isinstance(config, Mapping) and not hasattr(config, "keys"):
+        return config
+    plain = {}
+    for key in config.keys():
+        try:
+            value = config[key]
+        except Exception as err:  # any error of the config's own expression
+            problems.append(
+                f"{prefix}{key} cannot be computed ({type(err).__name__}: {err}); it is derived "
+                "from other keys (see the config file): fix those."
+            )
+            value = _UNRESOLVED
+        plain[key] = _to_plain(value, f"{prefix}{key}.", problems)
+    return plain
+
+
+def _values(section: Any) -> list[Any]:
+    return list(section.values()) if isinstance(section, Mapping) else []

@@ -8,9 +8,14 @@ vocabulary for language modelling (where the loss is nats per byte).
 
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
-fit in memory; `write_results` writes a CSV (one row per method, seed and
-length), a markdown table and a PNG curve against length
-(jrope.train.reporting).
+fit in memory; `write_results` writes a CSV (one row per method, seed, step
+and length), a markdown table and a PNG curve against length
+(jrope.train.reporting), the CSV last: a folder holding `eval.csv` holds a
+whole result. `evaluate_and_report` does both for the trainer and eval.py,
+with the progress per length and the table on the console; a NaN or
+infinite loss is a failure (jrope.train.nonfinite), not a result. Results are
+never overwritten: a folder that holds a whole result is kept and the next
+free name taken (`results_dir`).
 
 Shape legend: B batch, T length, V vocabulary.
 """
@@ -18,24 +23,36 @@ Shape legend: B batch, T length, V vocabulary.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from etils import epath
 from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
-from jrope.train import compilation_cache, reporting, resume, sharding, validation
+from jrope.train import compilation_cache, nonfinite, reporting, resume, sharding, validation
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig
+from jrope.train.console import duration, say
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_from_params
 
-CSV_COLUMNS = ("method", "seed", "length", "num_sequences", "loss", "accuracy", "bits_per_byte")
+CSV_COLUMNS = (
+    "method",
+    "seed",
+    "step",
+    "length",
+    "num_sequences",
+    "loss",
+    "accuracy",
+    "bits_per_byte",
+)
+RESULTS_CSV = "eval.csv"  # written last: its presence marks a whole result
 
 
 def weighted_sums(
@@ -117,11 +134,22 @@ class EvalStep:
 
 
 def evaluate_lengths(
-    eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh
+    eval_step,
+    params: Any,
+    source: Any,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    *,
+    step: int,
+    on_length: Callable[[dict[str, Any], float], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS)."""
+    """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS) for the model of `step`.
+
+    on_length(row, seconds) is called after each length (compilation included).
+    """
     rows = []
     for length in cfg.eval.lengths:
+        started = time.perf_counter()
         totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
         with jax.set_mesh(mesh):
             for local_batch in source.eval_batches(
@@ -136,6 +164,7 @@ def evaluate_lengths(
             {
                 "method": cfg.pe.name,
                 "seed": cfg.seed,
+                "step": step,
                 "length": length,
                 "num_sequences": cfg.eval.num_sequences,
                 "loss": loss,
@@ -146,59 +175,118 @@ def evaluate_lengths(
                 ),
             }
         )
+        if on_length is not None:
+            on_length(rows[-1], time.perf_counter() - started)
     return rows
 
 
+def evaluate_and_report(
+    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str
+) -> tuple[list[dict[str, Any]], epath.Path]:
+    """Evaluate the model of `step` at every length, showing progress; write and show the results.
+
+    checkpoint: where the model is saved (for the message of a NaN evaluation).
+    Returns the rows and the results folder (the first free `eval_step<step>[.n]`).
+    Raises nonfinite.NonFiniteEvaluationError, writing nothing, when a loss is NaN or infinite.
+    """
+    cfg = run.cfg
+    language_model = run.source.num_classes is None
+    lengths = ", ".join(str(length) for length in cfg.eval.lengths)
+    say(f"Evaluating step {step} at lengths {lengths} ({cfg.eval.num_sequences} sequences each):")
+
+    def show(row: dict[str, Any], seconds: float) -> None:
+        metrics = ("loss", "bits_per_byte") if language_model else ("accuracy", "loss")
+        shown = "  ".join(f"{name} {row[name]:.4f}" for name in metrics)
+        say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
+
+    rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
+    nonfinite.check_evaluation(rows, step, checkpoint)
+    out_dir = results_dir(workdir, step)
+    if jax.process_index() == 0:
+        write_results(rows, out_dir, language_model=language_model)
+    show_results(rows, out_dir, language_model=language_model)
+    return rows, out_dir
+
+
+def show_results(
+    rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, language_model: bool
+) -> None:
+    """The results table on the console, with where it is saved."""
+    say(f"\n{epath.Path(out_dir) / 'eval.md'}:\n")
+    say(markdown_table(rows, language_model=language_model))
+
+
 def evaluate_checkpoint(
-    cfg: TrainConfig, workdir: str, step: int | None = None
+    config: TrainConfig | Any, workdir: str, step: int | None = None
 ) -> list[dict[str, Any]]:
     """Evaluate the checkpoint `step` (default: latest) of `workdir` at `cfg.eval.lengths`.
 
-    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` (or, when that is
-    taken, the first free `eval_step<step>.<n>`) and returns the rows.
+    config: a TrainConfig, or the ConfigDict to convert (checked in the same pass).
+    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` (or, when that holds
+    a result, the first free `eval_step<step>.<n>`) and returns the rows.
     Raises ConfigError before compiling anything when the config does not fit
     the machine or the workdir holds no checkpoint, and
     resume.IncompatibleCheckpointError / CorruptCheckpointError for a
-    checkpoint of other parameters or an unreadable one.
+    checkpoint of other parameters or an unreadable or damaged one.
     """
-    validation.check_evaluation_run(cfg, workdir)
+    checked = validation.check_evaluation_run(config, workdir)
+    cfg = checked.cfg
     compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    run = set_up_run(cfg)
+    run = set_up_run(cfg, source=checked.source)
     checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step
     state = resume.restore_compatible(cfg, checkpointer, run.layout.abstract, step)
     checkpointer.close()
-    rows = evaluate_lengths(EvalStep(run), state["params"], run.source, cfg, run.mesh)
-    if jax.process_index() == 0:
-        out_dir = results_dir(workdir, step, keep_existing=True)
-        write_results(rows, out_dir, language_model=run.source.num_classes is None)
-        logging.info("Evaluation of step %d written to %s", step, out_dir)
+    rows, _ = evaluate_and_report(
+        EvalStep(run),
+        state["params"],
+        run,
+        workdir,
+        step,
+        str(resume.checkpoint_path(checkpointer, step)),
+    )
     return rows
 
 
-def results_dir(workdir: str, step: int, *, keep_existing: bool = False) -> epath.Path:
+def results_dir(workdir: str, step: int) -> epath.Path:
     """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`.
 
-    With keep_existing, results already there (training's final evaluation,
-    or an earlier evaluation, perhaps at other lengths) are left alone and the
-    first free `eval_step<step>.<n>`, n = 2, 3, ..., is returned instead.
+    A whole result already there (training's final evaluation, or an earlier
+    evaluation, perhaps at other lengths) is left alone and the first
+    `eval_step<step>.<n>`, n = 2, 3, ..., without one is returned instead. (A
+    folder without its CSV holds a result cut short, and is written again.)
     """
     base = epath.Path(workdir) / f"eval_step{step}"
     path, n = base, 1
-    while keep_existing and path.exists():
+    while (path / RESULTS_CSV).exists():
         n += 1
         path = base.parent / f"{base.name}.{n}"
     return path
 
 
+def finished_results(workdir: str, step: int) -> epath.Path | None:
+    """The folder of the whole evaluation of step `step` in `workdir` (the first one), or None."""
+    path = epath.Path(workdir) / f"eval_step{step}"
+    return path if (path / RESULTS_CSV).exists() else None
+
+
+def read_results(out_dir: epath.PathLike) -> list[dict[str, Any]]:
+    """The rows of a results folder's CSV, with their types."""
+    rows = reporting.read_csv(epath.Path(out_dir) / RESULTS_CSV)
+    for row in rows:
+        for key in ("seed", "step", "length", "num_sequences"):
+            row[key] = int(row[key])
+        for key in ("loss", "accuracy", "bits_per_byte"):
+            row[key] = float(row[key])
+    return rows
+
+
 def write_results(
     rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, language_model: bool
 ) -> dict[str, epath.Path]:
-    """CSV, markdown table and PNG curve of `rows`; returns their paths."""
+    """PNG curve, markdown table and CSV of `rows` (the CSV last); returns their paths."""
     out_dir = epath.Path(out_dir)
-    paths = {name: out_dir / f"eval.{name}" for name in ("csv", "md", "png")}
-    reporting.write_csv(paths["csv"], rows, CSV_COLUMNS)
-    reporting.write_text(paths["md"], markdown_table(rows, language_model=language_model))
+    paths = {name: out_dir / f"eval.{name}" for name in ("png", "md", "csv")}
     metric = "loss" if language_model else "accuracy"
     reporting.plot_against_length(
         paths["png"],
@@ -206,6 +294,8 @@ def write_results(
         ylabel="loss (nats/byte)" if language_model else "accuracy",
         size=(5, 3.5),
     )
+    reporting.write_text(paths["md"], markdown_table(rows, language_model=language_model))
+    reporting.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
 
@@ -218,7 +308,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], *, language_model: bool) -> s
     cells = [[reporting.format_cell(row[column]) for column in columns] for row in rows]
     cells.append(["mean"] + [reporting.format_cell(means[column]) for column in columns[1:]])
     title = (
-        f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, "
+        f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, step: {rows[0]['step']}, "
         f"{rows[0]['num_sequences']} sequences per length"
     )
     return f"{title}\n\n" + reporting.markdown_table(columns, cells)

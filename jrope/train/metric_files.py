@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 
 from etils import epath
 from tensorboardX import record_writer
 
-from jrope.data.files import is_uri
+from jrope.data.files import is_uri, write_atomically
 
 # Longest time between two rewrites of an object in a bucket while a run logs.
 UPLOAD_INTERVAL_S = 30.0
@@ -34,26 +35,34 @@ class JsonLinesLog:
 
     Args:
       path: the log file; its folder is created if missing.
+      keep: which of the lines already there to keep (a resumed run drops the
+        records it will write again); None keeps them all.
     """
 
-    def __init__(self, path: epath.PathLike):
+    def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
         self._path = epath.Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._file = None
         self._buffer = None
+        history = self._path.read_text() if self._path.exists() else ""
+        kept = "".join(line for line in history.splitlines(True) if keep is None or keep(line))
         if is_uri(self._path):
-            self._buffer = io.StringIO()
-            if self._path.exists():
-                self._buffer.write(self._path.read_text())  # a resumed run keeps its history
+            self._buffer = io.StringIO(kept)  # a resumed run keeps its history
+            self._buffer.seek(0, io.SEEK_END)
             self._uploaded_at = time.monotonic()
-        else:
-            self._file = self._path.open("a")
+            return
+        if kept != history:
+            write_atomically(str(self._path), [kept.encode("utf-8")])
+        self._file = self._path.open("a")
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""
         if self._file is not None:
-            self._file.write(line + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as error:  # a file object's errors do not name the file
+                raise OSError(error.errno, error.strerror, str(self._path)) from error
             return
         self._buffer.write(line + "\n")
         if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:

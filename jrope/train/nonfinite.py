@@ -12,17 +12,29 @@
           no host round trip, no recompilation). The step counter still
           advances, so the data move on to the next batch, exactly as the
           uninterrupted run of the same config would. The metric 'skipped'
-          (1.0 or 0.0) marks such steps; the logger counts them.
+          (1.0 or 0.0) marks such steps; the logger counts them, and stops
+          the run after opt.max_consecutive_skips of them in a row
+          (jrope.train.metrics).
+
+Either way an evaluation whose loss is NaN or infinite is a failure, not a
+result: `check_evaluation` raises NonFiniteEvaluationError before anything
+is written (skipped steps can leave a model that trains on but evaluates to
+NaN).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+
+class NonFiniteEvaluationError(FloatingPointError):
+    """An evaluation's loss is NaN or infinite."""
+
 
 # Metrics whose finiteness decides a step (names of the train step's metrics).
 CHECKED_METRICS = ("loss", "grad_norm")
@@ -59,3 +71,17 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
         if name in values and not math.isfinite(values[name]):
             return name, values[name]
     return None
+
+
+def check_evaluation(rows: Sequence[Mapping[str, Any]], step: int, checkpoint: str) -> None:
+    """NonFiniteEvaluationError naming the lengths whose loss is NaN or infinite, if any.
+
+    rows: evaluation rows ('length', 'loss'); checkpoint: where the evaluated model is.
+    """
+    bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
+    if bad:
+        raise NonFiniteEvaluationError(
+            f"The evaluation of step {step} ({checkpoint}) gave a non-finite loss at length "
+            f"{', '.join(bad)}; no results were written. The model has diverged: train again "
+            "from an earlier checkpoint with a lower opt.learning_rate."
+        )

@@ -14,12 +14,18 @@ restore) are allowed and logged.
 
 Clear failures: any error while reading a checkpoint (a truncated or
 missing file) becomes a CorruptCheckpointError naming the checkpoint and
-what to do. Nothing in the workdir is ever deleted here.
+what to do. So does damage that reads without error (a flipped bit, garbled
+bytes): every restored array's digest must equal the one saved with it
+(jrope.train.digests), or the message names the arrays that differ. Either
+way it also names the latest earlier checkpoint that restores intact (each
+is restored and checked to find it). Nothing in the workdir is ever deleted
+here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,8 +33,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from jrope.train.checkpointing import Checkpointer
-from jrope.train.config import TrainConfig
+from jrope.train import digests
+from jrope.train.checkpointing import Checkpointer, NoCheckpointError
+from jrope.train.config import TrainConfig, flatten_dict
+from jrope.train.console import say
+
+# Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
+_FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
 
 # Name part of the temporary directory of a save in progress (orbax's atomic rename).
 UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
@@ -96,7 +107,7 @@ def restore_or_initialize(
     step = checkpointer.latest_step()
     if step is None:
         return initialize()
-    logging.info("Resuming from checkpoint %s.", checkpoint_path(checkpointer, step))
+    say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
     return restore_compatible(cfg, checkpointer, abstract_state, step)
 
 
@@ -111,14 +122,14 @@ def restore_compatible(
     """
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
-        raise FileNotFoundError(
+        raise NoCheckpointError(
             f"No finished checkpoint {path}; the finished ones are steps {finished_steps(checkpointer.directory)}."
         )
     try:
         saved_config = checkpointer.restore_config(step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
         raise CorruptCheckpointError(
-            _unreadable_message(checkpointer, step, "its saved config", err)
+            _unreadable_message(checkpointer, abstract_state, step, "its saved config", err)
         ) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict())
     if incompatible:
@@ -130,11 +141,36 @@ def restore_compatible(
     if changed:
         logging.warning("Resuming %s with changed settings: %s.", path, "; ".join(changed))
     try:
-        return checkpointer.restore(abstract_state, step)
+        state, damaged = _restore_and_compare(checkpointer, abstract_state, step)
     except Exception as err:
         raise CorruptCheckpointError(
-            _unreadable_message(checkpointer, step, "its state", err)
+            _unreadable_message(checkpointer, abstract_state, step, "its state", err)
         ) from err
+    if damaged:
+        del state  # before earlier checkpoints are restored to find an intact one
+        shown = ", ".join(damaged[:3]) + (
+            f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        )
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} is damaged: the contents of {shown} differ from the digests saved "
+            f"with it. Nothing was deleted. {_fallback(checkpointer, abstract_state, step)}"
+        )
+    return state
+
+
+def _restore_and_compare(
+    checkpointer: Checkpointer, abstract_state: Any, step: int
+) -> tuple[Any, list[str]]:
+    """(the state of checkpoint `step`, names of its arrays whose digest differs from the saved)."""
+    state = checkpointer.restore(abstract_state, step)
+    saved = checkpointer.restore_digests(step)
+    if saved is None:
+        logging.warning(
+            "Checkpoint %s carries no digests (written by an earlier version): restored unchecked.",
+            checkpoint_path(checkpointer, step),
+        )
+        return state, []
+    return state, digests.mismatches(saved, digests.state_digests(state))
 
 
 def config_differences(
@@ -145,8 +181,8 @@ def config_differences(
     Returns (incompatible, changed): differences in parameter-defining keys,
     and all the others.
     """
-    saved_flat = _flatten(json.loads(json.dumps(saved)))
-    current_flat = _flatten(json.loads(json.dumps(current)))  # tuples -> lists, as saved
+    saved_flat = flatten_dict(json.loads(json.dumps(saved)))
+    current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
     parameter_keys = set(PARAMETER_KEYS) | set(VOCABULARY_KEYS)
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
@@ -164,28 +200,37 @@ def config_differences(
     return incompatible, changed
 
 
-def _unreadable_message(checkpointer: Checkpointer, step: int, what: str, err: Exception) -> str:
+def _unreadable_message(
+    checkpointer: Checkpointer, abstract_state: Any, step: int, what: str, err: Exception
+) -> str:
     path = checkpoint_path(checkpointer, step)
-    cause = (str(err).strip().splitlines() or [""])[0][:300]
-    earlier = [finished for finished in finished_steps(checkpointer.directory) if finished < step]
-    fallback = (
-        f"move {path} out of {checkpointer.directory} to resume from step {earlier[-1]}"
-        if earlier
-        else "start a new run with another --workdir"
-    )
+    root = err
+    while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
+        root = root.__cause__
+    cause = (str(root).strip().splitlines() or [""])[0][:300]
+    array = _FAILED_READ.search(str(root))
+    where = f"array {array.group(1).replace('.', '/')}: " if array else ""
     return (
-        f"Cannot read {what} from checkpoint {path} ({type(err).__name__}: {cause}). "
-        f"The file may be truncated or damaged; nothing was deleted. To go on, {fallback}."
+        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
+        f"The file may be truncated or damaged; nothing was deleted. "
+        f"{_fallback(checkpointer, abstract_state, step)}"
     )
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> {"section.key": value}."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
+def _fallback(checkpointer: Checkpointer, abstract_state: Any, step: int) -> str:
+    """Which earlier checkpoint restores intact, and how to resume from it."""
+    path = checkpoint_path(checkpointer, step)
+    for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
+        try:
+            _, damaged = _restore_and_compare(checkpointer, abstract_state, earlier)
+        except Exception:  # unreadable too: try the one before
+            continue
+        if not damaged:
+            return (
+                f"Checkpoint {checkpoint_path(checkpointer, earlier)} is intact (restored and "
+                f"checked): to resume from step {earlier}, move {path} out of "
+                f"{checkpointer.directory} (e.g. mv {path} "
+                f"{checkpointer.directory.parent / f'damaged_checkpoint_{step}'}) and run the same "
+                "command again."
+            )
+    return "No earlier checkpoint is intact: start a new run with another --workdir."

@@ -41,17 +41,20 @@ def set_up_run(
     devices: Sequence[jax.Device] | None = None,
     process_index: int | None = None,
     process_count: int | None = None,
+    source: DataSource | None = None,
 ) -> RunSetup:
     """Builds the source, the mesh over `devices` (default: all) and the state layout.
 
     process_index, process_count: this process's place (default: JAX's), for
     building another process's share of the data.
+    source: this process's data source when already built (by the run's checks).
     """
-    source = build_source(
-        cfg.data,
-        cfg.batch_size,
-        jax.process_index() if process_index is None else process_index,
-        jax.process_count() if process_count is None else process_count,
-    )
+    if source is None:
+        source = build_source(
+            cfg.data,
+            cfg.batch_size,
+            jax.process_index() if process_index is None else process_index,
+            jax.process_count() if process_count is None else process_count,
+        )
     mesh = sharding.make_mesh(cfg.mesh, devices)
     return RunSetup(cfg, source, mesh, state_layout(cfg, source.vocab_size, mesh))

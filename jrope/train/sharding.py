@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY
-from jrope.train.config import MeshConfig
+from jrope.train.config_sections import MeshConfig
 
 # Mesh axes.
 DATA = "data"

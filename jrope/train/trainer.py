@@ -3,11 +3,18 @@
 `make_train_step` builds one pure `train_step(state, batch) -> (state,
 metrics)`, jitted once with the state's shardings in and out and the state
 donated (its buffers are reused for the next state). `train_and_evaluate`
-is the whole run: config checks, data source, mesh, sharded initialisation
-or automatic resume from the workdir's latest checkpoint, the loop with
-periodic checkpoints and evaluations, a final checkpoint and evaluation.
-On SIGTERM the loop checkpoints the current step and raises
-TrainingPreempted (jrope.train.preemption); the next start resumes there.
+is the whole run: every check in one pass (jrope.train.validation), the
+workdir's lock (one run per workdir, jrope.train.workdir_lock), data source,
+mesh, sharded initialisation or automatic resume from the workdir's latest
+checkpoint (checked against its digests), the record of the start
+(jrope.train.run_record), the loop with periodic checkpoints and
+evaluations, a final checkpoint and evaluation, and on the console the
+compile time, the progress, the results table and where every output went.
+A finished run is not run again and its results are never rewritten. On
+SIGTERM the loop checkpoints the current step and raises TrainingPreempted
+(jrope.train.preemption); the next start resumes there. A storage failure
+(disk full) ends the run with a RunIOError naming the path, the cause and
+the last good checkpoint.
 
 The step is a pure function of (state, batch): the data are a pure function
 of the step, and the step's randomness (dropout, when model.dropout_rate > 0)
@@ -19,30 +26,38 @@ Shape legend: B batch, T length.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
-from absl import logging
+from etils import epath
 
 from jrope.attention import choose_kernel
 from jrope.train import (
     compilation_cache,
     evaluation,
+    io_failures,
     nonfinite,
     profiler,
     resume,
+    run_record,
     sharding,
     validation,
 )
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
-from jrope.train.config import TrainConfig
-from jrope.train.metrics import MetricsLogger
+from jrope.train.config import TrainConfig, flatten_dict
+from jrope.train.console import duration, say
+from jrope.train.metrics import METRICS_FILE, MetricsLogger
 from jrope.train.preemption import PreemptionWatch, TrainingPreempted
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import learning_rate_schedule, model_from_params
+from jrope.train.throughput import Throughput
+from jrope.train.workdir_lock import WorkdirLock, describe_holder
 
 # Dropout keys come from their own stream of the seed, apart from the
 # initialisation's (nnx.Rngs folds small counters into the same seed).
@@ -115,28 +130,71 @@ def make_train_step(
     )
 
 
-def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
-    """Train for `cfg.num_steps` (resuming from `workdir` if it holds checkpoints), then evaluate.
+def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) -> dict[str, Any]:
+    """Train for `num_steps` (resuming from `workdir` if it holds checkpoints), then evaluate.
 
+    config: a TrainConfig, or the ConfigDict to convert (checked in the same pass).
     Returns the final train state and the final evaluation rows:
-    {'state': ..., 'eval': [row per length]}.
+    {'state': ..., 'eval': [row per length]}. A finished run (its last
+    checkpoint and final results present) is not run again: its checkpoint is
+    restored (and so checked) and its results read back, nothing written.
 
     Raises:
-      validation.ConfigError: the config does not fit itself or the machine (before any compilation).
+      ConfigError (DataError): the config does not fit itself, the machine,
+        the workdir or the data (before anything is built).
+      WorkdirBusy: another run holds the workdir.
+      CorruptCheckpointError, IncompatibleCheckpointError: the checkpoint to resume from.
       TrainingPreempted: SIGTERM arrived; the current step was checkpointed.
-      NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite = 'stop').
+      NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite =
+        'stop'), or too many steps in a row were ('skip'); NonFiniteEvaluationError.
+      RunIOError: the storage failed (disk full, ...); the last good checkpoint is named.
     """
-    validation.check_training_run(cfg, workdir)
+    checked = validation.check_training_run(config, workdir)
+    cfg = checked.cfg
     compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    run = set_up_run(cfg)
-    source, mesh = run.source, run.mesh
-    logging.info(
-        "Mesh %s over %d devices, %d processes.", dict(mesh.shape), mesh.size, jax.process_count()
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0) as lock:
+        if lock.previous_holder is not None:
+            say(
+                f"Taking over {lock.path} from {describe_holder(lock.previous_holder)}, "
+                "which ended without releasing it."
+            )
+        run = set_up_run(cfg, source=checked.source)
+        checkpointer = Checkpointer.for_run(cfg, workdir)
+        try:
+            return _run(run, checkpointer, workdir)
+        except Exception as error:
+            failure = io_failures.find_io_failure(error)
+            if failure is None or isinstance(error, io_failures.RunIOError):
+                raise
+            raise io_failures.RunIOError(*failure, resume.describe_latest(checkpointer)) from error
+        finally:
+            # Also on errors: an in-flight save finishes (the last good checkpoint), none is
+            # left half-written.
+            checkpointer.close()
+
+
+def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, Any]:
+    cfg, mesh = run.cfg, run.mesh
+    devices = list(mesh.devices.flat)
+    say(
+        f"Training {cfg.pe.name} (seed {cfg.seed}) for {cfg.num_steps} steps; mesh "
+        f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
+        f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    checkpointer = Checkpointer.for_run(cfg, workdir)
     state = resume.restore_or_initialize(cfg, checkpointer, run.layout.abstract, run.init_state)
-    train_step = make_train_step(run)
-    eval_step = evaluation.EvalStep(run)
+    start = int(jax.device_get(state["step"]))
+    finished = evaluation.finished_results(workdir, cfg.num_steps)
+    if start == cfg.num_steps and finished is not None:
+        say(
+            f"This run is finished: step {start} is trained and evaluated. Its results are left as "
+            "they are; to evaluate it again (other lengths, more sequences), run eval.py, which "
+            "writes a new folder."
+        )
+        rows = evaluation.read_results(finished)
+        evaluation.show_results(rows, finished, language_model=run.source.num_classes is None)
+        return {"state": state, "eval": rows}
+    if jax.process_index() == 0:
+        run_record.append_start_record(workdir, run_record.start_record(cfg, start))
     logger = MetricsLogger(
         workdir,
         every_steps=cfg.log.every_steps,
@@ -144,55 +202,92 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
         tensorboard=cfg.log.tensorboard,
         last_checkpoint=lambda: resume.describe_latest(checkpointer),
         is_writer=jax.process_index() == 0,
+        start_step=start,
+        throughput=Throughput.for_run(cfg, run.source.vocab_size, devices),
+        max_consecutive_skips=cfg.opt.max_consecutive_skips,
     )
+    if start == 0:
+        logger.write_hparams(
+            flatten_dict(cfg.to_json_dict()),
+            ["train/loss"] + [f"eval_{length}/loss" for length in cfg.eval.lengths],
+        )
+    eval_step = evaluation.EvalStep(run)
 
-    def run_evaluation(step: int) -> list[dict[str, Any]]:
-        rows = evaluation.evaluate_lengths(eval_step, state["params"], source, cfg, mesh)
+    def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
+        logger.flush()
+        rows, out_dir = evaluation.evaluate_and_report(
+            eval_step,
+            state["params"],
+            run,
+            workdir,
+            step,
+            str(resume.checkpoint_path(checkpointer, step)),
+        )
         for row in rows:
             logger.write_scalars(
                 step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}"
             )
-        if jax.process_index() == 0:
-            evaluation.write_results(
-                rows,
-                evaluation.results_dir(workdir, step),
-                language_model=source.num_classes is None,
-            )
-        return rows
+        return rows, out_dir
 
-    start = int(jax.device_get(state["step"]))
-    trace = profiler.StepTrace(workdir, cfg.runtime)
-    try:
-        with jax.set_mesh(mesh), PreemptionWatch() as preemption:
-            for step in range(start, cfg.num_steps):
-                local_batch = source.train_batch(step)
-                evaluation.check_readout(local_batch, cfg.model.readout)
-                batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
-                trace.before_step(step)
-                state, metrics = train_step(state, batch)
-                trace.after_step(step, state)
-                done = step + 1
-                logger.push(done, metrics)
-                is_last = done == cfg.num_steps
-                preempted = preemption.reached(done)
-                if is_last or preempted or checkpointer.should_save(done):
-                    # never checkpoint a state whose loss is not yet known to be finite
-                    logger.flush()
-                    checkpointer.save(done, state, force=is_last or preempted)
-                if preempted:
-                    checkpointer.wait_until_finished()
-                    logger.close()
-                    raise TrainingPreempted(done, resume.checkpoint_path(checkpointer, done))
-                if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
-                    logger.flush()
-                    run_evaluation(done)
-    finally:
-        trace.close()
-        # Also on errors: an in-flight save finishes (the last good checkpoint), none is left half-written.
-        checkpointer.wait_until_finished()
-    logger.flush()
-    final_rows = run_evaluation(cfg.num_steps)
+    state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
+    rows, out_dir = evaluate(state, cfg.num_steps)
     logger.close()
     checkpointer.wait_until_finished()
-    checkpointer.close()
-    return {"state": state, "eval": final_rows}
+    _show_outputs(workdir, cfg, out_dir)
+    return {"state": state, "eval": rows}
+
+
+def _train_steps(
+    run: RunSetup,
+    state: dict[str, Any],
+    start: int,
+    checkpointer: Checkpointer,
+    logger: MetricsLogger,
+    evaluate: Callable[[dict[str, Any], int], Any],
+    workdir: str,
+) -> dict[str, Any]:
+    """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
+    cfg, source, mesh = run.cfg, run.source, run.mesh
+    train_step = make_train_step(run)
+    trace = profiler.StepTrace(workdir, cfg.runtime)
+    with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
+        for step in range(start, cfg.num_steps):
+            local_batch = source.train_batch(step)
+            evaluation.check_readout(local_batch, cfg.model.readout)
+            batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
+            if step == start:
+                say("Compiling the train step ...", end=" ")
+                compile_started = time.perf_counter()
+            trace.before_step(step)
+            state, metrics = train_step(state, batch)  # returns once compiled and dispatched
+            trace.after_step(step, state)
+            if step == start:
+                say(f"done in {duration(time.perf_counter() - compile_started)}.")
+            done = step + 1
+            logger.push(done, metrics)
+            is_last = done == cfg.num_steps
+            preempted = preemption.reached(done)
+            if is_last or preempted or checkpointer.should_save(done):
+                # never checkpoint a state whose loss is not yet known to be finite
+                logger.flush()
+                checkpointer.save(done, state, force=is_last or preempted)
+            if preempted:
+                checkpointer.wait_until_finished()
+                logger.close()
+                raise TrainingPreempted(done, resume.checkpoint_path(checkpointer, done))
+            if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
+                evaluate(state, done)
+    return state
+
+
+def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
+    """Where every output of the run went."""
+    lines = [
+        f"checkpoints/{cfg.num_steps}/  the trained state (resume; eval.py for other lengths)",
+        f"{results.name}/  eval.md (above), eval.csv, eval.png",
+        f"{METRICS_FILE}  training and evaluation metrics, one JSON object per line",
+        f"{run_record.RECORD_FILE}  config, command line, versions and devices of each start",
+    ]
+    if cfg.log.tensorboard:
+        lines.append(f"tensorboard/  event files: tensorboard --logdir={workdir}")
+    say(f"Outputs in {workdir}:\n" + "\n".join(f"  {line}" for line in lines))

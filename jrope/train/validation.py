@@ -1,18 +1,24 @@
-"""Checks of a run's config against itself and the machine, before anything compiles.
+"""Checks of a run's config against itself, the machine, the workdir and the data, before compiling.
 
 A mistake found after minutes of compilation (or hours of training, for the
 final long-length evaluation) costs that time; these checks cost
-milliseconds. Every check runs, and all problems are reported together in
-one ConfigError, one line each, naming the config key and the fix.
+milliseconds. They run in one pass over the whole config: the conversion of
+every section (jrope.train.config.convert_config: choices, positive sizes,
+d_model divisible by num_heads, evaluation sizes), then every check below on
+each section that converted, so that all problems are reported together in
+one ConfigError, one line each, naming the config key and the fix, and not
+in rounds of fixes.
 
 Checked: the encoding (a known name, valid settings, a head dimension the
 encoding's blocks divide), the mesh against the devices present, the batch
 against the data-parallel size and the process count, the attention memory
-of the longest evaluation, the workdir (writable; holding checkpoints, for
-evaluation; a bucket that answers within jrope.train.storage's deadline) and
-the dataset files. Single-section checks (choices, positive
-sizes, d_model divisible by num_heads) run earlier, when the ConfigDict is
-converted (jrope.train.config).
+of the longest evaluation, the workdir (writable, or a bucket that answers within jrope.train.storage's
+deadline; holding checkpoints, for evaluation; no checkpoint beyond
+num_steps, for training) and the data: the
+data source is built (this process's share) and hands out one evaluation
+batch at every evaluation length, which finds absent data and an evaluation
+text too short for a length. When every problem is one of the data's, the
+error is a DataError. The built source is returned for the run to use.
 """
 
 from __future__ import annotations
@@ -20,14 +26,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 
 from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
+from jrope.data.source import DataSource, build_source
 from jrope.pe_config import PAPER_METHODS, UnknownEncodingName
 from jrope.train import storage
-from jrope.train.config import ConfigError, TrainConfig
+from jrope.train.config import ConfigError, DataError, TrainConfig, convert_config
 from jrope.train.resume import finished_steps
 from jrope.train.sharding import mesh_sizes
 
@@ -66,38 +75,64 @@ class RunEnvironment:
         return cls(jax.device_count(), jax.process_count(), platform, memory)
 
 
-def check_training_run(cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None) -> None:
-    """Raise ConfigError listing every problem that would stop or spoil a training run."""
-    env = RunEnvironment.detect() if env is None else env
-    problems = _model_and_machine_problems(cfg, env)
-    problems += _workdir_problems(workdir, needs_checkpoint=False)
-    problems += _dataset_problems(cfg, ("path", "eval_path"))
-    if problems:
-        raise ConfigError(problems)
+@dataclasses.dataclass(frozen=True)
+class CheckedRun:
+    """A run config that passed every check, and the data source built while checking it."""
+
+    cfg: TrainConfig
+    source: DataSource
 
 
-def check_evaluation_run(cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None) -> None:
-    """Raise ConfigError listing every problem that would stop an evaluation of a trained run."""
-    env = RunEnvironment.detect() if env is None else env
-    problems = _model_and_machine_problems(cfg, env)
-    problems += _workdir_problems(workdir, needs_checkpoint=True)
-    problems += _dataset_problems(cfg, ("eval_path",))
-    if problems:
+def check_training_run(
+    config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
+) -> CheckedRun:
+    """Raise ConfigError (DataError) listing every problem that would stop or spoil a training run.
+
+    config: a TrainConfig, or the ConfigDict to convert in the same pass.
+    """
+    return _check_run(config, workdir, env, evaluation=False)
+
+
+def check_evaluation_run(
+    config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
+) -> CheckedRun:
+    """Raise ConfigError (DataError) listing every problem that would stop an evaluation."""
+    return _check_run(config, workdir, env, evaluation=True)
+
+
+def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: bool) -> CheckedRun:
+    cfg, problems = (config, []) if isinstance(config, TrainConfig) else convert_config(config)
+    if cfg is None:  # the config's top-level keys are wrong: nothing to check further
         raise ConfigError(problems)
+    env = RunEnvironment.detect() if env is None else env
+    problems += _model_and_machine_problems(cfg, env)
+    workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
+    problems += workdir_problems
+    if not evaluation and not workdir_problems:  # its checkpoints can be listed
+        problems += _steps_problems(cfg, workdir)
+    source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
+    if problems:
+        raise ConfigError(problems + data_problems)
+    if data_problems:
+        raise DataError(data_problems)
+    return CheckedRun(cfg, source)
 
 
 def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
     encoding, problems = _encoding_problems(cfg)
     mesh_sizes, mesh_problems = _mesh_problems(cfg, env)
     problems += mesh_problems
-    if mesh_sizes is not None:
+    if mesh_sizes is not None and cfg.batch_size is not None:
         problems += _batch_problems(cfg, env, mesh_sizes)
-    problems += _attention_problems(cfg, env, encoding, mesh_sizes)
+    if cfg.model is not None and cfg.eval is not None:
+        problems += _attention_problems(cfg, env, encoding, mesh_sizes)
     return problems
 
 
 def _encoding_problems(cfg: TrainConfig):
-    """(the run's Encoding or None, problems)."""
+    """(the run's Encoding or None, problems); the name is checked even if the model's failed."""
+    if cfg.pe is None:
+        return None, []
     try:
         cfg.pe_config
     except UnknownEncodingName as err:
@@ -110,6 +145,8 @@ def _encoding_problems(cfg: TrainConfig):
         ]
     except ValueError as err:
         return None, [f"pe settings: {_first_line(err)}; fix that pe.* value."]
+    if cfg.model is None:
+        return None, []
     try:
         return cfg.encoding, []
     except ValueError as err:
@@ -120,6 +157,8 @@ def _encoding_problems(cfg: TrainConfig):
 
 def _mesh_problems(cfg: TrainConfig, env: RunEnvironment):
     """(mesh sizes by axis name with -1 filled in, or None; problems)."""
+    if cfg.mesh is None:
+        return None, []
     try:
         return mesh_sizes(cfg.mesh, env.num_devices), []
     except ValueError as err:
@@ -136,7 +175,10 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
             f"batch_size = {cfg.batch_size} is not divisible by the data-parallel size {data_parallel} ({where}); "
             f"set --config.batch_size to a multiple of {data_parallel}, or move devices to mesh.tensor."
         )
-    for key, rows in (("batch_size", cfg.batch_size), ("eval.batch_size", cfg.eval.batch_size)):
+    batches = {"batch_size": cfg.batch_size}
+    if cfg.eval is not None:
+        batches["eval.batch_size"] = cfg.eval.batch_size
+    for key, rows in batches.items():
         if rows % env.process_count:
             problems.append(
                 f"{key} = {rows} does not split over the {env.process_count} processes (each loads its share); "
@@ -144,7 +186,7 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str,
             )
     # One process can hand its rows to a batch split over devices, or to a
     # replicated batch (it holds all rows); several processes only to a split one.
-    if env.process_count > 1 and cfg.eval.batch_size % data_parallel:
+    if env.process_count > 1 and cfg.eval is not None and cfg.eval.batch_size % data_parallel:
         problems.append(
             f"eval.batch_size = {cfg.eval.batch_size} is not divisible by the data-parallel size {data_parallel} "
             f"({where}), which a multi-process run needs; set it (and eval.num_sequences) to a multiple of "
@@ -245,9 +287,53 @@ def _checkpoint_problem(workdir: str, checkpoints: str) -> str | None:
     )
 
 
-def _dataset_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
+def _steps_problems(cfg: TrainConfig, workdir: str) -> list[str]:
+    """A training run must not end before the workdir's latest checkpoint."""
+    steps = finished_steps(f"{workdir.rstrip('/')}/checkpoints")
+    if cfg.num_steps is None or not steps or steps[-1] <= cfg.num_steps:
+        return []
+    return [
+        f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
+        f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
+        "(or more) to see or continue it, evaluate it with eval.py, or choose another --workdir."
+    ]
+
+
+def _data_problems(
+    cfg: TrainConfig, env: RunEnvironment, text_fields: tuple[str, ...] | None
+) -> tuple[DataSource | None, list[str]]:
+    """(the data source, the data's problems): built, then one evaluation batch per length.
+
+    text_fields: the local text paths the run reads (default: path and eval_path).
+    """
+    if cfg.data is None or cfg.batch_size is None or cfg.eval is None:
+        return None, []
+    problems = _text_path_problems(cfg, text_fields or ("path", "eval_path"))
+    splits_over_processes = not (
+        cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count
+    )
+    if problems or not splits_over_processes:  # the batch problems are reported already
+        return None, problems
+    try:
+        source = build_source(cfg.data, cfg.batch_size, jax.process_index(), env.process_count)
+    except (ValueError, OSError) as err:  # absent, unreadable or too short data
+        return None, [_data_line(err)]
+    for length in sorted(set(cfg.eval.lengths)):
+        try:
+            next(iter(source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)))
+        except ValueError as err:
+            problems.append(f"eval.lengths: at length {length}, {_first_line(err)}.")
+    return source, problems
+
+
+def _data_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text if text.startswith("data") else f"data: {text}"
+
+
+def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
     # Local-text data configs (jrope.data.text_bytes) name their files; other
-    # sources (synthetic, the WikiText-103 builder) need none or check their own.
+    # sources (synthetic, the WikiText builders) need none or check their own.
     if getattr(cfg.data, "source", None) != "text":
         return []
     problems = []

@@ -58,6 +58,20 @@ def start_training(
     return process
 
 
+def run_command(
+    args: list[str], env: dict[str, str], timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """`python <args>` from the repository root, as a user types it; stdout and stderr captured."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_training(
     workdir, env: dict[str, str], *extra_args: str, timeout: float = 240
 ) -> subprocess.CompletedProcess:

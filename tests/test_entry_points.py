@@ -1,0 +1,205 @@
+"""The entry points as a user runs them: bad input ends in a short message with the key and the fix.
+
+Every command runs as a subprocess from the repository root (tests/helpers/train_process.py);
+they run a few at a time, and each case checks its own: a non-zero exit status of the kind
+documented in the README (jrope.train.cli), no traceback, at most 25 lines, and the words that
+name the key or file and the fix. A short run's whole console fits on a screen and shows its
+results.
+"""
+
+import concurrent.futures
+import re
+
+import pytest
+from helpers.train_process import RUN_CONFIG, run_command, subprocess_env
+
+from jrope.train import cli
+
+TINY = f"--config={RUN_CONFIG}"
+WIKITEXT_CPU = "--config=configs/wikitext_cpu.py"
+
+
+def _text_data(tmp, train="train.txt", evaluation="short.txt"):
+    return [
+        WIKITEXT_CPU,
+        "--config.data.source=text",
+        f"--config.data.path={tmp}/{train}",
+        f"--config.data.eval_path={tmp}/{evaluation}",
+        f"--config.data.cache_dir={tmp}/cache",
+    ]
+
+
+# (id, arguments after `python` (format fields: {tmp}), exit status, patterns all to be found)
+BAD_INPUTS = [
+    (
+        "misspelt_key",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.nmae=rope"],
+        cli.EXIT_CONFIG,
+        [
+            r"--config\.pe\.nmae: the config has no key 'pe\.nmae'; did you mean --config\.pe\.name\?"
+        ],
+    ),
+    (
+        "unknown_encoding",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.name=jordan_bogus"],
+        cli.EXIT_CONFIG,
+        [r"pe\.name = 'jordan_bogus' is not a known encoding", r"use e\.g\. nope, rope"],
+    ),
+    (
+        "zero_heads",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.model.num_heads=0"],
+        cli.EXIT_CONFIG,
+        [r"model\.num_heads must be >= 1, got 0", r"data\.head_dim cannot be computed"],
+    ),
+    (
+        "string_among_lengths",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.lengths=(8,'x')"],
+        cli.EXIT_CONFIG,
+        [r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(8, 'x'\)"],
+    ),
+    (
+        "no_evaluation_sequences",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.num_sequences=0"],
+        cli.EXIT_CONFIG,
+        [r"eval\.num_sequences must be >= 1, got 0"],
+    ),
+    (
+        "no_config_file",
+        ["train.py", "--config=configs/nope.py", "--workdir={tmp}/run"],
+        cli.EXIT_CONFIG,
+        [r"--config=configs/nope\.py: no such file", r"e\.g\. --config=configs/quickstart\.py"],
+    ),
+    (
+        "no_workdir",
+        ["train.py", TINY],
+        cli.EXIT_CONFIG,
+        [r"--workdir is required"],
+    ),
+    (
+        "workdir_is_a_file",
+        ["train.py", TINY, "--workdir={tmp}/train.txt"],
+        cli.EXIT_CONFIG,
+        [r"--workdir .*/train\.txt: .*train\.txt is a file, not a directory; choose another"],
+    ),
+    (
+        "text_file_missing",
+        ["train.py", *_text_data("{tmp}", train="absent.txt"), "--workdir={tmp}/run"],
+        cli.EXIT_DATA,
+        [r"data\.path = '.*/absent\.txt' does not exist; point --config\.data\.path at"],
+    ),
+    (
+        "evaluation_text_too_short",
+        ["train.py", *_text_data("{tmp}"), "--workdir={tmp}/run"],
+        cli.EXIT_DATA,
+        [
+            r"eval\.lengths: at length 512, data\.eval_path = '.*/short\.txt' has 300 bytes, "
+            r"too few for windows of 512 \+ 1 bytes; use more text or a shorter length"
+        ],
+    ),
+    (
+        "empty_training_text",
+        ["train.py", *_text_data("{tmp}", train="empty.txt"), "--workdir={tmp}/run"],
+        cli.EXIT_DATA,
+        [r"data\.path = '.*/empty\.txt' holds no text \(0 bytes\)"],
+    ),
+    (
+        "evaluate_an_untrained_workdir",
+        ["eval.py", TINY, "--workdir={tmp}"],
+        cli.EXIT_CONFIG,
+        [r"holds no finished checkpoint in .*/checkpoints; train first \(python train\.py"],
+    ),
+    (
+        "probe_with_unknown_method",
+        ["eval.py", "--config=configs/kernel_probe.py", "--workdir={tmp}/probe"]
+        + ["--config.probe.methods=('rope','jordan_bogus')"],
+        cli.EXIT_CONFIG,
+        [r"unknown position-encoding name 'jordan_bogus'"],
+    ),
+    (
+        "compare_misspelt_method_last",
+        ["-m", "jrope.compare", TINY, "--workdir={tmp}/compare", "--methods=rope,jordan_ropee"]
+        + ["--seeds=0,1"],
+        cli.EXIT_CONFIG,
+        [r"jordan_ropee seeds 0, 1: pe\.name = 'jordan_ropee' is not a known encoding"],
+    ),
+    (
+        "compare_without_methods",
+        ["-m", "jrope.compare", TINY, "--workdir={tmp}/compare"],
+        cli.EXIT_CONFIG,
+        [r"--methods is required, e\.g\. --methods=rope,jordan_rope"],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+    """Every case of BAD_INPUTS run once, three at a time: id -> (CompletedProcess, its tmp dir)."""
+    env = subprocess_env(1, str(tmp_path_factory.mktemp("jax_cache")))
+
+    def run(case):
+        name, args = case[0], case[1]
+        tmp = tmp_path_factory.mktemp(name)
+        (tmp / "train.txt").write_text("A line of training text.\n" * 200)
+        (tmp / "short.txt").write_text("x" * 299 + "\n")
+        (tmp / "empty.txt").write_text("")
+        return name, (run_command([arg.format(tmp=tmp) for arg in args], env), tmp)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(run, BAD_INPUTS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, status, patterns",
+    [(c[0], c[2], c[3]) for c in BAD_INPUTS],
+    ids=[c[0] for c in BAD_INPUTS],
+)
+def test_bad_input_ends_in_a_short_message_naming_key_and_fix(
+    bad_input_runs, name, status, patterns
+):
+    result, tmp = bad_input_runs[name]
+    console = result.stdout + result.stderr
+    assert result.returncode == status, console
+    assert "Traceback" not in console
+    assert len(console.splitlines()) <= 25, console
+    for pattern in patterns:
+        assert re.search(pattern, result.stderr), result.stderr
+    # Refused before anything was written: no workdir, no checkpoint, no comparison.
+    for output in ("run", "compare", "probe"):
+        assert not (tmp / output).exists()
+
+
+@pytest.mark.slow
+def test_verbose_shows_the_traceback_too(tmp_path):
+    args = ["train.py", TINY, f"--workdir={tmp_path}/run", "--config.pe.name=jordan_bogus"]
+    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    verbose = run_command([*args, "--verbose"], env)
+    assert verbose.returncode == cli.EXIT_CONFIG
+    assert "Traceback" in verbose.stderr and "pe.name = 'jordan_bogus'" in verbose.stderr
+
+
+@pytest.mark.slow
+def test_a_short_run_shows_progress_and_results_on_one_screen(tmp_path):
+    workdir = tmp_path / "run"
+    args = ["train.py", TINY, f"--workdir={workdir}", "--config.num_steps=16"]
+    result = run_command([*args, "--config.log.every_steps=4"], subprocess_env(1, str(tmp_path)))
+    console = result.stdout + result.stderr
+    assert result.returncode == 0, console
+    lines = console.splitlines()
+    assert len(lines) < 40, console
+    assert not [line for line in lines if re.match(r"^[IW]\d{4} ", line)]  # no library log records
+    assert re.search(r"^Compiling the train step \.\.\. done in [\d.]+ s\.$", console, re.M)
+    progress = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["4/16", "8/16", "12/16", "16/16"]
+    assert all(re.search(r" steps/s  [\d.]+k? tokens/s", line) for line in progress)
+    assert all(" left" in line for line in progress[:-1])
+    assert re.search(r"^  length 8: accuracy [\d.]+  loss [\d.]+  \([\d.]+ s\)$", console, re.M)
+    # The evaluation table as written to eval.md, and where every output went.
+    table = (workdir / "eval_step16" / "eval.md").read_text()
+    assert table.startswith("method: rope, seed: 0, step: 16, 8 sequences per length")
+    assert table in result.stdout
+    for output in ("checkpoints/16/", "eval_step16/", "metrics.jsonl", "starts.jsonl"):
+        assert f"  {output}" in result.stdout
+    assert "python eval.py" in result.stdout and "python -m jrope.compare" in result.stdout
+    # No checkpoint nobody asked for (every 8 steps, and the last).
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["16", "8"]

@@ -1,0 +1,266 @@
+"""Runs that survive, part two, driven through `python train.py` as a user runs it.
+
+Damaged checkpoints are refused with nothing changed on disk; a finished run is left byte for
+byte; one run per workdir, and a killed run's lock is taken over; every check before the first
+step; a full disk ends with one message and the last good checkpoint intact; 'skip' gives up.
+"""
+
+import hashlib
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers.train_process import (
+    REPO_ROOT,
+    RUN_CONFIG,
+    TRAIN_SCRIPT,
+    checkpoint_arrays,
+    checkpoint_steps,
+    log_tail,
+    run_command,
+    run_training,
+    start_training,
+    subprocess_env,
+    train_records,
+    wait_for_checkpoint,
+)
+
+from jrope.train import cli
+from jrope.train.workdir_lock import LOCK_FILE
+
+TINY = f"--config={RUN_CONFIG}"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return subprocess_env(1, str(tmp_path_factory.mktemp("jax_cache")))
+
+
+def _train(workdir, env, *args) -> subprocess.CompletedProcess:
+    return run_command(["train.py", TINY, f"--workdir={workdir}", *args], env)
+
+
+def _contents(workdir) -> dict[str, str]:
+    """Every file under the workdir but its lock: relative path -> SHA-256 of its bytes."""
+    digests = {}
+    for root, _, names in os.walk(workdir):
+        for name in names:
+            if name != LOCK_FILE:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    digests[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+def _largest_data_file(workdir, step: int) -> str:
+    data = os.path.join(workdir, "checkpoints", str(step), "state", "ocdbt.process_0", "d")
+    return max((os.path.join(data, name) for name in os.listdir(data)), key=os.path.getsize)
+
+
+def _flip_one_bit(data: bytes, attempt: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[(len(data) // 2 + 97 * attempt) % len(data)] ^= 0x10
+    return bytes(damaged)
+
+
+def _write_random_bytes(data: bytes, attempt: int) -> bytes:
+    damaged = bytearray(data)
+    start = (max(len(data) // 2 - 2048, 0) + 509 * attempt) % len(data)
+    damaged[start : start + 4096] = os.urandom(len(damaged[start : start + 4096]))
+    return bytes(damaged)
+
+
+def _damage_until_the_state_changes(path, original: bytes, damage, workdir, intact) -> None:
+    """Write damage(original, attempt) to `path` for attempt 0, 1, ... until checkpoint 16 reads
+    differently (or not at all): a flipped bit in a byte no restore reads is no damage."""
+    for attempt in range(20):
+        with open(path, "wb") as f:
+            f.write(damage(original, attempt))
+        try:
+            restored = checkpoint_arrays(workdir, 16)
+        except Exception:  # unreadable: damage enough
+            return
+        if any(not np.array_equal(a, b) for a, b in zip(restored, intact)):
+            return
+    raise AssertionError(f"no damage of {path} changed what checkpoint 16 restores")
+
+
+def _strict_json_lines(path) -> list[dict]:
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line, parse_constant=refuse) for line in f]
+
+
+@pytest.mark.slow
+def test_finished_run_is_left_as_it_is_and_damage_is_refused_with_nothing_changed(tmp_path, env):
+    workdir = tmp_path / "run"
+    assert _train(workdir, env, "--config.num_steps=16").returncode == 0
+    finished = _contents(workdir)
+    assert "eval_step16/eval.csv" in finished and "checkpoints/8/digests/metadata" in finished
+
+    # The same command again: the run is finished, its results stay byte for byte.
+    again = _train(workdir, env, "--config.num_steps=16")
+    assert again.returncode == 0, again.stderr
+    assert "This run is finished: step 16 is trained and evaluated." in again.stdout
+    assert "| 8 |" in again.stdout  # the results table, read back
+    assert _contents(workdir) == finished
+
+    # Fewer steps than the latest checkpoint: refused with the fix, nothing written.
+    fewer = _train(workdir, env, "--config.num_steps=8")
+    assert fewer.returncode == cli.EXIT_CONFIG
+    assert "num_steps = 8 is below step 16 of the latest checkpoint" in fewer.stderr
+    assert "Set --config.num_steps=16 (or more)" in fewer.stderr
+    assert _contents(workdir) == finished
+
+    damaged_file = _largest_data_file(workdir, 16)
+    original = open(damaged_file, "rb").read()
+    intact = checkpoint_arrays(workdir, 16)
+    for damage in (_flip_one_bit, _write_random_bytes):
+        _damage_until_the_state_changes(damaged_file, original, damage, workdir, intact)
+        before = _contents(workdir)
+        refused = _train(workdir, env, "--config.num_steps=16")
+        assert refused.returncode == cli.EXIT_CHECKPOINT, refused.stdout + refused.stderr
+        message = refused.stderr
+        assert "Traceback" not in message
+        checkpoint = workdir / "checkpoints" / "16"
+        # Either the digests differ, or the damage breaks the compression: the array is named.
+        assert re.search(
+            rf"Checkpoint {checkpoint} is damaged: the contents of (params|opt_state)/\S+ differ"
+            rf"|Cannot read its state from checkpoint {checkpoint} \(array (params|opt_state)/\S+: ",
+            message,
+        ), message
+        assert "Nothing was deleted" in message or "nothing was deleted" in message
+        assert f"Checkpoint {workdir / 'checkpoints' / '8'} is intact" in message
+        assert _contents(workdir) == before  # nothing deleted, results untouched
+    assert finished["eval_step16/eval.csv"] == _contents(workdir)["eval_step16/eval.csv"]
+
+
+@pytest.mark.slow
+def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(tmp_path, env):
+    workdir = tmp_path / "run"
+    first = start_training(workdir, env, "--config.num_steps=100000")
+    try:
+        wait_for_checkpoint(workdir, 8, first)
+        second = _train(workdir, env, "--config.num_steps=100000")
+        assert second.returncode == cli.EXIT_WORKDIR_BUSY, second.stderr
+        assert f"Another run is using {workdir}: process {first.pid} on {socket.gethostname()}" in (
+            second.stderr
+        )
+        assert "choose another --workdir" in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    latest = checkpoint_steps(workdir)[-1]
+    end = latest + 8
+    resumed = run_training(workdir, env, f"--config.num_steps={end}")
+    log = log_tail(resumed, lines=10_000)
+    assert f"Taking over {workdir / LOCK_FILE} from process {first.pid} on" in log
+    assert "which ended without releasing it" in log
+    # Each step once (the killed run's steps after its checkpoint were dropped), valid JSON.
+    assert [record["step"] for record in train_records(workdir)] == list(range(1, end + 1))
+    records = _strict_json_lines(workdir / "metrics.jsonl")
+    assert sum("eval_8/loss" in record for record in records) == 1
+    assert (workdir / LOCK_FILE).read_text() == ""  # released cleanly
+
+
+@pytest.mark.slow
+def test_five_problems_of_every_kind_are_reported_at_once(tmp_path):
+    result = run_command(
+        [
+            "train.py",
+            TINY,
+            f"--workdir={tmp_path}/run",
+            "--config.model.compute_dtype=float16",  # one section's choice
+            "--config.opt.schedule=linear",  # another's
+            "--config.eval.num_sequences=0",  # an evaluation size
+            "--config.pe.name=jordan_ropee",  # the encoding, checked after conversion
+            "--config.batch_size=7",  # the batch against the 2 devices
+        ],
+        subprocess_env(2, str(tmp_path / "jax_cache")),
+    )
+    assert result.returncode == cli.EXIT_CONFIG
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
+    assert result.stderr.startswith("5 problem(s) in the run's config, found before compiling")
+    assert len(problems) == 5, result.stderr
+    for key in ("model.compute_dtype", "opt.schedule", "eval.num_sequences", "pe.name"):
+        assert any(key in problem for problem in problems), key
+    assert any("batch_size = 7 is not divisible by the data-parallel size 2" in p for p in problems)
+    assert not (tmp_path / "run").exists()
+
+
+# Stabilized Jordan-RoPE at a learning rate of 1e38: after the first update its damping and
+# shear overflow, so every later step is non-finite and so is the evaluation.
+DIVERGING = [
+    "--config.pe.name=jordan_rope",
+    "--config.opt.learning_rate=1e38",
+    "--config.opt.nonfinite=skip",
+]
+
+
+@pytest.mark.slow
+def test_skip_gives_up_after_too_many_skipped_steps_in_a_row(tmp_path, env):
+    workdir = tmp_path / "run"
+    result = _train(workdir, env, *DIVERGING, "--config.opt.max_consecutive_skips=4")
+    assert result.returncode == cli.EXIT_NONFINITE, result.stderr
+    gave_up = re.search(
+        r"Steps (\d+) to (\d+) were all skipped \((loss|grad_norm) non-finite\): 4 in a row, "
+        r"opt\.max_consecutive_skips",
+        result.stderr,
+    )
+    assert gave_up and int(gave_up.group(2)) - int(gave_up.group(1)) == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(workdir.glob("eval_step*"))
+
+
+@pytest.mark.slow
+def test_a_nan_evaluation_is_a_failure_not_a_result(tmp_path, env):
+    workdir = tmp_path / "run"
+    result = _train(workdir, env, *DIVERGING, "--config.opt.max_consecutive_skips=1000")
+    assert result.returncode == cli.EXIT_NONFINITE, result.stderr
+    assert re.search(
+        r"The evaluation of step 60 \(.*/checkpoints/60\) gave a non-finite loss at length 8 "
+        r"\(nan\); no results were written",
+        result.stderr,
+    ), result.stderr
+    assert not list(workdir.glob("eval_step*"))
+    records = _strict_json_lines(workdir / "metrics.jsonl")
+    assert not [record for record in records if "eval_8/loss" in record]
+    assert "nan" in {record["train/grad_norm"] for record in records}  # as a string
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_with_one_message_and_the_last_checkpoint_resumes(tmp_path):
+    # A file-size limit stands in for a full disk: a write beyond it fails (EFBIG) as one beyond
+    # the free space would (ENOSPC). Checkpoint files stay below it; metrics.jsonl grows past it.
+    workdir = tmp_path / "run"
+    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    del env["JAX_COMPILATION_CACHE_DIR"]  # its files would meet the limit too
+    limit = 40_000
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    command = [sys.executable, TRAIN_SCRIPT, TINY, f"--workdir={workdir}", "--config.num_steps=200"]
+    failed = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, preexec_fn=limit_file_size
+    )
+    assert failed.returncode == cli.EXIT_IO, failed.stderr
+    assert failed.stderr.count("\n") == 1, failed.stderr  # one message, no tracebacks
+    latest = checkpoint_steps(workdir)[-1]
+    assert failed.stderr.startswith(
+        f"Storage failure writing {workdir / 'metrics.jsonl'}: File too large. The last good "
+        f"checkpoint is step {latest} at {workdir / 'checkpoints' / str(latest)}; nothing was deleted."
+    )
+    resumed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming from checkpoint {workdir / 'checkpoints' / str(latest)}." in resumed.stdout
+    assert [record["step"] for record in train_records(workdir)] == list(range(1, 201))
