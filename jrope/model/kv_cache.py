@@ -43,7 +43,7 @@ H head dim, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,7 @@ class KVCache:
     origin: jax.Array
     next_position: jax.Array
     length: jax.Array
-    rebase_bound: int = dataclasses.field(metadata=dict(static=True))
+    rebase_bound: int = dataclasses.field(metadata={"static": True})
 
     @property
     def max_length(self) -> int:

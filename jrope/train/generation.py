@@ -34,8 +34,8 @@ Shape legend: B batch, P padded prompt length, N new tokens, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,7 @@ class GenerationSettings:
     """
 
     num_tokens: int
-    sampling: SamplingSettings = SamplingSettings()
+    sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
     stop_token: int | None = None
     position_offset: int = 0
     rebase_bound: int = 1024

@@ -61,11 +61,14 @@ def filtered_logits(logits: jax.Array, settings: SamplingSettings) -> jax.Array:
         sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
         probs = jax.nn.softmax(sorted_logits, axis=-1)
         # A token stays when the tokens more likely than it hold less than p.
-        before = jnp.cumsum(probs, axis=-1) - probs
+        before = jnp.cumsum(probs, axis=-1)
+        before = jnp.concatenate([jnp.zeros_like(before[:, :1]), before[:, :-1]], axis=-1)
         keep_sorted = before < settings.top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            jnp.arange(logits.shape[0])[:, None], order
-        ].set(keep_sorted)
+        keep = (
+            jnp.zeros_like(keep_sorted)
+            .at[jnp.arange(logits.shape[0])[:, None], order]
+            .set(keep_sorted)
+        )
         logits = jnp.where(keep, logits, -jnp.inf)
     return logits
 

@@ -92,7 +92,9 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
             ) from err
         cfg = TrainConfig.from_config_dict(saved)
         _check_text_run(cfg, path)
-        mesh = sharding.make_mesh(decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices)
+        mesh = sharding.make_mesh(
+            decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
+        )
         layout = state_layout(cfg, cfg.data.vocab_size, mesh)
         state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
     finally:
