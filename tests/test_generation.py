@@ -118,8 +118,9 @@ def test_the_cache_is_sharded_like_the_activations(tmp_path):
     tokens, lengths = pad_prompts([np.arange(1, 4 + row, dtype=np.int32) for row in range(8)])
     with jax.set_mesh(mesh):
         _, cache = generator.start(params, tokens, lengths, np.zeros(8, np.int32))
-    kv_sharding = NamedSharding(mesh, PartitionSpec("data", None, "tensor", None))
-    for array in cache.keys + cache.values:  # [B, M, N, H]: batch over data, heads over tensor
+    # Keys [B, N, H, M] and values [B, N, M, H]: batch over data, heads over tensor.
+    kv_sharding = NamedSharding(mesh, PartitionSpec("data", "tensor", None, None))
+    for array in cache.keys + cache.values:
         assert array.sharding.is_equivalent_to(kv_sharding, 4), array.sharding
     slot_sharding = NamedSharding(mesh, PartitionSpec("data", None))
     assert cache.positions.sharding.is_equivalent_to(slot_sharding, 2)

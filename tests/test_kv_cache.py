@@ -180,7 +180,8 @@ def test_cache_layout_and_a_step_past_the_last_slot():
     graphdef, params = nnx.split(model)
     tokens, lengths = _tokens(length=PROMPT), jnp.asarray((PROMPT, 2), jnp.int32)
     logits, cache = _prefill(graphdef, params, tokens, lengths, jnp.zeros((2,), jnp.int32), 7, 4)
-    assert [k.shape for k in cache.keys] == [(2, 7, 2, 24)] * 2
+    assert [k.shape for k in cache.keys] == [(2, 2, 24, 7)] * 2  # [B, N, H, M]
+    assert [v.shape for v in cache.values] == [(2, 2, 7, 24)] * 2  # [B, N, M, H]
     assert {k.dtype for k in cache.keys} == {jnp.dtype(jnp.float32)}
     # Row 1's prompt pads and the slot not yet written hold no key.
     empty = kv_cache.EMPTY

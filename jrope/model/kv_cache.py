@@ -18,9 +18,13 @@ shear. Keys far behind the origin get factors e^{-gamma (o - j)} that may
 underflow to zero, which is their true contribution to float32 accuracy.
 ALiBi's bias is computed from the stored positions.
 
-Layout: per layer, keys [B, M, N, H] (float32 when the encoding keeps
+Layout: per layer, keys [B, N, H, M] (float32 when the encoding keeps
 mapped keys in float32, Encoding.keeps_float32, else the compute dtype) and
-values [B, M, N, H] in a buffer of M slots allocated once; per row the
+values [B, N, M, H] in buffers of M slots allocated once. These are the
+layouts XLA:CPU's matmuls read as they lie (q . k contracts H, p . v
+contracts M): with keys or values stored [B, M, N, H], it copied every
+layer's whole cache into that layout in every decode step, which made a
+step at M = 8192 several times slower. Per row the
 origin, the position of the next token and the position held by each slot
 (EMPTY for a slot without a key: after every query, so never visible). All
 rows write the same slot per step (`dynamic_update_slice`): prompts of
@@ -56,8 +60,9 @@ from jrope.model.transformer import Transformer
 
 # Position of a slot that holds no key: after every query position, so never visible.
 EMPTY = int(np.iinfo(np.int32).max)
-# Logical axes of the cached keys and values, and of the per-slot positions.
-KV_AXES = (BATCH, LENGTH, HEADS, HEAD_DIM)
+# Logical axes of the cached keys, values and per-slot positions.
+KEY_AXES = (BATCH, HEADS, HEAD_DIM, LENGTH)
+VALUE_AXES = (BATCH, HEADS, LENGTH, HEAD_DIM)
 SLOT_AXES = (BATCH, LENGTH)
 ROW_AXES = (BATCH,)
 
@@ -67,8 +72,8 @@ ROW_AXES = (BATCH,)
 class KVCache:
     """The cache of every layer (a pytree; rebase_bound is static).
 
-    keys: per layer [B, M, N, H], A(-(j - origin)) k_j for the key at slot j.
-    values: per layer [B, M, N, H], in the compute dtype.
+    keys: per layer [B, N, H, M], A(-(j - origin)) k_j for the key at slot j.
+    values: per layer [B, N, M, H], in the compute dtype.
     positions: int32 [B, M], the position of each slot's key (EMPTY: none).
     origin: int32 [B], where each row's keys are mapped from.
     next_position: int32 [B], the position of each row's next token.
@@ -92,8 +97,8 @@ class KVCache:
         """fn(array, logical_axes) on every array (shardings, constraints, abstract shapes)."""
         return dataclasses.replace(
             self,
-            keys=tuple(fn(k, KV_AXES) for k in self.keys),
-            values=tuple(fn(v, KV_AXES) for v in self.values),
+            keys=tuple(fn(k, KEY_AXES) for k in self.keys),
+            values=tuple(fn(v, VALUE_AXES) for v in self.values),
             positions=fn(self.positions, SLOT_AXES),
             origin=fn(self.origin, ROW_AXES),
             next_position=fn(self.next_position, ROW_AXES),
@@ -104,19 +109,26 @@ class KVCache:
 class LayerCache:
     """One layer's share of the cache during one traced forward pass.
 
-    The model passes it to its layer's attention, which calls `store` with
-    the new raw keys and values and, in a decode step, `attend` instead of
-    its attention kernel. Mutable on purpose: `store` replaces `keys` and
-    `values` by the updated buffers, which prefill and decode_step collect
-    after the forward. It lives inside one traced function and never crosses
-    a JAX transformation.
+    The model passes it to its layer's attention, which hands it the new raw
+    keys and values (`add`) and, in a decode step, calls `attend` instead of
+    its attention kernel. Mutable on purpose: the updated buffers replace
+    `keys` and `values`, which prefill and decode_step collect after the
+    forward. It lives inside one traced function and never crosses a JAX
+    transformation.
 
-    keys, values: [B, M, N, H] buffers; slot_positions: int32 [B, M] after
-    this step's writes; positions: int32 [B, T] of the T new tokens (prompt
-    pads included); origin: int32 [B]; write_index: int32 [] of the first new
-    slot; filled: bool [B, T], False for prompt pads (their slots are zeroed);
-    decoding: attend over the cache (decode step) or leave attention to the
-    model's kernel (prefill).
+    A prefill writes the new entries at once (its attention is the model's
+    kernel). A decode step attends over the buffers as they were and the new
+    entries beside them, then writes the new entries, computed so that they
+    depend on the attention's result (_after): a program that reads a buffer
+    and also updates it in place, with nothing ordering the two, gets the
+    whole buffer copied (XLA:CPU copied every layer's cache twice per step,
+    4x the step's time at 8192 slots; docs/performance.md).
+
+    keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
+    int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
+    new tokens (prompt pads included); origin: int32 [B]; write_index: int32
+    [] of the first new slot; filled: bool [B, T], False for prompt pads
+    (their slots are zeroed); decoding: a decode step (else a prefill).
     """
 
     def __init__(
@@ -131,25 +143,53 @@ class LayerCache:
         self.filled = filled
         self.decoding = decoding
 
-    def store(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None:
-        """Maps the new raw keys k [B, T, N, H] from the origin and writes them and v into the buffers."""
-        k2 = encoding.map_keys(params, k, self.positions, self.origin).astype(self.keys.dtype)
+    def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None:
+        """Takes the new raw keys and values [B, T, N, H], keys mapped from the origin.
+
+        A prefill writes them now; a decode step writes them in `attend`.
+        """
         filled = self.filled[..., None, None]
-        k2 = jnp.where(filled, k2, 0)
-        v = jnp.where(filled, v, 0).astype(self.values.dtype)
-        start = (0, self.write_index, 0, 0)
-        self.keys = jax.lax.dynamic_update_slice(self.keys, k2, start)
-        self.values = jax.lax.dynamic_update_slice(self.values, v, start)
+        k2 = encoding.map_keys(params, k, self.positions, self.origin).astype(self.keys.dtype)
+        self.new_keys = jnp.where(filled, k2, 0)
+        self.new_values = jnp.where(filled, v, 0).astype(self.values.dtype)
+        if not self.decoding:
+            self._write(self.new_keys, self.new_values)
 
     def attend(self, q: jax.Array, encoding: Encoding, params) -> jax.Array:
-        """Attention of the new raw queries q [B, T, N, H] over every stored key -> [B, T, N, H]."""
+        """Attention of the new raw queries q [B, T, N, H] over the stored keys and their own -> [B, T, N, H]."""
         q2 = encoding.map_queries(params, q, self.positions, self.origin)
+        key_positions = jnp.concatenate([self.slot_positions, self.positions], axis=-1)
         bias = None
         if encoding.has_bias:
-            bias = encoding.logit_bias(params, self.positions, self.slot_positions)
-        return cached_attention(
-            q2, self.keys, self.values, self.positions, self.slot_positions, bias
+            bias = encoding.logit_bias(params, self.positions, key_positions)
+        y = cached_attention(
+            q2,
+            self.positions,
+            self.keys,
+            self.values,
+            self.new_keys,
+            self.new_values,
+            key_positions,
+            bias,
         )
+        self._write(_after(self.new_keys, y), _after(self.new_values, y))
+        return y
+
+    def _write(self, k2: jax.Array, v: jax.Array) -> None:
+        """Writes mapped keys and values [B, T, N, H] into the slots from write_index on."""
+        self.keys = jax.lax.dynamic_update_slice(
+            self.keys, jnp.transpose(k2, (0, 2, 3, 1)), (0, 0, 0, self.write_index)
+        )
+        self.values = jax.lax.dynamic_update_slice(
+            self.values, jnp.transpose(v, (0, 2, 1, 3)), (0, 0, self.write_index, 0)
+        )
+
+
+def _after(x: jax.Array, result: jax.Array) -> jax.Array:
+    """x [B, T, N, H] unchanged, made to depend on result [B, T, N, H] (x + 0 * a finite part of it)."""
+    anchor = result[..., :1].astype(jnp.float32)
+    anchor = jnp.where(jnp.isfinite(anchor), anchor, 0.0)
+    return x + (0.0 * anchor).astype(x.dtype)
 
 
 def _attention_layers(model: Transformer):
@@ -200,15 +240,14 @@ def prefill(
     positions = offsets[:, None] + jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [B, P]
     filled = jnp.arange(prompt_length)[None] < lengths[:, None]
     origin = offsets + lengths - 1
-    slot_positions = jnp.full((batch, max_length), EMPTY, jnp.int32)
-    slot_positions = slot_positions.at[:, :prompt_length].set(jnp.where(filled, positions, EMPTY))
+    empty = jnp.full((batch, max_length), EMPTY, jnp.int32)
     attentions = _attention_layers(model)
-    shape = (batch, max_length, attentions[0].encoding.num_heads, attentions[0].encoding.head_dim)
+    heads, head_dim = attentions[0].encoding.num_heads, attentions[0].encoding.head_dim
     layers = [
         LayerCache(
-            jnp.zeros(shape, key_dtype(model)),
-            jnp.zeros(shape, model.cfg.compute_dtype),
-            slot_positions,
+            jnp.zeros((batch, heads, head_dim, max_length), key_dtype(model)),
+            jnp.zeros((batch, heads, max_length, head_dim), model.cfg.compute_dtype),
+            empty,
             positions,
             origin,
             jnp.int32(0),
@@ -222,7 +261,7 @@ def prefill(
     cache = KVCache(
         keys=tuple(layer.keys for layer in layers),
         values=tuple(layer.values for layer in layers),
-        positions=slot_positions,
+        positions=empty.at[:, :prompt_length].set(jnp.where(filled, positions, EMPTY)),
         origin=origin,
         next_position=offsets + lengths,
         length=jnp.int32(prompt_length),
@@ -244,12 +283,37 @@ def rebase(model: Transformer, cache: KVCache) -> KVCache:
         origin = jnp.where(due, cache.next_position, cache.origin)
         shift = origin - cache.origin  # 0 for rows that stay
         keys = tuple(
-            attention.encoding.move_keys(_pe_params(attention), keys, shift).astype(keys.dtype)
+            _move(attention.encoding, _pe_params(attention), keys, shift)
             for attention, keys in zip(_attention_layers(model), cache.keys)
         )
         return dataclasses.replace(cache, keys=keys, origin=origin)
 
     return jax.lax.cond(jnp.any(due), move, lambda cache: cache, cache)
+
+
+def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
+    """Cached keys [B, N, H, M] moved by `shift` [B] (Encoding.move_keys), in their layout.
+
+    The move is one linear map per row and head, the same for every slot:
+    applied to the H unit vectors, move_keys gives its [H, H] matrix (block
+    diagonal; the zeros add exact zeros), and one batched matmul applies it.
+    Calling move_keys on the cache itself would need the cache transposed to
+    [B, M, N, H] and back, and XLA:CPU then kept the loop's cache in the
+    transposed layout and copied it back in every step.
+    """
+    batch, heads, head_dim, _ = keys.shape
+    units = jnp.broadcast_to(
+        jnp.eye(head_dim, dtype=jnp.float32)[None, :, None, :], (batch, head_dim, heads, head_dim)
+    )  # [B, i, N, H]: unit vector e_i for every head
+    columns = encoding.move_keys(params, units, shift)  # [B, i, N, H]: A(shift) e_i
+    moved = jnp.einsum(
+        "bino,bnis->bnos",
+        columns.astype(jnp.float32),
+        keys.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+    return moved.astype(keys.dtype)
 
 
 def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
@@ -262,12 +326,11 @@ def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[
     """
     cache = rebase(model, cache)
     positions = cache.next_position[:, None]  # [B, 1]
-    slot_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, cache.length))
     layers = [
         LayerCache(
             keys,
             values,
-            slot_positions,
+            cache.positions,
             positions,
             cache.origin,
             cache.length,
@@ -282,7 +345,7 @@ def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[
         cache,
         keys=tuple(layer.keys for layer in layers),
         values=tuple(layer.values for layer in layers),
-        positions=slot_positions,
+        positions=jax.lax.dynamic_update_slice(cache.positions, positions, (0, cache.length)),
         next_position=cache.next_position + 1,
         length=cache.length + 1,
     )

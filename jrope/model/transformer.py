@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
@@ -150,7 +151,7 @@ class CausalSelfAttention(nnx.Module):
         if cache is not None:
             # Generation: the cache keeps the keys and values; a decode step attends over all it
             # holds instead of running the kernel below, a prefill runs the kernel.
-            cache.store(k, v, self.encoding, pe_params)
+            cache.add(k, v, self.encoding, pe_params)
             if cache.decoding:
                 y = cache.attend(q, self.encoding, pe_params)
                 with jax.named_scope("out_projection"):
