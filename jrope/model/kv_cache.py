@@ -20,23 +20,22 @@ ALiBi's bias is computed from the stored positions.
 
 Layout: per layer, keys [B, N, H, M] (float32 when the encoding keeps
 mapped keys in float32, Encoding.keeps_float32, else the compute dtype) and
-values [B, N, M, H] in buffers of M slots allocated once. These are the
-layouts XLA:CPU's matmuls read as they lie (q . k contracts H, p . v
-contracts M): with keys or values stored [B, M, N, H], it copied every
-layer's whole cache into that layout in every decode step, which made a
-step at M = 8192 several times slower. Per row the
-origin, the position of the next token and the position held by each slot
-(EMPTY for a slot without a key: after every query, so never visible). All
-rows write the same slot per step (`dynamic_update_slice`): prompts of
-different lengths are right-padded, and a shorter prompt's pad slots stay
-EMPTY. The arrays carry logical axis names (KVCache.map_arrays) so that a
-harness shards them like the activations: batch over data, heads over tensor.
+values [B, N, M, H] in buffers of M slots allocated once: the layouts the
+decode step's matmuls read as they lie (q . k contracts H, p . v contracts
+M); stored [B, M, N, H], XLA:CPU transposed them in every step
+(docs/performance.md, Decoding). Per row: the origin, the position of the
+next token and the position held by each slot (EMPTY for a slot without a
+key: after every query, so never visible). All rows write the same slot
+per step (`dynamic_update_slice`): prompts of different lengths are
+right-padded, and a shorter prompt's pad slots stay EMPTY. The arrays carry
+logical axis names (KVCache.map_arrays) so that a harness shards them like
+the activations: batch over data, heads over tensor.
 
     logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
     logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
 
 The prefill runs the prompt through the model's ordinary forward (any
-attention kernel); each attention layer stores its keys and values into a
+attention kernel); each attention layer hands its keys and values to a
 LayerCache on the way. A decode step runs the same model code with the
 attention replaced by jrope.attention.cached.
 
@@ -298,8 +297,8 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
     applied to the H unit vectors, move_keys gives its [H, H] matrix (block
     diagonal; the zeros add exact zeros), and one batched matmul applies it.
     Calling move_keys on the cache itself would need the cache transposed to
-    [B, M, N, H] and back, and XLA:CPU then kept the loop's cache in the
-    transposed layout and copied it back in every step.
+    [B, M, N, H] and back, and XLA:CPU then chose that layout for the loop's
+    cache and transposed it in every step (docs/performance.md, Decoding).
     """
     batch, heads, head_dim, _ = keys.shape
     units = jnp.broadcast_to(
