@@ -1,14 +1,13 @@
 """Attention of a few new queries over a KV cache whose keys the encoding has already mapped.
 
 A decode step adds one token per row: its query must see every cached key
-and its own.
-The cache (jrope.model.kv_cache) stores keys already mapped from its origin,
-A(-(j - o)) k_j, so this kernel takes queries mapped from the same origin
-and forms q2 . k2 directly: no per-key cos, sin or exp is evaluated per
-step, which is what makes caching pay. The dense kernels cannot serve here:
-they map raw keys themselves and mask by index, while cache slots are
-masked by position (an unused slot holds a position after every query,
-jrope.model.kv_cache.EMPTY).
+and its own. The cache (jrope.model.kv_cache) stores keys already mapped
+from its origin, A(-(j - o)) k_j, so this kernel takes queries mapped from
+the same origin and forms q2 . k2 directly: no per-key cos, sin or exp is
+evaluated per step, which is what makes caching pay. The dense kernels
+cannot serve here: they map raw keys themselves and mask by index, while
+cache slots are masked by position (an unused slot holds a position after
+every query, jrope.model.kv_cache.EMPTY).
 
 Numerics follow jrope.attention.dense: logits and softmax in float32, a
 finite mask value, the division by the row sum applied to the [B, T, N, H]

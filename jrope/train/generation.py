@@ -112,11 +112,11 @@ class Generator:
     def __call__(self, params: Any, prompts: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The new tokens of each prompt: int32 [n], n <= num_tokens, ending at the stop token if drawn."""
         tokens, lengths = pad_prompts(prompts)
-        last_position = self.settings.position_offset + tokens.shape[1] + self.settings.num_tokens
-        if last_position >= kv_cache.EMPTY:
+        largest_offset = kv_cache.EMPTY - 1 - tokens.shape[1] - self.settings.num_tokens
+        if self.settings.position_offset > largest_offset:
             raise ValueError(
-                f"--position_offset {self.settings.position_offset} puts positions past int32 "
-                f"({last_position}); use an offset below {kv_cache.EMPTY - last_position}."
+                f"--position_offset {self.settings.position_offset} puts positions past the int32 "
+                f"range; use an offset of at most {largest_offset}."
             )
         offsets = np.full(lengths.shape, self.settings.position_offset, np.int32)
         key = jax.random.key(self.settings.sampling.seed)
