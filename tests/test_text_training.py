@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers.tiny_config import tiny_text_config_dict
 
 from configs import wikitext_cpu, wikitext_scaled_exact, wikitext_v2
 from jrope.data import wikitext
@@ -16,30 +17,7 @@ from jrope.train.trainer import train_and_evaluate
 
 
 def _tiny_text_config(tmp_path):
-    text = tmp_path / "corpus.txt"
-    text.write_text(
-        "".join(f" = Section {i} = \n Le homard européen – 龍蝦 , line {i} .\n" for i in range(60)),
-        encoding="utf-8",
-    )
-    config = wikitext_cpu.get_config()
-    config.data.source = "text"
-    config.data.path = str(text)
-    config.data.eval_path = str(text)
-    config.data.cache_dir = str(tmp_path / "cache")
-    config.model.d_model = 32
-    config.model.num_heads = 2
-    config.model.num_layers = 1
-    config.pe.train_context = 16
-    config.num_steps = 2
-    config.batch_size = 8
-    config.mesh.data = -1  # the 8 fake devices: one window each
-    config.checkpoint.every_steps = 2
-    config.log.every_steps = 1
-    config.log.tensorboard = False
-    config.eval.lengths = (16, 32)
-    config.eval.num_sequences = 8
-    config.eval.batch_size = 8
-    return TrainConfig.from_config_dict(config)
+    return TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
 
 
 @pytest.mark.slow

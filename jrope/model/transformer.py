@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,9 @@ from jrope import attention
 from jrope.encodings import Encoding
 from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
 from jrope.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from jrope.model.kv_cache import LayerCache
 
 NORM_EPS = 1e-6
 
@@ -146,11 +150,16 @@ class CausalSelfAttention(nnx.Module):
         )
 
     def __call__(
-        self, x: jax.Array, positions: jax.Array, num_queries: int | None = None
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        num_queries: int | None = None,
+        cache: LayerCache | None = None,
     ) -> jax.Array:
         """x [B, S, D], positions int32 [S] or [B, S] -> [B, T, D].
 
         The output covers the last T = num_queries positions (default: all S).
+        cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
         """
         kernel = self.qkv[...].astype(x.dtype)
         precision = attention.matmul_precision(self.cfg)
@@ -164,6 +173,21 @@ class CausalSelfAttention(nnx.Module):
                 q = _projection(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1, precision)
                 k, v = jnp.unstack(_projection(x, kernel[:, 1:], 1, precision), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
+        if cache is not None:
+            # Generation: the cache keeps the keys and values; a decode step attends over all it
+            # holds instead of running the kernel below, a prefill runs the kernel.
+            cache.add(k, v, self.encoding, pe_params)
+            if cache.decoding:
+                y = cache.attend(
+                    q,
+                    self.encoding,
+                    pe_params,
+                    attention.attention_precision(self.cfg, self.encoding),
+                )
+                with jax.named_scope("out_projection"):
+                    return _projection(
+                        y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision
+                    )
         kernel = attention.choose_kernel(
             self.cfg, self.encoding, length=k.shape[1], num_queries=q.shape[1]
         )
@@ -211,15 +235,19 @@ class TransformerBlock(nnx.Module):
         positions: jax.Array,
         num_queries: int | None = None,
         dropout_key: jax.Array | None = None,
+        cache: LayerCache | None = None,
     ) -> jax.Array:
         """x [B, S, D] -> [B, T, D] for the last T = num_queries positions (default: all).
 
         dropout_key: drops each branch output with probability model.dropout_rate
         before it joins the residual stream; None (evaluation) drops nothing.
+        cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
         """
         residual = x if num_queries is None else x[:, x.shape[1] - num_queries :]
         attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        x = residual + self._dropout(self.attn(self.attn_norm(x), positions, num_queries), attn_key)
+        x = residual + self._dropout(
+            self.attn(self.attn_norm(x), positions, num_queries, cache), attn_key
+        )
         return x + self._dropout(self.mlp(self.mlp_norm(x)), mlp_key)
 
     def _dropout(self, y: jax.Array, key: jax.Array | None) -> jax.Array:
@@ -261,17 +289,27 @@ class Transformer(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(
-        self, tokens: jax.Array, positions: jax.Array, *, dropout_key: jax.Array | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        *,
+        dropout_key: jax.Array | None = None,
+        cache: Sequence[LayerCache] | None = None,
     ) -> jax.Array:
         """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T', V] (see decode)."""
-        return self.decode(self.embed(tokens), positions, dropout_key=dropout_key)
+        return self.decode(self.embed(tokens), positions, dropout_key=dropout_key, cache=cache)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """tokens int32 [B, T] -> [B, T, D] in the compute dtype."""
         return jnp.take(self.embedding[...], tokens, axis=0).astype(self.cfg.compute_dtype)
 
     def decode(
-        self, x: jax.Array, positions: jax.Array, *, dropout_key: jax.Array | None = None
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        *,
+        dropout_key: jax.Array | None = None,
+        cache: Sequence[LayerCache] | None = None,
     ) -> jax.Array:
         """Embedded inputs [B, T, D] -> logits float32 [B, T', V] (the blocks, final norm and tied output).
 
@@ -279,6 +317,9 @@ class Transformer(nnx.Module):
         queries, MLP and the logits at the last position only (the keys and
         values still cover every position), which is all a loss on the last
         position needs.
+
+        cache: one LayerCache per block (jrope.model.kv_cache.prefill and
+        decode_step): every position is computed, without remat.
         """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)
@@ -289,7 +330,9 @@ class Transformer(nnx.Module):
         for index, block in enumerate(self.blocks):
             # Each block draws its dropout masks from its own stream.
             key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
-            if index == last and self.cfg.readout == "last":
+            if cache is not None:
+                x = block(x, positions, cache=cache[index])
+            elif index == last and self.cfg.readout == "last":
                 x = block(x, positions, num_queries=1, dropout_key=key)
             else:
                 x = run_block(block, x, positions, key)

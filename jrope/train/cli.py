@@ -88,13 +88,14 @@ def exit_code(error: BaseException) -> int | None:
     from jrope.train.nonfinite import NonFiniteEvaluationError
     from jrope.train.preemption import TrainingPreempted
     from jrope.train.resume import CorruptCheckpointError, IncompatibleCheckpointError
+    from jrope.train.text_generation import GenerationError
     from jrope.train.workdir_lock import WorkdirBusy
 
     kinds = (
         (io_failures.RunIOError, EXIT_IO),
         (WorkdirBusy, EXIT_WORKDIR_BUSY),
         ((DataError, WikiTextUnavailable), EXIT_DATA),
-        ((ConfigError, app.UsageError), EXIT_CONFIG),
+        ((ConfigError, app.UsageError, GenerationError), EXIT_CONFIG),
         (
             (CorruptCheckpointError, IncompatibleCheckpointError, NoCheckpointError),
             EXIT_CHECKPOINT,

@@ -1,10 +1,11 @@
-"""A tiny synthetic-task training config shared by the trainer tests.
+"""Tiny training configs shared by the tests: the synthetic task, and byte-level text.
 
-d_model 32, 2 heads of 16, 2 layers, L 16, batch 8: small enough that the
-tests' cost is compilation, not computation.
+d_model 32, 2 heads of 16, L 16, batch 8 (2 layers for the synthetic task,
+1 for text): small enough that the tests' cost is compilation, not
+computation.
 """
 
-from configs import synthetic
+from configs import synthetic, wikitext_cpu
 from jrope.train.config import TrainConfig
 
 
@@ -26,6 +27,43 @@ def tiny_config_dict(**overrides):
     config.checkpoint.every_steps = 2
     config.log.every_steps = 1
     config.log.tensorboard = False
+    return _override(config, overrides)
+
+
+def tiny_config(**overrides) -> TrainConfig:
+    return TrainConfig.from_config_dict(tiny_config_dict(**overrides))
+
+
+def tiny_text_config_dict(tmp_path, **overrides):
+    """configs/wikitext_cpu.py shrunk, on a small UTF-8 file written into tmp_path (no download)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text(
+        "".join(f" = Section {i} = \n Le homard européen – 龍蝦 , line {i} .\n" for i in range(60)),
+        encoding="utf-8",
+    )
+    config = wikitext_cpu.get_config()
+    config.data.source = "text"
+    config.data.path = str(text)
+    config.data.eval_path = str(text)
+    config.data.cache_dir = str(tmp_path / "cache")
+    config.model.d_model = 32
+    config.model.num_heads = 2
+    config.model.num_layers = 1
+    config.pe.train_context = 16
+    config.num_steps = 2
+    config.batch_size = 8
+    config.mesh.data = -1  # the 8 fake devices: one window each
+    config.checkpoint.every_steps = 2
+    config.log.every_steps = 1
+    config.log.tensorboard = False
+    config.eval.lengths = (16, 32)
+    config.eval.num_sequences = 8
+    config.eval.batch_size = 8
+    return _override(config, overrides)
+
+
+def _override(config, overrides):
+    """Sets each dotted key ('model.num_heads') of `overrides` in the ConfigDict."""
     for dotted, value in overrides.items():
         section, _, key = dotted.rpartition(".")
         target = config
@@ -33,7 +71,3 @@ def tiny_config_dict(**overrides):
             target = target[part]
         target[key] = value
     return config
-
-
-def tiny_config(**overrides) -> TrainConfig:
-    return TrainConfig.from_config_dict(tiny_config_dict(**overrides))

@@ -1,0 +1,353 @@
+"""A KV cache for the Transformer that stays exact at any position, by the group law.
+
+Every encoding is a per-position map of keys and queries (docs/mathematics.md,
+section 3), so the cache stores each key already mapped, k2_j = A(-(j - o)) k_j,
+from an origin o per batch row, and a decode step maps only its new query
+from the same origin: q2_i . k2_j is the encoded score, with no per-key
+cos, sin or exp per step.
+
+Why an origin, and why it moves: with damping, the key factor
+e^{gamma (j - o)} overflows float32 once j - o passes ~88 / gamma, and the
+query factor e^{-gamma (i - o)} underflows (docs/numerics.md, section 2).
+Before the newest position gets more than `rebase_bound` past the origin,
+the whole cache is moved to a new origin o' (the newest position) by one
+map, Encoding.move_keys: A(-(j - o')) = A(o' - o) A(-(j - o)), exact for
+every translation-invariant encoding; the stabilized ones (shear on absolute
+positions) move by their damped rotation alone, which commutes with their
+shear. Keys far behind the origin get factors e^{-gamma (o - j)} that may
+underflow to zero, which is their true contribution to float32 accuracy.
+ALiBi's bias is computed from the stored positions.
+
+Layout: per layer, keys [B, N, H, M] (float32 when the encoding keeps
+mapped keys in float32, Encoding.keeps_float32, else the compute dtype) and
+values [B, N, M, H] in buffers of M slots allocated once: the layouts the
+decode step's matmuls read as they lie (q . k contracts H, p . v contracts
+M); stored [B, M, N, H], XLA:CPU transposed them in every step
+(docs/performance.md, Decoding). Per row: the origin, the position of the
+next token and the position held by each slot (EMPTY for a slot without a
+key: after every query, so never visible). All rows write the same slot
+per step (`dynamic_update_slice`): prompts of different lengths are
+right-padded, and a shorter prompt's pad slots stay EMPTY. The arrays carry
+logical axis names (KVCache.map_arrays) so that a harness shards them like
+the activations: batch over data, heads over tensor.
+
+    logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
+    logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
+
+The prefill runs the prompt through the model's ordinary forward (any
+attention kernel); each attention layer hands its keys and values to a
+LayerCache on the way. A decode step runs the same model code with the
+attention replaced by jrope.attention.cached.
+
+Shape legend: B batch, P prompt length (padded), M cache slots, N heads,
+H head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jrope.attention.cached import cached_attention
+from jrope.encodings import Encoding
+from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
+from jrope.model.transformer import Transformer
+
+# Position of a slot that holds no key: after every query position, so never visible.
+EMPTY = int(np.iinfo(np.int32).max)
+# Logical axes of the cached keys, values and per-slot positions.
+KEY_AXES = (BATCH, HEADS, HEAD_DIM, LENGTH)
+VALUE_AXES = (BATCH, HEADS, LENGTH, HEAD_DIM)
+SLOT_AXES = (BATCH, LENGTH)
+ROW_AXES = (BATCH,)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """The cache of every layer (a pytree; rebase_bound is static).
+
+    keys: per layer [B, N, H, M], A(-(j - origin)) k_j for the key at slot j.
+    values: per layer [B, N, M, H], in the compute dtype.
+    positions: int32 [B, M], the position of each slot's key (EMPTY: none).
+    origin: int32 [B], where each row's keys are mapped from.
+    next_position: int32 [B], the position of each row's next token.
+    length: int32 [], slots written so far (the next step writes slot `length`).
+    rebase_bound: the cache moves its origin before next_position - origin exceeds this.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    positions: jax.Array
+    origin: jax.Array
+    next_position: jax.Array
+    length: jax.Array
+    rebase_bound: int = dataclasses.field(metadata={"static": True})
+
+    @property
+    def max_length(self) -> int:
+        return self.positions.shape[1]
+
+    def map_arrays(self, fn: Callable) -> KVCache:
+        """fn(array, logical_axes) on every array (shardings, constraints, abstract shapes)."""
+        return dataclasses.replace(
+            self,
+            keys=tuple(fn(k, KEY_AXES) for k in self.keys),
+            values=tuple(fn(v, VALUE_AXES) for v in self.values),
+            positions=fn(self.positions, SLOT_AXES),
+            origin=fn(self.origin, ROW_AXES),
+            next_position=fn(self.next_position, ROW_AXES),
+            length=fn(self.length, ()),
+        )
+
+
+class LayerCache:
+    """One layer's share of the cache during one traced forward pass.
+
+    The model passes it to its layer's attention, which hands it the new raw
+    keys and values (`add`) and, in a decode step, calls `attend` instead of
+    its attention kernel. Mutable on purpose: the updated buffers replace
+    `keys` and `values`, which prefill and decode_step collect after the
+    forward. It lives inside one traced function and never crosses a JAX
+    transformation.
+
+    A prefill writes the new entries at once (its attention is the model's
+    kernel). A decode step attends over the buffers as they were and the new
+    entries beside them, then writes the new entries, computed so that they
+    depend on the attention's result (_after): a program that reads a buffer
+    and also updates it in place, with nothing ordering the two, gets the
+    whole buffer copied (XLA:CPU copied every layer's cache twice per step,
+    4x the step's time at 8192 slots; docs/performance.md).
+
+    keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
+    int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
+    new tokens (prompt pads included); origin: int32 [B]; write_index: int32
+    [] of the first new slot; filled: bool [B, T], False for prompt pads
+    (their slots are zeroed); decoding: a decode step (else a prefill).
+    """
+
+    def __init__(
+        self, keys, values, slot_positions, positions, origin, write_index, filled, *, decoding
+    ):
+        self.keys = keys
+        self.values = values
+        self.slot_positions = slot_positions
+        self.positions = positions
+        self.origin = origin
+        self.write_index = write_index
+        self.filled = filled
+        self.decoding = decoding
+
+    def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None:
+        """Takes the new raw keys and values [B, T, N, H], keys mapped from the origin.
+
+        A prefill writes them now; a decode step writes them in `attend`.
+        """
+        filled = self.filled[..., None, None]
+        k2 = encoding.map_keys(params, k, self.positions, self.origin).astype(self.keys.dtype)
+        self.new_keys = jnp.where(filled, k2, 0)
+        self.new_values = jnp.where(filled, v, 0).astype(self.values.dtype)
+        if not self.decoding:
+            self._write(self.new_keys, self.new_values)
+
+    def attend(
+        self, q: jax.Array, encoding: Encoding, params, precision: jax.lax.Precision | None = None
+    ) -> jax.Array:
+        """Attention of the new raw queries q [B, T, N, H] over the stored keys and their own -> [B, T, N, H]."""
+        q2 = encoding.map_queries(params, q, self.positions, self.origin)
+        key_positions = jnp.concatenate([self.slot_positions, self.positions], axis=-1)
+        bias = None
+        if encoding.has_bias:
+            bias = encoding.logit_bias(params, self.positions, key_positions)
+        y = cached_attention(
+            q2,
+            self.positions,
+            self.keys,
+            self.values,
+            self.new_keys,
+            self.new_values,
+            key_positions,
+            bias,
+            precision,
+        )
+        self._write(_after(self.new_keys, y), _after(self.new_values, y))
+        return y
+
+    def _write(self, k2: jax.Array, v: jax.Array) -> None:
+        """Writes mapped keys and values [B, T, N, H] into the slots from write_index on."""
+        self.keys = jax.lax.dynamic_update_slice(
+            self.keys, jnp.transpose(k2, (0, 2, 3, 1)), (0, 0, 0, self.write_index)
+        )
+        self.values = jax.lax.dynamic_update_slice(
+            self.values, jnp.transpose(v, (0, 2, 1, 3)), (0, 0, self.write_index, 0)
+        )
+
+
+def _after(x: jax.Array, result: jax.Array) -> jax.Array:
+    """x [B, T, N, H] unchanged, made to depend on result [B, T, N, H] (x + 0 * a finite part of it)."""
+    anchor = result[..., :1].astype(jnp.float32)
+    anchor = jnp.where(jnp.isfinite(anchor), anchor, 0.0)
+    return x + (0.0 * anchor).astype(x.dtype)
+
+
+def _attention_layers(model: Transformer):
+    return [block.attn for block in model.blocks]
+
+
+def _pe_params(attention) -> dict[str, jax.Array]:
+    return {name: param[...] for name, param in attention.pe_params.items()}
+
+
+def key_dtype(model: Transformer) -> jnp.dtype:
+    """The dtype of the cached keys: the one the encoding's map_keys returns in this model."""
+    if _attention_layers(model)[0].encoding.keeps_float32:
+        return jnp.dtype(jnp.float32)
+    return jnp.dtype(model.cfg.compute_dtype)
+
+
+def prefill(
+    model: Transformer,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    offsets: jax.Array,
+    *,
+    max_length: int,
+    rebase_bound: int,
+) -> tuple[jax.Array, KVCache]:
+    """Runs the prompts through the model's forward and returns a cache holding them.
+
+    Args:
+      model: the Transformer (any attention kernel; readout is always 'all' here).
+      tokens: int32 [B, P], each row's prompt right-padded to P.
+      lengths: int32 [B], each prompt's length (1 <= length <= P).
+      offsets: int32 [B], each prompt's first absolute position.
+      max_length: M >= P, cache slots (the prompt's padded length plus the tokens to decode).
+      rebase_bound: positive; see KVCache.
+    Returns:
+      (float32 [B, V] logits at each row's last prompt token, the cache); the
+      origin is each row's last prompt position.
+    """
+    batch, prompt_length = tokens.shape
+    if max_length < prompt_length or rebase_bound < 1:
+        raise ValueError(
+            f"need max_length >= the padded prompt length {prompt_length} and rebase_bound >= 1, "
+            f"got max_length={max_length}, rebase_bound={rebase_bound}."
+        )
+    lengths = jnp.asarray(lengths, jnp.int32)
+    offsets = jnp.asarray(offsets, jnp.int32)
+    positions = offsets[:, None] + jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [B, P]
+    filled = jnp.arange(prompt_length)[None] < lengths[:, None]
+    origin = offsets + lengths - 1
+    empty = jnp.full((batch, max_length), EMPTY, jnp.int32)
+    attentions = _attention_layers(model)
+    heads, head_dim = attentions[0].encoding.num_heads, attentions[0].encoding.head_dim
+    layers = [
+        LayerCache(
+            jnp.zeros((batch, heads, head_dim, max_length), key_dtype(model)),
+            jnp.zeros((batch, heads, max_length, head_dim), model.cfg.compute_dtype),
+            empty,
+            positions,
+            origin,
+            jnp.int32(0),
+            filled,
+            decoding=False,
+        )
+        for _ in attentions
+    ]
+    logits = model(tokens, positions, cache=layers)  # [B, P, V]
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    cache = KVCache(
+        keys=tuple(layer.keys for layer in layers),
+        values=tuple(layer.values for layer in layers),
+        positions=empty.at[:, :prompt_length].set(jnp.where(filled, positions, EMPTY)),
+        origin=origin,
+        next_position=offsets + lengths,
+        length=jnp.int32(prompt_length),
+        rebase_bound=rebase_bound,
+    )
+    return last, cache
+
+
+def rebase(model: Transformer, cache: KVCache) -> KVCache:
+    """Moves the origin of each row whose next position is more than rebase_bound past it.
+
+    The moved rows' origin becomes their next position; every layer's keys
+    are re-expressed by Encoding.move_keys. Runs the move (one map of the
+    whole cache) only on the steps that need it (lax.cond).
+    """
+    due = cache.next_position - cache.origin > cache.rebase_bound  # [B]
+
+    def move(cache: KVCache) -> KVCache:
+        origin = jnp.where(due, cache.next_position, cache.origin)
+        shift = origin - cache.origin  # 0 for rows that stay
+        keys = tuple(
+            _move(attention.encoding, _pe_params(attention), keys, shift)
+            for attention, keys in zip(_attention_layers(model), cache.keys)
+        )
+        return dataclasses.replace(cache, keys=keys, origin=origin)
+
+    return jax.lax.cond(jnp.any(due), move, lambda cache: cache, cache)
+
+
+def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
+    """Cached keys [B, N, H, M] moved by `shift` [B] (Encoding.move_keys), in their layout.
+
+    The move is one linear map per row and head, the same for every slot:
+    applied to the H unit vectors, move_keys gives its [H, H] matrix (block
+    diagonal; the zeros add exact zeros), and one batched matmul applies it.
+    Calling move_keys on the cache itself would need the cache transposed to
+    [B, M, N, H] and back, and XLA:CPU then chose that layout for the loop's
+    cache and transposed it in every step (docs/performance.md, Decoding).
+    """
+    batch, heads, head_dim, _ = keys.shape
+    units = jnp.broadcast_to(
+        jnp.eye(head_dim, dtype=jnp.float32)[None, :, None, :], (batch, head_dim, heads, head_dim)
+    )  # [B, i, N, H]: unit vector e_i for every head
+    columns = encoding.move_keys(params, units, shift)  # [B, i, N, H]: A(shift) e_i
+    moved = jnp.einsum(
+        "bino,bnis->bnos",
+        columns.astype(jnp.float32),
+        keys.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+    return moved.astype(keys.dtype)
+
+
+def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Appends one token per row and returns the logits for the token after it.
+
+    tokens: int32 [B], each at its row's next_position. Returns (float32
+    [B, V], the cache one slot longer). Jit it once: the shapes never change.
+    A step past the last slot returns NaN logits (the buffer is full; size it
+    with prefill's max_length).
+    """
+    cache = rebase(model, cache)
+    positions = cache.next_position[:, None]  # [B, 1]
+    layers = [
+        LayerCache(
+            keys,
+            values,
+            cache.positions,
+            positions,
+            cache.origin,
+            cache.length,
+            jnp.ones(positions.shape, bool),
+            decoding=True,
+        )
+        for keys, values in zip(cache.keys, cache.values)
+    ]
+    logits = model(tokens[:, None], positions, cache=layers)[:, 0]
+    logits = jnp.where(cache.length < cache.max_length, logits, jnp.nan)
+    return logits, dataclasses.replace(
+        cache,
+        keys=tuple(layer.keys for layer in layers),
+        values=tuple(layer.values for layer in layers),
+        positions=jax.lax.dynamic_update_slice(cache.positions, positions, (0, cache.length)),
+        next_position=cache.next_position + 1,
+        length=cache.length + 1,
+    )

@@ -1,0 +1,218 @@
+"""Generating tokens from prompts, with the KV cache or by recomputation, in one compiled loop each.
+
+    generator = Generator(graphdef, settings, mesh=mesh, rules=cfg.mesh.rules)
+    rows = generator(params, prompts)       # one int32 array of new tokens per prompt
+
+Cached (the default): the prompts go through the model's ordinary forward
+once (jrope.model.kv_cache.prefill), then each new token costs one decode
+step over the cache. Recomputed (`use_cache=False`, the reference answer):
+every new token runs the full forward over the whole sequence again. Both
+draw token i with the key fold_in(key(seed), i), so with the same logits
+they draw the same tokens; with temperature 0 they must agree.
+
+A batch of prompts of different lengths is right-padded: the causal forward
+never lets a real token see a pad, the cache marks pad slots empty, and
+each row reads its logits at its own last token. Each new token is at the
+row's next position (its prompt starts at `position_offset`).
+
+Both loops are a `lax.while_loop` inside one jitted function (no host round
+trip per token), which stops when every row has produced the stop token or
+after num_tokens. They are compiled in two stages, `start` (prompt ->
+logits of the first new token) and `finish` (the loop), which
+benchmarks/decode.py times apart. The recomputed loop runs the forward over
+a fixed buffer of P + N - 1 positions (P the padded prompt length, N the
+tokens to generate) so that it compiles once: by causality the positions
+after a row's last token change nothing.
+
+The cache is sharded like the activations: batch over the data axes, heads
+over tensor (its logical axes, jrope.model.kv_cache, through the run's
+rules).
+
+Shape legend: B batch, P padded prompt length, N new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from jrope.model import kv_cache
+from jrope.train.sampling import SamplingSettings, next_tokens
+from jrope.train.sharding import Rules, logical_to_spec
+
+# Marks the places after a row's stop token in the [B, N] token array.
+NO_TOKEN = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """What to generate; every check raises ValueError naming the flag and the fix.
+
+    num_tokens: new tokens per prompt (fewer when the stop token comes first).
+    sampling: how each token is drawn.
+    stop_token: stop a row after it produces this token (None: never).
+    position_offset: absolute position of every prompt's first token.
+    rebase_bound: the cache moves its origin before a position gets further past it
+      (jrope.model.kv_cache); small values only cost time.
+    use_cache: False recomputes the full forward for every token (the reference).
+    """
+
+    num_tokens: int
+    sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
+    stop_token: int | None = None
+    position_offset: int = 0
+    rebase_bound: int = 1024
+    use_cache: bool = True
+
+    def __post_init__(self):
+        problems = []
+        if self.num_tokens < 1:
+            problems.append(f"--num_tokens must be >= 1, got {self.num_tokens}.")
+        if self.position_offset < 0:
+            problems.append(f"--position_offset must be >= 0, got {self.position_offset}.")
+        if self.rebase_bound < 1:
+            problems.append(f"--rebase_bound must be >= 1, got {self.rebase_bound}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+
+
+def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts (int token arrays, each non-empty) -> right-padded int32 [B, P] and lengths int32 [B]."""
+    if not prompts or any(len(prompt) == 0 for prompt in prompts):
+        raise ValueError("every prompt needs at least one token; pass a non-empty --prompt.")
+    lengths = np.asarray([len(prompt) for prompt in prompts], np.int32)
+    tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    return tokens, lengths
+
+
+class Generator:
+    """Compiled generation for one model and one GenerationSettings.
+
+    graphdef: the model's structure (its params are passed per call).
+    mesh, rules: the device mesh and the logical-to-mesh rules the cache is sharded by.
+    """
+
+    def __init__(self, graphdef: Any, settings: GenerationSettings, *, mesh: Mesh, rules: Rules):
+        self.settings = settings
+        self._graphdef = graphdef
+        self._mesh = mesh
+        self._rules = rules
+        self.start = jax.jit(self._start)
+        self.finish = jax.jit(self._finish)
+
+    def __call__(self, params: Any, prompts: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The new tokens of each prompt: int32 [n], n <= num_tokens, ending at the stop token if drawn."""
+        tokens, lengths = pad_prompts(prompts)
+        largest_offset = kv_cache.EMPTY - 1 - tokens.shape[1] - self.settings.num_tokens
+        if self.settings.position_offset > largest_offset:
+            raise ValueError(
+                f"--position_offset {self.settings.position_offset} puts positions past the int32 "
+                f"range; use an offset of at most {largest_offset}."
+            )
+        offsets = np.full(lengths.shape, self.settings.position_offset, np.int32)
+        key = jax.random.key(self.settings.sampling.seed)
+        with jax.set_mesh(self._mesh):
+            logits, state = self.start(params, tokens, lengths, offsets)
+            new_tokens = np.asarray(self.finish(params, logits, state, key))
+        return [row[row != NO_TOKEN] for row in new_tokens]
+
+    def _model(self, params):
+        return nnx.merge(self._graphdef, params)
+
+    def _start(self, params, tokens, lengths, offsets):
+        """(float32 [B, V] logits after each prompt, the loop's state)."""
+        model = self._model(params)
+        prompt_length = tokens.shape[1]
+        if self.settings.use_cache:
+            logits, cache = kv_cache.prefill(
+                model,
+                tokens,
+                lengths,
+                offsets,
+                max_length=prompt_length + self.settings.num_tokens - 1,
+                rebase_bound=self.settings.rebase_bound,
+            )
+            return logits, self._constrain(cache)
+        length = prompt_length + self.settings.num_tokens - 1
+        buffer = jnp.zeros((tokens.shape[0], length), jnp.int32).at[:, :prompt_length].set(tokens)
+        positions = offsets[:, None] + jnp.arange(length, dtype=jnp.int32)[None]
+        logits = _logits_at(model(buffer, positions), lengths - 1)
+        return logits, (buffer, positions, lengths)
+
+    def _finish(self, params, logits, state, key):
+        """int32 [B, N] new tokens (NO_TOKEN after a row's stop token)."""
+        model = self._model(params)
+        if self.settings.use_cache:
+
+            def advance(cache, tokens):
+                logits, cache = kv_cache.decode_step(model, cache, tokens)
+                return logits, self._constrain(cache)
+        else:
+
+            def advance(state, tokens):
+                buffer, positions, write = state
+                rows = jnp.arange(buffer.shape[0])
+                buffer = buffer.at[rows, write].set(tokens)
+                return _logits_at(model(buffer, positions), write), (buffer, positions, write + 1)
+
+        return _sampling_loop(logits, state, advance, key, self.settings)
+
+    def _constrain(self, cache: kv_cache.KVCache) -> kv_cache.KVCache:
+        """The cache with its sharding pinned: batch and heads split as the rules say."""
+
+        def constrain(array, logical_axes):
+            spec = logical_to_spec(logical_axes, array.shape, self._rules, self._mesh)
+            return jax.lax.with_sharding_constraint(array, NamedSharding(self._mesh, spec))
+
+        return cache.map_arrays(constrain)
+
+
+def _logits_at(logits: jax.Array, index: jax.Array) -> jax.Array:
+    """logits [B, T, V] at index[b] of each row -> [B, V]."""
+    return jnp.take_along_axis(logits, index[:, None, None], axis=1)[:, 0]
+
+
+def _sampling_loop(
+    logits: jax.Array,
+    state: Any,
+    advance: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
+    key: jax.Array,
+    settings: GenerationSettings,
+) -> jax.Array:
+    """Draws up to N tokens per row: token 0 from `logits`, token i from advance(state, token i-1).
+
+    Stops early once every row has drawn the stop token. Returns int32 [B, N].
+    """
+    batch, num_tokens = logits.shape[0], settings.num_tokens
+
+    def draw(index, logits, out, done):
+        token = next_tokens(logits, jax.random.fold_in(key, index), settings.sampling)
+        out = out.at[:, index].set(jnp.where(done, NO_TOKEN, token))
+        if settings.stop_token is not None:
+            done = done | (token == settings.stop_token)
+        return token, out, done
+
+    token, out, done = draw(
+        0, logits, jnp.full((batch, num_tokens), NO_TOKEN, jnp.int32), jnp.zeros((batch,), bool)
+    )
+
+    def not_finished(carry):
+        index, _, _, _, done = carry
+        return (index < num_tokens) & ~jnp.all(done)
+
+    def step(carry):
+        index, token, state, out, done = carry
+        logits, state = advance(state, token)
+        token, out, done = draw(index, logits, out, done)
+        return index + 1, token, state, out, done
+
+    return jax.lax.while_loop(not_finished, step, (1, token, state, out, done))[3]

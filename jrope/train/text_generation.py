@@ -1,0 +1,139 @@
+"""Text from a trained byte-level run: its latest checkpoint loaded without its training data.
+
+Every checkpoint keeps the config of the run that wrote it
+(jrope.train.checkpointing), so a workdir is all generation needs: the
+model, the encoding and the vocabulary come from there, and the state
+layout is built from the config alone (the vocabulary is the data
+section's), so the corpus is never read or downloaded.
+
+Only byte-level text runs have text to write (data.source one of
+TEXT_SOURCES). A synthetic-task run's tokens are not bytes, an audio-token
+run's bytes are not text, and a kernel-probe workdir trains no model: each
+is refused with a GenerationError saying so.
+
+Decoding needs no parameter sharding: the run's tensor axis is kept when it
+divides the devices, every other device goes to the data axis (one prompt
+per device when the batch allows), and fsdp is 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from absl import logging
+from jax.sharding import Mesh
+
+from jrope.data.files import resolved
+from jrope.data.text_bytes import decode_tokens, encode_text
+from jrope.train import resume, sharding
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.config import MeshConfig, TrainConfig
+from jrope.train.generation import GenerationSettings, Generator
+from jrope.train.state import state_layout
+
+TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
+# A file the kernel probe writes into its workdir (jrope.experiments.kernel_probe).
+PROBE_RESULTS = "kernel_probe.csv"
+
+
+class GenerationError(ValueError):
+    """A workdir that holds nothing to generate text from; the message says what to use instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRun:
+    """A text run's model at one checkpoint, ready to generate."""
+
+    cfg: TrainConfig
+    step: int
+    graphdef: Any
+    params: Any
+    mesh: Mesh
+
+    def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
+        """The text generated after each prompt (bytes decoded as UTF-8 with replacement)."""
+        vocab_size = self.cfg.data.vocab_size
+        generator = Generator(self.graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
+        rows = generator(self.params, [encode_text(prompt, vocab_size) for prompt in prompts])
+        return [decode_tokens(row, vocab_size) for row in rows]
+
+    def byte_token(self, byte: int) -> int:
+        """The token of a byte value (0..255) in this run's vocabulary."""
+        if not 0 <= byte <= 255:
+            raise ValueError(f"a byte lies in 0..255, got {byte}; e.g. 10 for a newline.")
+        return byte + self.cfg.data.token_offset
+
+
+def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> TextRun:
+    """The latest finished checkpoint of the text run in `workdir`, on `devices` (default: all).
+
+    Raises:
+      GenerationError: no checkpoint (a probe workdir, or nothing trained yet),
+        or a run that is not byte-level text.
+      resume.CorruptCheckpointError: a checkpoint that cannot be read.
+    """
+    path = resolved(workdir)
+    checkpoints = path / "checkpoints"
+    steps = resume.finished_steps(str(checkpoints))
+    if not steps:
+        raise GenerationError(_no_checkpoint_message(path, checkpoints))
+    # Read only: this manager never saves, so it never deletes old checkpoints either.
+    checkpointer = Checkpointer(checkpoints, every_steps=1, max_to_keep=len(steps), config_json={})
+    try:
+        step = steps[-1]
+        try:
+            saved = checkpointer.restore_config(step)
+        except Exception as err:  # orbax raises many types; all mean "unreadable"
+            raise resume.CorruptCheckpointError(
+                f"Cannot read the config saved with checkpoint {resume.checkpoint_path(checkpointer, step)} "
+                f"({type(err).__name__}: {err}); nothing was deleted."
+            ) from err
+        cfg = TrainConfig.from_config_dict(saved)
+        _check_text_run(cfg, path)
+        mesh = sharding.make_mesh(
+            decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
+        )
+        layout = state_layout(cfg, cfg.data.vocab_size, mesh)
+        state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
+    finally:
+        checkpointer.close()
+    logging.info("Loaded %s (%s, step %d).", path, cfg.pe.name, step)
+    return TextRun(cfg, step, layout.graphdef, state["params"], mesh)
+
+
+def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:
+    """The run's mesh for decoding: its tensor axis when that divides the devices, the rest on data."""
+    tensor = mesh_cfg.tensor if mesh_cfg.tensor > 0 and num_devices % mesh_cfg.tensor == 0 else 1
+    return dataclasses.replace(mesh_cfg, data=-1, fsdp=1, tensor=tensor)
+
+
+def _check_text_run(cfg: TrainConfig, path) -> None:
+    source = cfg.data.source
+    if source in TEXT_SOURCES:
+        return
+    what = {
+        "synthetic": "a synthetic-task run: its tokens are the task's symbols, not bytes of text",
+        "audio_tokens": "an audio-token run: its bytes are quantised spectra, not text",
+    }.get(source, f"a {source!r} run, not byte-level text")
+    raise GenerationError(
+        f"--workdir {path} holds {what}. Sampling writes text: point --workdir at a run trained "
+        f"with data.source in {TEXT_SOURCES} (e.g. python train.py "
+        "--config=configs/wikitext_cpu.py --workdir=DIR)."
+    )
+
+
+def _no_checkpoint_message(path, checkpoints) -> str:
+    if (path / PROBE_RESULTS).exists():
+        return (
+            f"--workdir {path} holds kernel-probe results: the probe fits closed-form kernels and "
+            "trains no model, so there is nothing to sample from. Point --workdir at a trained text "
+            "run (python train.py --config=configs/wikitext_cpu.py --workdir=DIR)."
+        )
+    return (
+        f"--workdir {path} holds no finished checkpoint in {checkpoints}; train a text run there "
+        f"first (python train.py --config=configs/wikitext_cpu.py --workdir={path}) or point "
+        "--workdir at a trained one."
+    )

@@ -1,0 +1,198 @@
+"""The KV cache: prefill + decode steps give the full forward's logits, for every encoding class.
+
+The model is tiny and random, its encoding parameters moved off their
+initial values (damping gamma ~ 0.05, for which e^{gamma p} at p = 65536
+would overflow float32; nonzero shear and jet gates). The cache's rebase
+bound is small, so that its origin moves several times during a test.
+Shape legend: B batch, T length, V vocabulary.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers.tiny_config import tiny_config
+
+from jrope.model import Transformer, kv_cache
+
+VOCAB = 11
+PROMPT = 6
+LENGTH = 26  # prompt + 20 decode steps
+REBASE_BOUND = 4
+# One name per encoding class of the issue: every layout, shear and order.
+ENCODINGS = (
+    "rope",
+    "alibi",
+    "rope_alibi",
+    "damped_rope",
+    "direct_sum",
+    "jordan_rope",
+    "jordan_raw_tau",
+    "jordan_exact_scaled_alibi",
+    "jordan_exact_m3",
+    "jordan_m3",
+    "jordan_jetmix_m3_c150_g050_g030",
+)
+QUICK = ("jordan_exact_scaled_alibi",)  # in the quick loop; the others are marked slow
+
+
+def _model(name, dtype="float32", impl="einsum"):
+    """2 layers, 2 heads of 24 (every chain order fits), parameters away from their initial values."""
+    cfg = tiny_config(
+        **{
+            "pe.name": name,
+            "model.d_model": 48,
+            "model.readout": "all",
+            "model.compute_dtype": dtype,
+            "model.attention_impl": impl,
+            "model.block_size": 4,
+        }
+    )
+    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    key = jax.random.key(1)
+    for layer, block in enumerate(model.blocks):
+        for index, (param_name, param) in enumerate(sorted(block.attn.pe_params.items())):
+            param_key = jax.random.fold_in(jax.random.fold_in(key, layer), index)
+            noise = 0.5 * jax.random.normal(param_key, param.shape)
+            base = -3.0 if param_name == "gamma_raw" else param[...]  # softplus(-3) = 0.05
+            param[...] = base + noise
+    return model
+
+
+def _tokens(batch=2, length=LENGTH, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, VOCAB, (batch, length)), jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _full_forward(graphdef, params, tokens, offsets):
+    positions = offsets[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+    return nnx.merge(graphdef, params)(tokens, positions)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _prefill(graphdef, params, tokens, lengths, offsets, max_length, bound):
+    model = nnx.merge(graphdef, params)
+    return kv_cache.prefill(
+        model, tokens, lengths, offsets, max_length=max_length, rebase_bound=bound
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graphdef, params, cache, tokens):
+    return kv_cache.decode_step(nnx.merge(graphdef, params), cache, tokens)
+
+
+def _cached_logits(model, tokens, lengths, offsets, steps=LENGTH - PROMPT, bound=REBASE_BOUND):
+    """float32 [B, steps + 1, V]: the logits after the prompt, then after each decoded token.
+
+    Row b's prompt is tokens[b, :lengths[b]]; it then decodes the `steps`
+    tokens that follow it. Also returns the origins after each step ([steps + 1, B]).
+    """
+    graphdef, params = nnx.split(model)
+    prompt = int(np.max(lengths))
+    logits, cache = _prefill(
+        graphdef, params, tokens[:, :prompt], lengths, offsets, prompt + steps, bound
+    )
+    outputs, origins = [logits], [cache.origin]
+    rows = jnp.arange(tokens.shape[0])
+    for step in range(steps):
+        logits, cache = _decode(graphdef, params, cache, tokens[rows, lengths + step])
+        outputs.append(logits)
+        origins.append(cache.origin)
+    return jnp.stack(outputs, 1), np.stack(origins)
+
+
+def _assert_matches_full_forward(model, offsets, tolerance):
+    tokens = _tokens()
+    lengths = jnp.full((2,), PROMPT, jnp.int32)
+    offsets = jnp.asarray(offsets, jnp.int32)
+    cached, origins = _cached_logits(model, tokens, lengths, offsets)
+    graphdef, params = nnx.split(model)
+    full = _full_forward(graphdef, params, tokens, offsets)[:, PROMPT - 1 : LENGTH]
+    assert np.all(np.isfinite(cached))
+    error = float(jnp.max(jnp.abs(cached - full)))
+    assert error <= tolerance, f"offsets {offsets}: max logit error {error:.3g}"
+    # The origin moved several times, and never let a position get more than the bound past it.
+    moves = np.sum(np.any(np.diff(origins, axis=0) != 0, axis=1))
+    assert moves >= 3
+    last_positions = offsets + LENGTH - 1
+    assert np.all(last_positions - origins[-1] <= REBASE_BOUND)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in ENCODINGS]
+)
+def test_prefill_and_decode_equal_the_full_forward_at_offsets_0_and_65536(name):
+    model = _model(name)
+    # Per-row offsets: row 1 starts where e^{gamma p} from position 0 would overflow float32.
+    _assert_matches_full_forward(model, (0, 65536), tolerance=1e-4)
+    _assert_matches_full_forward(model, (65536, 65536 + 17), tolerance=1e-4)
+
+
+@pytest.mark.slow
+def test_a_batch_of_prompts_of_different_lengths_equals_each_prompt_alone():
+    model = _model("jordan_exact_m3")
+    tokens = _tokens(batch=3, length=9 + 12, seed=3)
+    lengths = jnp.asarray((3, 9, 5), jnp.int32)
+    offsets = jnp.asarray((0, 40, 65536), jnp.int32)
+    batched, _ = _cached_logits(model, tokens, lengths, offsets, steps=12)
+    for row in range(3):
+        alone, _ = _cached_logits(
+            model, tokens[row : row + 1], lengths[row : row + 1], offsets[row : row + 1], steps=12
+        )
+        error = float(jnp.max(jnp.abs(batched[row] - alone[0])))
+        assert error <= 1e-4, f"row {row}: max logit error {error:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["jordan_exact_scaled_alibi", "jordan_rope"])
+def test_bfloat16_cache_tracks_the_bfloat16_full_forward(name):
+    # Keys are stored in bfloat16 (jordan_exact_scaled) or float32 (jordan_rope keeps its
+    # raw-shear maps in float32) and moved several times; logits are O(50) here (tied
+    # embeddings), where one bfloat16 step is 0.25.
+    model = _model(name, dtype="bfloat16")
+    tokens, offsets = _tokens(), jnp.asarray((0, 65536), jnp.int32)
+    cached, _ = _cached_logits(model, tokens, jnp.full((2,), PROMPT, jnp.int32), offsets)
+    graphdef, params = nnx.split(model)
+    full = _full_forward(graphdef, params, tokens, offsets)[:, PROMPT - 1 : LENGTH]
+    scale = float(jnp.max(jnp.abs(full)))
+    assert float(jnp.max(jnp.abs(cached - full))) <= 0.005 * scale
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+def test_prefill_fills_the_same_cache_through_any_attention_kernel(impl):
+    tokens, offsets = _tokens(length=PROMPT + 4), jnp.asarray((0, 65536), jnp.int32)
+    lengths = jnp.asarray((PROMPT, PROMPT - 2), jnp.int32)
+    reference = _model("jordan_exact_scaled", impl="einsum")
+    other = _model("jordan_exact_scaled", impl=impl)
+    got, want = (
+        _cached_logits(m, tokens, lengths, offsets, steps=4)[0] for m in (other, reference)
+    )
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_cache_layout_and_a_step_past_the_last_slot():
+    model = _model("jordan_rope")  # keeps mapped keys in float32
+    graphdef, params = nnx.split(model)
+    tokens, lengths = _tokens(length=PROMPT), jnp.asarray((PROMPT, 2), jnp.int32)
+    logits, cache = _prefill(graphdef, params, tokens, lengths, jnp.zeros((2,), jnp.int32), 7, 4)
+    assert [k.shape for k in cache.keys] == [(2, 2, 24, 7)] * 2  # [B, N, H, M]
+    assert [v.shape for v in cache.values] == [(2, 2, 7, 24)] * 2  # [B, N, M, H]
+    assert {k.dtype for k in cache.keys} == {jnp.dtype(jnp.float32)}
+    # Row 1's prompt pads and the slot not yet written hold no key.
+    empty = kv_cache.EMPTY
+    np.testing.assert_array_equal(
+        cache.positions, [[0, 1, 2, 3, 4, 5, empty], [0, 1, empty, empty, empty, empty, empty]]
+    )
+    np.testing.assert_array_equal(cache.origin, [PROMPT - 1, 1])
+    logits, cache = _decode(graphdef, params, cache, tokens[:, 0])
+    np.testing.assert_array_equal(cache.positions[:, -1], [PROMPT, 2])
+    assert np.all(np.isfinite(logits))
+    logits, _ = _decode(graphdef, params, cache, tokens[:, 0])  # the buffer is full
+    assert np.all(np.isnan(logits))
+    with pytest.raises(ValueError, match="max_length >= the padded prompt length 6"):
+        kv_cache.prefill(model, tokens, lengths, lengths, max_length=5, rebase_bound=4)

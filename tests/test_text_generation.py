@@ -1,0 +1,98 @@
+"""Text from a trained run's workdir: loading without the data, sample.py, and the workdirs it refuses.
+
+A 2-step byte-level run on a small text file (scaled-exact Jordan-RoPE,
+the WikiText configs' encoding) gives sample.py a real workdir.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+from helpers.tiny_config import tiny_config, tiny_text_config_dict
+from helpers.train_process import REPO_ROOT, subprocess_env
+
+from jrope.train import cli
+from jrope.train.checkpointing import Checkpointer
+from jrope.train.config import TrainConfig
+from jrope.train.generation import GenerationSettings
+from jrope.train.text_generation import GenerationError, load_text_run
+from jrope.train.trainer import train_and_evaluate
+
+SAMPLE_SCRIPT = os.path.join(REPO_ROOT, "sample.py")
+PROMPTS = [" = Section 3", "Le homard"]
+
+
+@pytest.fixture(scope="module")
+def text_workdir(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("text_run")
+    config = tiny_text_config_dict(tmp_path, **{"eval.lengths": (16,)})
+    # The corpus goes away with the run's data: sampling must not need it.
+    train_and_evaluate(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
+    os.remove(config.data.path)
+    return str(tmp_path / "run")
+
+
+def _sample(workdir, *flags, tmp_path):
+    command = [sys.executable, SAMPLE_SCRIPT, f"--workdir={workdir}", *flags]
+    env = subprocess_env(1, str(tmp_path / "compilation_cache"))
+    return subprocess.run(
+        command, check=False, capture_output=True, text=True, env=env, cwd=REPO_ROOT
+    )
+
+
+@pytest.mark.slow
+def test_cached_and_recomputed_text_agree_at_offsets_0_and_60000(text_workdir):
+    run = load_text_run(text_workdir)
+    assert run.step == 2 and run.cfg.pe.name == "jordan_exact_scaled"
+    for offset in (0, 60000):
+        settings = {"num_tokens": 24, "position_offset": offset, "rebase_bound": 8}
+        cached = run.generate(PROMPTS, GenerationSettings(**settings))
+        recomputed = run.generate(PROMPTS, GenerationSettings(use_cache=False, **settings))
+        assert cached == recomputed
+        assert all(len(text.encode()) <= 24 for text in cached)
+
+
+@pytest.mark.slow
+def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir, tmp_path):
+    flags = ["--prompt= = Section", "--num_tokens=16", "--temperature=0"]
+    flags += ["--position_offset=60000", "--rebase_bound=8"]
+    cached = _sample(text_workdir, *flags, tmp_path=tmp_path)
+    recomputed = _sample(text_workdir, *flags, "--no_cache", tmp_path=tmp_path)
+    assert cached.returncode == 0, cached.stderr[-2000:]
+    assert recomputed.returncode == 0, recomputed.stderr[-2000:]
+    assert cached.stdout == recomputed.stdout and cached.stdout.strip()
+
+
+def test_a_synthetic_task_workdir_is_refused(tmp_path):
+    # A checkpoint holding a synthetic-task config: refused from the config, before any state.
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"),
+        every_steps=1,
+        max_to_keep=1,
+        config_json=tiny_config().to_json_dict(),
+    )
+    checkpointer.save(1, {"step": jnp.zeros((), jnp.int32)}, force=True)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    with pytest.raises(GenerationError, match="synthetic-task run.*data.source in"):
+        load_text_run(str(tmp_path))
+    assert os.listdir(tmp_path / "checkpoints") == ["1"]  # nothing was touched
+
+
+def test_a_probe_workdir_or_an_empty_one_is_refused(tmp_path):
+    (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
+    with pytest.raises(GenerationError, match="kernel-probe results.*trains no model"):
+        load_text_run(str(tmp_path))
+    with pytest.raises(GenerationError, match="no finished checkpoint.*python train.py"):
+        load_text_run(str(tmp_path / "nothing_here"))
+    assert not (tmp_path / "nothing_here").exists()
+
+
+@pytest.mark.slow
+def test_sample_py_refuses_with_a_message_and_no_traceback(tmp_path):
+    (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
+    result = _sample(str(tmp_path), "--prompt=x", tmp_path=tmp_path)
+    assert result.returncode == cli.EXIT_CONFIG
+    assert "kernel-probe results" in result.stderr and "Traceback" not in result.stderr
