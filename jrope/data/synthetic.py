@@ -209,6 +209,24 @@ def scaled_high_jet(lags, *, train_len: int, omega: float, power: int, decay: fl
     return x**power * np.exp(-decay * x) * np.cos(omega * d)
 
 
+def seasonal_trend(lags, *, train_len: int, omega: float) -> np.ndarray:
+    """(0.35 + 0.9 d/L) cos(w d) + 0.25 sin(w d): a seasonal wave whose amplitude grows with the lag.
+
+    The structured benchmarks' kernel (the reference's constants); used by the
+    structured kernel probe and the signal regression task, not by this task.
+    """
+    d = np.asarray(lags, np.float64)
+    return (0.35 + 0.9 * (d / train_len)) * np.cos(omega * d) + 0.25 * np.sin(omega * d)
+
+
+def motif_spacing(lags, *, train_len: int, second_omega: float) -> np.ndarray:
+    """x / (1 + 0.25 x) (0.7 cos(w2 d) - 0.3 sin(w2 d)), x = d/L: a repeating motif whose
+    weight grows, sublinearly, with the lag (a structured benchmarks' kernel, like seasonal_trend)."""
+    d = np.asarray(lags, np.float64)
+    x = d / train_len
+    return x / (1.0 + 0.25 * x) * (0.7 * np.cos(second_omega * d) - 0.3 * np.sin(second_omega * d))
+
+
 def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
     """The configured kernel at the given lags, before normalisation."""
     common = dict(train_len=cfg.seq_len, omega=cfg.omega)
@@ -278,6 +296,7 @@ class SyntheticSource:
     (1 at the last position, 0 elsewhere).
     """
 
+    task = "classification"
     vocab_size = VOCAB_SIZE
     num_classes = NUM_CLASSES
 

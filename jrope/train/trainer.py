@@ -54,12 +54,15 @@ def make_train_step(
     fusions unless the attention is blockwise); `compiler_options` replaces
     them ({}: XLA's defaults, as benchmarks/train_step.py compares).
 
-    Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
-    Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
+    Batch: 'inputs', 'targets' and 'weights' [B, T] (the data-source
+    contract, jrope.data.source; regression inputs and targets [B, T, C]).
+    Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
+    for regression), 'accuracy' (or 'r2' for regression), 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
     opt.nonfinite = 'skip' also 'skipped' (jrope.train.nonfinite).
     """
-    cfg, layout, mesh, num_classes = run.cfg, run.layout, run.mesh, run.source.num_classes
+    cfg, layout, mesh = run.cfg, run.layout, run.mesh
+    task, num_classes = run.source.task, run.source.num_classes
     schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
     optimizer = layout.optimizer
 
@@ -72,16 +75,15 @@ def make_train_step(
 
         def loss_fn(params):
             model = model_from_params(layout.graphdef, params)
-            logits = model(batch["inputs"], positions, dropout_key=dropout_key)
-            sums = evaluation.weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+            outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
+            sums = evaluation.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
-        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
-            "loss": loss,
-            "accuracy": sums["correct_sum"] / sums["weight_sum"],
+            **evaluation.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
@@ -142,16 +144,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
 
     def run_evaluation(step: int) -> list[dict[str, Any]]:
         rows = evaluation.evaluate_lengths(eval_step, state["params"], source, cfg, mesh)
-        for row in rows:
-            logger.write_scalars(
-                step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}"
-            )
+        for name, scalars in evaluation.logged_scalars(rows, source.task):
+            logger.write_scalars(step, scalars, name)
         if jax.process_index() == 0:
-            evaluation.write_results(
-                rows,
-                evaluation.results_dir(workdir, step),
-                language_model=source.num_classes is None,
-            )
+            evaluation.write_results(rows, evaluation.results_dir(workdir, step), task=source.task)
         return rows
 
     start = int(jax.device_get(state["step"]))
