@@ -29,7 +29,7 @@ jordan_exact_m3_c010_eta100_eta1, jordan_exact_m4_c010_eta100_eta1):
         --workdir=runs/musicnet
 
 Hardware: one GPU or TPU host (batch 32 over 1, 2, 4, 8 devices); a 2-core
-CPU runs it too (about 12 minutes a run).
+CPU runs it too, slowly.
 
 Expected result: not measured with this code (MusicNet was not reachable
 where jrope was developed). The paper reports scaled-exact order three

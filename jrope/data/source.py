@@ -8,8 +8,8 @@ out this process's rows of every global batch:
     source.eval_batches(length, num_sequences, batch_size)    # fixed evaluation rows
 
 Each batch is a dict of numpy arrays with a leading axis of this process's
-rows: 'inputs', 'targets' and 'weights' float32 [b, T], the loss weight of
-each position. What inputs and targets hold is the source's `task`:
+rows: 'inputs', 'targets', and 'weights' float32 [b, T] (each position's
+weight in the loss). What inputs and targets hold is the source's `task`:
 
     'language_model'  inputs, targets int32 [b, T] tokens (targets: the next
                       token); cross-entropy over the whole vocabulary.
@@ -25,6 +25,7 @@ each position. What inputs and targets hold is the source's `task`:
 A source that can place what the evaluation asks about at a chosen distance
 (key-value retrieval: the key-to-query distance) also implements
 DistanceEvaluation; the evaluation then reports every length per distance too.
+
 Row r of a global batch belongs to process r // b (b = global / process
 count), so the processes' shares are disjoint, cover the global batch, and
 are the same whatever the process count. Batches are pure functions of the

@@ -140,7 +140,8 @@ def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
 
 
 def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
-    """<workdir>/comparison.csv (all rows), .md (accuracy and loss tables), .png (curves)."""
+    """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
+    metric per distance), .png (curves of the headline metric against length)."""
     workdir = epath.Path(workdir)
     reporting.write_csv(workdir / 'comparison.csv', rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
