@@ -52,20 +52,10 @@ STRUCTURED_TARGETS = (
 
 def get_config():
     config = kernel_probe.get_config()
-    # The reference's structured-benchmark methods.
-    config.probe.methods = (
-        "nope",
-        "rope",
-        "alibi",
-        "rope_alibi",
-        "damped_rope",
-        "real_jordan",
-        "direct_sum",
-        "jordan_rope",
-        "jordan_no_gamma",
-        "jordan_raw_tau",
-        "jordan_m3",
-    )
+    # The reference's structured-benchmark methods: the kernel probe's but the order-4 chain and
+    # the scaled-exact basis.
+    excluded = ("jordan_m4", "jordan_exact_scaled")
+    config.probe.methods = tuple(m for m in kernel_probe.METHODS if m not in excluded)
     config.probe.targets = STRUCTURED_TARGETS  # jrope/experiments/probe_targets.py
     config.probe.plot_targets = STRUCTURED_TARGETS  # one PNG per target at T = 8192
     return config

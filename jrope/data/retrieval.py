@@ -177,20 +177,14 @@ class RetrievalSource:
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step`` (length T)."""
-        rngs = [
-            np.random.default_rng([self.data_cfg.seed, _TRAIN_STREAM, step, row])
-            for row in self.share.train_rows()
-        ]
+        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.data_cfg.seq_len, None)
 
     def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
         """This process's share of ``num_sequences`` fixed sequences of ``length``, random distances."""
         check_room(length, self.data_cfg.num_pairs)
-        for indices in self.share.eval_rows(length, num_sequences, batch_size, min_length=8):
-            rngs = [
-                np.random.default_rng([self.data_cfg.seed, _EVAL_STREAM, length, index])
-                for index in indices
-            ]
+        words = (self.data_cfg.seed, _EVAL_STREAM, length)
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, None)
 
     def eval_distances(self, length: int) -> tuple[int, ...]:
@@ -207,13 +201,8 @@ class RetrievalSource:
                 f"distance {distance} does not fit in length {length}: "
                 f"it must lie in [{MIN_DISTANCE}, {length - 2}]."
             )
-        for indices in self.share.eval_rows(length, num_sequences, batch_size, min_length=8):
-            rngs = [
-                np.random.default_rng(
-                    [self.data_cfg.seed, _DISTANCE_STREAM, length, distance, index]
-                )
-                for index in indices
-            ]
+        words = (self.data_cfg.seed, _DISTANCE_STREAM, length, distance)
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, distance)
 
     def _make_batch(self, rngs: list[np.random.Generator], length: int, distance) -> dict:

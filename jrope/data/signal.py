@@ -191,19 +191,13 @@ class SignalRegressionSource:
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = [
-            np.random.default_rng([self.data_cfg.seed, _TRAIN_STREAM, step, row])
-            for row in self.share.train_rows()
-        ]
+        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.data_cfg.seq_len)
 
     def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
         """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``."""
-        for indices in self.share.eval_rows(length, num_sequences, batch_size, min_length=2):
-            rngs = [
-                np.random.default_rng([self.data_cfg.seed, _EVAL_STREAM, length, index])
-                for index in indices
-            ]
+        words = (self.data_cfg.seed, _EVAL_STREAM, length)
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
             yield self._make_batch(rngs, length)
 
     def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -131,6 +131,24 @@ class ProcessShare:
         for batch_start in range(0, num_sequences, batch_size):
             first = batch_start + self.process_index * local
             yield range(first, first + local)
+
+    def train_generators(self, seed: int, stream: int, step: int) -> list[np.random.Generator]:
+        """A PCG64 generator per row of this process's share of `step`'s global batch, seeded
+        with (seed, stream, step, row): each row is the same whatever the process count."""
+        return [np.random.default_rng([seed, stream, step, row]) for row in self.train_rows()]
+
+    def eval_generators(
+        self,
+        words: Sequence[int],
+        length: int,
+        num_sequences: int,
+        batch_size: int,
+        min_length: int,
+    ) -> Iterator[list[np.random.Generator]]:
+        """Per global evaluation batch (eval_rows), a generator per sequence i of this process,
+        seeded with (*words, i)."""
+        for indices in self.eval_rows(length, num_sequences, batch_size, min_length):
+            yield [np.random.default_rng([*words, index]) for index in indices]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,8 @@ d_model 32, 2 heads of 16, 2 layers, L 16, batch 8 (as tests/helpers/tiny_config
 the tests' cost is compilation, not computation.
 """
 
+from helpers.tiny_config import apply_overrides
+
 from configs import retrieval, signal_regression
 from jrope.train.config import TrainConfig
 
@@ -22,13 +24,7 @@ def _shrink(config, **overrides):
     config.checkpoint.every_steps = 2
     config.log.every_steps = 1
     config.log.tensorboard = False
-    for dotted, value in overrides.items():
-        section, _, key = dotted.rpartition(".")
-        target = config
-        for part in filter(None, section.split(".")):
-            target = target[part]
-        target[key] = value
-    return config
+    return apply_overrides(config, overrides)
 
 
 def tiny_signal_config(**overrides) -> TrainConfig:

@@ -26,6 +26,11 @@ def tiny_config_dict(**overrides):
     config.checkpoint.every_steps = 2
     config.log.every_steps = 1
     config.log.tensorboard = False
+    return apply_overrides(config, overrides)
+
+
+def apply_overrides(config, overrides):
+    """`config` with each dotted key of `overrides` ('model.num_heads') set to its value."""
     for dotted, value in overrides.items():
         section, _, key = dotted.rpartition(".")
         target = config
