@@ -105,9 +105,11 @@ class RetrievalConfig:
         return FIRST_KEY + self.num_keys + self.num_values
 
     def key_token(self, key):
+        """The token(s) of key index (array) `key` in [0, num_keys)."""
         return FIRST_KEY + np.asarray(key)
 
     def value_token(self, value):
+        """The token(s) of value index (array) `value` in [0, num_values)."""
         return FIRST_KEY + self.num_keys + np.asarray(value)
 
 
@@ -137,7 +139,7 @@ def make_sequence(
     values = rng.integers(0, cfg.num_values, size=cfg.num_pairs)
     tokens = rng.choice(np.asarray(FILLER, np.int32), size=length)
     tokens[0] = BOS
-    taken = np.zeros(length + 1, bool)
+    taken = np.zeros(length, bool)
     starts = [target_start]
     taken[target_start : target_start + 2] = True
     for start in rng.permutation(np.arange(1, last_start + 1)):
