@@ -36,11 +36,11 @@ def test_signal_model_projects_inputs_in_and_regresses_causally():
     assert not hasattr(model, "embedding")
     assert model.input_projection.shape == (2, 32) and model.regression_head.shape == (32, 3)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 12, 2)), jnp.float32)
-    positions = jnp.arange(12, dtype=jnp.int32)
-    y = model(x, positions)
+    apply = nnx.jit(lambda model, x: model(x, jnp.arange(x.shape[1], dtype=jnp.int32)))
+    y = apply(model, x)
     assert y.shape == (2, 12, 3) and y.dtype == jnp.float32
     # changing the future leaves the past untouched; changing the present changes it
-    changed = model(x.at[:, 7:].add(1.0), positions)
+    changed = apply(model, x.at[:, 7:].add(1.0))
     np.testing.assert_array_equal(np.asarray(changed[:, :7]), np.asarray(y[:, :7]))
     assert not np.allclose(np.asarray(changed[:, 7]), np.asarray(y[:, 7]))
 
@@ -137,9 +137,14 @@ def test_comparison_tabulates_each_distance():
 
 @pytest.mark.slow
 def test_signal_regression_trains_evaluates_and_resumes(tmp_path):
-    straight = train_and_evaluate(tiny_signal_config(num_steps=4), str(tmp_path / "straight"))
-    train_and_evaluate(tiny_signal_config(), str(tmp_path / "resumed"))
-    resumed = train_and_evaluate(tiny_signal_config(num_steps=4), str(tmp_path / "resumed"))
+    settings = {"eval.lengths": (16, 32), "eval.num_sequences": 2, "eval.batch_size": 2}
+    straight = train_and_evaluate(
+        tiny_signal_config(num_steps=4, **settings), str(tmp_path / "straight")
+    )
+    train_and_evaluate(tiny_signal_config(**settings), str(tmp_path / "resumed"))
+    resumed = train_and_evaluate(
+        tiny_signal_config(num_steps=4, **settings), str(tmp_path / "resumed")
+    )
     for got, want in zip(jax.tree.leaves(resumed["state"]), jax.tree.leaves(straight["state"])):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     rows = resumed["eval"]
