@@ -15,13 +15,19 @@ Command:
 
 Writes kernel_probe.{csv,md} and one kernel_probe_<target>_T8192.png per target.
 
-Hardware: any CPU; about a minute on two shared cores.
+Hardware: any CPU; about a minute on the shared 2-core development machine.
 
 Expected result: on the high jets x^r cos(w d), the order-m bases fit r < m
 by orders of magnitude better than lower orders; scaled-exact order 4 is
 the best fit of high_jet_r3 and scaled_high_jet_r3.
 
-Measured: see the README ("Structured kernel probes"), 2026-12-02.
+Measured (the command above, 2026-12-01; train MSE on [0, L), full table in
+the README, "Structured kernel probes"):
+
+    method                        high_jet_r1  high_jet_r2  high_jet_r3
+    jordan_rope                   1.9e-03      8.8e-03      1.3e-02
+    jordan_m4                     2.6e-05      2.9e-04      9.7e-04
+    jordan_exact_scaled_c010_m4   2.6e-11      5.7e-10      2.4e-07
 """
 
 from configs import structured_probe
