@@ -193,4 +193,8 @@ def build_source(
 ) -> DataSource:
     """The source of a converted data config (its `source` field picks the class)."""
     _, source_class = source_spec(data_cfg.source).load()
+    if source_class.task not in TASKS:
+        raise ValueError(
+            f"{source_class.__name__}.task = {source_class.task!r} is not one of {TASKS}."
+        )
     return source_class(data_cfg, global_batch_size, process_index, process_count)
