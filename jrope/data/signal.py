@@ -114,14 +114,7 @@ class SignalRegressionConfig:
             raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}.")
         if self.input_channels < 1:
             raise ValueError(f"input_channels must be >= 1, got {self.input_channels}.")
-        if self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}.")
-        for name in ("freq_index", "second_freq_index"):
-            index = getattr(self, name)
-            if not 0 <= index < self.head_dim // 2:
-                raise ValueError(
-                    f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}."
-                )
+        synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
         if self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}.")
 

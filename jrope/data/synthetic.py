@@ -125,14 +125,7 @@ class SyntheticTaskConfig:
             raise ValueError(
                 f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
             )
-        if self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}.")
-        for name in ("freq_index", "second_freq_index"):
-            index = getattr(self, name)
-            if not 0 <= index < self.head_dim // 2:
-                raise ValueError(
-                    f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}."
-                )
+        check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}.")
         if self.jet_power < 0:
@@ -145,6 +138,15 @@ class SyntheticTaskConfig:
     @property
     def second_omega(self) -> float:
         return rotary_frequency(self.theta, self.second_freq_index, self.head_dim)
+
+
+def check_frequencies(head_dim: int, freq_index: int, second_freq_index: int) -> None:
+    """ValueError unless head_dim is even and both frequency indices are rotary pairs of it."""
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number, got {head_dim}.")
+    for name, index in (("freq_index", freq_index), ("second_freq_index", second_freq_index)):
+        if not 0 <= index < head_dim // 2:
+            raise ValueError(f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}.")
 
 
 def rotary_frequency(theta: float, index: int, head_dim: int) -> float:
