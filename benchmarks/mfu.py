@@ -70,7 +70,7 @@ from jrope.train import huge_pages, sharding
 from jrope.train.config import TrainConfig
 from jrope.train.flops import model_flops_per_step
 from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import state_layout
+from jrope.train.state import model_io, state_layout
 from jrope.train.trainer import make_train_step
 
 SHAPES = {'wikitext': wikitext_scaled_exact, 'synthetic': synthetic_cpu}
@@ -134,7 +134,7 @@ def _set_up(cfg: TrainConfig) -> RunSetup:
         return set_up_run(cfg, devices=devices)
     source = _RandomBytes(cfg)
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    return RunSetup(cfg, source, mesh, state_layout(cfg, source.vocab_size, mesh))
+    return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))
 
 
 def _prepare(shape: str, method: str) -> dict:

@@ -57,7 +57,8 @@ def get_config() -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     config.probe = config_dict.ConfigDict()  # eval.py runs jrope.experiments.kernel_probe on it
     config.probe.methods = METHODS  # any names jrope.pe_config_from_name accepts
-    config.probe.targets = ("phase", "linear", "mixed")  # cos(wd), -d/L, (d/L) cos(wd); or jet_r{r}
+    # cos(wd), -d/L, (d/L) cos(wd); all targets: jrope/experiments/probe_targets.py
+    config.probe.targets = ("phase", "linear", "mixed")
     config.probe.seeds = (0,)  # with train_points == train_context every seed gives the same fit
     config.probe.train_context = 1024  # L: fit on lags [0, L); L is the unit of time
     # lags the fit sees: all of [0, L), or a seeded subset if fewer
@@ -66,9 +67,16 @@ def get_config() -> config_dict.ConfigDict:
     config.probe.head_dim = 64  # frequencies theta^(-2k/head_dim)
     config.probe.num_freqs = 16  # k < num_freqs, the same for every method
     config.probe.target_freq_index = 3  # target frequency w = theta^(-2*3/head_dim)
+    config.probe.second_freq_index = 5  # w2 of the rhythm_envelope and motif_spacing targets
     config.probe.theta = 10000.0  # rotary base
-    # damping of learned-gamma variants (exact variants: c/L from the name)
+    # damping of learned-gamma variants (exact variants: c/L from the name) and of damped_wave
     config.probe.gamma = 1e-4
+    config.probe.drift = 5e-5  # phase_drift target: cos(w (1 + drift) d)
+    config.probe.jet_decay = (
+        0.1  # scaled_high_jet targets: (d/L)^r e^{-c d/L} cos(wd), c = jet_decay
+    )
     config.probe.ridge = 1e-4  # ridge penalty on every weight, the constant's included
-    config.probe.plot_target = "mixed"  # the PNG shows this target's fits at the longest context
+    config.probe.plot_targets = (
+        "mixed",
+    )  # a PNG each of these targets' fits at the longest context
     return config

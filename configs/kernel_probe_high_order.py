@@ -8,7 +8,7 @@ Command:
 
     python eval.py --config=configs/kernel_probe_high_order.py --workdir=runs/kernel_probe_high_order
 
-Writes kernel_probe.{csv,md} and kernel_probe_jet_r2_T8192.png into the workdir.
+Writes kernel_probe.{csv,md} and kernel_probe_high_jet_r2_T8192.png into the workdir.
 
 Hardware: any CPU; a few seconds.
 
@@ -50,7 +50,7 @@ def get_config():
         "jordan_exact_c010_m3",
         "jordan_exact_c010_m4",
     )
-    config.probe.targets = ("jet_r1", "jet_r2", "jet_r3")  # (d/L)^r cos(w d)
+    config.probe.targets = ("high_jet_r1", "high_jet_r2", "high_jet_r3")  # (d/L)^r cos(w d)
     config.probe.head_dim = 96  # divisible by 2m for m = 2, 3, 4
-    config.probe.plot_target = "jet_r2"
+    config.probe.plot_targets = ("high_jet_r2",)
     return config

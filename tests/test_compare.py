@@ -36,6 +36,7 @@ def test_summary_is_mean_and_sample_spread():
             method='m',
             seed=s,
             length=8,
+            distance=None,
             num_sequences=4,
             accuracy=a,
             loss=0.0,

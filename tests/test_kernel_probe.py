@@ -69,7 +69,7 @@ def test_high_order_probe_shows_the_finite_jet_hierarchy():
     rows, _ = kernel_probe.probe_rows(probe)
     for r in (1, 2, 3):
         for m, method in methods.items():
-            train = _mean_mse(rows, f"jet_r{r}", method, "train", probe.train_context)
+            train = _mean_mse(rows, f"high_jet_r{r}", method, "train", probe.train_context)
             if r < m:
                 assert train < 1e-6, (r, m, train)
             else:
@@ -162,7 +162,8 @@ def test_run_writes_csv_markdown_and_plot(tmp_path):
     "change, message",
     [
         (dict(targets=("phase", "cubic")), "Unknown probe target"),
-        (dict(plot_target="jet_r2"), "plot_target"),
+        (dict(plot_targets=("high_jet_r2",)), "plot_targets"),
+        (dict(second_freq_index=16), "second_freq_index"),
         (dict(train_points=2048), "train_points"),
         (dict(target_freq_index=16), "target_freq_index"),
         (dict(methods=("jordan_wobble",)), "unknown position-encoding name"),

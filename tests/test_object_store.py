@@ -97,15 +97,17 @@ def test_evaluation_results_are_written_to_the_bucket(bucket):
             "seed": 0,
             "step": 7,
             "length": length,
+            "distance": None,
             "num_sequences": 4,
             "loss": 1.0,
             "accuracy": 0.5,
             "bits_per_byte": 1.4427,
+            "r2": float("nan"),
         }
         for length in (16, 32)
     ]
     out_dir = evaluation.results_dir(RUN, 7)
-    paths = evaluation.write_results(rows, out_dir, language_model=True)
+    paths = evaluation.write_results(rows, out_dir, task="language_model")
     assert str(out_dir) == f"{RUN}/eval_step7"
     assert all(path.exists() for path in paths.values())
     assert paths["png"].read_bytes().startswith(b"\x89PNG")
@@ -118,11 +120,14 @@ def test_the_comparison_reads_and_writes_the_bucket(bucket):
         {
             "method": "rope",
             "seed": seed,
+            "step": 2,
             "length": 16,
+            "distance": None,
             "num_sequences": 4,
             "loss": 1.0,
             "accuracy": accuracy,
             "bits_per_byte": float("nan"),
+            "r2": float("nan"),
         }
         for seed, accuracy in enumerate([0.5, 0.7])
     ]

@@ -8,7 +8,24 @@ out this process's rows of every global batch:
     source.eval_batches(length, num_sequences, batch_size)    # fixed evaluation rows
 
 Each batch is a dict of numpy arrays with a leading axis of this process's
-rows: 'inputs' int32 [b, T], 'targets' int32 [b, T], 'weights' float32 [b, T].
+rows: 'inputs', 'targets', and 'weights' float32 [b, T] (each position's
+weight in the loss). What inputs and targets hold is the source's `task`:
+
+    'language_model'  inputs, targets int32 [b, T] tokens (targets: the next
+                      token); cross-entropy over the whole vocabulary.
+    'classification'  inputs int32 [b, T] tokens; targets int32 [b, T] class
+                      labels where weights are nonzero (e.g. only the last
+                      position); cross-entropy over the logits of the first
+                      num_classes tokens.
+    'regression'      inputs float32 [b, T, C_in] real-valued signals (the model
+                      projects them in), targets float32 [b, T, C_out]; mean
+                      squared error of a linear regression head. Such sources
+                      give input_channels and output_channels, and vocab_size None.
+
+A source that can place what the evaluation asks about at a chosen distance
+(key-value retrieval: the key-to-query distance) also implements
+DistanceEvaluation; the evaluation then reports every length per distance too.
+
 Row r of a global batch belongs to process r // b (b = global / process
 count), so the processes' shares are disjoint, cover the global batch, and
 are the same whatever the process count. Batches are pure functions of the
@@ -23,23 +40,42 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 Batch = dict[str, np.ndarray]
 
 
+TASKS = ("language_model", "classification", "regression")
+
+
 class DataSource(Protocol):
     """What every source provides (see the module docstring)."""
 
-    vocab_size: int  # tokens the model embeds
-    num_classes: int | None  # classification over the first num_classes tokens, or None (LM)
+    task: str  # one of TASKS: what the batches hold and which loss the trainer takes
+    vocab_size: int | None  # tokens the model embeds; None for real-valued inputs (regression)
+    num_classes: int | None  # classification over the first num_classes tokens, or None
 
     def train_batch(self, step: int) -> Batch: ...
 
     def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[Batch]: ...
+
+
+@runtime_checkable
+class DistanceEvaluation(Protocol):
+    """A source whose evaluation sequences can put their answer at a chosen distance."""
+
+    def eval_distances(self, length: int) -> tuple[int, ...]:
+        """The configured distances that fit in sequences of `length`."""
+        ...
+
+    def distance_eval_batches(
+        self, length: int, distance: int, num_sequences: int, batch_size: int
+    ) -> Iterator[Batch]:
+        """Like eval_batches, every sequence with its answer `distance` positions before the end."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +132,24 @@ class ProcessShare:
             first = batch_start + self.process_index * local
             yield range(first, first + local)
 
+    def train_generators(self, seed: int, stream: int, step: int) -> list[np.random.Generator]:
+        """A PCG64 generator per row of this process's share of `step`'s global batch, seeded
+        with (seed, stream, step, row): each row is the same whatever the process count."""
+        return [np.random.default_rng([seed, stream, step, row]) for row in self.train_rows()]
+
+    def eval_generators(
+        self,
+        words: Sequence[int],
+        length: int,
+        num_sequences: int,
+        batch_size: int,
+        min_length: int,
+    ) -> Iterator[list[np.random.Generator]]:
+        """Per global evaluation batch (eval_rows), a generator per sequence i of this process,
+        seeded with (*words, i)."""
+        for indices in self.eval_rows(length, num_sequences, batch_size, min_length):
+            yield [np.random.default_rng([*words, index]) for index in indices]
+
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
@@ -112,6 +166,8 @@ class SourceSpec:
 
 _SYNTHETIC = SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource")
 _TEXT_BYTES = SourceSpec("jrope.data.text_bytes", "TextDataConfig", "ByteTextSource")
+_SIGNAL = SourceSpec("jrope.data.signal", "SignalRegressionConfig", "SignalRegressionSource")
+_RETRIEVAL = SourceSpec("jrope.data.retrieval", "RetrievalConfig", "RetrievalSource")
 
 # data.source -> where that source lives.
 SOURCES = {
@@ -120,6 +176,8 @@ SOURCES = {
     "wikitext103": _TEXT_BYTES,
     "wikitext2": _TEXT_BYTES,
     "audio_tokens": _TEXT_BYTES,
+    "signal": _SIGNAL,
+    "retrieval": _RETRIEVAL,
 }
 
 
@@ -135,4 +193,8 @@ def build_source(
 ) -> DataSource:
     """The source of a converted data config (its `source` field picks the class)."""
     _, source_class = source_spec(data_cfg.source).load()
+    if source_class.task not in TASKS:
+        raise ValueError(
+            f"{source_class.__name__}.task = {source_class.task!r} is not one of {TASKS}."
+        )
     return source_class(data_cfg, global_batch_size, process_index, process_count)

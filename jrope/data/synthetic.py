@@ -125,14 +125,7 @@ class SyntheticTaskConfig:
             raise ValueError(
                 f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
             )
-        if self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}.")
-        for name in ("freq_index", "second_freq_index"):
-            index = getattr(self, name)
-            if not 0 <= index < self.head_dim // 2:
-                raise ValueError(
-                    f"{name} must lie in [0, head_dim/2 = {self.head_dim // 2}), got {index}."
-                )
+        check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}.")
         if self.jet_power < 0:
@@ -145,6 +138,15 @@ class SyntheticTaskConfig:
     @property
     def second_omega(self) -> float:
         return rotary_frequency(self.theta, self.second_freq_index, self.head_dim)
+
+
+def check_frequencies(head_dim: int, freq_index: int, second_freq_index: int) -> None:
+    """ValueError unless head_dim is even and both frequency indices are rotary pairs of it."""
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number, got {head_dim}.")
+    for name, index in (("freq_index", freq_index), ("second_freq_index", second_freq_index)):
+        if not 0 <= index < head_dim // 2:
+            raise ValueError(f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}.")
 
 
 def rotary_frequency(theta: float, index: int, head_dim: int) -> float:
@@ -207,6 +209,24 @@ def scaled_high_jet(lags, *, train_len: int, omega: float, power: int, decay: fl
     d = np.asarray(lags, np.float64)
     x = d / train_len
     return x**power * np.exp(-decay * x) * np.cos(omega * d)
+
+
+def seasonal_trend(lags, *, train_len: int, omega: float) -> np.ndarray:
+    """(0.35 + 0.9 d/L) cos(w d) + 0.25 sin(w d): a seasonal wave whose amplitude grows with the lag.
+
+    The structured benchmarks' kernel (the reference's constants); used by the
+    structured kernel probe and the signal regression task, not by this task.
+    """
+    d = np.asarray(lags, np.float64)
+    return (0.35 + 0.9 * (d / train_len)) * np.cos(omega * d) + 0.25 * np.sin(omega * d)
+
+
+def motif_spacing(lags, *, train_len: int, second_omega: float) -> np.ndarray:
+    """x / (1 + 0.25 x) (0.7 cos(w2 d) - 0.3 sin(w2 d)), x = d/L: a repeating motif whose
+    weight grows, sublinearly, with the lag (a structured benchmarks' kernel, like seasonal_trend)."""
+    d = np.asarray(lags, np.float64)
+    x = d / train_len
+    return x / (1.0 + 0.25 * x) * (0.7 * np.cos(second_omega * d) - 0.3 * np.sin(second_omega * d))
 
 
 def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
@@ -278,6 +298,7 @@ class SyntheticSource:
     (1 at the last position, 0 elsewhere).
     """
 
+    task = "classification"
     vocab_size = VOCAB_SIZE
     num_classes = NUM_CLASSES
 
@@ -294,10 +315,7 @@ class SyntheticSource:
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = [
-            np.random.default_rng([self.task_cfg.seed, _TRAIN_STREAM, step, row])
-            for row in self.share.train_rows()
-        ]
+        rngs = self.share.train_generators(self.task_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.task_cfg.seq_len)
 
     def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
@@ -306,11 +324,8 @@ class SyntheticSource:
         ``batch_size`` is the global evaluation batch size; sequence ``i`` is
         the same whatever the batch size and process count.
         """
-        for indices in self.share.eval_rows(length, num_sequences, batch_size, min_length=2):
-            rngs = [
-                np.random.default_rng([self.task_cfg.seed, _EVAL_STREAM, length, index])
-                for index in indices
-            ]
+        words = (self.task_cfg.seed, _EVAL_STREAM, length)
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
             yield self._make_batch(rngs, length)
 
     def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:

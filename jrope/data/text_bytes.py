@@ -151,6 +151,7 @@ class ByteTextSource:
     process's share of the batch, T = seq_len for training.
     """
 
+    task = "language_model"
     num_classes = None  # language modelling: the loss runs over the full vocabulary
 
     def __init__(

@@ -12,7 +12,9 @@ training of the others first. The run is resumable at two levels: a
 finished run (its final evaluation CSV exists) is not retrained, and an
 interrupted one resumes from its latest checkpoint. The comparison is
 written to `<workdir>/comparison.{csv,md,png}`: every row, then the mean and
-spread (sample standard deviation) over seeds per method and length.
+spread (sample standard deviation) over seeds per method and length, and,
+for a task evaluated at chosen distances (key-value retrieval), per method,
+length and distance.
 
 It takes the multi-process flags of train.py (--multiprocess, or
 --coordinator_address, --num_processes, --process_id): every process runs
@@ -35,7 +37,7 @@ from ml_collections import config_flags
 from jrope.train import cli, distributed, evaluation, reporting, validation
 from jrope.train.config import ConfigError, DataError
 from jrope.train.console import say
-from jrope.train.evaluation import CSV_COLUMNS
+from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -112,13 +114,22 @@ def _which_runs(runs: list[tuple[str, int]]) -> str:
     )
 
 
+def task_of(rows: Sequence[dict[str, Any]]) -> str:
+    """The task the rows come from (jrope.data.source.TASKS), read off which metrics are set."""
+    if not np.isnan(rows[0]['bits_per_byte']):
+        return 'language_model'
+    return 'regression' if not np.isnan(rows[0]['r2']) else 'classification'
+
+
 def summarize(
-    rows: Sequence[dict[str, Any]], metric: str
+    rows: Sequence[dict[str, Any]], metric: str, distance: int | None = None
 ) -> dict[str, dict[int, tuple[float, float, int]]]:
-    """method -> length -> (mean, sample std over seeds, number of seeds)."""
+    """method -> length -> (mean, sample std over seeds, number of seeds), of the rows at `distance`
+    (None: the rows over the source's own evaluation sequences)."""
     grouped: dict[str, dict[int, list[float]]] = {}
     for row in rows:
-        grouped.setdefault(row['method'], {}).setdefault(row['length'], []).append(row[metric])
+        if row['distance'] == distance:
+            grouped.setdefault(row['method'], {}).setdefault(row['length'], []).append(row[metric])
     return {
         method: {
             length: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
@@ -143,20 +154,36 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     return f'{title}\n\n' + reporting.markdown_table(header, cells)
 
 
+def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
+    """Markdown: per length, one line per method, 'mean ± std' per distance ('' without such rows)."""
+    tables = []
+    for length in sorted({row['length'] for row in rows if row['distance'] is not None}):
+        distances = sorted({r['distance'] for r in rows if r['length'] == length} - {None})
+        by_distance = {d: summarize(rows, metric, d) for d in distances}
+        cells = [
+            [method] + [_mean_and_spread(*by_distance[d][method][length]) for d in distances]
+            for method in by_distance[distances[0]]
+        ]
+        header = ['method'] + [f'd={d}' for d in distances]
+        title = f'{metric} at length {length} by key-to-query distance d: mean ± std over seeds'
+        tables.append(f'{title}\n\n' + reporting.markdown_table(header, cells))
+    return '\n'.join(tables)
+
+
 def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
     # One seed has no spread to report; a '± 0.000' would claim one.
     return f'{mean:.3f}' if num_seeds == 1 else f'{mean:.3f} ± {spread:.3f}'
 
 
 def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
-    """<workdir>/comparison.csv (all rows), .md (accuracy and loss tables), .png (curves)."""
+    """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
+    metric per distance), .png (curves of the headline metric against length)."""
     workdir = epath.Path(workdir)
     reporting.write_csv(workdir / 'comparison.csv', rows, CSV_COLUMNS)
-    language_model = not np.isnan(rows[0]['bits_per_byte'])
-    metrics = ('loss', 'bits_per_byte') if language_model else ('accuracy', 'loss')
-    reporting.write_text(
-        workdir / 'comparison.md', '\n'.join(comparison_table(rows, metric) for metric in metrics)
-    )
+    metrics = TASK_COLUMNS[task_of(rows)]
+    tables = [comparison_table(rows, metric) for metric in metrics]
+    tables.append(distance_tables(rows, metrics[0]))
+    reporting.write_text(workdir / 'comparison.md', '\n'.join(filter(None, tables)))
     curves = {
         method: (
             list(by_length),

@@ -30,14 +30,13 @@ The features come from jrope.pe_math (the code of the encodings), which
 computes in float32; targets, the regression (normal equations with ridge
 penalty on every weight, constant included) and the errors are float64 numpy.
 
-Targets (x = d/L, w = theta^(-2 i / head_dim) for i = target_freq_index):
-phase cos(w d), linear -x, mixed x cos(w d), jet_r{r} x^r cos(w d).
+The targets (phase, linear, mixed, the high jets and the structured
+benchmarks' kernels) are defined in jrope.experiments.probe_targets.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -46,11 +45,11 @@ from etils import epath
 
 from jrope import pe_math
 from jrope.data import synthetic
+from jrope.experiments.probe_targets import check_target, target_values
 from jrope.pe_config import PEConfig, pe_config_from_name
 from jrope.train import reporting
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
-_JET_TARGET = re.compile(r"jet_r(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +58,7 @@ class KernelProbeConfig:
 
     Attributes:
       methods: encoding names, any name `jrope.pe_config_from_name` accepts.
-      targets: 'phase', 'linear', 'mixed' or 'jet_r{r}'.
+      targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
       seeds: one fit per seed; seeds matter only when train_points < train_context.
       train_context: L: the fit uses lags in [0, L), and L is the unit of time.
       train_points: how many of those lags the fit sees (a seeded random subset
@@ -67,11 +66,15 @@ class KernelProbeConfig:
       eval_contexts: T values; the error is measured on all lags in [0, T).
       head_dim: sets the frequencies theta^(-2k/head_dim).
       num_freqs: k < num_freqs, for every method.
-      target_freq_index: the target's frequency index i.
+      target_freq_index: the targets' frequency index i.
+      second_freq_index: the second frequency of rhythm_envelope and motif_spacing.
       theta: rotary base.
-      gamma: the damping of learned-gamma variants whose name does not set it.
+      gamma: the damping of learned-gamma variants whose name does not set
+        it, and of the damped_wave target.
+      drift: phase_drift's relative frequency error eps.
+      jet_decay: c of the scaled_high_jet targets.
       ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
-      plot_target: the target whose fits the PNG shows at the longest context.
+      plot_targets: targets whose fits a PNG each shows at the longest context.
     """
 
     methods: tuple[str, ...]
@@ -83,27 +86,31 @@ class KernelProbeConfig:
     head_dim: int
     num_freqs: int
     target_freq_index: int
+    second_freq_index: int
     theta: float
     gamma: float
+    drift: float
+    jet_decay: float
     ridge: float
-    plot_target: str
+    plot_targets: tuple[str, ...]
 
     def __post_init__(self):
         for target in self.targets:
-            _check_target(target)
-        if self.plot_target not in self.targets:
+            check_target(target)
+        if not set(self.plot_targets) <= set(self.targets):
             raise ValueError(
-                f"probe.plot_target {self.plot_target!r} must be one of probe.targets {self.targets}."
+                f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
             )
         if not 0 < self.train_points <= self.train_context:
             raise ValueError(
                 f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
             )
-        if not 0 <= self.target_freq_index < self.num_freqs:
-            raise ValueError(
-                f"probe.target_freq_index {self.target_freq_index} must be below num_freqs {self.num_freqs}: "
-                "the target's frequency must be one of the basis frequencies."
-            )
+        for name in ("target_freq_index", "second_freq_index"):
+            if not 0 <= getattr(self, name) < self.num_freqs:
+                raise ValueError(
+                    f"probe.{name} {getattr(self, name)} must be below num_freqs {self.num_freqs}: "
+                    "the targets' frequencies must be basis frequencies."
+                )
         if not self.methods or not self.seeds or not self.eval_contexts:
             raise ValueError(
                 "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
@@ -139,25 +146,6 @@ class KernelProbeConfig:
     @property
     def target_omega(self) -> float:
         return synthetic.rotary_frequency(self.theta, self.target_freq_index, self.head_dim)
-
-
-def _check_target(target: str) -> None:
-    if target not in ("phase", "linear", "mixed") and not _JET_TARGET.fullmatch(target):
-        raise ValueError(
-            f"Unknown probe target {target!r}; use phase, linear, mixed or jet_r{{r}} (e.g. jet_r2)."
-        )
-
-
-def target_values(target: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
-    """y(d) of a target at integer lags [n], float64 [n]."""
-    _check_target(target)
-    L, omega = probe.train_context, probe.target_omega
-    if target == "linear":
-        return -np.asarray(lags, np.float64) / L
-    if target == "mixed":
-        return synthetic.mixed_raw(lags, train_len=L, omega=omega)
-    power = 0 if target == "phase" else int(_JET_TARGET.fullmatch(target).group(1))
-    return synthetic.high_jet(lags, train_len=L, omega=omega, power=power)
 
 
 def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
@@ -230,14 +218,14 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
     Returns:
       rows: dicts with CSV_COLUMNS: one 'train' row (context = L) and one
         'eval' row per eval context for each fit.
-      plot_curves: method -> the fitted kernel of plot_target on the lags
-        [0, max(eval_contexts)), float64, for the first seed.
+      plot_curves: target -> method -> the fitted kernel on the lags
+        [0, max(eval_contexts)), float64, for the first seed and each of plot_targets.
     """
     longest = max(probe.eval_contexts)
     # One feature matrix per method covers the fit lags and every evaluation window.
     span = max(longest, probe.train_context)
     eval_features = {m: basis_features(m, np.arange(span), probe) for m in probe.methods}
-    rows, plot_curves = [], {}
+    rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
         fit_lags = training_lags(probe, seed)
         for target in probe.targets:
@@ -260,8 +248,8 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
                 for context in probe.eval_contexts:
                     error = np.mean((prediction[:context] - y_all[:context]) ** 2)
                     rows.append(dict(common, context=context, split="eval", mse=float(error)))
-                if seed == probe.seeds[0] and target == probe.plot_target:
-                    plot_curves[method] = prediction[:longest]
+                if seed == probe.seeds[0] and target in plot_curves:
+                    plot_curves[target][method] = prediction[:longest]
     return rows, plot_curves
 
 
@@ -306,9 +294,10 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
 
 
 def plot_fits(
-    path: epath.PathLike, plot_curves: dict[str, np.ndarray], probe: KernelProbeConfig
+    path: epath.PathLike, target: str, curves: dict[str, np.ndarray], probe: KernelProbeConfig
 ) -> None:
-    """Every method's fit of plot_target over [0, T_max): error along the lag, and the last lags.
+    """Every method's fit (curves: method -> fit) of `target` over [0, T_max): error along the
+    lag, and the last lags.
 
     The carrier period is a few lags, so the raw curves over thousands of
     lags are a solid band: the top panel shows the RMS error per window of
@@ -319,27 +308,25 @@ def plot_fits(
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
-    target = target_values(probe.plot_target, lags, probe)
+    values = target_values(target, lags, probe)
     tail = lags[-96:]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9))
     colors = plt.get_cmap("tab20").colors  # distinct colours for up to 20 methods
-    for index, (method, prediction) in enumerate(plot_curves.items()):
-        windows = (prediction - target)[: longest // window * window].reshape(-1, window)
+    for index, (method, prediction) in enumerate(curves.items()):
+        windows = (prediction - values)[: longest // window * window].reshape(-1, window)
         rms = np.sqrt(np.mean(windows**2, axis=1))
         color = colors[index % len(colors)]
         top.semilogy(
             np.arange(rms.size) * window + window / 2, rms, linewidth=1.0, color=color, label=method
         )
         bottom.plot(tail, prediction[tail], linewidth=0.9, color=color, label=method)
-    bottom.plot(tail, target[tail], color="black", linewidth=2.0, label="target")
+    bottom.plot(tail, values[tail], color="black", linewidth=2.0, label="target")
     top.axvline(probe.train_context, color="gray", linestyle="--", linewidth=1.0)
     top.set_xlabel(f"lag d (fit on d < L = {probe.train_context}, dashed)")
     top.set_ylabel(f"RMS error per {window} lags")
-    top.set_title(
-        f"Kernel probe: fits of the {probe.plot_target} target, extrapolated to T={longest}"
-    )
+    top.set_title(f"Kernel probe: fits of the {target} target, extrapolated to T={longest}")
     top.legend(ncol=4, fontsize=7)
-    span = np.abs(target[tail]).max()
+    span = np.abs(values[tail]).max()
     # fits that blow up leave the frame instead of squashing the rest
     bottom.set_ylim(-1.5 * span, 1.5 * span)
     bottom.set_xlabel("lag d")
@@ -350,7 +337,7 @@ def plot_fits(
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
-    """Runs the probe of `config` and writes kernel_probe.{csv,md} and a PNG into workdir.
+    """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into workdir.
 
     Returns the CSV rows.
     """
@@ -360,10 +347,12 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     reporting.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
     reporting.write_text(workdir / "kernel_probe.md", table)
-    plot_fits(
-        workdir / f"kernel_probe_{probe.plot_target}_T{max(probe.eval_contexts)}.png",
-        plot_curves,
-        probe,
-    )
+    for target, curves in plot_curves.items():
+        plot_fits(
+            workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png",
+            target,
+            curves,
+            probe,
+        )
     print(table)
     return rows

@@ -265,24 +265,60 @@ def _run_block(
 
 
 class Transformer(nnx.Module):
-    """Tokens -> float32 logits over the vocabulary.
+    """Tokens -> float32 logits over the vocabulary, or real-valued signals -> float32 predictions.
 
     Each layer has its own encoding parameters (the encoding object itself,
     pure and stateless, is shared). `encoding` is made for cfg.num_heads heads
     of cfg.head_dim (jrope.make_encoding).
+
+    Token models (`vocab_size`) embed their inputs and read out through the
+    tied embedding. Signal models (`vocab_size=None` with `input_channels`
+    and `output_channels`, the regression task of jrope.data.source) project
+    their real-valued inputs [B, T, C_in] in with a linear map [C_in, D] and
+    read out through a linear regression head [D, C_out], both without bias
+    (the paper's signal benchmark model); everything between is the same.
     """
 
-    def __init__(self, cfg: ModelConfig, encoding: Encoding, vocab_size: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoding: Encoding,
+        vocab_size: int | None,
+        *,
+        rngs: nnx.Rngs,
+        input_channels: int | None = None,
+        output_channels: int | None = None,
+    ):
         if (encoding.num_heads, encoding.head_dim) != (cfg.num_heads, cfg.head_dim):
             raise ValueError(
                 f"the encoding is made for {encoding.num_heads} heads of {encoding.head_dim}, the "
                 f"model has {cfg.num_heads} of {cfg.head_dim}; make it with "
                 "jrope.make_encoding(pe_config, num_heads=cfg.num_heads, head_dim=cfg.head_dim)."
             )
+        signal = (input_channels, output_channels)
+        if (vocab_size is None) == (None in signal) or (vocab_size is None and min(signal) < 1):
+            raise ValueError(
+                "give a model either vocab_size (token inputs, tied logits) or positive "
+                f"input_channels and output_channels (signals), got vocab_size={vocab_size}, "
+                f"input_channels={input_channels}, output_channels={output_channels}."
+            )
         self.cfg = cfg
-        self.embedding = _param(
-            jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32), (VOCAB, EMBED)
-        )
+        # True for a signal model (input projection and regression head), False for tokens.
+        self.reads_signals = vocab_size is None
+        if not self.reads_signals:
+            self.embedding = _param(
+                jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32),
+                (VOCAB, EMBED),
+            )
+        else:
+            self.input_projection = _param(
+                _uniform_fan_in(rngs.params(), (input_channels, cfg.d_model), input_channels),
+                (None, EMBED),
+            )
+            self.regression_head = _param(
+                _uniform_fan_in(rngs.params(), (cfg.d_model, output_channels), cfg.d_model),
+                (EMBED, None),
+            )
         self.blocks = nnx.List(
             [TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)]
         )
@@ -290,18 +326,25 @@ class Transformer(nnx.Module):
 
     def __call__(
         self,
-        tokens: jax.Array,
+        inputs: jax.Array,
         positions: jax.Array,
         *,
         dropout_key: jax.Array | None = None,
         cache: Sequence[LayerCache] | None = None,
     ) -> jax.Array:
-        """tokens int32 [B, T], positions int32 [T] or [B, T] -> logits float32 [B, T', V] (see decode)."""
-        return self.decode(self.embed(tokens), positions, dropout_key=dropout_key, cache=cache)
+        """tokens int32 [B, T] or signals [B, T, C_in], positions int32 [T] or [B, T] ->
+        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode)."""
+        return self.decode(self.embed(inputs), positions, dropout_key=dropout_key, cache=cache)
 
-    def embed(self, tokens: jax.Array) -> jax.Array:
-        """tokens int32 [B, T] -> [B, T, D] in the compute dtype."""
-        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.cfg.compute_dtype)
+    def embed(self, inputs: jax.Array) -> jax.Array:
+        """tokens int32 [B, T] (or signals [B, T, C_in]) -> [B, T, D] in the compute dtype."""
+        dtype = self.cfg.compute_dtype
+        if self.reads_signals:
+            kernel = self.input_projection[...].astype(dtype)
+            return _projection(
+                inputs.astype(dtype), kernel, 1, attention.matmul_precision(self.cfg)
+            )
+        return jnp.take(self.embedding[...], inputs, axis=0).astype(dtype)
 
     def decode(
         self,
@@ -311,10 +354,11 @@ class Transformer(nnx.Module):
         dropout_key: jax.Array | None = None,
         cache: Sequence[LayerCache] | None = None,
     ) -> jax.Array:
-        """Embedded inputs [B, T, D] -> logits float32 [B, T', V] (the blocks, final norm and tied output).
+        """Embedded inputs [B, T, D] -> the blocks, final norm and readout: float32 [B, T', V | C_out].
 
+        The readout is the tied embedding (logits) or the regression head.
         T' = T, or 1 with `readout='last'`: then the last block computes its
-        queries, MLP and the logits at the last position only (the keys and
+        queries, MLP and the output at the last position only (the keys and
         values still cover every position), which is all a loss on the last
         position needs.
 
@@ -337,6 +381,15 @@ class Transformer(nnx.Module):
             else:
                 x = run_block(block, x, positions, key)
         x = self.final_norm(x)
+        if self.reads_signals:
+            head = self.regression_head[...].astype(dtype)
+            return jnp.einsum(
+                "btd,dc->btc",
+                x,
+                head,
+                preferred_element_type=jnp.float32,
+                precision=attention.matmul_precision(self.cfg),
+            )
         # Tied output projection; logits accumulate in float32.
         return jnp.einsum(
             "btd,vd->btv",

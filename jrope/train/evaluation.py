@@ -1,15 +1,18 @@
-"""Loss and accuracy of a model across evaluation lengths (length extrapolation).
+"""Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
 The metric definitions live here and the train step uses them too: a
 weighted cross-entropy and accuracy, restricted to the first `num_classes`
 logits when the data source is a classification task (the synthetic task
 reads its label from the first two tokens' logits), over the full
-vocabulary for language modelling (where the loss is nats per byte).
+vocabulary for language modelling (where the loss is nats per byte), and
+a mean squared error with its R^2 for regression.
 
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
-fit in memory; `write_results` writes a CSV (one row per method, seed, step
-and length), a markdown table and a PNG curve against length
+fit in memory, and, for a source that places its answer at chosen distances
+(jrope.data.source.DistanceEvaluation), at each such distance too;
+`write_results` writes a CSV (one row per method, seed, step, length and
+distance), a markdown table and a PNG curve against length
 (jrope.train.reporting), the CSV last: a folder holding `eval.csv` holds a
 whole result. `evaluate_and_report` does both for the trainer and eval.py,
 with the progress per length and the table on the console; a NaN or
@@ -17,7 +20,7 @@ infinite loss is a failure (jrope.train.nonfinite), not a result. Results are
 never overwritten: a folder that holds a whole result is kept and the next
 free name taken (`results_dir`).
 
-Shape legend: B batch, T length, V vocabulary.
+Shape legend: B batch, T length, V vocabulary, C channels.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
+from jrope.data.source import DistanceEvaluation
 from jrope.train import compilation_cache, nonfinite, reporting, resume, sharding, validation
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.compile_options import step_compiler_options
@@ -42,16 +46,25 @@ from jrope.train.console import duration, say
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_from_params
 
+# distance: empty for the rows over the source's own evaluation sequences.
 CSV_COLUMNS = (
     "method",
     "seed",
     "step",
     "length",
+    "distance",
     "num_sequences",
     "loss",
     "accuracy",
     "bits_per_byte",
+    "r2",
 )
+# The columns of each task's markdown table, after the length: headline metric first.
+TASK_COLUMNS = {
+    "language_model": ("loss", "bits_per_byte"),
+    "classification": ("accuracy", "loss"),
+    "regression": ("loss", "r2"),
+}
 RESULTS_CSV = "eval.csv"  # written last: its presence marks a whole result
 
 
@@ -81,6 +94,49 @@ def weighted_sums(
     }
 
 
+def squared_error_sums(
+    predictions: jax.Array, targets: jax.Array, weights: jax.Array
+) -> dict[str, jax.Array]:
+    """Weighted sums of squared errors and of the targets (for R^2).
+
+    Args:
+      predictions: float32 [B, T', C] for the last T' <= T positions;
+        targets: float32 [B, T, C]; weights: float32 [B, T].
+    Returns:
+      float32 scalars 'loss_sum' (w (p - y)^2 summed over positions and
+      channels), 'weight_sum' (w summed, times C: the loss is per element),
+      'target_sum' and 'target_square_sum' (w y and w y^2 summed).
+    """
+    first = targets.shape[1] - predictions.shape[1]
+    targets, weights = targets[:, first:].astype(jnp.float32), weights[:, first:, None]
+    channels = targets.shape[-1]
+    return {
+        "loss_sum": jnp.sum(jnp.square(predictions - targets) * weights),
+        "weight_sum": jnp.sum(weights) * channels,
+        "target_sum": jnp.sum(targets * weights),
+        "target_square_sum": jnp.sum(jnp.square(targets) * weights),
+    }
+
+
+def task_sums(
+    outputs: jax.Array, batch: dict[str, jax.Array], task: str, num_classes: int | None
+) -> dict[str, jax.Array]:
+    """The sums of `task` (a data source's, jrope.data.source.TASKS) for a batch's model outputs."""
+    if task == "regression":
+        return squared_error_sums(outputs, batch["targets"], batch["weights"])
+    return weighted_sums(outputs, batch["targets"], batch["weights"], num_classes)
+
+
+def metrics_from_sums(sums: dict[str, Any], task: str) -> dict[str, Any]:
+    """'loss' and 'accuracy' (token tasks) or 'loss' (MSE) and 'r2' (regression), from task_sums."""
+    loss = sums["loss_sum"] / sums["weight_sum"]
+    if task != "regression":
+        return {"loss": loss, "accuracy": sums["correct_sum"] / sums["weight_sum"]}
+    mean = sums["target_sum"] / sums["weight_sum"]
+    variance = sums["target_square_sum"] / sums["weight_sum"] - mean * mean
+    return {"loss": loss, "r2": 1.0 - loss / variance}
+
+
 def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
     """With readout='last' the loss sees the last position only: every other weight must be 0.
 
@@ -102,13 +158,13 @@ class EvalStep:
     """
 
     def __init__(self, run: RunSetup):
-        graphdef, num_classes = run.layout.graphdef, run.source.num_classes
+        graphdef, task, num_classes = run.layout.graphdef, run.source.task, run.source.num_classes
 
         def eval_sums(params, batch):
-            tokens = batch["inputs"]
-            positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-            logits = model_from_params(graphdef, params)(tokens, positions)
-            return weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+            inputs = batch["inputs"]
+            positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)
+            outputs = model_from_params(graphdef, params)(inputs, positions)
+            return task_sums(outputs, batch, task, num_classes)
 
         self._cfg = run.cfg
         self._platform = run.mesh.devices.flat[0].platform
@@ -145,39 +201,67 @@ def evaluate_lengths(
 ) -> list[dict[str, Any]]:
     """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS) for the model of `step`.
 
-    on_length(row, seconds) is called after each length (compilation included).
+    For a DistanceEvaluation source, each length's row is followed by one per
+    distance that fits in it. on_length(row, seconds) is called after each
+    length's own row (compilation included).
     """
     rows = []
     for length in cfg.eval.lengths:
         started = time.perf_counter()
-        totals = {"loss_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
-        with jax.set_mesh(mesh):
-            for local_batch in source.eval_batches(
-                length, cfg.eval.num_sequences, cfg.eval.batch_size
-            ):
-                check_readout(local_batch, cfg.model.readout)
-                sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
-                for name, value in jax.device_get(sums).items():
-                    totals[name] += float(value)
-        loss = totals["loss_sum"] / totals["weight_sum"]
-        rows.append(
-            {
-                "method": cfg.pe.name,
-                "seed": cfg.seed,
-                "step": step,
-                "length": length,
-                "num_sequences": cfg.eval.num_sequences,
-                "loss": loss,
-                "accuracy": totals["correct_sum"] / totals["weight_sum"],
-                # Byte-level LM: nats per byte -> bits per byte. Classification: not a rate.
-                "bits_per_byte": (
-                    loss / math.log(2.0) if source.num_classes is None else float("nan")
-                ),
-            }
-        )
+        batches = source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)
+        rows.append(_result_row(eval_step, params, batches, source, cfg, mesh, step, length, None))
         if on_length is not None:
             on_length(rows[-1], time.perf_counter() - started)
+        if isinstance(source, DistanceEvaluation):
+            for distance in source.eval_distances(length):
+                batches = source.distance_eval_batches(
+                    length, distance, cfg.eval.num_sequences, cfg.eval.batch_size
+                )
+                rows.append(
+                    _result_row(
+                        eval_step, params, batches, source, cfg, mesh, step, length, distance
+                    )
+                )
     return rows
+
+
+def _result_row(
+    eval_step, params, batches, source, cfg, mesh, step, length, distance
+) -> dict[str, Any]:
+    """The CSV row of one length (and distance) from its evaluation batches."""
+    totals = {}
+    with jax.set_mesh(mesh):
+        for local_batch in batches:
+            check_readout(local_batch, cfg.model.readout)
+            sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
+            for name, value in jax.device_get(sums).items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+    metrics = metrics_from_sums(totals, source.task)
+    nan = float("nan")
+    return {
+        "method": cfg.pe.name,
+        "seed": cfg.seed,
+        "step": step,
+        "length": length,
+        "distance": distance,
+        "num_sequences": cfg.eval.num_sequences,
+        "loss": metrics["loss"],
+        "accuracy": metrics.get("accuracy", nan),
+        # Byte-level LM: nats per byte -> bits per byte. Other tasks: not a rate.
+        "bits_per_byte": metrics["loss"] / math.log(2.0)
+        if source.task == "language_model"
+        else nan,
+        "r2": metrics.get("r2", nan),
+    }
+
+
+def logged_scalars(rows: Sequence[dict[str, Any]], task: str) -> list[tuple[str, dict[str, float]]]:
+    """(name, {metric: value}) per row, for the metrics log: 'eval_<length>[_d<distance>]'."""
+    logged = []
+    for row in rows:
+        name = f"eval_{row['length']}" + ("" if row["distance"] is None else f"_d{row['distance']}")
+        logged.append((name, {metric: row[metric] for metric in TASK_COLUMNS[task]}))
+    return logged
 
 
 def evaluate_and_report(
@@ -189,31 +273,27 @@ def evaluate_and_report(
     Returns the rows and the results folder (the first free `eval_step<step>[.n]`).
     Raises nonfinite.NonFiniteEvaluationError, writing nothing, when a loss is NaN or infinite.
     """
-    cfg = run.cfg
-    language_model = run.source.num_classes is None
+    cfg, task = run.cfg, run.source.task
     lengths = ", ".join(str(length) for length in cfg.eval.lengths)
     say(f"Evaluating step {step} at lengths {lengths} ({cfg.eval.num_sequences} sequences each):")
 
     def show(row: dict[str, Any], seconds: float) -> None:
-        metrics = ("loss", "bits_per_byte") if language_model else ("accuracy", "loss")
-        shown = "  ".join(f"{name} {row[name]:.4f}" for name in metrics)
+        shown = "  ".join(f"{name} {row[name]:.4f}" for name in TASK_COLUMNS[task])
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
     rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
     nonfinite.check_evaluation(rows, step, checkpoint)
     out_dir = results_dir(workdir, step)
     if jax.process_index() == 0:
-        write_results(rows, out_dir, language_model=language_model)
-    show_results(rows, out_dir, language_model=language_model)
+        write_results(rows, out_dir, task=task)
+    show_results(rows, out_dir, task=task)
     return rows, out_dir
 
 
-def show_results(
-    rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, language_model: bool
-) -> None:
+def show_results(rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, task: str) -> None:
     """The results table on the console, with where it is saved."""
     say(f"\n{epath.Path(out_dir) / 'eval.md'}:\n")
-    say(markdown_table(rows, language_model=language_model))
+    say(markdown_table(rows, task=task))
 
 
 def evaluate_checkpoint(
@@ -271,44 +351,64 @@ def finished_results(workdir: str, step: int) -> epath.Path | None:
 
 
 def read_results(out_dir: epath.PathLike) -> list[dict[str, Any]]:
-    """The rows of a results folder's CSV, with their types."""
+    """The rows of a results folder's CSV, with their types (distance None where empty)."""
     rows = reporting.read_csv(epath.Path(out_dir) / RESULTS_CSV)
     for row in rows:
         for key in ("seed", "step", "length", "num_sequences"):
             row[key] = int(row[key])
-        for key in ("loss", "accuracy", "bits_per_byte"):
+        row["distance"] = int(row["distance"]) if row["distance"] else None
+        for key in ("loss", "accuracy", "bits_per_byte", "r2"):
             row[key] = float(row[key])
     return rows
 
 
 def write_results(
-    rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, language_model: bool
+    rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, task: str
 ) -> dict[str, epath.Path]:
-    """PNG curve, markdown table and CSV of `rows` (the CSV last); returns their paths."""
+    """PNG curve, markdown table and CSV of `rows` (of a source with `task`), the CSV last.
+
+    Returns their paths.
+    """
     out_dir = epath.Path(out_dir)
     paths = {name: out_dir / f"eval.{name}" for name in ("png", "md", "csv")}
-    metric = "loss" if language_model else "accuracy"
+    metric = TASK_COLUMNS[task][0]
+    by_length = [row for row in rows if row["distance"] is None]
+    labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
     reporting.plot_against_length(
         paths["png"],
-        {rows[0]["method"]: ([row["length"] for row in rows], [row[metric] for row in rows], None)},
-        ylabel="loss (nats/byte)" if language_model else "accuracy",
+        {
+            rows[0]["method"]: (
+                [row["length"] for row in by_length],
+                [row[metric] for row in by_length],
+                None,
+            )
+        },
+        ylabel=labels.get(task, metric),
         size=(5, 3.5),
     )
-    reporting.write_text(paths["md"], markdown_table(rows, language_model=language_model))
+    reporting.write_text(paths["md"], markdown_table(rows, task=task))
     reporting.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], *, language_model: bool) -> str:
-    """Rows as a markdown table, plus the mean over lengths (the paper's LM summary)."""
-    columns = (
-        ("length", "loss", "bits_per_byte") if language_model else ("length", "accuracy", "loss")
-    )
-    means = {column: np.mean([row[column] for row in rows]) for column in columns[1:]}
-    cells = [[reporting.format_cell(row[column]) for column in columns] for row in rows]
+def markdown_table(rows: Sequence[dict[str, Any]], *, task: str) -> str:
+    """Rows as a markdown table, plus the mean over lengths (the paper's LM summary).
+
+    Rows at chosen distances follow in a second table, one line per length and distance.
+    """
+    columns = ("length",) + TASK_COLUMNS[task]
+    by_length = [row for row in rows if row["distance"] is None]
+    means = {column: np.mean([row[column] for row in by_length]) for column in columns[1:]}
+    cells = [[reporting.format_cell(row[column]) for column in columns] for row in by_length]
     cells.append(["mean"] + [reporting.format_cell(means[column]) for column in columns[1:]])
     title = (
         f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, step: {rows[0]['step']}, "
         f"{rows[0]['num_sequences']} sequences per length"
     )
-    return f"{title}\n\n" + reporting.markdown_table(columns, cells)
+    text = f"{title}\n\n" + reporting.markdown_table(columns, cells)
+    at_distance = [row for row in rows if row["distance"] is not None]
+    if at_distance:
+        columns = ("length", "distance") + TASK_COLUMNS[task]
+        cells = [[reporting.format_cell(row[c]) for c in columns] for row in at_distance]
+        text += "\nAt chosen distances:\n\n" + reporting.markdown_table(columns, cells)
+    return text

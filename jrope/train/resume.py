@@ -46,7 +46,8 @@ UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
 
 # Dotted config keys that define the shapes or meaning of the saved parameters.
 PARAMETER_KEYS = (
-    "data.source",
+    "data.source",  # also the task: the tied readout or a regression head
+    "data.input_channels",  # regression: the input projection's and the head's shapes
     "model.d_model",
     "model.num_heads",
     "model.num_layers",
@@ -55,7 +56,7 @@ PARAMETER_KEYS = (
 # Every key under these sections defines the encoding's parameters and what they mean.
 PARAMETER_SECTIONS = ("pe",)
 # Data-section fields that set the vocabulary (the embedding's shape).
-VOCABULARY_KEYS = ("data.vocab_size",)
+VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
 
 
 class IncompatibleCheckpointError(ValueError):

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from jrope.data.source import DataSource, build_source
 from jrope.train import sharding
 from jrope.train.config import TrainConfig
-from jrope.train.state import StateLayout, init_state, state_layout
+from jrope.train.state import StateLayout, init_state, model_io, state_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class RunSetup:
 
     def init_state(self) -> dict[str, Any]:
         """A freshly initialised train state, created directly in its shards."""
-        return init_state(self.cfg, self.source.vocab_size, self.layout, self.mesh)
+        return init_state(self.cfg, model_io(self.source), self.layout, self.mesh)
 
 
 def set_up_run(
@@ -57,4 +57,4 @@ def set_up_run(
             jax.process_count() if process_count is None else process_count,
         )
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    return RunSetup(cfg, source, mesh, state_layout(cfg, source.vocab_size, mesh))
+    return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))

@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from jrope.data.source import DataSource
 from jrope.model import Transformer
 from jrope.train import sharding
 from jrope.train.checkpointing import abstract_with_shardings
@@ -76,23 +77,41 @@ class StateLayout:
     optimizer: optax.GradientTransformation
 
 
-def _new_model(cfg: TrainConfig, vocab_size: int) -> Transformer:
-    return Transformer(cfg.model, cfg.encoding, vocab_size, rngs=nnx.Rngs(params=cfg.seed))
+def model_io(source: DataSource) -> dict[str, int | None]:
+    """The Transformer's input and output sizes, as the data source declares them.
+
+    Token sources give a vocabulary; regression sources real-valued input and
+    output channels instead (jrope.data.source).
+    """
+    if source.task == "regression":
+        return dict(
+            vocab_size=None,
+            input_channels=source.input_channels,
+            output_channels=source.output_channels,
+        )
+    return dict(vocab_size=source.vocab_size)
+
+
+def _new_model(cfg: TrainConfig, io: dict[str, int | None]) -> Transformer:
+    return Transformer(cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed))
 
 
 def _new_state(
-    cfg: TrainConfig, vocab_size: int, optimizer: optax.GradientTransformation
+    cfg: TrainConfig, io: dict[str, int | None], optimizer: optax.GradientTransformation
 ) -> dict[str, Any]:
-    params = nnx.state(_new_model(cfg, vocab_size), nnx.Param)
+    params = nnx.state(_new_model(cfg, io), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
-def state_layout(cfg: TrainConfig, vocab_size: int, mesh: Mesh) -> StateLayout:
-    """Abstract shapes, shardings and graphdef of the train state, without allocating it."""
+def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> StateLayout:
+    """Abstract shapes, shardings and graphdef of the train state, without allocating it.
+
+    io: the model's input and output sizes (model_io).
+    """
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     with jax.set_mesh(mesh):
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, vocab_size)), nnx.Param)
-        abstract_state = jax.eval_shape(lambda: _new_state(cfg, vocab_size, optimizer))
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io)), nnx.Param)
+        abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer))
     shardings = sharding.state_shardings(abstract_state, cfg.mesh.rules, mesh)
     return StateLayout(
         graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer
@@ -100,12 +119,12 @@ def state_layout(cfg: TrainConfig, vocab_size: int, mesh: Mesh) -> StateLayout:
 
 
 def init_state(
-    cfg: TrainConfig, vocab_size: int, layout: StateLayout, mesh: Mesh
+    cfg: TrainConfig, io: dict[str, int | None], layout: StateLayout, mesh: Mesh
 ) -> dict[str, Any]:
-    """A freshly initialised train state, created directly in its shards."""
+    """A freshly initialised train state, created directly in its shards (io: model_io)."""
     with jax.set_mesh(mesh):
         return jax.jit(
-            lambda: _new_state(cfg, vocab_size, layout.optimizer), out_shardings=layout.shardings
+            lambda: _new_state(cfg, io, layout.optimizer), out_shardings=layout.shardings
         )()
 
 

@@ -96,7 +96,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         mesh = sharding.make_mesh(
             decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
         )
-        layout = state_layout(cfg, cfg.data.vocab_size, mesh)
+        layout = state_layout(cfg, {"vocab_size": cfg.data.vocab_size}, mesh)
         state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
     finally:
         checkpointer.close()

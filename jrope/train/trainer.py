@@ -77,12 +77,15 @@ def make_train_step(
     fusions unless the attention is blockwise); `compiler_options` replaces
     them ({}: XLA's defaults, as benchmarks/train_step.py compares).
 
-    Batch: 'inputs', 'targets' int32 [B, T], 'weights' float32 [B, T].
-    Metrics: 'loss' (weighted mean cross-entropy), 'accuracy', 'grad_norm'
+    Batch: 'inputs', 'targets' and 'weights' [B, T] (the data-source
+    contract, jrope.data.source; regression inputs and targets [B, T, C]).
+    Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
+    for regression), 'accuracy' (or 'r2' for regression), 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
     opt.nonfinite = 'skip' also 'skipped' (jrope.train.nonfinite).
     """
-    cfg, layout, mesh, num_classes = run.cfg, run.layout, run.mesh, run.source.num_classes
+    cfg, layout, mesh = run.cfg, run.layout, run.mesh
+    task, num_classes = run.source.task, run.source.num_classes
     schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
     optimizer = layout.optimizer
 
@@ -95,16 +98,15 @@ def make_train_step(
 
         def loss_fn(params):
             model = model_from_params(layout.graphdef, params)
-            logits = model(batch["inputs"], positions, dropout_key=dropout_key)
-            sums = evaluation.weighted_sums(logits, batch["targets"], batch["weights"], num_classes)
+            outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
+            sums = evaluation.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
-        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
-            "loss": loss,
-            "accuracy": sums["correct_sum"] / sums["weight_sum"],
+            **evaluation.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
@@ -191,7 +193,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             "writes a new folder."
         )
         rows = evaluation.read_results(finished)
-        evaluation.show_results(rows, finished, language_model=run.source.num_classes is None)
+        evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
     if jax.process_index() == 0:
         run_record.append_start_record(workdir, run_record.start_record(cfg, start))
@@ -223,10 +225,8 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             step,
             str(resume.checkpoint_path(checkpointer, step)),
         )
-        for row in rows:
-            logger.write_scalars(
-                step, {"loss": row["loss"], "accuracy": row["accuracy"]}, f"eval_{row['length']}"
-            )
+        for name, scalars in evaluation.logged_scalars(rows, run.source.task):
+            logger.write_scalars(step, scalars, name)
         return rows, out_dir
 
     state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)

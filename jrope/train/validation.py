@@ -332,9 +332,10 @@ def _data_line(err: Exception) -> str:
 
 
 def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
-    # Local-text data configs (jrope.data.text_bytes) name their files; other
-    # sources (synthetic, the WikiText builders) need none or check their own.
-    if getattr(cfg.data, "source", None) != "text":
+    # Local-file data configs (jrope.data.text_bytes: text, audio tokens) name their files;
+    # other sources (synthetic, the WikiText builders) need none or check their own.
+    source = getattr(cfg.data, "source", None)
+    if source not in ("text", "audio_tokens"):
         return []
     problems = []
     for field in path_fields:
@@ -342,10 +343,20 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
         if is_uri(path):
             problem = storage.uri_problem(path, f"data.{field} =", must_exist=True)
             problems += [problem] if problem else []
-        elif not os.path.exists(os.path.expanduser(path)):
+        elif os.path.exists(os.path.expanduser(path)):
+            continue
+        elif source == "text":
             problems.append(
-                f"data.{field} = {path!r} does not exist; point --config.data.{field} at a UTF-8 text "
-                "file or a directory of them."
+                f"data.{field} = {path!r} does not exist; point --config.data.{field} at a UTF-8 "
+                "text file or a directory of them."
+            )
+        else:
+            problems.append(
+                f"data.{field} = {path!r} does not exist; prepare the audio tokens first with "
+                f"python -m jrope.data.audio --wav_dir=WAVS --out_dir={path} (WAVS: any folder "
+                "of .wav files, e.g. MusicNet's musicnet.tar.gz from "
+                "https://zenodo.org/records/5120004, unpacked), or point "
+                f"--config.data.{field} at a folder that command wrote."
             )
     return problems
 

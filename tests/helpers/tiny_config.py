@@ -27,7 +27,7 @@ def tiny_config_dict(**overrides):
     config.checkpoint.every_steps = 2
     config.log.every_steps = 1
     config.log.tensorboard = False
-    return _override(config, overrides)
+    return apply_overrides(config, overrides)
 
 
 def tiny_config(**overrides) -> TrainConfig:
@@ -59,11 +59,11 @@ def tiny_text_config_dict(tmp_path, **overrides):
     config.eval.lengths = (16, 32)
     config.eval.num_sequences = 8
     config.eval.batch_size = 8
-    return _override(config, overrides)
+    return apply_overrides(config, overrides)
 
 
-def _override(config, overrides):
-    """Sets each dotted key ('model.num_heads') of `overrides` in the ConfigDict."""
+def apply_overrides(config, overrides):
+    """`config` with each dotted key of `overrides` ('model.num_heads') set to its value."""
     for dotted, value in overrides.items():
         section, _, key = dotted.rpartition(".")
         target = config

@@ -1,0 +1,206 @@
+"""Signal regression: recover a causal convolution of white noise (the paper's signal benchmarks).
+
+A sequence is ``T`` real-valued inputs ``x_t ~ N(0, 1)`` (``C`` independent
+channels) and the target at every position is the causal convolution
+
+    y_i = sum_{j < i} K(i - j) x_j        (per channel; K(0) = 0, so y_0 = 0)
+
+with one of four structured lag kernels (``x = d / L``, ``L`` the training
+length ``seq_len``, ``w`` and ``w2`` two of the model's rotary frequencies
+``theta^(-2 i / head_dim)`` for ``i = freq_index`` and ``second_freq_index``;
+the constants are the reference code's):
+
+    seasonal_trend   (0.35 + 0.9 x) cos(w d) + 0.25 sin(w d)
+    damped_wave      e^{-gamma d} (cos(w d) + 0.75 x sin(w d))
+    rhythm_envelope  (0.25 + 0.85 x)(0.65 cos(w d) + 0.35 sin(w2 d))
+    motif_spacing    x / (1 + 0.25 x) (0.7 cos(w2 d) - 0.3 sin(w2 d))
+
+The formulas live in jrope.data.synthetic beside that task's kernels.
+``K`` is divided by its L2 norm over the training lags ``d = 1 .. L-1``; a
+longer evaluation length uses the same constant, so the growing kernels keep
+growing beyond ``L`` and extrapolation is the hard part. The model reads
+``x`` through an input projection and predicts ``y`` at every position with a
+linear regression head, trained with the mean squared error (the
+'regression' task of jrope.data.source).
+
+The convolution is computed with a float64 FFT of length ``2T`` (exact up to
+float64 rounding, about 1e-13 here; the tests check it against the direct
+sum); batches are float32.
+
+Randomness: every sequence has its own PCG64 generator seeded with
+``(seed, stream, step or length, sequence index)``: the train and eval
+streams differ, evaluation data are fixed per ``(seed, length)``, and every
+row is the same whatever the batch size or process count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from jrope.data import synthetic
+from jrope.data.source import ProcessShare
+
+SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
+
+_TRAIN_STREAM = 0
+_EVAL_STREAM = 1
+
+
+def signal_kernel(
+    name: str, lags, *, train_len: int, omega: float, second_omega: float, gamma: float
+) -> np.ndarray:
+    """K(d) of a kernel of SIGNAL_KERNELS at integer lags (any shape), unnormalised, float64."""
+    if name == "seasonal_trend":
+        return synthetic.seasonal_trend(lags, train_len=train_len, omega=omega)
+    if name == "damped_wave":
+        return synthetic.damped_mixed(
+            lags, train_len=train_len, omega=omega, gamma=gamma, sin_weight=0.75
+        )
+    if name == "rhythm_envelope":
+        return synthetic.rhythm_envelope(
+            lags,
+            train_len=train_len,
+            omega=omega,
+            second_omega=second_omega,
+            envelope_offset=0.25,
+            envelope_slope=0.85,
+            cos_weight=0.65,
+            sin_weight=0.35,
+        )
+    if name == "motif_spacing":
+        return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
+    raise ValueError(f"Unknown signal kernel {name!r}; choose one of {SIGNAL_KERNELS}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalRegressionConfig:
+    """Everything that determines the signal regression data.
+
+    Attributes:
+      source: 'signal' (the data section's source name).
+      seq_len: training length L; also the kernel's length scale and normalisation range.
+      seed: data seed; training and evaluation data are pure functions of it.
+      kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
+      input_channels: C, independent noise channels, each convolved with the
+        same kernel (the model's input projection and regression head have C
+        channels; the reference uses 1).
+      head_dim: head dimension of the model whose rotary frequencies the kernel uses.
+      freq_index: index of the kernel's main frequency w.
+      second_freq_index: index of its second frequency w2 (rhythm_envelope, motif_spacing).
+      theta: rotary base.
+      gamma: damping of damped_wave.
+    """
+
+    seq_len: int
+    source: str = "signal"
+    seed: int = 0
+    kernel: str = "seasonal_trend"
+    input_channels: int = 1
+    head_dim: int = 32
+    freq_index: int = 3
+    second_freq_index: int = 5
+    theta: float = 10000.0
+    gamma: float = 1e-4
+
+    def __post_init__(self):
+        if self.source != "signal":
+            raise ValueError(f"source must be 'signal' for this task, got {self.source!r}.")
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}.")
+        if self.kernel not in SIGNAL_KERNELS:
+            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}.")
+        if self.input_channels < 1:
+            raise ValueError(f"input_channels must be >= 1, got {self.input_channels}.")
+        synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
+        if self.gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {self.gamma}.")
+
+    def kernel_values(self, lags) -> np.ndarray:
+        """The normalised K(d) at integer lags >= 0 (K(0) = 0), float64."""
+        lags = np.asarray(lags)
+        values = self._raw_kernel(lags) / self.kernel_norm()
+        return np.where(lags == 0, 0.0, values)
+
+    def kernel_norm(self) -> float:
+        """L2 norm of the kernel over the training lags d = 1 .. L-1."""
+        norm = float(np.linalg.norm(self._raw_kernel(np.arange(1, self.seq_len))))
+        if norm == 0.0:
+            raise ValueError(f"Kernel {self.kernel!r} vanishes on the training lags.")
+        return norm
+
+    def _raw_kernel(self, lags) -> np.ndarray:
+        return signal_kernel(
+            self.kernel,
+            lags,
+            train_len=self.seq_len,
+            omega=synthetic.rotary_frequency(self.theta, self.freq_index, self.head_dim),
+            second_omega=synthetic.rotary_frequency(
+                self.theta, self.second_freq_index, self.head_dim
+            ),
+            gamma=self.gamma,
+        )
+
+
+def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """y[:, i] = sum_{j <= i} kernel[i - j] inputs[:, j], per channel, float64.
+
+    Args:
+      inputs: [b, T, C]; kernel: [T] (kernel[0] included; the task's is 0).
+    Returns:
+      float64 [b, T, C].
+    """
+    length = inputs.shape[1]
+    size = 2 * length  # no wrap-around: the circular convolution of length 2T is the linear one
+    spectrum = np.fft.rfft(inputs, n=size, axis=1) * np.fft.rfft(kernel, n=size)[None, :, None]
+    return np.fft.irfft(spectrum, n=size, axis=1)[:, :length]
+
+
+class SignalRegressionSource:
+    """Data source of the signal regression task (jrope.data.source's contract, task 'regression').
+
+    Batches: 'inputs' float32 [b, T, C] (the noise), 'targets' float32
+    [b, T, C] (its causal convolution with K), 'weights' float32 [b, T] of
+    ones (every position counts, as in the reference's loss).
+    """
+
+    task = "regression"
+    vocab_size = None
+    num_classes = None
+
+    def __init__(
+        self,
+        data_cfg: SignalRegressionConfig,
+        global_batch_size: int,
+        process_index: int,
+        process_count: int,
+    ):
+        self.data_cfg = data_cfg
+        self.input_channels = self.output_channels = data_cfg.input_channels
+        self.share = ProcessShare(global_batch_size, process_index, process_count)
+        self._kernels = {}  # length -> normalised kernel [length]
+
+    def train_batch(self, step: int) -> dict:
+        """This process's rows of the global training batch of ``step`` (length L)."""
+        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
+        return self._make_batch(rngs, self.data_cfg.seq_len)
+
+    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
+        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``."""
+        words = (self.data_cfg.seed, _EVAL_STREAM, length)
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
+            yield self._make_batch(rngs, length)
+
+    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+        if length not in self._kernels:
+            self._kernels[length] = self.data_cfg.kernel_values(np.arange(length))
+        channels = self.data_cfg.input_channels
+        inputs = np.stack([rng.standard_normal((length, channels)) for rng in rngs])
+        targets = causal_convolution(inputs, self._kernels[length])
+        return {
+            "inputs": inputs.astype(np.float32),
+            "targets": targets.astype(np.float32),
+            "weights": np.ones((len(rngs), length), np.float32),
+        }
