@@ -166,7 +166,7 @@ def _prepare(shape: str, method: str) -> dict:
         'step_fn': step_fn,
         'batches': batches,
         'steps': steps,
-        'flops': model_flops_per_step(cfg, run.source.vocab_size),
+        'flops': model_flops_per_step(cfg, **model_io(run.source)),
         'xla_flops': float(cost.get('flops', float('nan'))),
     }
 

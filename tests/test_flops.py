@@ -83,3 +83,26 @@ def test_vocabulary_defaults_to_the_data_source():
     cfg = _config('last')
     # The synthetic task's vocabulary is 3.
     assert model_flops_per_step(cfg) == model_flops_per_step(cfg, 3)
+
+
+def test_a_signal_model_counts_its_input_projection_and_regression_head():
+    # Readout 'all': every matmul's parameters are used once per position, as for tokens.
+    cfg = _config('all')
+    channels_in, channels_out = 3, 2
+    model = nnx.eval_shape(
+        lambda: Transformer(
+            cfg.model,
+            cfg.encoding,
+            None,
+            input_channels=channels_in,
+            output_channels=channels_out,
+            rngs=nnx.Rngs(params=0),
+        )
+    )
+    kernels = [model.input_projection, model.regression_head]
+    for block in model.blocks:
+        kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
+    matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
+    tokens = cfg.batch_size * cfg.pe.train_context
+    flops = model_flops_per_step(cfg, input_channels=channels_in, output_channels=channels_out)
+    assert flops['dense'] == 6 * matmul_params * tokens

@@ -29,11 +29,11 @@ def test_peak_of_known_devices_and_none_for_the_rest():
 
 def test_tokens_per_second_and_mfu_from_the_step_rate():
     cfg = tiny_config()  # batch 8 x L 16
-    rates = Throughput.for_run(cfg, 3, [FakeDevice("TPU v5 lite")] * 2).rates(10.0)
+    rates = Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("TPU v5 lite")] * 2).rates(10.0)
     assert rates["tokens_per_sec"] == 10.0 * 8 * 16
     flops = model_flops_per_step(cfg, 3)["total"]
     assert rates["mfu"] == pytest.approx(10.0 * flops / (2 * 197e12))
-    assert "mfu" not in Throughput.for_run(cfg, 3, [FakeDevice("cpu")]).rates(10.0)
+    assert "mfu" not in Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("cpu")]).rates(10.0)
 
 
 def _metrics(loss):

@@ -10,7 +10,13 @@ from jrope.data.source import source_spec
 from jrope.train.config import TrainConfig
 
 
-def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dict[str, float]:
+def model_flops_per_step(
+    cfg: TrainConfig,
+    vocab_size: int | None = None,
+    *,
+    input_channels: int | None = None,
+    output_channels: int | None = None,
+) -> dict[str, float]:
     """Model FLOPs of one train step (forward + backward) of `cfg`'s Transformer.
 
     A multiply-add is 2 FLOPs; the backward pass is counted as twice the
@@ -35,7 +41,10 @@ def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dic
     except the last one with readout 'last' (jrope.model.transformer), which has Q = 1
     (its one query sees all S = T keys: P = T). The tied readout is
     2 B Q D V forward with Q the last block's Q; the input embedding is a
-    gather (0 FLOPs; its gradient is a scatter-add, also not counted).
+    gather (0 FLOPs; its gradient is a scatter-add, also not counted). A
+    signal model (the regression task: input_channels C_in and
+    output_channels C_out instead of a vocabulary) has an input projection,
+    2 B T C_in D, and a regression head, 2 B Q D C_out, in their place.
 
     With Q = S = T in every block (readout 'all') the dense part is the usual
     6 x (matmul parameters) x tokens: 6 B T (layers (4 D^2 + 2 D F) + D V).
@@ -44,10 +53,13 @@ def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dic
       cfg: the train config (its model, pe.train_context and batch_size).
       vocab_size: V; default: the data config's vocab_size, else the data
         source class's (the synthetic task's 3).
+      input_channels, output_channels: a signal model's (jrope.train.state.model_io);
+        given, they replace the vocabulary.
     Returns:
       {'dense': ..., 'attention': ..., 'total': ...} in FLOPs per step.
     """
-    if vocab_size is None:
+    signal = input_channels is not None
+    if vocab_size is None and not signal:
         vocab_size = getattr(cfg.data, 'vocab_size', None)
         if vocab_size is None:
             vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
@@ -61,5 +73,8 @@ def model_flops_per_step(cfg: TrainConfig, vocab_size: int | None = None) -> dic
         pairs = q * t - q * (q - 1) // 2
         dense += 2 * b * d * d * (q + 2 * t) + 2 * b * q * d * d + 4 * b * q * d * f
         attention += 4 * b * d * pairs
-    dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
+    if signal:
+        dense += 2 * b * t * input_channels * d + 2 * b * last_queries * d * output_channels
+    else:
+        dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
     return {'dense': 3.0 * dense, 'attention': 3.0 * attention, 'total': 3.0 * (dense + attention)}

@@ -75,11 +75,12 @@ class Throughput:
 
     @classmethod
     def for_run(
-        cls, cfg: TrainConfig, vocab_size: int, devices: Sequence[jax.Device]
+        cls, cfg: TrainConfig, io: dict[str, int | None], devices: Sequence[jax.Device]
     ) -> Throughput:
+        """io: the model's input and output sizes (jrope.train.state.model_io)."""
         return cls(
             tokens_per_step=cfg.batch_size * cfg.pe.train_context,
-            model_flops_per_step=model_flops_per_step(cfg, vocab_size)["total"],
+            model_flops_per_step=model_flops_per_step(cfg, **io)["total"],
             peak_flops_per_sec=peak_flops_per_sec(devices, cfg.model.compute_dtype),
         )
 

@@ -55,7 +55,7 @@ from jrope.train.console import duration, say
 from jrope.train.metrics import METRICS_FILE, MetricsLogger
 from jrope.train.preemption import PreemptionWatch, TrainingPreempted
 from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import learning_rate_schedule, model_from_params
+from jrope.train.state import learning_rate_schedule, model_from_params, model_io
 from jrope.train.throughput import Throughput
 from jrope.train.workdir_lock import WorkdirLock, describe_holder
 
@@ -205,7 +205,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         last_checkpoint=lambda: resume.describe_latest(checkpointer),
         is_writer=jax.process_index() == 0,
         start_step=start,
-        throughput=Throughput.for_run(cfg, run.source.vocab_size, devices),
+        throughput=Throughput.for_run(cfg, model_io(run.source), devices),
         max_consecutive_skips=cfg.opt.max_consecutive_skips,
     )
     if start == 0:
