@@ -17,25 +17,19 @@ The paper's method list over seeds, with the comparison table
         --config.eval.num_sequences=256 --seeds=0,1,2 --workdir=runs/synthetic_cpu \
         --methods=rope,direct_sum,jordan_rope,jordan_raw_tau,jordan_exact_scaled,rope_alibi
 
-Hardware: a 2-core CPU. A 1200-step run with its evaluation on 256
-sequences per length took 8 to 13 minutes on the development machine.
+Hardware: a 2-core CPU; a 1200-step run with its evaluation on 256
+sequences per length takes 5 to 20 minutes depending on the machine's load.
 
-Measured result, 1200 steps (seeds 0, 1, 2, --config.eval.num_sequences=256;
-accuracy at 256 / 512 / 1024 / 2048, mean ± sample standard deviation over
-seeds):
+Measured result (the comparison command above, 2026-12-01; accuracy at
+256 / 512 / 1024 / 2048, mean ± sample standard deviation over seeds 0, 1, 2;
+README, section 2):
 
-    rope                 0.948 ± 0.018  0.918 ± 0.004  0.875 ± 0.031  0.836 ± 0.038
-    jordan_rope          0.958 ± 0.009  0.888 ± 0.045  0.900 ± 0.025  0.897 ± 0.053
-
-All six methods at 250 steps (--config.num_steps=250, same seeds and
-evaluation):
-
-    rope                 0.848 ± 0.040  0.785 ± 0.031  0.741 ± 0.133  0.673 ± 0.160
-    direct_sum           0.633 ± 0.049  0.507 ± 0.040  0.487 ± 0.011  0.497 ± 0.022
-    jordan_rope          0.902 ± 0.041  0.836 ± 0.079  0.805 ± 0.143  0.767 ± 0.171
-    jordan_raw_tau       0.902 ± 0.034  0.848 ± 0.024  0.854 ± 0.030  0.740 ± 0.018
-    jordan_exact_scaled  0.893 ± 0.057  0.715 ± 0.072  0.559 ± 0.064  0.496 ± 0.031
-    rope_alibi           0.889 ± 0.039  0.740 ± 0.069  0.642 ± 0.023  0.539 ± 0.007
+    rope                 0.958 ± 0.006  0.918 ± 0.037  0.883 ± 0.008  0.836 ± 0.044
+    direct_sum           0.909 ± 0.023  0.470 ± 0.035  0.492 ± 0.007  0.510 ± 0.026
+    jordan_rope          0.932 ± 0.018  0.878 ± 0.029  0.885 ± 0.026  0.870 ± 0.039
+    jordan_raw_tau       0.957 ± 0.004  0.919 ± 0.016  0.862 ± 0.024  0.784 ± 0.129
+    jordan_exact_scaled  0.960 ± 0.010  0.833 ± 0.032  0.695 ± 0.012  0.578 ± 0.050
+    rope_alibi           0.938 ± 0.041  0.833 ± 0.020  0.673 ± 0.009  0.568 ± 0.019
 """
 
 from configs import synthetic
