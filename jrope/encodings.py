@@ -24,21 +24,7 @@ import numpy as np
 
 from jrope import pe_math
 from jrope.pe_config import PEConfig
-
-# Reference-code margin: a softplus cannot reach zero, so a gamma initialised
-# at its floor starts this far above it (and keeps a usable gradient).
-_GAMMA_FLOOR_MARGIN = 1e-8
-# Reference-code clamp for initialising a tanh-bounded value at its bound.
-_TANH_INIT_LIMIT = 0.999999
-
-
-def _inverse_softplus(value: float) -> float:
-    value = max(value, _GAMMA_FLOOR_MARGIN)
-    return value + math.log(-math.expm1(-value))
-
-
-def _inverse_tanh_bounded(value: float, bound: float) -> float:
-    return math.atanh(min(max(value / bound, -_TANH_INIT_LIMIT), _TANH_INIT_LIMIT))
+from jrope.segments import JordanSegment
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -58,12 +44,6 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.asarray(slopes, np.float32)
 
 
-def _lead(x: jax.Array, rank: int) -> jax.Array:
-    """Prepends `rank` unit axes (explicit broadcasting: rank promotion raises)."""
-    x = jnp.asarray(x)
-    return x.reshape((1,) * rank + x.shape)
-
-
 def _as_batched_positions(positions) -> jax.Array:
     """int32 [T] or [B, T] -> int32 [B|1, T]."""
     positions = jnp.asarray(positions)
@@ -73,13 +53,6 @@ def _as_batched_positions(positions) -> jax.Array:
         raise ValueError(f'positions must be integers, got {positions.dtype}')
     positions = positions.astype(jnp.int32)
     return positions[None] if positions.ndim == 1 else positions
-
-
-def _scaled(coefficients: list, scale: jax.Array | None) -> list:
-    """Chain coefficients times a damping factor; static zeros stay python zeros."""
-    if scale is None:
-        return coefficients
-    return [c if isinstance(c, float) and c == 0.0 else scale * c for c in coefficients]
 
 
 def default_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
@@ -92,166 +65,6 @@ def default_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     lo = jnp.minimum(q_positions.min(-1), k_positions.min(-1))
     hi = jnp.maximum(q_positions.max(-1), k_positions.max(-1))
     return (lo + (hi - lo) // 2)[:, None]
-
-
-@dataclasses.dataclass(frozen=True)
-class JordanSegment:
-    """Order-m Jordan blocks on head dims [start, start + width).
-
-    The settings come from the PEConfig; RoPE is the order-1 segment with no
-    damping and no shear.
-    """
-
-    start: int
-    width: int
-    order: int
-    num_heads: int
-    cfg: PEConfig
-
-    @property
-    def num_blocks(self) -> int:
-        return self.width // (2 * self.order)
-
-    @property
-    def learn_gamma(self) -> bool:
-        return self.cfg.learn_gamma
-
-    @property
-    def shear(self) -> str:
-        return self.cfg.shear
-
-    def frequencies(self) -> jax.Array:
-        """Signed omega [nb] of G(d) = e^{-gamma d} R(omega d) (x) U(d); zero for real Jordan.
-
-        The Jordan maps use A(-p) = e^{-lambda p}, which rotates q and k by
-        R(-omega p) and gives the phase e^{+i omega (i - j)}. Standard RoPE (and
-        the reference's RotaryEmbedding) rotates by R(+omega p) instead, which is
-        the same machinery with omega negated; each keeps its reference's sign.
-        """
-        omega = pe_math.rotary_frequencies(self.num_blocks, self.width, self.cfg.theta)
-        if not self.cfg.rotate:
-            return jnp.zeros_like(omega)
-        return -omega if self.order == 1 else omega
-
-    def init_params(self) -> dict[str, jax.Array]:
-        cfg, shape = self.cfg, (self.num_heads, self.num_blocks)
-        params = {}
-        if self.learn_gamma:
-            params['gamma_raw'] = np.full(shape, _inverse_softplus(cfg.init_gamma - cfg.gamma_min))
-        if self.shear == 'eta':
-            params['eta_raw'] = np.full(shape, _inverse_tanh_bounded(cfg.init_eta, cfg.eta_max))
-        if self.shear == 'jet':
-            gates = [_inverse_tanh_bounded(g, cfg.jet_gate_max) for g in cfg.jet_gates]
-            params['jet_gates_raw'] = np.broadcast_to(
-                np.asarray(gates)[:, None, None], (len(gates),) + shape
-            ).copy()
-            if cfg.jet_base is not None:
-                params['jet_base_raw'] = np.full(
-                    shape, _inverse_tanh_bounded(cfg.jet_base, cfg.jet_gate_max)
-                )
-        return {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
-
-    def physical_params(self, params) -> dict[str, jax.Array]:
-        """gamma, eta, jet gates and alpha_0 from the raw parameters (absent ones omitted)."""
-        cfg, out = self.cfg, {}
-        if self.learn_gamma:
-            out['gamma'] = cfg.gamma_min + jax.nn.softplus(params['gamma_raw'])
-        if self.shear == 'eta':
-            out['eta'] = cfg.eta_max * jnp.tanh(params['eta_raw'])
-        if self.shear == 'jet':
-            out['jet_gates'] = cfg.jet_gate_max * jnp.tanh(params['jet_gates_raw'])
-            if cfg.jet_base is not None:
-                out['jet_base'] = cfg.jet_gate_max * jnp.tanh(params['jet_base_raw'])
-        return out
-
-    def shear_time(self, t: jax.Array) -> jax.Array:
-        """s(t) / eta: the scaled raw or bounded time, float32."""
-        t = jnp.asarray(t, jnp.float32)
-        if self.cfg.shear_time == 'bounded':
-            t = pe_math.bounded_time(t, self.cfg.train_context)
-        return self.cfg.shear_scale * t
-
-    def chain_coefficients(self, physical, t: jax.Array) -> list:
-        """c_r of U(t), r < m, each [..., N, nb] for times t [...] (python 1.0 for c_0 = 1)."""
-        if self.shear == 'none':
-            return [1.0] + [0.0] * (self.order - 1)
-        time = self.shear_time(t)[..., None, None]
-        if self.shear == 'eta':
-            return pe_math.shear_series(_lead(physical['eta'], time.ndim - 2) * time, self.order)
-        gates = _lead(physical['jet_gates'], time.ndim - 2)  # [..., m-1, N, nb]
-        base = physical.get('jet_base')
-        coefficients = [1.0 if base is None else _lead(base, time.ndim - 2)]
-        for r in range(1, self.order):
-            coefficients.append(gates[..., r - 1, :, :] * time**r / math.factorial(r))
-        return coefficients
-
-    def _rotation_and_scale(self, physical, positions, origin, sign):
-        """cos, sin [B|1, T, 1, nb] of omega (p - o) and the damping e^{sign gamma (p - o)}.
-
-        Damping and rotation depend only on i - j, so they are measured from
-        the origin; the damping is None for encodings without one.
-        """
-        rel = (positions - origin).astype(jnp.float32)
-        angle = rel[..., None, None] * _lead(self.frequencies(), 3)
-        scale = None
-        if 'gamma' in physical:
-            scale = jnp.exp(sign * _lead(physical['gamma'], 2) * rel[..., None, None])
-        return jnp.cos(angle), jnp.sin(angle), scale
-
-    def _map_time(self, positions, origin):
-        """-p for the shear of U(-p): exact shear reads p - o, stabilized shear the true p."""
-        shear_positions = positions - origin if self.cfg.is_translation_invariant else positions
-        return -shear_positions.astype(jnp.float32)
-
-    def _blocks(self, x):
-        return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
-
-    def map_queries(self, params, q, q_pos, origin):
-        """A(-(i - o))^{-T} q on this segment's dims, float32 [B, T, N, width].
-
-        q: [B, T, N, width]; q_pos: int32 [B|1, T]; origin: int32 [B|1, 1].
-        """
-        physical = self.physical_params(params)
-        cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0)
-        time = self._map_time(q_pos, origin)
-        if self.shear == 'eta':
-            # U(t) = exp(s(t) N) with s odd: U(-p)^{-1} = U(p), no series inversion needed.
-            inverse = self.chain_coefficients(physical, -time)
-        else:
-            inverse = pe_math.toeplitz_series_inverse(self.chain_coefficients(physical, time))
-        # The damping is carried by the chain coefficients, not by cos and sin:
-        # the rotation then does not depend on heads or parameters, so one
-        # [T, nb] table of it serves every layer (see pe_math.map_tables).
-        q2 = pe_math.query_map(self._blocks(q), cos, sin, _scaled(inverse, scale))
-        return q2.reshape(q.shape)
-
-    def map_keys(self, params, k, k_pos, origin, *, shear: bool = True):
-        """A(-(j - o)) k on this segment's dims, float32 [B, S, N, width].
-
-        k: [B, S, N, width]; k_pos: int32 [B|1, S] (or [B|1, 1], broadcast
-        over S); origin: int32 [B|1, 1]. shear=False applies the damped
-        rotation alone.
-        """
-        physical = self.physical_params(params)
-        cos, sin, scale = self._rotation_and_scale(physical, k_pos, origin, +1.0)
-        if shear:
-            coefficients = self.chain_coefficients(physical, self._map_time(k_pos, origin))
-        else:
-            coefficients = [1.0]
-        k2 = pe_math.key_map(self._blocks(k), cos, sin, _scaled(coefficients, scale))
-        return k2.reshape(k.shape)
-
-    def relative_operators(self, params, lags: jax.Array) -> jax.Array:
-        """Closed-form G(d) for exact segments, [..., N, nb, 2m, 2m] for lags [...]."""
-        physical = self.physical_params(params)
-        lags = jnp.asarray(lags, jnp.float32)
-        gamma = physical.get('gamma', jnp.zeros((self.num_heads, self.num_blocks), jnp.float32))
-        omega = _lead(self.frequencies(), lags.ndim + 1)
-        d = lags[..., None, None]
-        coefficients = self.chain_coefficients(physical, lags)
-        return pe_math.real_block_operator(
-            omega * d, -_lead(gamma, lags.ndim) * d, coefficients, self.order
-        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jrope
-from jrope.attention import blockwise as blockwise_attention_module
+from jrope.attention import blocks
 from jrope.attention.blockwise import blockwise_attention
 
 BLOCK = 16
@@ -316,19 +316,17 @@ def test_scale_is_inverse_sqrt_head_dim():
 
 def test_causal_loop_stops_at_the_last_key_block_with_a_visible_key():
     # 4 blocks of 16; the padded tail of a 60-token sequence must not count as a visible key.
-    layout = blockwise_attention_module._Layout(16, 16, 60, 60, True)
+    layout = blocks.Layout(16, 16, 60, 60, True)
     positions = jnp.pad(jnp.arange(60, dtype=jnp.int32), (0, 4), mode='edge')
-    ends = blockwise_attention_module._key_block_ends(layout, positions, positions)
+    ends = blocks.key_block_ends(layout, positions, positions)
     np.testing.assert_array_equal(ends, [1, 2, 3, 4])
     # Queries that are the last 16 of 64 keys see every key block.
-    kv_layout = blockwise_attention_module._Layout(16, 16, 16, 64, True)
-    ends = blockwise_attention_module._key_block_ends(
+    kv_layout = blocks.Layout(16, 16, 16, 64, True)
+    ends = blocks.key_block_ends(
         kv_layout, jnp.arange(48, 64, dtype=jnp.int32), jnp.arange(64, dtype=jnp.int32)
     )
     np.testing.assert_array_equal(ends, [4])
     # Batched positions: the loop covers the row that sees furthest.
     rows = jnp.stack([jnp.arange(64), jnp.arange(64) // 2]).astype(jnp.int32)
-    ends = blockwise_attention_module._key_block_ends(
-        blockwise_attention_module._Layout(16, 16, 64, 64, True), rows, rows
-    )
+    ends = blocks.key_block_ends(blocks.Layout(16, 16, 64, 64, True), rows, rows)
     np.testing.assert_array_equal(ends, [1, 2, 3, 4])

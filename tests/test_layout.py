@@ -10,8 +10,7 @@ from helpers.tiny_config import tiny_config
 import jrope
 from jrope.model.transformer import CausalSelfAttention
 from jrope.train import config as run_config
-from jrope.train import config_sections
-from jrope.train import validation
+from jrope.train import config_sections, validation
 from jrope.train.setup import set_up_run
 from jrope.train.state import model_from_params
 from jrope.train.trainer import make_train_step

@@ -12,9 +12,10 @@ from helpers.tiny_config import tiny_config
 
 import jrope
 from jrope.train import sharding
-from jrope.train.evaluation import check_readout, evaluate_checkpoint, weighted_sums
+from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.setup import set_up_run
 from jrope.train.state import model_from_params
+from jrope.train.task_metrics import check_readout, weighted_sums
 from jrope.train.trainer import make_train_step, train_and_evaluate
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.

@@ -62,35 +62,12 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-# Finite, so that the running maximum stays finite while a row has seen only
-# masked logits: (mask - mask) is 0 and (mask - real) underflows to exp() = 0,
-# never inf - inf. Masked probabilities are also zeroed explicitly.
-_MASK_VALUE = -1e30
-
-
-class _Layout(NamedTuple):
-    """Static settings of one call: block geometry and the dots' precision."""
-
-    q_block: int  # rows per query block
-    k_block: int  # keys per key block
-    q_len: int  # T before padding
-    k_len: int  # S before padding
-    causal: bool
-    precision: jax.lax.Precision | None = None  # of the q.k and p.v dots (None: backend default)
-
-    @property
-    def num_q_blocks(self) -> int:
-        return -(-self.q_len // self.q_block)
-
-    @property
-    def num_k_blocks(self) -> int:
-        return -(-self.k_len // self.k_block)
+from jrope.attention import blocks
 
 
 def blockwise_attention(
@@ -128,12 +105,12 @@ def blockwise_attention(
     k_positions = jnp.asarray(k_positions)
     _check_inputs(q, k, v, q_positions, k_positions, block_size)
     q_len, k_len = q.shape[1], k.shape[1]
-    layout = _Layout(
+    layout = blocks.Layout(
         min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal), precision
     )
-    q, q_positions = _pad_to_blocks(q, q_positions, layout.num_q_blocks * layout.q_block)
-    k, k_positions = _pad_to_blocks(k, k_positions, layout.num_k_blocks * layout.k_block)
-    v, _ = _pad_to_blocks(v, None, layout.num_k_blocks * layout.k_block)
+    q, q_positions = blocks.pad_to_blocks(q, q_positions, layout.num_q_blocks * layout.q_block)
+    k, k_positions = blocks.pad_to_blocks(k, k_positions, layout.num_k_blocks * layout.k_block)
+    v, _ = blocks.pad_to_blocks(v, None, layout.num_k_blocks * layout.k_block)
     out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions)
     return out[:, :q_len]
 
@@ -168,154 +145,34 @@ def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
             )
 
 
-def _pad_to_blocks(x, positions, padded_len):
-    """Pads the sequence axis of x [B, L, N, H] and of positions [L]/[B, L] to padded_len.
-
-    Positions repeat the last one: padded keys are masked anyway, and a
-    repeated position keeps the encoding's factors as bounded as the real ones.
-    """
-    extra = padded_len - x.shape[1]
-    if extra:
-        x = jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
-        if positions is not None:
-            positions = jnp.pad(
-                positions, [(0, 0)] * (positions.ndim - 1) + [(0, extra)], mode='edge'
-            )
-    if positions is not None:
-        positions = positions.astype(jnp.int32)
-    return x, positions
-
-
-def _slice_seq(x, start, size):
-    """x[..., start:start + size, (N, H)] for [B, L, N, H] arrays or [L]/[B, L] positions."""
-    axis = 1 if x.ndim == 4 else x.ndim - 1
-    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
-
-
-def _key_block_ends(layout: _Layout, q_positions, k_positions) -> jax.Array:
-    """int32 [num_q_blocks]: one past the last key block holding a key visible to the query block.
-
-    A key block is needed iff its smallest (real) key position is <= the query
-    block's largest position. The suffix minimum of the key blocks' smallest
-    positions is non-decreasing, so the count of needed-or-earlier blocks is a
-    searchsorted. Exact for any positions; with increasing positions it is the
-    diagonal block. Batched positions are resolved per row, and the loop
-    (shared by the batch) runs to the furthest row's end.
-    """
-    if not layout.causal:
-        return jnp.full((layout.num_q_blocks,), layout.num_k_blocks, jnp.int32)
-    q_rows = q_positions.reshape(-1, layout.num_q_blocks, layout.q_block)  # [B|1, nq, bq]
-    k_rows = k_positions.reshape(-1, layout.num_k_blocks * layout.k_block)  # [B|1, S padded]
-    real_key = jnp.arange(k_rows.shape[-1])[None] < layout.k_len
-    key_min = jnp.where(real_key, k_rows, jnp.iinfo(jnp.int32).max)
-    key_min = key_min.reshape(-1, layout.num_k_blocks, layout.k_block).min(-1)
-    suffix_min = jax.lax.cummin(key_min, axis=1, reverse=True)  # [B|1, nk], non-decreasing
-    query_max = q_rows.max(-1)  # [B|1, nq]
-    rows = max(suffix_min.shape[0], query_max.shape[0])
-    ends = jax.vmap(lambda keys, queries: jnp.searchsorted(keys, queries, side='right'))(
-        jnp.broadcast_to(suffix_min, (rows, layout.num_k_blocks)),
-        jnp.broadcast_to(query_max, (rows, layout.num_q_blocks)),
-    )
-    return ends.max(0).astype(jnp.int32)
-
-
-def _transform_queries(enc, params, q_blk, qpos_blk) -> jax.Array:
-    """q2 [B, bq, N, H] of one query block, positions measured from the block's first one."""
-    return enc.map_queries(params, q_blk, qpos_blk, origin=qpos_blk[..., 0])
-
-
-def _premaps_keys(enc) -> bool:
-    """Whether the encoding maps keys at all; if so, once, each block from its first position."""
-    return bool(enc.segments)
-
-
-def _premap_keys(enc, params, k, k_positions, layout: _Layout) -> jax.Array:
-    """float32 [B, S, N, H]: every key block mapped from its own first position.
-
-    k: [B, S, N, H] (S padded to whole blocks); k_positions: [S] or [B, S].
-    Kept in float32: the pair map moves them again before the logits.
-    """
-    batch, length, heads, head_dim = k.shape
-    rows = batch * layout.num_k_blocks
-    blocks = k.astype(jnp.float32).reshape(rows, layout.k_block, heads, head_dim)
-    positions = jnp.broadcast_to(k_positions, (batch, length)).reshape(rows, layout.k_block)
-    return enc.map_keys(params, blocks, positions, origin=positions[:, 0]).reshape(k.shape)
-
-
-def _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype) -> jax.Array:
-    """The key block mapped from the query block's origin o = qpos_blk[..., 0].
-
-    keys_blk is premapped from its own origin o_k (_premap_keys) and moved
-    here by o - o_k (Encoding.move_keys: one map for the whole block);
-    encodings without a map (nope, ALiBi) pass it through. Returns
-    [B, bk, N, H] in `dtype` (float32 when enc.keeps_float32).
-    """
-    if not _premaps_keys(enc):
-        return keys_blk
-    shift = (qpos_blk[..., 0] - kpos_blk[..., 0]).reshape(-1)  # o - o_k, [B|1]
-    k2 = enc.move_keys(params, keys_blk, shift)
-    return k2 if enc.keeps_float32 else k2.astype(dtype)
-
-
-def _pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype, precision) -> jax.Array:
-    """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking.
-
-    q2: the query block already transformed (_transform_queries); keys_blk:
-    the key block, raw or premapped (see _pair_keys); dtype: the keys' compute
-    dtype; precision: of the dot.
-    """
-    k2 = _pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype)
-    dtype = jnp.promote_types(q2.dtype, k2.dtype)
-    logits = jnp.einsum(
-        'btnh,bsnh->bnts',
-        q2.astype(dtype),
-        k2.astype(dtype),
-        preferred_element_type=jnp.float32,
-        precision=precision,
-    ) / math.sqrt(q2.shape[-1])
-    if enc.has_bias:
-        bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
-        logits = logits + (bias[None] if bias.ndim == 3 else bias)
-    return logits
-
-
-def _pair_mask(layout: _Layout, k_start, qpos_blk, kpos_blk) -> jax.Array:
-    """bool [B|1, 1, bq, bk]: real keys, and (if causal) keys not after the query."""
-    real_key = (k_start + jnp.arange(layout.k_block)) < layout.k_len
-    mask = real_key[None, None, None, :]
-    if layout.causal:
-        visible = kpos_blk[..., None, :] <= qpos_blk[..., :, None]  # [bq, bk] or [B, bq, bk]
-        visible = visible[None, None] if visible.ndim == 2 else visible[:, None]
-        mask = mask & visible
-    return mask
-
-
-def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
+def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positions):
     """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
     bq, bk = layout.q_block, layout.k_block
     batch, _, heads, head_dim = q.shape
-    ends = _key_block_ends(layout, q_positions, k_positions)
-    keys = _premap_keys(enc, params, k, k_positions, layout) if _premaps_keys(enc) else k
+    ends = blocks.key_block_ends(layout, q_positions, k_positions)
+    keys = (
+        blocks.premap_keys(enc, params, k, k_positions, layout) if blocks.premaps_keys(enc) else k
+    )
 
     def query_block(qb):
         q_start = qb * bq
-        qpos_blk = _slice_seq(q_positions, q_start, bq)
-        q2 = _transform_queries(enc, params, _slice_seq(q, q_start, bq), qpos_blk)
+        qpos_blk = blocks.slice_seq(q_positions, q_start, bq)
+        q2 = blocks.transform_queries(enc, params, blocks.slice_seq(q, q_start, bq), qpos_blk)
 
         def key_block(kb, carry):
             acc, row_max, row_sum = carry  # [B, N, bq, H], [B, N, bq], [B, N, bq]
             k_start = kb * bk
-            kpos_blk = _slice_seq(k_positions, k_start, bk)
-            keys_blk = _slice_seq(keys, k_start, bk)
-            logits = _pair_logits(
+            kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
+            keys_blk = blocks.slice_seq(keys, k_start, bk)
+            logits = blocks.pair_logits(
                 enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype, layout.precision
             )
-            mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
-            logits = jnp.where(mask, logits, _MASK_VALUE)
+            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            logits = jnp.where(mask, logits, blocks.MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
             correction = jnp.exp(row_max - new_max)
             probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
-            v_blk = _slice_seq(v, k_start, bk)
+            v_blk = blocks.slice_seq(v, k_start, bk)
             acc = acc * correction[..., None] + jnp.einsum(
                 'bnts,bsnh->bnth',
                 probs.astype(v.dtype),
@@ -327,7 +184,7 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
 
         init = (
             jnp.zeros((batch, heads, bq, head_dim), jnp.float32),
-            jnp.full((batch, heads, bq), _MASK_VALUE, jnp.float32),
+            jnp.full((batch, heads, bq), blocks.MASK_VALUE, jnp.float32),
             jnp.zeros((batch, heads, bq), jnp.float32),
         )
         acc, row_max, row_sum = jax.lax.fori_loop(0, ends[qb], key_block, init)
@@ -343,18 +200,18 @@ def _forward(enc, layout: _Layout, params, q, k, v, q_positions, k_positions):
     return out, lse
 
 
-def _backward(enc, layout: _Layout, residuals, d_out):
+def _backward(enc, layout: blocks.Layout, residuals, d_out):
     """Cotangents of (params, q, k, v, q_positions, k_positions), recomputing each pair's logits."""
     params, q, k, v, q_positions, k_positions, out, lse = residuals
     bq, bk = layout.q_block, layout.k_block
-    ends = _key_block_ends(layout, q_positions, k_positions)
+    ends = blocks.key_block_ends(layout, q_positions, k_positions)
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
     delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32), precision=layout.precision)
-    if _premaps_keys(enc):
+    if blocks.premaps_keys(enc):
         # dk collects the premapped keys' cotangent, pulled back through the premap once.
         keys, keys_pullback = jax.vjp(
-            lambda p, kk: _premap_keys(enc, p, kk, k_positions, layout), params, k
+            lambda p, kk: blocks.premap_keys(enc, p, kk, k_positions, layout), params, k
         )
     else:
         keys, keys_pullback = k, None
@@ -362,39 +219,39 @@ def _backward(enc, layout: _Layout, residuals, d_out):
     def query_block(qb, carry):
         dq, dk, dv, dparams = carry
         q_start = qb * bq
-        qpos_blk = _slice_seq(q_positions, q_start, bq)
+        qpos_blk = blocks.slice_seq(q_positions, q_start, bq)
         # The query map is shared by all of this block's pairs: its cotangent is
         # summed over the key loop and pulled back (to q and params) once.
         q2, q_pullback = jax.vjp(
-            lambda p, qq: _transform_queries(enc, p, qq, qpos_blk),
+            lambda p, qq: blocks.transform_queries(enc, p, qq, qpos_blk),
             params,
-            _slice_seq(q, q_start, bq),
+            blocks.slice_seq(q, q_start, bq),
         )
-        d_out_blk = _slice_seq(d_out, q_start, bq)
+        d_out_blk = blocks.slice_seq(d_out, q_start, bq)
         lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, bq, axis=2)
         delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, bq, axis=2)
 
         def key_block(kb, inner):
             dq2, dk, dv, dparams = inner
             k_start = kb * bk
-            kpos_blk = _slice_seq(k_positions, k_start, bk)
+            kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
             logits, pullback = jax.vjp(
-                lambda p, qq, kk: _pair_logits(
+                lambda p, qq, kk: blocks.pair_logits(
                     enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision
                 ),
                 params,
                 q2,
-                _slice_seq(keys, k_start, bk),
+                blocks.slice_seq(keys, k_start, bk),
             )
-            mask = _pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
-            v_blk = _slice_seq(v, k_start, bk).astype(jnp.float32)
+            v_blk = blocks.slice_seq(v, k_start, bk).astype(jnp.float32)
             d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk, precision=layout.precision)
             d_logits = probs * (d_probs - delta_blk[..., None])
             d_params_pair, dq2_pair, dk_pair = pullback(d_logits)
             dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk, precision=layout.precision)
-            dk = _add_to_slice(dk, dk_pair, k_start)
-            dv = _add_to_slice(dv, dv_pair, k_start)
+            dk = blocks.add_to_slice(dk, dk_pair, k_start)
+            dv = blocks.add_to_slice(dv, dv_pair, k_start)
             dparams = jax.tree.map(
                 lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_pair
             )
@@ -421,15 +278,7 @@ def _backward(enc, layout: _Layout, residuals, d_out):
     return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
-def _add_to_slice(total, update, start):
-    """total[:, start:start + len] += update along the sequence axis, in place inside the loop."""
-    current = jax.lax.dynamic_slice_in_dim(total, start, update.shape[1], axis=1)
-    return jax.lax.dynamic_update_slice_in_dim(
-        total, current + update.astype(total.dtype), start, axis=1
-    )
-
-
-def _make_attend(enc, layout: _Layout):
+def _make_attend(enc, layout: blocks.Layout):
     """attend(params, q, k, v, q_positions, k_positions) -> [B, T_padded, N, H] with a memory-linear VJP."""
 
     @jax.custom_vjp

@@ -1,11 +1,8 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
-The metric definitions live here and the train step uses them too: a
-weighted cross-entropy and accuracy, restricted to the first `num_classes`
-logits when the data source is a classification task (the synthetic task
-reads its label from the first two tokens' logits), over the full
-vocabulary for language modelling (where the loss is nats per byte), and
-a mean squared error with its R^2 for regression.
+The metrics are jrope.train.task_metrics': cross-entropy and accuracy for
+the token tasks (in nats per byte for language modelling), the mean squared
+error and its R^2 for regression.
 
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
@@ -45,6 +42,7 @@ from jrope.train.config import TrainConfig
 from jrope.train.console import duration, say
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_from_params
+from jrope.train.task_metrics import check_readout, metrics_from_sums, task_sums
 
 # distance: empty for the rows over the source's own evaluation sequences.
 CSV_COLUMNS = (
@@ -66,87 +64,6 @@ TASK_COLUMNS = {
     "regression": ("loss", "r2"),
 }
 RESULTS_CSV = "eval.csv"  # written last: its presence marks a whole result
-
-
-def weighted_sums(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array, num_classes: int | None
-) -> dict[str, jax.Array]:
-    """Weighted sums of cross-entropy and correct predictions.
-
-    Args:
-      logits: float32 [B, T', V] for the last T' <= T positions (T' = 1 with
-        the model's readout='last'); targets: int32 [B, T]; weights: float32 [B, T].
-      num_classes: when set, only logits[..., :num_classes] compete.
-    Returns:
-      float32 scalars 'loss_sum', 'correct_sum', 'weight_sum'.
-    """
-    first = targets.shape[1] - logits.shape[1]
-    targets, weights = targets[:, first:], weights[:, first:]
-    if num_classes is not None:
-        logits = logits[..., :num_classes]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return {
-        "loss_sum": jnp.sum(nll * weights),
-        "correct_sum": jnp.sum(correct * weights),
-        "weight_sum": jnp.sum(weights),
-    }
-
-
-def squared_error_sums(
-    predictions: jax.Array, targets: jax.Array, weights: jax.Array
-) -> dict[str, jax.Array]:
-    """Weighted sums of squared errors and of the targets (for R^2).
-
-    Args:
-      predictions: float32 [B, T', C] for the last T' <= T positions;
-        targets: float32 [B, T, C]; weights: float32 [B, T].
-    Returns:
-      float32 scalars 'loss_sum' (w (p - y)^2 summed over positions and
-      channels), 'weight_sum' (w summed, times C: the loss is per element),
-      'target_sum' and 'target_square_sum' (w y and w y^2 summed).
-    """
-    first = targets.shape[1] - predictions.shape[1]
-    targets, weights = targets[:, first:].astype(jnp.float32), weights[:, first:, None]
-    channels = targets.shape[-1]
-    return {
-        "loss_sum": jnp.sum(jnp.square(predictions - targets) * weights),
-        "weight_sum": jnp.sum(weights) * channels,
-        "target_sum": jnp.sum(targets * weights),
-        "target_square_sum": jnp.sum(jnp.square(targets) * weights),
-    }
-
-
-def task_sums(
-    outputs: jax.Array, batch: dict[str, jax.Array], task: str, num_classes: int | None
-) -> dict[str, jax.Array]:
-    """The sums of `task` (a data source's, jrope.data.source.TASKS) for a batch's model outputs."""
-    if task == "regression":
-        return squared_error_sums(outputs, batch["targets"], batch["weights"])
-    return weighted_sums(outputs, batch["targets"], batch["weights"], num_classes)
-
-
-def metrics_from_sums(sums: dict[str, Any], task: str) -> dict[str, Any]:
-    """'loss' and 'accuracy' (token tasks) or 'loss' (MSE) and 'r2' (regression), from task_sums."""
-    loss = sums["loss_sum"] / sums["weight_sum"]
-    if task != "regression":
-        return {"loss": loss, "accuracy": sums["correct_sum"] / sums["weight_sum"]}
-    mean = sums["target_sum"] / sums["weight_sum"]
-    variance = sums["target_square_sum"] / sums["weight_sum"] - mean * mean
-    return {"loss": loss, "r2": 1.0 - loss / variance}
-
-
-def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
-    """With readout='last' the loss sees the last position only: every other weight must be 0.
-
-    (A NaN weight is left to the non-finite check: it is a broken batch, not a weighting.)
-    """
-    if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
-        raise ValueError(
-            "model.readout='last' computes logits at the last position only, but this data source weights "
-            "other positions too; set model.readout='all'."
-        )
 
 
 class EvalStep:

@@ -46,6 +46,7 @@ from jrope.train import (
     resume,
     run_record,
     sharding,
+    task_metrics,
     validation,
 )
 from jrope.train.checkpointing import Checkpointer
@@ -99,14 +100,14 @@ def make_train_step(
         def loss_fn(params):
             model = model_from_params(layout.graphdef, params)
             outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
-            sums = evaluation.task_sums(outputs, batch, task, num_classes)
+            sums = task_metrics.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
         (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
-            **evaluation.metrics_from_sums(sums, task),
+            **task_metrics.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
@@ -253,7 +254,7 @@ def _train_steps(
     with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
         for step in range(start, cfg.num_steps):
             local_batch = source.train_batch(step)
-            evaluation.check_readout(local_batch, cfg.model.readout)
+            task_metrics.check_readout(local_batch, cfg.model.readout)
             batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
             if step == start:
                 say("Compiling the train step ...", end=" ")

@@ -4,9 +4,8 @@ d_model 32, 2 heads of 16, 2 layers, L 16, batch 8 (as tests/helpers/tiny_config
 the tests' cost is compilation, not computation.
 """
 
-from helpers.tiny_config import apply_overrides
-
 from configs import retrieval, signal_regression
+from helpers.tiny_config import apply_overrides
 from jrope.train.config import TrainConfig
 
 
