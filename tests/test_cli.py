@@ -110,6 +110,7 @@ def test_unknown_keys_are_named_with_the_closest_one():
 def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
     # What cli.run sets up around main, undone afterwards.
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
     if not flags.FLAGS.is_parsed():
         flags.FLAGS(["train.py"], known_only=True)
@@ -124,3 +125,45 @@ def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
     assert err.startswith("1 problem(s) in the run's config") and "Traceback" not in err
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         cli._run_reporting_errors(lambda argv: 1 / 0, ["train.py"])
+
+
+def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, capsys):
+    """After one array fails to read, orbax's other reads are abandoned: silent, not tracebacks."""
+    monkeypatch.setattr(sys, "unraisablehook", cli._unraisablehook_without_abandoned_io_noise)
+
+    class Pending:
+        def __await__(self):
+            yield
+
+    async def read_array():
+        try:
+            await Pending()
+        finally:  # closed when collected: raises, as an abandoned read does
+            raise ValueError("Encountered error while reading array index")
+
+    abandoned = read_array()
+    abandoned.send(None)
+    del abandoned
+    closed_loop = RuntimeError("Event loop is closed")
+
+    class CallbackAfterTheLoop:
+        def __del__(self):
+            raise closed_loop
+
+    CallbackAfterTheLoop()
+    assert capsys.readouterr().err == ""
+
+    class Bug:
+        def __del__(self):
+            raise ZeroDivisionError("a bug elsewhere")
+
+    Bug()
+    assert "ZeroDivisionError: a bug elsewhere" in capsys.readouterr().err
+
+    def record(name, text):
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, text, (), None)
+
+    hide = cli._hide_abandoned_task_records
+    assert not hide(record("asyncio", "Task exception was never retrieved"))
+    assert hide(record("asyncio", "Unclosed client session"))
+    assert hide(record("jrope", "Task exception"))

@@ -23,6 +23,8 @@ from helpers.train_process import (
     wait_for_step,
 )
 
+from jrope.train import reporting
+
 NUM_STEPS = 16
 STEPS_FLAG = f"--config.num_steps={NUM_STEPS}"
 
@@ -85,10 +87,9 @@ def _assert_matches_single_process(workdir, single_process_run):
         checkpoint_arrays(workdir, NUM_STEPS), checkpoint_arrays(single, NUM_STEPS)
     ):
         np.testing.assert_allclose(got_array, want_array, rtol=1e-5, atol=1e-6)
-    got_eval = (workdir / f"eval_step{NUM_STEPS}" / "eval.csv").read_text()
-    want_eval = (single / f"eval_step{NUM_STEPS}" / "eval.csv").read_text()
     got_loss, want_loss = (
-        float(text.splitlines()[1].split(",")[4]) for text in (got_eval, want_eval)
+        float(reporting.read_csv(run / f"eval_step{NUM_STEPS}" / "eval.csv")[0]["loss"])
+        for run in (workdir, single)
     )
     assert got_loss == pytest.approx(want_loss, rel=1e-5)
 

@@ -31,6 +31,7 @@ and the cause (jrope.train.io_failures).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import re
@@ -168,7 +169,9 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
     if not _verbose():
         for handler in logging.getLogger().handlers:
             handler.addFilter(_hide_storage_failure_records)
+            handler.addFilter(_hide_abandoned_task_records)
         sys.excepthook = _excepthook_without_closed_loop_noise
+        sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
     try:
         main(argv)
     except Exception as error:
@@ -190,6 +193,11 @@ def _hide_storage_failure_records(record: logging.LogRecord) -> bool:
     return error is None or io_failures.find_io_failure(error) is None
 
 
+def _hide_abandoned_task_records(record: logging.LogRecord) -> bool:
+    """False (hide) for asyncio's record of a task that orbax abandoned after another failed."""
+    return not (record.name == "asyncio" and record.getMessage().startswith("Task exception"))
+
+
 def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
     """sys.excepthook, silent for write callbacks that outlive a failed save's event loop.
 
@@ -200,6 +208,21 @@ def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
     if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
         return
     sys.__excepthook__(kind, value, traceback_)
+
+
+def _unraisablehook_without_abandoned_io_noise(unraisable) -> None:
+    """sys.unraisablehook, silent for the leftovers of a failed checkpoint read or write.
+
+    When one array of a checkpoint cannot be read (or written), orbax gives up
+    on the others: their coroutines raise again when they are collected, and
+    tensorstore's callbacks find the event loop closed. Each would print a
+    traceback before and after the one message that names the damaged array.
+    """
+    value = unraisable.exc_value
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if closed_loop or inspect.iscoroutine(unraisable.object):
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _first_line(error: BaseException) -> str:
