@@ -41,13 +41,17 @@ def _tiny(**overrides):
     return tiny_config_dict(**{"mesh.data": -1, **overrides})
 
 
-def _text_config(**paths):
-    """The WikiText-2 CPU config on local text: this file stands in for the evaluation text."""
+def _text_config(**overrides):
+    """The WikiText-2 CPU config on local text: this file stands in for the evaluation text.
+
+    overrides: data keys by name (path=...), others by section (**{"model.readout": ...}).
+    """
     config = wikitext_cpu.get_config()
     config.data.source = "text"
     config.data.eval_path = __file__
-    for key, value in paths.items():
-        config.data[key] = value
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        (config[section] if section else config.data)[name] = value
     return config
 
 
@@ -226,6 +230,14 @@ BAD_INPUTS = [
         EIGHT_CPUS,
         "fresh",
         r"opt\.nonfinite = 'ignore' is not one of \('stop', 'skip'\)",
+    ),
+    (
+        "last_position_readout_of_a_language_model",
+        _text_config(path=__file__, **{"model.readout": "last"}),
+        EIGHT_CPUS,
+        "fresh",
+        r"model\.readout = 'last' computes logits at the last position only, but this data source "
+        r"weights other positions too; set --config\.model\.readout=all\.",
     ),
     (
         "no_steps",

@@ -88,13 +88,15 @@ def metrics_from_sums(sums: dict[str, Any], task: str) -> dict[str, Any]:
     return {"loss": loss, "r2": 1.0 - loss / variance}
 
 
-def check_readout(local_batch: dict[str, np.ndarray], readout: str) -> None:
-    """With readout='last' the loss sees the last position only: every other weight must be 0.
+def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:
+    """The config's problem with this batch, if any: readout='last' needs zero weights elsewhere.
 
+    With readout='last' the loss sees the last position only.
     (A NaN weight is left to the non-finite check: it is a broken batch, not a weighting.)
     """
     if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
-        raise ValueError(
-            "model.readout='last' computes logits at the last position only, but this data source weights "
-            "other positions too; set model.readout='all'."
+        return (
+            "model.readout = 'last' computes logits at the last position only, but this data "
+            "source weights other positions too; set --config.model.readout=all."
         )
+    return None

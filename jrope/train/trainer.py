@@ -254,7 +254,6 @@ def _train_steps(
     with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
         for step in range(start, cfg.num_steps):
             local_batch = source.train_batch(step)
-            task_metrics.check_readout(local_batch, cfg.model.readout)
             batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
             if step == start:
                 say("Compiling the train step ...", end=" ")

@@ -39,6 +39,7 @@ from jrope.train import storage
 from jrope.train.config import ConfigError, DataError, TrainConfig, convert_config
 from jrope.train.resume import finished_steps
 from jrope.train.sharding import mesh_sizes
+from jrope.train.task_metrics import readout_problem
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.
@@ -111,6 +112,10 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
         problems += _steps_problems(cfg, workdir)
     source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
+    if source is not None and cfg.model is not None:
+        # A source weights its positions by its task, in every batch alike: one batch settles it.
+        readout = readout_problem(source.train_batch(0), cfg.model.readout)
+        problems += [readout] if readout else []
     if problems:
         raise ConfigError(problems + data_problems)
     if data_problems:
