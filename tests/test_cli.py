@@ -8,9 +8,10 @@ import pytest
 from absl import app, flags
 
 from jrope.data.wikitext import WikiTextUnavailable
-from jrope.train import cli, config_overrides, io_failures
+from jrope.train import cli, config_overrides, distributed, io_failures
 from jrope.train.checkpointing import NoCheckpointError
 from jrope.train.config import ConfigError, DataError
+from jrope.train.generation import GenerationRequestError
 from jrope.train.metrics import NonFiniteLossError, SkippedTooManySteps
 from jrope.train.nonfinite import NonFiniteEvaluationError
 from jrope.train.preemption import TrainingPreempted
@@ -25,6 +26,7 @@ CONFIG = "--config=tests/helpers/subprocess_run_config.py"
     [
         (ConfigError(["a"]), cli.EXIT_CONFIG),
         (app.UsageError("--methods is required"), cli.EXIT_CONFIG),
+        (GenerationRequestError("pass a non-empty --prompt"), cli.EXIT_CONFIG),
         (DataError(["the text is too short"]), cli.EXIT_DATA),
         (WikiTextUnavailable("WikiText-2 is not available"), cli.EXIT_DATA),
         (CorruptCheckpointError("damaged"), cli.EXIT_CHECKPOINT),
@@ -167,3 +169,8 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
     assert not hide(record("asyncio", "Task exception was never retrieved"))
     assert hide(record("asyncio", "Unclosed client session"))
     assert hide(record("jrope", "Task exception"))
+
+
+def test_a_process_id_outside_the_processes_is_a_usage_error():
+    with pytest.raises(app.UsageError, match=r"number the processes 0 \.\. num_processes - 1"):
+        distributed.initialize(num_processes=2, process_id=2)  # before any JAX start-up

@@ -63,6 +63,9 @@ def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir,
     assert cached.returncode == 0, cached.stderr[-2000:]
     assert recomputed.returncode == 0, recomputed.stderr[-2000:]
     assert cached.stdout == recomputed.stdout and cached.stdout.strip()
+    refused = _sample(text_workdir, "--prompt=x", "--position_offset=2147483600", tmp_path=tmp_path)
+    assert refused.returncode == cli.EXIT_CONFIG, refused.stderr
+    assert "use an offset of at most" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_a_synthetic_task_workdir_is_refused(tmp_path):

@@ -85,6 +85,7 @@ def exit_code(error: BaseException) -> int | None:
     from jrope.data.wikitext import WikiTextUnavailable
     from jrope.train.checkpointing import NoCheckpointError
     from jrope.train.config import ConfigError, DataError
+    from jrope.train.generation import GenerationRequestError
     from jrope.train.metrics import NonFiniteLossError
     from jrope.train.nonfinite import NonFiniteEvaluationError
     from jrope.train.preemption import TrainingPreempted
@@ -96,7 +97,7 @@ def exit_code(error: BaseException) -> int | None:
         (io_failures.RunIOError, EXIT_IO),
         (WorkdirBusy, EXIT_WORKDIR_BUSY),
         ((DataError, WikiTextUnavailable), EXIT_DATA),
-        ((ConfigError, app.UsageError, GenerationError), EXIT_CONFIG),
+        ((ConfigError, app.UsageError, GenerationError, GenerationRequestError), EXIT_CONFIG),
         (
             (CorruptCheckpointError, IncompatibleCheckpointError, NoCheckpointError),
             EXIT_CHECKPOINT,

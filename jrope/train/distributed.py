@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from absl import flags, logging
+from absl import app, flags, logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ def initialize(
     implementation; gloo ships with jaxlib. Accelerator backends ignore it.
     """
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
-        raise ValueError(
+        raise app.UsageError(
             f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
             "number the processes 0 .. num_processes - 1."
         )

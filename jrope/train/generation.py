@@ -51,6 +51,10 @@ from jrope.train.sharding import Rules, logical_to_spec
 NO_TOKEN = -1
 
 
+class GenerationRequestError(ValueError):
+    """Settings or prompts that cannot be generated from; the message names the flag and its fix."""
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings:
     """What to generate; every check raises ValueError naming the flag and the fix.
@@ -80,13 +84,15 @@ class GenerationSettings:
         if self.rebase_bound < 1:
             problems.append(f"--rebase_bound must be >= 1, got {self.rebase_bound}.")
         if problems:
-            raise ValueError(" ".join(problems))
+            raise GenerationRequestError(" ".join(problems))
 
 
 def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Prompts (int token arrays, each non-empty) -> right-padded int32 [B, P] and lengths int32 [B]."""
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
-        raise ValueError("every prompt needs at least one token; pass a non-empty --prompt.")
+        raise GenerationRequestError(
+            "every prompt needs at least one token; pass a non-empty --prompt."
+        )
     lengths = np.asarray([len(prompt) for prompt in prompts], np.int32)
     tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
     for row, prompt in enumerate(prompts):
@@ -114,7 +120,7 @@ class Generator:
         tokens, lengths = pad_prompts(prompts)
         largest_offset = kv_cache.EMPTY - 1 - tokens.shape[1] - self.settings.num_tokens
         if self.settings.position_offset > largest_offset:
-            raise ValueError(
+            raise GenerationRequestError(
                 f"--position_offset {self.settings.position_offset} puts positions past the int32 "
                 f"range; use an offset of at most {largest_offset}."
             )
