@@ -1,7 +1,8 @@
 """Causal self-attention over a positional encoding's hooks, with interchangeable kernels.
 
 The encoding reaches attention only through its per-position maps of
-queries and keys (`map_queries`, `map_keys`) and its additive bias
+queries and keys (`map_queries`, `map_keys`; the blockwise kernel also moves
+mapped keys to a block's origin with `move_keys`) and its additive bias
 (`logit_bias`, ALiBi-type variants only). `choose_kernel` picks the kernel;
 `causal_attention` runs it:
 

@@ -88,7 +88,8 @@ def blockwise_attention(
     Args:
       q: [B, T, N, H] raw query projections (before the positional transform).
       k, v: [B, S, N, H] raw key projections and values.
-      enc: an encoding from jrope.make_encoding (transform_qk, logit_bias, has_bias).
+      enc: an encoding from jrope.make_encoding (map_queries, map_keys, move_keys,
+        segments, logit_bias, has_bias).
       params: the encoding's parameters (dict of float32 arrays, may be empty).
       q_positions: int [T] or [B, T] absolute query positions.
       k_positions: int [S] or [B, S] absolute key positions.

@@ -190,7 +190,7 @@ def _chunked_backward(precision, residuals, d_out):
 _chunked_causal_attention.defvjp(_chunked_forward, _chunked_backward)
 
 
-def _sum_key_prefixes(parts: list[jax.Array], bounds: list[tuple[int, int]]) -> jax.Array:
+def _sum_key_prefixes(parts: list[jax.Array], bounds: list[tuple[int, int, int]]) -> jax.Array:
     """Sum of head-major gradients over key prefixes: parts[i] covers keys [0, key_stop_i).
 
     Key block j (keys key_stop_{j-1} .. key_stop_j) collects the parts of query

@@ -16,7 +16,7 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
      e^{gamma * block_size}.
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
      GPU (see fused_kernel_problem for when they do not);
-  3. otherwise today's choice: blockwise from model.blockwise_min_length on
+  3. otherwise: blockwise from model.blockwise_min_length on
      (memory linear in length); below it, on CPU the einsum kernel (its train
      step is faster there than xla's; jrope.attention.dense), elsewhere xla's
      attention, or einsum for encodings with a bias.

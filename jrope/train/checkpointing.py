@@ -2,7 +2,7 @@
 
 Each checkpoint step holds three items: `state` (the train state pytree:
 step, params, optimizer state; sharded arrays, restored straight into an
-abstract sharded target), `config` (the run's ConfigDict as JSON, so a
+abstract sharded target), `config` (the run's TrainConfig as JSON, so a
 workdir says how it was made) and `digests` (a fingerprint of every array of
 the state, JSON, jrope.train.digests; checked after every restore by
 jrope.train.resume). The data position is the state's `step`: data sources

@@ -35,6 +35,7 @@ import inspect
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -50,7 +51,9 @@ EXIT_CHECKPOINT = 4  # a checkpoint is damaged, missing or of other parameters
 EXIT_NONFINITE = 5  # NaN/Inf loss, gradient or evaluation
 EXIT_WORKDIR_BUSY = 6  # another run holds the workdir
 EXIT_IO = 7  # the storage failed (disk full, quota, read-only, I/O error)
-EXIT_PREEMPTED = 143  # SIGTERM: the current step was saved (jrope.train.preemption)
+# SIGTERM: the current step was saved (jrope.train.preemption). 128 + SIGTERM is what a shell
+# reports for a process ended by SIGTERM, so a scheduler sees "terminated", not "finished".
+EXIT_PREEMPTED = 128 + signal.SIGTERM
 
 VERBOSE_ENV = "JROPE_VERBOSE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -206,9 +209,8 @@ def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
     writes of that save and prints each callback's "Event loop is closed"
     (through this hook); the failure itself is reported once.
     """
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-        return
-    sys.__excepthook__(kind, value, traceback_)
+    if not _closed_loop(value):
+        sys.__excepthook__(kind, value, traceback_)
 
 
 def _unraisablehook_without_abandoned_io_noise(unraisable) -> None:
@@ -219,11 +221,12 @@ def _unraisablehook_without_abandoned_io_noise(unraisable) -> None:
     tensorstore's callbacks find the event loop closed. Each would print a
     traceback before and after the one message that names the damaged array.
     """
-    value = unraisable.exc_value
-    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    if closed_loop or inspect.iscoroutine(unraisable.object):
-        return
-    sys.__unraisablehook__(unraisable)
+    if not (_closed_loop(unraisable.exc_value) or inspect.iscoroutine(unraisable.object)):
+        sys.__unraisablehook__(unraisable)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
 
 
 def _first_line(error: BaseException) -> str:

@@ -4,7 +4,7 @@ A flipped bit or a garbled block in a checkpoint's data files restores
 without any error (the files' own framing stays intact) and silently
 changes parameters or optimizer moments. So every save records, per array,
 a small fingerprint of its contents, and every restore recomputes it from
-the restored arrays and compares (jrope.train.checkpointing).
+the restored arrays and compares (jrope.train.resume).
 
 The fingerprint is computed where the data already are: one jitted pass over
 the sharded state on its devices, whose result (two uint32 per array) is all

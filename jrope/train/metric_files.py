@@ -5,7 +5,7 @@ an object store (`gs://bucket/run`, with the `gcs` extra). Object stores
 cannot append to an object: there a log is kept in memory and the whole
 object is rewritten, at most every UPLOAD_INTERVAL_S seconds and whenever
 the log is flushed or closed (checkpoints, preemption, the end of the run).
-A local log is appended to and flushed line by line, as before.
+A local log is appended to and flushed line by line.
 
 TensorBoard event files are written by tensorboardX, which for `gs://`
 would need the google-cloud-storage client; `EpathEventFile` takes that

@@ -29,10 +29,6 @@ from types import FrameType
 import jax
 from jax.experimental import multihost_utils
 
-# Exit status of a preempted run: 128 + SIGTERM, what a shell reports for a
-# process ended by SIGTERM, so a scheduler sees "terminated", not "finished".
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-
 
 class TrainingPreempted(Exception):
     """Raised by the train loop after it saved a checkpoint on a preemption notice."""

@@ -2,7 +2,7 @@
 
 A run whose workdir or data sit in a bucket must fail at once, naming the
 bucket, when the bucket cannot be used: offline, gcsfs retries for well
-over a minute before it gives up (84 s on the development machine), and
+over a minute before it gives up, and
 without the `gcs` extra fsspec cannot open gs:// at all. `uri_problem`
 asks the bucket once, in a daemon thread, and gives up after
 STORAGE_TIMEOUT_S; the message says what to do. A URI is never turned into

@@ -69,9 +69,7 @@ TrainStep = Callable[
 ]
 
 
-def make_train_step(
-    run: RunSetup, *, donate: bool = True, compiler_options: dict[str, Any] | None = None
-) -> TrainStep:
+def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = None) -> TrainStep:
     """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
 
     Compiled with jrope.train.compile_options (on CPU, without XLA's library
@@ -128,7 +126,7 @@ def make_train_step(
         train_step,
         in_shardings=(layout.shardings, batch_sharding),
         out_shardings=(layout.shardings, replicated),
-        donate_argnums=0 if donate else (),
+        donate_argnums=0,
         compiler_options=compiler_options,
     )
 
