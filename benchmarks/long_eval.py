@@ -15,7 +15,7 @@ compiling), the compile time and the time of one evaluation.
 threshold (jrope.attention.choose_kernel): it forms the T x T logits of
 every head. Dense runs whose logit matrices alone would
 exceed --max_dense_gb are skipped (at 32768 they would need 16 GiB per layer).
-Performance.md's reference: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
+docs/performance.md's yardstick: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
 """
 
 import json

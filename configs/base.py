@@ -1,8 +1,9 @@
 """The sections every training experiment shares, with the paper's common settings.
 
-Not a runnable experiment: configs/synthetic.py and
-configs/wikitext_scaled_exact.py start from `get_config(...)` and add their
-`data` section and what differs. The paper's shared setup: decoder-only,
+Not a runnable experiment: configs/synthetic.py,
+configs/wikitext_scaled_exact.py, configs/signal_regression.py and
+configs/retrieval.py start from `get_config(...)` and add their `data`
+section and what differs (the other training configs start from those). The paper's shared setup: decoder-only,
 pre-norm RMSNorm, attention without biases, GELU MLP, tied embeddings, no
 dropout, AdamW with a constant learning rate, gradient clipping at 1.0,
 float32.

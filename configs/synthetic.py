@@ -15,11 +15,11 @@ jordan_raw_tau, jordan_exact_scaled; seeds 0, 1, 2):
         --config.pe.name=jordan_rope --config.seed=0 --workdir=runs/synthetic/jordan_rope/0
 
 Hardware: one GPU or TPU host (any device count: the batch of 24 is split
-over the `data` axis, so use 1, 2, 3, 4, 6, 8, 12 or 24 devices, or set
-mesh.data). Evaluation reaches length 8192.
+over the `data` axis, so use 1, 2, 3, 4, 6, 8, 12 or 24 devices, or fix
+--config.mesh.data and set --config.mesh.tensor=-1 for the rest).
+Evaluation reaches length 8192.
 
-Expected result (the paper, not yet reproduced with this code at this
-scale): accuracy at length 8192 of about 0.906 for jordan_rope, 0.781 for
+Expected result (the paper's; not measured with this code at this scale): accuracy at length 8192 of about 0.906 for jordan_rope, 0.781 for
 rope and 0.500 for direct_sum.
 """
 

@@ -6,9 +6,9 @@ is 256 and evaluation runs at 256 .. 2048 (the paper's 8x extrapolation).
 Command:
 
     python train.py --config=configs/synthetic_cpu.py \
-        --config.pe.name=jordan_rope --workdir=runs/synthetic_cpu/jordan_rope/0
+        --config.pe.name=jordan_rope --workdir=runs/synthetic_cpu_one
     python eval.py --config=configs/synthetic_cpu.py \
-        --config.pe.name=jordan_rope --workdir=runs/synthetic_cpu/jordan_rope/0
+        --config.pe.name=jordan_rope --workdir=runs/synthetic_cpu_one
 
 The paper's method list over seeds, with the comparison table
 (resumable; finished runs are kept):
