@@ -18,10 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-# Finite, so that the running maximum stays finite while a row has seen only
-# masked logits: (mask - mask) is 0 and (mask - real) underflows to exp() = 0,
-# never inf - inf. Masked probabilities are also zeroed explicitly.
-MASK_VALUE = -1e30
+from jrope.encodings import add_bias
 
 
 class Layout(NamedTuple):
@@ -149,8 +146,7 @@ def pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype, precision)
         precision=precision,
     ) / math.sqrt(q2.shape[-1])
     if enc.has_bias:
-        bias = enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32)
-        logits = logits + (bias[None] if bias.ndim == 3 else bias)
+        logits = add_bias(logits, enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32))
     return logits
 
 

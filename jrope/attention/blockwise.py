@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 
 from jrope.attention import blocks
+from jrope.attention.dense import MASK_VALUE
 
 
 def blockwise_attention(
@@ -169,7 +170,7 @@ def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positio
                 enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype, layout.precision
             )
             mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
-            logits = jnp.where(mask, logits, blocks.MASK_VALUE)
+            logits = jnp.where(mask, logits, MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
             correction = jnp.exp(row_max - new_max)
             probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
@@ -185,7 +186,7 @@ def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positio
 
         init = (
             jnp.zeros((batch, heads, bq, head_dim), jnp.float32),
-            jnp.full((batch, heads, bq), blocks.MASK_VALUE, jnp.float32),
+            jnp.full((batch, heads, bq), MASK_VALUE, jnp.float32),
             jnp.zeros((batch, heads, bq), jnp.float32),
         )
         acc, row_max, row_sum = jax.lax.fori_loop(0, ends[qb], key_block, init)

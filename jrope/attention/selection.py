@@ -95,7 +95,7 @@ def fused_kernel_problem(
     backend: str,
 ) -> str | None:
     """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can)."""
-    wanted = {"splash": "tpu", "cudnn": "gpu"}[kernel]
+    wanted = next(platform for platform, fused in _FUSED_KERNEL.items() if fused == kernel)
     if backend != wanted:
         return f"it runs on {wanted.upper()} only and this run is on {backend}"
     if num_queries != length:

@@ -161,47 +161,39 @@ class CausalSelfAttention(nnx.Module):
         The output covers the last T = num_queries positions (default: all S).
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
         """
-        kernel = self.qkv[...].astype(x.dtype)
+        qkv = self.qkv[...].astype(x.dtype)
         precision = attention.matmul_precision(self.cfg)
         with jax.named_scope("qkv_projection"):
             if num_queries is None:
                 # [B, S, 3, N, H]: the matmul's natural output layout. unstack
                 # (not indexing) so that the backward pass concatenates the three
                 # gradients instead of padding each to full size and summing.
-                q, k, v = jnp.unstack(_projection(x, kernel, 1, precision), axis=2)
+                q, k, v = jnp.unstack(_projection(x, qkv, 1, precision), axis=2)
             else:
-                q = _projection(x[:, x.shape[1] - num_queries :], kernel[:, 0], 1, precision)
-                k, v = jnp.unstack(_projection(x, kernel[:, 1:], 1, precision), axis=2)
+                q = _projection(x[:, x.shape[1] - num_queries :], qkv[:, 0], 1, precision)
+                k, v = jnp.unstack(_projection(x, qkv[:, 1:], 1, precision), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
+        attention_precision = attention.attention_precision(self.cfg, self.encoding)
         if cache is not None:
-            # Generation: the cache keeps the keys and values; a decode step attends over all it
-            # holds instead of running the kernel below, a prefill runs the kernel.
+            # Generation: the cache keeps the keys and values; a prefill runs the kernel below.
             cache.add(k, v, self.encoding, pe_params)
-            if cache.decoding:
-                y = cache.attend(
-                    q,
-                    self.encoding,
-                    pe_params,
-                    attention.attention_precision(self.cfg, self.encoding),
-                )
-                with jax.named_scope("out_projection"):
-                    return _projection(
-                        y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision
-                    )
-        kernel = attention.choose_kernel(
-            self.cfg, self.encoding, length=k.shape[1], num_queries=q.shape[1]
-        )
-        y = attention.causal_attention(
-            q,
-            k,
-            v,
-            enc=self.encoding,
-            params=pe_params,
-            positions=positions,
-            kernel=kernel,
-            block_size=self.cfg.block_size,
-            precision=attention.attention_precision(self.cfg, self.encoding),
-        )
+        if cache is not None and cache.decoding:
+            # A decode step attends over all the cache holds.
+            y = cache.attend(q, self.encoding, pe_params, attention_precision)
+        else:
+            y = attention.causal_attention(
+                q,
+                k,
+                v,
+                enc=self.encoding,
+                params=pe_params,
+                positions=positions,
+                kernel=attention.choose_kernel(
+                    self.cfg, self.encoding, length=k.shape[1], num_queries=q.shape[1]
+                ),
+                block_size=self.cfg.block_size,
+                precision=attention_precision,
+            )
         with jax.named_scope("out_projection"):
             return _projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
 
