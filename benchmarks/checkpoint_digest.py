@@ -27,8 +27,8 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
+from benchmarks.random_bytes import RandomBytes  # noqa: E402
 from configs import synthetic_cpu, wikitext_scaled_exact  # noqa: E402
 from jrope.train import huge_pages, sharding  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
@@ -37,7 +37,9 @@ from jrope.train.setup import set_up_run  # noqa: E402
 from jrope.train.trainer import make_train_step  # noqa: E402
 
 _SHAPES = flags.DEFINE_list("shapes", ["synthetic", "wikitext"], "Shapes to time.")
-_ROUNDS = flags.DEFINE_integer("rounds", 7, "Interleaved timing rounds.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 7, "Interleaved timing rounds (2 or more: the table gives quartiles).", lower_bound=2
+)
 _STEPS = flags.DEFINE_integer("steps", 3, "Train steps (and digest passes) timed per round.")
 
 
@@ -58,7 +60,7 @@ def _prepare(shape: str):
         run = set_up_run(cfg, devices=jax.devices()[:1])
         local = run.source.train_batch(0)
     else:
-        run = set_up_run(cfg, devices=jax.devices()[:1], source=_RandomBytes(cfg))
+        run = set_up_run(cfg, devices=jax.devices()[:1], source=RandomBytes(cfg))
         local = run.source.train_batch(0)
     state = run.init_state()
     step = make_train_step(run)
@@ -69,24 +71,6 @@ def _prepare(shape: str):
             state_digests(state)
         jax.block_until_ready(metrics)
     return {"cfg": cfg, "state": state, "step": step, "batch": batch, "mesh": run.mesh}
-
-
-class _RandomBytes:
-    """Byte-LM batches of random tokens: a step's cost does not depend on which bytes it sees."""
-
-    num_classes = None
-    vocab_size = 257
-
-    def __init__(self, cfg: TrainConfig):
-        self._shape = (cfg.batch_size, cfg.pe.train_context)
-
-    def train_batch(self, step: int) -> dict:
-        tokens = np.random.default_rng(step).integers(1, 257, (self._shape[0], self._shape[1] + 1))
-        return {
-            "inputs": tokens[:, :-1].astype(np.int32),
-            "targets": tokens[:, 1:].astype(np.int32),
-            "weights": np.ones(self._shape, np.float32),
-        }
 
 
 def _time_steps(prepared) -> float:

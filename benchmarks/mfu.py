@@ -62,15 +62,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jrope.model.config import ATTENTION_IMPLS
 
+from benchmarks.random_bytes import RandomBytes
 from configs import synthetic_cpu, wikitext_scaled_exact
+from jrope.model.config import ATTENTION_IMPLS
 from jrope.train import huge_pages, sharding
 from jrope.train.config import TrainConfig
 from jrope.train.flops import model_flops_per_step
 from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import model_io, state_layout
+from jrope.train.state import model_io
 from jrope.train.trainer import make_train_step
 
 SHAPES = {'wikitext': wikitext_scaled_exact, 'synthetic': synthetic_cpu}
@@ -101,40 +101,10 @@ def _train_config(shape: str, method: str) -> TrainConfig:
     return TrainConfig.from_config_dict(config)
 
 
-class _RandomBytes:
-    """Uniform random bytes shaped like ByteTextSource's batches, so no corpus need be downloaded.
-
-    'inputs', 'targets' int32 [B, T] and 'weights' float32 [B, T] of ones
-    (the data-source contract of jrope.data.source).
-    """
-
-    num_classes = None
-
-    def __init__(self, cfg: TrainConfig):
-        self._cfg = cfg
-        self.vocab_size = cfg.data.vocab_size
-
-    def train_batch(self, step: int) -> dict:
-        b, t = self._cfg.batch_size, self._cfg.data.seq_len
-        rng = np.random.default_rng([self._cfg.seed, step])
-        window = rng.integers(
-            self._cfg.data.token_offset, self.vocab_size, (b, t + 1), dtype=np.int32
-        )
-        return {
-            'inputs': window[:, :-1],
-            'targets': window[:, 1:],
-            'weights': np.ones((b, t), np.float32),
-        }
-
-
 def _set_up(cfg: TrainConfig) -> RunSetup:
-    """The run on one device; byte-level text runs on random bytes (_RandomBytes)."""
-    devices = jax.devices()[:1]
-    if cfg.data.source == 'synthetic':
-        return set_up_run(cfg, devices=devices)
-    source = _RandomBytes(cfg)
-    mesh = sharding.make_mesh(cfg.mesh, devices)
-    return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))
+    """The run on one device; byte-level text runs on random bytes."""
+    source = None if cfg.data.source == 'synthetic' else RandomBytes(cfg)
+    return set_up_run(cfg, devices=jax.devices()[:1], source=source)
 
 
 def _prepare(shape: str, method: str) -> dict:
