@@ -1,5 +1,7 @@
-"""The house: the library apart from the harness, and each run object built once."""
+"""The house: the library apart from the harness, each run object built once, only its own documents cited."""
 
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -25,6 +27,30 @@ def test_the_library_imports_nothing_of_the_harness_or_the_data():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# Markdown tables the programs write into a workdir: named in docstrings and the README, not documents.
+RESULT_TABLES = ("eval.md", "kernel_probe.md", "comparison.md")
+
+
+def test_every_document_the_repository_cites_is_in_the_repository():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    written = " ".join((root / path).read_text() for path in tracked if path.startswith("jrope/"))
+    for table in RESULT_TABLES:
+        assert table in written  # still written by the code, so still allowed below
+    missing = []
+    for path in tracked:
+        if not path.endswith((".py", ".md", ".toml")):
+            continue
+        for cited in set(re.findall(r"[\w./-]+\.md\b", (root / path).read_text())):
+            in_repository = (root / cited).is_file() or ((root / path).parent / cited).is_file()
+            a_result_table = cited.split("/")[-1] in RESULT_TABLES and not cited.startswith("docs/")
+            if not (in_repository or a_result_table):
+                missing.append(f"{path}: {cited}")
+    assert missing == []
 
 
 def test_a_run_parses_its_encoding_name_and_builds_its_encoding_once(monkeypatch, tmp_path):
