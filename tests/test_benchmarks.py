@@ -1,4 +1,4 @@
-"""What the benchmarks build on that the rest of the suite does not reach: their random-bytes source."""
+"""What the benchmarks build on that the rest of the suite does not reach: random bytes."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""The house: the library apart from the harness, each run object built once, only its own documents cited."""
+"""The house: the library apart from the harness, each object built once, its own docs cited."""
 
 import pathlib
 import re
@@ -29,7 +29,7 @@ def test_the_library_imports_nothing_of_the_harness_or_the_data():
     assert result.stdout.strip() == "[]"
 
 
-# Markdown tables the programs write into a workdir: named in docstrings and the README, not documents.
+# Markdown tables the programs write into a workdir, named in docstrings and the README.
 RESULT_TABLES = ("eval.md", "kernel_probe.md", "comparison.md")
 
 
