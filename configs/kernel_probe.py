@@ -18,7 +18,7 @@ Jordan basis (jordan_raw_tau) has the lowest error at every context, clearly
 below rope, alibi and direct_sum; rope is exact on the phase target; the
 ALiBi-type bases are exact on the linear target.
 
-Measured (this config, the command above, CPU, about 15 s; MSE, full table
+Measured (this config, the command above, CPU, 5 s; MSE, full table
 in the README):
 
     target  method               train (L)  T=2048   T=8192
