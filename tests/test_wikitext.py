@@ -152,7 +152,9 @@ def test_builds_from_extracted_files(tmp_path, dataset, in_archive_folder):
 
 
 @both_datasets
-def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatch, dataset):
+def test_offline_without_data_fails_at_once_with_directions(
+    tmp_path, monkeypatch, caplog, dataset
+):
     monkeypatch.setattr(wikitext, "archive_host_reachable", lambda: False)
     archive = wikitext.BUILDERS[dataset].ARCHIVE
     manual = tmp_path / "manual"
@@ -168,6 +170,8 @@ def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatc
     assert f"wget -P {manual} {archive.archive_url}" in message
     assert f"python -m jrope.data.wikitext --dataset={dataset}" in message
     assert not (tmp_path / "data" / wikitext.BUILDERS[dataset].name / "1.0.0").exists()
+    # The message alone: not TFDS's warning that nothing is prepared yet.
+    assert not [r for r in caplog.records if "dataset_info.json" in r.getMessage()]
 
 
 def test_default_manual_dir_follows_tfds_convention(tmp_path):

@@ -37,7 +37,9 @@ put the files. To prepare once, on a machine with network access
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import sys
@@ -217,6 +219,30 @@ def _unavailable_message(
     )
 
 
+class _NoUnpreparedFolderWarning(logging.Filter):
+    """Drops TFDS's warning that a dataset's folder holds no dataset_info.json.
+
+    `is_prepared()` looks for the prepared files and warns when they are
+    absent, which before the first preparation is the normal state, not a
+    problem to print (when it is one, WikiTextUnavailable says so with
+    directions).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "has no dataset_info.json" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _unprepared_folders_quiet():
+    absl_logger = logging.getLogger("absl")  # TFDS logs through absl.logging
+    record_filter = _NoUnpreparedFolderWarning()
+    absl_logger.addFilter(record_filter)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(record_filter)
+
+
 def prepare_wikitext(
     dataset: str, data_dir: str | None = None, manual_dir: str | None = None
 ) -> WikiTextRaw:
@@ -231,7 +257,9 @@ def prepare_wikitext(
     builder_cls = builder_class(dataset)
     archive = builder_cls.ARCHIVE
     builder = builder_cls(data_dir=data_dir, file_format="array_record")
-    if builder.is_prepared():
+    with _unprepared_folders_quiet():
+        prepared = builder.is_prepared()
+    if prepared:
         return builder
     manual = epath.Path(manual_dir).expanduser() if manual_dir else default_manual_dir(data_dir)
     has_manual_files = (
