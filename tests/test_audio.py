@@ -14,6 +14,7 @@ import soundfile
 
 from jrope.data import audio
 from jrope.data.text_bytes import ByteTextSource, TextDataConfig
+from jrope.train import cli
 
 SETTINGS = audio.MelTokenSettings()
 LONG_TAIL_HZ = 5000.0  # the long file's tone after 10 s, which truncation must drop
@@ -271,5 +272,5 @@ def test_command_line_fails_clearly_without_wavs(tmp_path):
         timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
-    assert result.returncode != 0
+    assert result.returncode == cli.EXIT_DATA
     assert "zenodo.org/records/5120004" in result.stderr and "Traceback" not in result.stderr

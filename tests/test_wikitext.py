@@ -2,6 +2,8 @@
 the offline and checksum errors; byte mode."""
 
 import socket
+import subprocess
+import sys
 import time
 import zipfile
 
@@ -12,6 +14,7 @@ from tensorflow_datasets.core.download import checksums
 
 from jrope.data import wikitext
 from jrope.data.text_bytes import ByteTextSource, TextDataConfig
+from jrope.train import cli
 
 # Line structure of the real files: blank lines, headings, text with non-ASCII,
 # and a stray carriage return that only a split on b"\n" keeps inside its line.
@@ -172,6 +175,24 @@ def test_offline_without_data_fails_at_once_with_directions(
     assert not (tmp_path / "data" / wikitext.BUILDERS[dataset].name / "1.0.0").exists()
     # The message alone: not TFDS's warning that nothing is prepared yet.
     assert not [r for r in caplog.records if "dataset_info.json" in r.getMessage()]
+
+
+def test_prepare_command_offline_prints_the_directions_and_exits_with_the_data_status(tmp_path):
+    # The command as `python -m jrope.data.wikitext` runs it, with the archive's host unreachable.
+    code = (
+        "from jrope.data import wikitext\n"
+        "wikitext.archive_host_reachable = lambda: False\n"
+        "wikitext._cli()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--dataset=wikitext2", f"--data_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == cli.EXIT_DATA, result.stderr
+    assert result.stderr.startswith("WikiText-2 is not available"), result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_default_manual_dir_follows_tfds_convention(tmp_path):

@@ -375,7 +375,10 @@ def _cli() -> None:
                 max_files=max_files.value or None,
             )
         except (AudioDataUnavailable, AudioExtraMissing, ValueError) as error:
-            sys.exit(str(error))  # the message is the whole story: no traceback
+            from jrope.train.cli import EXIT_CONFIG, EXIT_DATA  # the entry points' statuses
+
+            print(error, file=sys.stderr)  # the message is the whole story: no traceback
+            sys.exit(EXIT_DATA if isinstance(error, AudioDataUnavailable) else EXIT_CONFIG)
         for split, info in manifest["splits"].items():
             print(
                 f"{split}: {len(info['wavs'])} WAVs, {info['frames']} frames, "

@@ -331,7 +331,10 @@ def _cli() -> None:
                 dataset.value, data_dir.value or None, manual_dir.value or None
             )
         except WikiTextUnavailable as error:
-            sys.exit(str(error))  # the message is the whole story: no traceback
+            from jrope.train.cli import EXIT_DATA  # the entry points' exit statuses
+
+            print(error, file=sys.stderr)  # the message is the whole story: no traceback
+            sys.exit(EXIT_DATA)
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 
