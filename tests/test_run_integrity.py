@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -245,13 +244,18 @@ def test_a_full_disk_ends_with_one_message_and_the_last_checkpoint_resumes(tmp_p
     env = subprocess_env(1, str(tmp_path / "jax_cache"))
     del env["JAX_COMPILATION_CACHE_DIR"]  # its files would meet the limit too
     limit = 40_000
-
-    def limit_file_size():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+    # Set in a small Python that then becomes train.py (exec), not in a preexec_fn: forking
+    # this multithreaded (JAX) process to run Python code in the child could deadlock.
+    with_size_limit = [
+        sys.executable,
+        "-c",
+        "import os, resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n",
+    ]
     command = [sys.executable, TRAIN_SCRIPT, TINY, f"--workdir={workdir}", "--config.num_steps=200"]
     failed = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, preexec_fn=limit_file_size
+        with_size_limit + command[1:], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert failed.returncode == cli.EXIT_IO, failed.stderr
     assert failed.stderr.count("\n") == 1, failed.stderr  # one message, no tracebacks
