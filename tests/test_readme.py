@@ -1,0 +1,82 @@
+"""README.md's examples hold: the library example runs as written, and every command names files,
+modules, flags and config keys that exist."""
+
+import importlib
+import importlib.util
+import pathlib
+import re
+
+import jrope  # noqa: F401  (the example imports it; imported here first so its cost is not timed)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _commands() -> list[str]:
+    """The README's command lines (indented code, continuation lines joined) that run Python."""
+    lines, pending = [], ""
+    for line in README.splitlines():
+        if not line.startswith("    "):
+            pending = ""
+            continue
+        text = line[4:].rstrip()
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        lines.append(pending + text)
+        pending = ""
+    return [line for line in lines if re.search(r"\bpython (-m \S+|\S+\.py)", line)]
+
+
+def _defined_flags() -> set[str]:
+    """Every absl flag the repository defines, and absl's own."""
+    pattern = re.compile(r"DEFINE_\w+\(\s*['\"](\w+)['\"]")
+    names = {"help", "helpfull", "verbosity"}
+    for path in ROOT.rglob("*.py"):
+        if ".venv" not in path.parts and "runs" not in path.parts:
+            names.update(pattern.findall(path.read_text()))
+    return names
+
+
+def test_the_library_example_runs_and_gives_the_shapes_it_states():
+    example = re.search(r"```python\n(import jax, jax.numpy as jnp, jrope\n.*?)```", README, re.S)
+    namespace = {}
+    exec(example.group(1), namespace)  # noqa: S102  (the README's own example)
+    assert {name: value.shape for name, value in namespace["params"].items()} == {
+        "gamma_raw": (4, 8),
+        "eta_raw": (4, 8),
+    }
+    for mapped in ("q2", "k2"):
+        assert namespace[mapped].shape == (2, 128, 4, 32)  # [B, T, N, H]
+    assert namespace["bias"].shape == (4, 128, 128)  # [N, T, S]
+    assert namespace["logits"].shape == (2, 4, 128, 128)  # [B, N, T, S]
+
+
+def test_every_command_names_files_modules_flags_and_config_keys_that_exist():
+    commands = _commands()
+    assert len(commands) > 30  # the parser still finds the README's commands
+    flags = _defined_flags()
+    problems = []
+    for command in commands:
+        if "python -m pytest" in command:
+            continue  # pytest's own flags
+        for module in re.findall(r"python -m ([\w.]+)", command):
+            if importlib.util.find_spec(module) is None:
+                problems.append(f"no module {module}: {command}")
+        for script in re.findall(r"python ([\w/.-]+\.py)", command):
+            if not (ROOT / script).is_file():
+                problems.append(f"no file {script}: {command}")
+        for flag in re.findall(r"(?<!\S)'?--(\w+)", command):
+            if flag not in flags and not command.startswith(("gcloud", "curl", "uv ")):
+                problems.append(f"no flag --{flag}: {command}")
+        config_file = re.search(r"--config=(configs/\w+)\.py", command)
+        if config_file:
+            config = importlib.import_module(config_file.group(1).replace("/", ".")).get_config()
+            for key in re.findall(r"--config\.([\w.]+)=", command):
+                node = config
+                try:
+                    for part in key.split("."):
+                        node = node[part]
+                except KeyError:
+                    problems.append(f"{config_file.group(1)} has no key {key}: {command}")
+    assert problems == []
