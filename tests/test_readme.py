@@ -39,7 +39,8 @@ def _defined_flags() -> set[str]:
 
 
 def test_the_library_example_runs_and_gives_the_shapes_it_states():
-    example = re.search(r"```python\n(import jax, jax.numpy as jnp, jrope\n.*?)```", README, re.DOTALL)
+    opening = "import jax, jax.numpy as jnp, jrope\n"
+    example = re.search(rf"```python\n({re.escape(opening)}.*?)```", README, re.DOTALL)
     namespace = {}
     exec(example.group(1), namespace)  # noqa: S102  (the README's own example)
     assert {name: value.shape for name, value in namespace["params"].items()} == {
