@@ -1,12 +1,12 @@
 """The house: the library apart from the harness, each object built once, its own docs cited."""
 
-import pathlib
 import re
 import subprocess
 import sys
 
 import jax
 from flax import nnx
+from helpers.repository import ROOT, tracked_files
 from helpers.tiny_config import tiny_config
 
 import jrope
@@ -34,19 +34,16 @@ RESULT_TABLES = ("eval.md", "kernel_probe.md", "comparison.md")
 
 
 def test_every_document_the_repository_cites_is_in_the_repository():
-    root = pathlib.Path(__file__).resolve().parent.parent
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.split()
-    written = " ".join((root / path).read_text() for path in tracked if path.startswith("jrope/"))
+    tracked = tracked_files()
+    written = " ".join((ROOT / path).read_text() for path in tracked if path.startswith("jrope/"))
     for table in RESULT_TABLES:
         assert table in written  # still written by the code, so still allowed below
     missing = []
     for path in tracked:
         if not path.endswith((".py", ".md", ".toml")):
             continue
-        for cited in set(re.findall(r"[\w./-]+\.md\b", (root / path).read_text())):
-            in_repository = (root / cited).is_file() or ((root / path).parent / cited).is_file()
+        for cited in set(re.findall(r"[\w./-]+\.md\b", (ROOT / path).read_text())):
+            in_repository = (ROOT / cited).is_file() or ((ROOT / path).parent / cited).is_file()
             a_result_table = cited.split("/")[-1] in RESULT_TABLES and not cited.startswith("docs/")
             if not (in_repository or a_result_table):
                 missing.append(f"{path}: {cited}")

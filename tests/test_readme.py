@@ -3,12 +3,10 @@ modules, flags and config keys that exist."""
 
 import importlib
 import importlib.util
-import pathlib
 import re
 
-import jrope  # noqa: F401  (the example imports it; imported here first so its cost is not timed)
+from helpers.repository import ROOT, tracked_files
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
@@ -32,9 +30,9 @@ def _defined_flags() -> set[str]:
     """Every absl flag the repository defines, and absl's own."""
     pattern = re.compile(r"DEFINE_\w+\(\s*['\"](\w+)['\"]")
     names = {"help", "helpfull", "verbosity"}
-    for path in ROOT.rglob("*.py"):
-        if ".venv" not in path.parts and "runs" not in path.parts:
-            names.update(pattern.findall(path.read_text()))
+    for path in tracked_files():
+        if path.endswith(".py"):
+            names.update(pattern.findall((ROOT / path).read_text()))
     return names
 
 

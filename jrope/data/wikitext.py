@@ -219,7 +219,8 @@ def _unavailable_message(
     )
 
 
-class _NoUnpreparedFolderWarning(logging.Filter):
+@contextlib.contextmanager
+def _unprepared_folders_quiet():
     """Drops TFDS's warning that a dataset's folder holds no dataset_info.json.
 
     `is_prepared()` looks for the prepared files and warns when they are
@@ -228,19 +229,15 @@ class _NoUnpreparedFolderWarning(logging.Filter):
     directions).
     """
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def not_that_warning(record: logging.LogRecord) -> bool:
         return "has no dataset_info.json" not in record.getMessage()
 
-
-@contextlib.contextmanager
-def _unprepared_folders_quiet():
     absl_logger = logging.getLogger("absl")  # TFDS logs through absl.logging
-    record_filter = _NoUnpreparedFolderWarning()
-    absl_logger.addFilter(record_filter)
+    absl_logger.addFilter(not_that_warning)
     try:
         yield
     finally:
-        absl_logger.removeFilter(record_filter)
+        absl_logger.removeFilter(not_that_warning)
 
 
 def prepare_wikitext(
