@@ -167,7 +167,7 @@ def _value_and_grads(forward, cotangent):
 
 def _max_relative_error(got, want) -> float:
     """Largest |got - want| over the largest |want|, over every array of two matching pytrees."""
-    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want))
+    pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=False)
     return max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in pairs)
 
 

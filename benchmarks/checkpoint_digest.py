@@ -108,7 +108,7 @@ def main(argv):
     print("|---|---|---|---|---|---|")
     for shape, run in prepared.items():
         state_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(run["state"]))
-        ratios = [d / s for d, s in zip(times[shape]["digest"], times[shape]["step"])]
+        ratios = [d / s for d, s in zip(times[shape]["digest"], times[shape]["step"], strict=False)]
         q1, median, q3 = statistics.quantiles(ratios, n=4)
         step_ms = 1e3 * statistics.median(times[shape]["step"])
         digest_ms = 1e3 * statistics.median(times[shape]["digest"])

@@ -120,7 +120,9 @@ def _measure(length: int, mesh) -> None:
         recomputed_rate = recomputed.steps / statistics.median(recomputed.seconds)
         cpu_ms = 1000 * statistics.median(cached.cpu_seconds) / cached.steps
         # Paired by round: each round's two times were measured moments apart.
-        cpu_ratio = statistics.median(a / b for a, b in zip(cached.cpu_seconds, base.cpu_seconds))
+        cpu_ratio = statistics.median(
+            a / b for a, b in zip(cached.cpu_seconds, base.cpu_seconds, strict=False)
+        )
         print(
             f"| {length} | {method} | {cached_rate:.0f} | {recomputed_rate:.2f} | "
             f"{cached_rate / recomputed_rate:.0f} | {cpu_ms:.2f} | {cpu_ratio:.2f} | "

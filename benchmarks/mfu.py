@@ -73,17 +73,17 @@ from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_io
 from jrope.train.trainer import make_train_step
 
-SHAPES = {'wikitext': wikitext_scaled_exact, 'synthetic': synthetic_cpu}
+SHAPES = {"wikitext": wikitext_scaled_exact, "synthetic": synthetic_cpu}
 
-_SHAPES = flags.DEFINE_list('shapes', list(SHAPES), f'Shapes to measure: any of {sorted(SHAPES)}.')
-_METHODS = flags.DEFINE_list('methods', ['rope', 'jordan_exact_scaled'], 'Encodings to time.')
-_DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'], 'Activation dtype.')
-_REMAT = flags.DEFINE_enum('remat', 'none', ['none', 'full', 'dots_saveable'], 'Block remat.')
-_IMPL = flags.DEFINE_enum('attention_impl', 'auto', list(ATTENTION_IMPLS), 'Attention kernel.')
-_BATCH = flags.DEFINE_integer('batch_size', 0, "Batch of every shape (0: the config's).")
-_STEPS = flags.DEFINE_integer('steps', 0, 'Timed steps per run and round (0: about 1 s).')
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved timing rounds (the median is reported).')
-_PEAK_SIZES = flags.DEFINE_list('peak_sizes', ['1024', '2048', '4096'], 'n of the n^3 matmuls.')
+_SHAPES = flags.DEFINE_list("shapes", list(SHAPES), f"Shapes to measure: any of {sorted(SHAPES)}.")
+_METHODS = flags.DEFINE_list("methods", ["rope", "jordan_exact_scaled"], "Encodings to time.")
+_DTYPE = flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Activation dtype.")
+_REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots_saveable"], "Block remat.")
+_IMPL = flags.DEFINE_enum("attention_impl", "auto", list(ATTENTION_IMPLS), "Attention kernel.")
+_BATCH = flags.DEFINE_integer("batch_size", 0, "Batch of every shape (0: the config's).")
+_STEPS = flags.DEFINE_integer("steps", 0, "Timed steps per run and round (0: about 1 s).")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds (the median is reported).")
+_PEAK_SIZES = flags.DEFINE_list("peak_sizes", ["1024", "2048", "4096"], "n of the n^3 matmuls.")
 
 # --steps=0: time this many seconds of steps per run and round (at least 2 steps).
 _AUTO_STEP_SECONDS = 1.0
@@ -103,7 +103,7 @@ def _train_config(shape: str, method: str) -> TrainConfig:
 
 def _set_up(cfg: TrainConfig) -> RunSetup:
     """The run on one device; byte-level text runs on random bytes."""
-    source = None if cfg.data.source == 'synthetic' else RandomBytes(cfg)
+    source = None if cfg.data.source == "synthetic" else RandomBytes(cfg)
     return set_up_run(cfg, devices=jax.devices()[:1], source=source)
 
 
@@ -130,28 +130,28 @@ def _prepare(shape: str, method: str) -> dict:
         cost = cost[0]
     steps = _STEPS.value or max(2, math.ceil(_AUTO_STEP_SECONDS / first))
     return {
-        'cfg': cfg,
-        'mesh': mesh,
-        'state': state,
-        'step_fn': step_fn,
-        'batches': batches,
-        'steps': steps,
-        'flops': model_flops_per_step(cfg, **model_io(run.source)),
-        'xla_flops': float(cost.get('flops', float('nan'))),
+        "cfg": cfg,
+        "mesh": mesh,
+        "state": state,
+        "step_fn": step_fn,
+        "batches": batches,
+        "steps": steps,
+        "flops": model_flops_per_step(cfg, **model_io(run.source)),
+        "xla_flops": float(cost.get("flops", float("nan"))),
     }
 
 
 def _time_steps(run: dict) -> float:
     """Seconds per step over run['steps'] steps (data already on device)."""
-    state = run['state']
-    with jax.set_mesh(run['mesh']):
+    state = run["state"]
+    with jax.set_mesh(run["mesh"]):
         start = time.perf_counter()
-        for i in range(run['steps']):
-            state, metrics = run['step_fn'](state, run['batches'][i % 2])
+        for i in range(run["steps"]):
+            state, metrics = run["step_fn"](state, run["batches"][i % 2])
         jax.block_until_ready((state, metrics))
         elapsed = time.perf_counter() - start
-    run['state'] = state
-    return elapsed / run['steps']
+    run["state"] = state
+    return elapsed / run["steps"]
 
 
 def _matmuls(sizes: list[int]) -> dict[int, tuple]:
@@ -181,7 +181,7 @@ def main(argv):
     del argv
     unknown = sorted(set(_SHAPES.value) - set(SHAPES))
     if unknown:
-        raise app.UsageError(f'Unknown shapes {unknown}; choose from {sorted(SHAPES)}.')
+        raise app.UsageError(f"Unknown shapes {unknown}; choose from {sorted(SHAPES)}.")
     runs = {
         (shape, method): _prepare(shape, method)
         for shape in _SHAPES.value
@@ -200,36 +200,36 @@ def main(argv):
     peaks.append(_peak_gflops(matmuls))
     peak = max(peaks)
     print(
-        f'MFU of the train step; {_DTYPE.value}, remat {_REMAT.value}, attention {_IMPL.value}; '
-        f'median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best '
+        f"MFU of the train step; {_DTYPE.value}, remat {_REMAT.value}, attention {_IMPL.value}; "
+        f"median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best "
         f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
-        f'(before the rounds {peaks[0]:.0f}, after {peaks[1]:.0f}); '
+        f"(before the rounds {peaks[0]:.0f}, after {peaks[1]:.0f}); "
         f"huge pages {'on' if huge_pages.requested() else 'off'}"
     )
     print(
-        '| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | '
-        'steps x rounds | ms/step | achieved GFLOP/s | peak GFLOP/s | MFU % |'
+        "| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | "
+        "steps x rounds | ms/step | achieved GFLOP/s | peak GFLOP/s | MFU % |"
     )
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|')
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (shape, method), run in runs.items():
-        cfg, flops = run['cfg'], run['flops']
+        cfg, flops = run["cfg"], run["flops"]
         seconds = statistics.median(times[shape, method])
-        achieved = flops['total'] / seconds / 1e9
+        achieved = flops["total"] / seconds / 1e9
         cells = [
             shape,
             method,
-            f'{cfg.batch_size} x {cfg.pe.train_context}',
-            *(f'{flops[part] / 1e9:.2f}' for part in ('total', 'dense', 'attention')),
+            f"{cfg.batch_size} x {cfg.pe.train_context}",
+            *(f"{flops[part] / 1e9:.2f}" for part in ("total", "dense", "attention")),
             f"{run['xla_flops'] / 1e9:.2f}",
             f"{run['steps']} x {_ROUNDS.value}",
-            f'{1000 * seconds:.1f}',
-            f'{achieved:.0f}',
-            f'{peak:.0f}',
-            f'{100 * achieved / peak:.1f}',
+            f"{1000 * seconds:.1f}",
+            f"{achieved:.0f}",
+            f"{peak:.0f}",
+            f"{100 * achieved / peak:.1f}",
         ]
-        print('| ' + ' | '.join(cells) + ' |')
+        print("| " + " | ".join(cells) + " |")
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     huge_pages.restart_with_huge_pages()
     app.run(main)

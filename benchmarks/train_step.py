@@ -226,7 +226,7 @@ def _untimed_steps(run: dict, num_steps: int) -> None:
 
 def _paired_ratio(samples: list[float], baseline: list[float]) -> str:
     """Median and quartiles over rounds of samples[i] / baseline[i], as 'median (q1-q3)'."""
-    ratios = [a / b for a, b in zip(samples, baseline)]
+    ratios = [a / b for a, b in zip(samples, baseline, strict=False)]
     if len(ratios) < 2:
         return f"{ratios[0]:.3f}"
     q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")

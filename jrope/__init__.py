@@ -18,13 +18,13 @@ from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encod
 from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
 
 __all__ = [
-    'ACCEPTED_NAMES',
-    'Encoding',
-    'PAPER_METHODS',
-    'PEConfig',
-    'alibi_slopes',
-    'attention_logits',
-    'make_encoding',
-    'pe_config_from_name',
-    'pe_math',
+    "ACCEPTED_NAMES",
+    "Encoding",
+    "PAPER_METHODS",
+    "PEConfig",
+    "alibi_slopes",
+    "attention_logits",
+    "make_encoding",
+    "pe_config_from_name",
+    "pe_math",
 ]

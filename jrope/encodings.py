@@ -48,9 +48,9 @@ def _as_batched_positions(positions) -> jax.Array:
     """int32 [T] or [B, T] -> int32 [B|1, T]."""
     positions = jnp.asarray(positions)
     if positions.ndim not in (1, 2):
-        raise ValueError(f'positions must be [T] or [B, T], got shape {positions.shape}')
+        raise ValueError(f"positions must be [T] or [B, T], got shape {positions.shape}")
     if not jnp.issubdtype(positions.dtype, jnp.integer):
-        raise ValueError(f'positions must be integers, got {positions.dtype}')
+        raise ValueError(f"positions must be integers, got {positions.dtype}")
     positions = positions.astype(jnp.int32)
     return positions[None] if positions.ndim == 1 else positions
 
@@ -89,7 +89,7 @@ class Encoding:
         that bfloat16 cannot resolve (docs/numerics.md, section 3).
         """
         return (
-            self.cfg.shear == 'eta'
+            self.cfg.shear == "eta"
             and self.cfg.shear_scale == 1.0
             and any(s.order >= 2 for s in self.segments)
         )
@@ -108,10 +108,10 @@ class Encoding:
     @property
     def param_logical_axes(self) -> dict[str, tuple[str | None, ...]]:
         axes = {
-            'gamma_raw': ('heads', None),
-            'eta_raw': ('heads', None),
-            'jet_gates_raw': (None, 'heads', None),
-            'jet_base_raw': ('heads', None),
+            "gamma_raw": ("heads", None),
+            "eta_raw": ("heads", None),
+            "jet_gates_raw": (None, "heads", None),
+            "jet_base_raw": ("heads", None),
         }
         return {name: axes[name] for name in self.init_params()}
 
@@ -162,7 +162,7 @@ class Encoding:
         Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
         """
         return self._map(
-            'q', q, q_positions, origin, lambda seg, x, pos, o: seg.map_queries(params, x, pos, o)
+            "q", q, q_positions, origin, lambda seg, x, pos, o: seg.map_queries(params, x, pos, o)
         )
 
     def map_keys(self, params, k, k_positions, origin=0):
@@ -172,7 +172,7 @@ class Encoding:
         broadcast over S); origin: int32 scalar or [B]. Returns [B, S, N, H].
         """
         return self._map(
-            'k', k, k_positions, origin, lambda seg, x, pos, o: seg.map_keys(params, x, pos, o)
+            "k", k, k_positions, origin, lambda seg, x, pos, o: seg.map_keys(params, x, pos, o)
         )
 
     def move_keys(self, params, k2, shift):
@@ -188,7 +188,7 @@ class Encoding:
         shear = self.cfg.is_translation_invariant
         displacement = -jnp.asarray(shift, jnp.int32).reshape(-1, 1)
         return self._map(
-            'k',
+            "k",
             k2,
             displacement,
             0,
@@ -201,7 +201,7 @@ class Encoding:
             return x
         if x.ndim != 4 or x.shape[-2:] != (self.num_heads, self.head_dim):
             raise ValueError(
-                f'{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}'
+                f"{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}"
             )
         positions = _as_batched_positions(positions)
         origin = jnp.asarray(origin, jnp.int32).reshape(-1, 1)
@@ -237,7 +237,7 @@ class Encoding:
         """
         if not self.cfg.is_translation_invariant:
             raise ValueError(
-                f'{self.cfg.name} is not translation invariant: it has no relative form'
+                f"{self.cfg.name} is not translation invariant: it has no relative form"
             )
         q_pos = _as_batched_positions(q_positions)
         k_pos = _as_batched_positions(k_positions)
@@ -254,7 +254,7 @@ class Encoding:
             covered += segment.width
         if covered < self.head_dim:  # no rotary part: a plain dot product
             logits = logits + jnp.einsum(
-                'btnh,bsnh->bnts',
+                "btnh,bsnh->bnts",
                 q.astype(jnp.float32),
                 k.astype(jnp.float32),
                 precision=jax.lax.Precision.HIGHEST,
@@ -271,18 +271,18 @@ def make_encoding(cfg: PEConfig, num_heads: int, head_dim: int) -> Encoding:
         order-m Jordan head, 2 for RoPE, 8 for the direct sum).
     """
     if num_heads <= 0 or head_dim <= 0:
-        raise ValueError(f'num_heads and head_dim must be positive, got {num_heads}, {head_dim}')
-    if cfg.layout == 'none':
+        raise ValueError(f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}")
+    if cfg.layout == "none":
         segments = ()
-    elif cfg.layout == 'rope':
-        _check_divides(cfg, head_dim, 2, 'RoPE rotates (re, im) pairs')
+    elif cfg.layout == "rope":
+        _check_divides(cfg, head_dim, 2, "RoPE rotates (re, im) pairs")
         segments = (JordanSegment(0, head_dim, 1, num_heads, cfg),)
-    elif cfg.layout == 'jordan':
+    elif cfg.layout == "jordan":
         _check_divides(
             cfg,
             head_dim,
             2 * cfg.order,
-            f'an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims',
+            f"an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims",
         )
         segments = (JordanSegment(0, head_dim, cfg.order, num_heads, cfg),)
     else:
@@ -290,12 +290,12 @@ def make_encoding(cfg: PEConfig, num_heads: int, head_dim: int) -> Encoding:
             cfg,
             head_dim,
             8,
-            'the direct sum splits the head into a RoPE half and an '
-            'order-2 real Jordan half of 4-dim blocks',
+            "the direct sum splits the head into a RoPE half and an "
+            "order-2 real Jordan half of 4-dim blocks",
         )
         half = head_dim // 2
-        rope = dataclasses.replace(cfg, layout='rope', learn_gamma=False, shear='none')
-        real_jordan = dataclasses.replace(cfg, layout='jordan', order=2, rotate=False)
+        rope = dataclasses.replace(cfg, layout="rope", learn_gamma=False, shear="none")
+        real_jordan = dataclasses.replace(cfg, layout="jordan", order=2, rotate=False)
         segments = (
             JordanSegment(0, half, 1, num_heads, rope),
             JordanSegment(half, half, 2, num_heads, real_jordan),
@@ -306,8 +306,8 @@ def make_encoding(cfg: PEConfig, num_heads: int, head_dim: int) -> Encoding:
 def _check_divides(cfg: PEConfig, head_dim: int, block: int, why: str) -> None:
     if head_dim % block:
         raise ValueError(
-            f'{cfg.name}: head_dim {head_dim} is not divisible by {block} ({why}); '
-            f'choose d_model / num_heads as a multiple of {block}'
+            f"{cfg.name}: head_dim {head_dim} is not divisible by {block} ({why}); "
+            f"choose d_model / num_heads as a multiple of {block}"
         )
 
 
@@ -321,7 +321,7 @@ def attention_logits(
     """
     q2, k2 = enc.transform_qk(params, q, k, q_positions, k_positions)
     logits = jnp.einsum(
-        'btnh,bsnh->bnts',
+        "btnh,bsnh->bnts",
         q2,
         k2,
         preferred_element_type=jnp.float32,

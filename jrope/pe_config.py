@@ -14,22 +14,22 @@ import dataclasses
 import re
 from typing import Literal
 
-Layout = Literal['none', 'rope', 'jordan', 'direct_sum']
-Shear = Literal['none', 'eta', 'jet']
-ShearTime = Literal['bounded', 'raw']
+Layout = Literal["none", "rope", "jordan", "direct_sum"]
+Shear = Literal["none", "eta", "jet"]
+ShearTime = Literal["bounded", "raw"]
 
 # The methods of the paper's synthetic experiment and kernel probe.
 PAPER_METHODS = (
-    'nope',
-    'rope',
-    'alibi',
-    'rope_alibi',
-    'damped_rope',
-    'direct_sum',
-    'jordan_rope',
-    'jordan_no_gamma',
-    'jordan_raw_tau',
-    'jordan_exact_scaled',
+    "nope",
+    "rope",
+    "alibi",
+    "rope_alibi",
+    "damped_rope",
+    "direct_sum",
+    "jordan_rope",
+    "jordan_no_gamma",
+    "jordan_raw_tau",
+    "jordan_exact_scaled",
 )
 
 ACCEPTED_NAMES = """\
@@ -83,8 +83,8 @@ class PEConfig:
     learn_gamma: bool = False
     gamma_min: float = 1e-4
     init_gamma: float = 1e-4
-    shear: Shear = 'none'
-    shear_time: ShearTime = 'bounded'
+    shear: Shear = "none"
+    shear_time: ShearTime = "bounded"
     shear_scale: float = 1.0
     eta_max: float = 0.1
     init_eta: float = 0.0
@@ -95,75 +95,75 @@ class PEConfig:
 
     def __post_init__(self):
         def fail(msg):
-            raise ValueError(f'PEConfig {self.name!r}: {msg}')
+            raise ValueError(f"PEConfig {self.name!r}: {msg}")
 
-        if self.layout not in ('none', 'rope', 'jordan', 'direct_sum'):
-            fail(f'layout must be none, rope, jordan or direct_sum, got {self.layout!r}')
+        if self.layout not in ("none", "rope", "jordan", "direct_sum"):
+            fail(f"layout must be none, rope, jordan or direct_sum, got {self.layout!r}")
         if self.train_context <= 0:
-            fail(f'train_context must be a positive length, got {self.train_context}')
+            fail(f"train_context must be a positive length, got {self.train_context}")
         if self.theta <= 1.0:
-            fail(f'theta must be > 1, got {self.theta}')
-        if self.layout == 'jordan' and self.order < 2:
-            fail(f'a Jordan layout needs order m >= 2, got {self.order}')
+            fail(f"theta must be > 1, got {self.theta}")
+        if self.layout == "jordan" and self.order < 2:
+            fail(f"a Jordan layout needs order m >= 2, got {self.order}")
         if self.learn_gamma and not 0 <= self.gamma_min <= self.init_gamma:
             fail(
-                f'need 0 <= gamma_min <= init_gamma, got gamma_min={self.gamma_min}, '
-                f'init_gamma={self.init_gamma}'
+                f"need 0 <= gamma_min <= init_gamma, got gamma_min={self.gamma_min}, "
+                f"init_gamma={self.init_gamma}"
             )
-        if self.shear == 'eta' and not abs(self.init_eta) <= self.eta_max:
+        if self.shear == "eta" and not abs(self.init_eta) <= self.eta_max:
             fail(
-                f'|init_eta|={abs(self.init_eta)} exceeds eta_max={self.eta_max}; '
-                'raise eta_max (e.g. the _eta1 suffix) or lower init_eta'
+                f"|init_eta|={abs(self.init_eta)} exceeds eta_max={self.eta_max}; "
+                "raise eta_max (e.g. the _eta1 suffix) or lower init_eta"
             )
-        if self.shear == 'jet':
+        if self.shear == "jet":
             if len(self.jet_gates) != self.order - 1:
                 fail(
-                    f'order {self.order} needs {self.order - 1} jet gates, got {len(self.jet_gates)}'
+                    f"order {self.order} needs {self.order - 1} jet gates, got {len(self.jet_gates)}"
                 )
             bound = [abs(g) for g in self.jet_gates] + (
                 [abs(self.jet_base)] if self.jet_base is not None else []
             )
             if max(bound, default=0.0) > self.jet_gate_max:
                 fail(
-                    f'jet gates {self.jet_gates} / base {self.jet_base} exceed jet_gate_max={self.jet_gate_max}'
+                    f"jet gates {self.jet_gates} / base {self.jet_base} exceed jet_gate_max={self.jet_gate_max}"
                 )
         if self.jet_base is not None and self.jet_base == 0.0:
-            fail('jet_base (alpha_0) must be nonzero: it is inverted in the query map')
+            fail("jet_base (alpha_0) must be nonzero: it is inverted in the query map")
 
     @property
     def is_translation_invariant(self) -> bool:
         """True when logits depend on positions only through i - j (the group law holds)."""
-        return self.shear == 'none' or (self.shear == 'eta' and self.shear_time == 'raw')
+        return self.shear == "none" or (self.shear == "eta" and self.shear_time == "raw")
 
 
 def _parse_exact(tokens: list[str], base: dict) -> dict:
     """jordan_exact[_scaled][_c..][_eta...][_m..][_eta1]: raw shear scaled by 1/L."""
-    L = base['train_context']
+    L = base["train_context"]
     c = 1.0
     order = 2
-    init_eta = base['init_eta']
-    eta_max = base['eta_max']
+    init_eta = base["init_eta"]
+    eta_max = base["eta_max"]
     for token in tokens:
-        if token == 'scaled':
+        if token == "scaled":
             continue
-        if token == 'eta1':
+        if token == "eta1":
             eta_max = 1.0
-        elif m := re.fullmatch(r'c(\d+)', token):
+        elif m := re.fullmatch(r"c(\d+)", token):
             c = int(m.group(1)) / 100.0
-        elif m := re.fullmatch(r'eta(\d{3,})', token):
+        elif m := re.fullmatch(r"eta(\d{3,})", token):
             init_eta = int(m.group(1)) / 1000.0
-        elif m := re.fullmatch(r'm(\d+)', token):
+        elif m := re.fullmatch(r"m(\d+)", token):
             order = int(m.group(1))
         else:
-            raise ValueError(f'unknown token {token!r}')
+            raise ValueError(f"unknown token {token!r}")
     return dict(
-        layout='jordan',
+        layout="jordan",
         order=order,
         learn_gamma=True,
         gamma_min=0.0,
         init_gamma=c / L,
-        shear='eta',
-        shear_time='raw',
+        shear="eta",
+        shear_time="raw",
         shear_scale=1.0 / L,
         eta_max=eta_max,
         init_eta=init_eta,
@@ -172,30 +172,30 @@ def _parse_exact(tokens: list[str], base: dict) -> dict:
 
 def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
     """jordan_jetmix[full][_m..][_c..]_g..: gated bounded-time jets, gamma init c/L."""
-    L = base['train_context']
+    L = base["train_context"]
     c = 1.0
     order = 4
     gates = []
     for token in tokens:
-        if m := re.fullmatch(r'c(\d+)', token):
+        if m := re.fullmatch(r"c(\d+)", token):
             c = int(m.group(1)) / 100.0
-        elif m := re.fullmatch(r'm(\d+)', token):
+        elif m := re.fullmatch(r"m(\d+)", token):
             order = int(m.group(1))
-        elif m := re.fullmatch(r'g(\d+)', token):
+        elif m := re.fullmatch(r"g(\d+)", token):
             gates.append(int(m.group(1)) / 100.0)
         else:
-            raise ValueError(f'unknown token {token!r}')
+            raise ValueError(f"unknown token {token!r}")
     expected = order if full else order - 1
     if len(gates) != expected:
-        raise ValueError(f'order {order} needs {expected} gate tokens g{{100 g}}, got {len(gates)}')
+        raise ValueError(f"order {order} needs {expected} gate tokens g{{100 g}}, got {len(gates)}")
     return dict(
-        layout='jordan',
+        layout="jordan",
         order=order,
         learn_gamma=True,
         gamma_min=0.0,
         init_gamma=c / L,
-        shear='jet',
-        shear_time='bounded',
+        shear="jet",
+        shear_time="bounded",
         shear_scale=1.0 / L,
         jet_base=gates[0] if full else None,
         jet_gates=tuple(gates[1:] if full else gates),
@@ -205,33 +205,33 @@ def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
 
 def _parse_base(name: str, base: dict) -> dict:
     """Settings for a name without its _alibi suffix; raises ValueError if unknown."""
-    stabilized = dict(layout='jordan', learn_gamma=True, shear='eta', shear_time='bounded')
+    stabilized = dict(layout="jordan", learn_gamma=True, shear="eta", shear_time="bounded")
     fixed = {
-        'nope': dict(layout='none'),
-        'rope': dict(layout='rope', order=1),
-        'damped_rope': dict(layout='jordan', learn_gamma=True),
-        'real_jordan': dict(stabilized, rotate=False),
-        'direct_sum': dict(
-            layout='direct_sum', learn_gamma=True, shear='eta', shear_time='bounded'
+        "nope": dict(layout="none"),
+        "rope": dict(layout="rope", order=1),
+        "damped_rope": dict(layout="jordan", learn_gamma=True),
+        "real_jordan": dict(stabilized, rotate=False),
+        "direct_sum": dict(
+            layout="direct_sum", learn_gamma=True, shear="eta", shear_time="bounded"
         ),
-        'jordan_rope': stabilized,
-        'jordan_no_gamma': dict(stabilized, learn_gamma=False),
-        'jordan_raw_tau': dict(stabilized, shear_time='raw'),
+        "jordan_rope": stabilized,
+        "jordan_no_gamma": dict(stabilized, learn_gamma=False),
+        "jordan_raw_tau": dict(stabilized, shear_time="raw"),
     }
     if name in fixed:
         return fixed[name]
-    if m := re.fullmatch(r'jordan_m(\d+)', name):
+    if m := re.fullmatch(r"jordan_m(\d+)", name):
         return dict(stabilized, order=int(m.group(1)))
-    if m := re.fullmatch(r'jordan_eta(\d+)', name):
+    if m := re.fullmatch(r"jordan_eta(\d+)", name):
         return dict(stabilized, init_eta=int(m.group(1)) / 1000.0)
-    tokens = name.split('_')
-    if tokens[:2] == ['jordan', 'exact']:
+    tokens = name.split("_")
+    if tokens[:2] == ["jordan", "exact"]:
         return _parse_exact(tokens[2:], base)
-    if tokens[:2] == ['jordan', 'jetmix']:
+    if tokens[:2] == ["jordan", "jetmix"]:
         return _parse_jetmix(tokens[2:], base, full=False)
-    if tokens[:2] == ['jordan', 'jetmixfull']:
+    if tokens[:2] == ["jordan", "jetmixfull"]:
         return _parse_jetmix(tokens[2:], base, full=True)
-    raise ValueError('unknown name')
+    raise ValueError("unknown name")
 
 
 def pe_config_from_name(
@@ -258,7 +258,7 @@ def pe_config_from_name(
     """
     if not isinstance(name, str) or not name:
         raise UnknownEncodingName(
-            f'position-encoding name must be a non-empty string, got {name!r}\n{ACCEPTED_NAMES}'
+            f"position-encoding name must be a non-empty string, got {name!r}\n{ACCEPTED_NAMES}"
         )
     base = dict(
         train_context=train_context,
@@ -269,20 +269,20 @@ def pe_config_from_name(
         init_eta=init_eta,
     )
     core, alibi = name, False
-    if name == 'alibi':
-        core, alibi = 'nope', True
-    elif name == 'rope_alibi':
-        core, alibi = 'rope', True
-    elif name.endswith('_alibi'):
-        core, alibi = name[: -len('_alibi')], True
-        if core in ('nope', 'rope', 'alibi', 'rope_alibi'):
+    if name == "alibi":
+        core, alibi = "nope", True
+    elif name == "rope_alibi":
+        core, alibi = "rope", True
+    elif name.endswith("_alibi"):
+        core, alibi = name[: -len("_alibi")], True
+        if core in ("nope", "rope", "alibi", "rope_alibi"):
             raise UnknownEncodingName(
-                f'unknown position-encoding name {name!r}: use alibi or rope_alibi\n{ACCEPTED_NAMES}'
+                f"unknown position-encoding name {name!r}: use alibi or rope_alibi\n{ACCEPTED_NAMES}"
             )
     try:
         settings = _parse_base(core, base)
     except ValueError as err:
         raise UnknownEncodingName(
-            f'unknown position-encoding name {name!r} ({err})\n{ACCEPTED_NAMES}'
+            f"unknown position-encoding name {name!r} ({err})\n{ACCEPTED_NAMES}"
         ) from None
-    return PEConfig(name=name, **{**base, **settings, 'alibi': alibi})
+    return PEConfig(name=name, **{**base, **settings, "alibi": alibi})

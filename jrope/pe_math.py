@@ -272,7 +272,9 @@ def _sum_to_shape(g: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         g = jnp.tensordot(
             jnp.ones(g.shape[0], g.dtype), g, axes=(0, 0), precision=jax.lax.Precision.HIGHEST
         )[None]
-    axes = tuple(i for i, (n, m) in enumerate(zip(g.shape, shape)) if m == 1 and n != 1)
+    axes = tuple(
+        i for i, (n, m) in enumerate(zip(g.shape, shape, strict=False)) if m == 1 and n != 1
+    )
     return jnp.sum(g, axis=axes, keepdims=True) if axes else g
 
 
@@ -311,7 +313,7 @@ def relative_block_logits(q: jax.Array, k: jax.Array, operators: jax.Array) -> j
     k = k.astype(jnp.float32)
     operators = jnp.broadcast_to(operators, (q.shape[0],) + operators.shape[1:])
     return jnp.einsum(
-        'btnpx,btsnpxy,bsnpy->bnts', q, operators, k, precision=jax.lax.Precision.HIGHEST
+        "btnpx,btsnpxy,bsnpy->bnts", q, operators, k, precision=jax.lax.Precision.HIGHEST
     )
 
 

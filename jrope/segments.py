@@ -95,16 +95,16 @@ class JordanSegment:
         cfg, shape = self.cfg, (self.num_heads, self.num_blocks)
         params = {}
         if self.learn_gamma:
-            params['gamma_raw'] = np.full(shape, _inverse_softplus(cfg.init_gamma - cfg.gamma_min))
-        if self.shear == 'eta':
-            params['eta_raw'] = np.full(shape, _inverse_tanh_bounded(cfg.init_eta, cfg.eta_max))
-        if self.shear == 'jet':
+            params["gamma_raw"] = np.full(shape, _inverse_softplus(cfg.init_gamma - cfg.gamma_min))
+        if self.shear == "eta":
+            params["eta_raw"] = np.full(shape, _inverse_tanh_bounded(cfg.init_eta, cfg.eta_max))
+        if self.shear == "jet":
             gates = [_inverse_tanh_bounded(g, cfg.jet_gate_max) for g in cfg.jet_gates]
-            params['jet_gates_raw'] = np.broadcast_to(
+            params["jet_gates_raw"] = np.broadcast_to(
                 np.asarray(gates)[:, None, None], (len(gates),) + shape
             ).copy()
             if cfg.jet_base is not None:
-                params['jet_base_raw'] = np.full(
+                params["jet_base_raw"] = np.full(
                     shape, _inverse_tanh_bounded(cfg.jet_base, cfg.jet_gate_max)
                 )
         return {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
@@ -113,31 +113,31 @@ class JordanSegment:
         """gamma, eta, jet gates and alpha_0 from the raw parameters (absent ones omitted)."""
         cfg, out = self.cfg, {}
         if self.learn_gamma:
-            out['gamma'] = cfg.gamma_min + jax.nn.softplus(params['gamma_raw'])
-        if self.shear == 'eta':
-            out['eta'] = cfg.eta_max * jnp.tanh(params['eta_raw'])
-        if self.shear == 'jet':
-            out['jet_gates'] = cfg.jet_gate_max * jnp.tanh(params['jet_gates_raw'])
+            out["gamma"] = cfg.gamma_min + jax.nn.softplus(params["gamma_raw"])
+        if self.shear == "eta":
+            out["eta"] = cfg.eta_max * jnp.tanh(params["eta_raw"])
+        if self.shear == "jet":
+            out["jet_gates"] = cfg.jet_gate_max * jnp.tanh(params["jet_gates_raw"])
             if cfg.jet_base is not None:
-                out['jet_base'] = cfg.jet_gate_max * jnp.tanh(params['jet_base_raw'])
+                out["jet_base"] = cfg.jet_gate_max * jnp.tanh(params["jet_base_raw"])
         return out
 
     def shear_time(self, t: jax.Array) -> jax.Array:
         """s(t) / eta: the scaled raw or bounded time, float32."""
         t = jnp.asarray(t, jnp.float32)
-        if self.cfg.shear_time == 'bounded':
+        if self.cfg.shear_time == "bounded":
             t = pe_math.bounded_time(t, self.cfg.train_context)
         return self.cfg.shear_scale * t
 
     def chain_coefficients(self, physical, t: jax.Array) -> list:
         """c_r of U(t), r < m, each [..., N, nb] for times t [...] (python 1.0 for c_0 = 1)."""
-        if self.shear == 'none':
+        if self.shear == "none":
             return [1.0] + [0.0] * (self.order - 1)
         time = self.shear_time(t)[..., None, None]
-        if self.shear == 'eta':
-            return pe_math.shear_series(_lead(physical['eta'], time.ndim - 2) * time, self.order)
-        gates = _lead(physical['jet_gates'], time.ndim - 2)  # [..., m-1, N, nb]
-        base = physical.get('jet_base')
+        if self.shear == "eta":
+            return pe_math.shear_series(_lead(physical["eta"], time.ndim - 2) * time, self.order)
+        gates = _lead(physical["jet_gates"], time.ndim - 2)  # [..., m-1, N, nb]
+        base = physical.get("jet_base")
         coefficients = [1.0 if base is None else _lead(base, time.ndim - 2)]
         for r in range(1, self.order):
             coefficients.append(gates[..., r - 1, :, :] * time**r / math.factorial(r))
@@ -152,8 +152,8 @@ class JordanSegment:
         rel = (positions - origin).astype(jnp.float32)
         angle = rel[..., None, None] * _lead(self.frequencies(), 3)
         scale = None
-        if 'gamma' in physical:
-            scale = jnp.exp(sign * _lead(physical['gamma'], 2) * rel[..., None, None])
+        if "gamma" in physical:
+            scale = jnp.exp(sign * _lead(physical["gamma"], 2) * rel[..., None, None])
         return jnp.cos(angle), jnp.sin(angle), scale
 
     def _map_time(self, positions, origin):
@@ -172,7 +172,7 @@ class JordanSegment:
         physical = self.physical_params(params)
         cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0)
         time = self._map_time(q_pos, origin)
-        if self.shear == 'eta':
+        if self.shear == "eta":
             # U(t) = exp(s(t) N) with s odd: U(-p)^{-1} = U(p), no series inversion needed.
             inverse = self.chain_coefficients(physical, -time)
         else:
@@ -203,7 +203,7 @@ class JordanSegment:
         """Closed-form G(d) for exact segments, [..., N, nb, 2m, 2m] for lags [...]."""
         physical = self.physical_params(params)
         lags = jnp.asarray(lags, jnp.float32)
-        gamma = physical.get('gamma', jnp.zeros((self.num_heads, self.num_blocks), jnp.float32))
+        gamma = physical.get("gamma", jnp.zeros((self.num_heads, self.num_blocks), jnp.float32))
         omega = _lead(self.frequencies(), lags.ndim + 1)
         d = lags[..., None, None]
         coefficients = self.chain_coefficients(physical, lags)

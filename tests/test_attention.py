@@ -51,7 +51,7 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
         *operands
     )
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
-    for got_grad, want_grad in zip(got[1], want[1]):
+    for got_grad, want_grad in zip(got[1], want[1], strict=False):
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)
 
 
@@ -76,7 +76,7 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
     got = jax.value_and_grad(custom, argnums=(0, 1))(x, kernel)
     want = jax.value_and_grad(plain, argnums=(0, 1))(x, kernel)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
-    for got_grad, want_grad in zip(got[1], want[1]):
+    for got_grad, want_grad in zip(got[1], want[1], strict=False):
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
 
 

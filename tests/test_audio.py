@@ -213,7 +213,7 @@ def test_audio_tokens_source_yields_batches(prepared, vocab_size):
     assert batch["inputs"].shape == batch["targets"].shape == (4, 64)
     np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
     offset = vocab_size - 256
-    for inputs, targets in zip(batch["inputs"], batch["targets"]):
+    for inputs, targets in zip(batch["inputs"], batch["targets"], strict=False):
         window = np.concatenate([inputs, targets[-1:]]) - offset
         assert window.min() >= 0 and window.astype(np.uint8).tobytes() in train_bytes
     evaluation = next(source.eval_batches(128, 2, 2))

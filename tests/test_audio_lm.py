@@ -31,7 +31,7 @@ def test_reference_settings_and_every_method_builds():
     for method in audio_lm_musicnet.METHODS:
         config = audio_lm_musicnet.get_config()
         config.pe.name = method
-        TrainConfig.from_config_dict(config).encoding  # head_dim 48 fits orders 2, 3, 4
+        _ = TrainConfig.from_config_dict(config).encoding  # head_dim 48 fits orders 2, 3, 4
 
 
 def test_training_without_prepared_tokens_stops_with_the_preparation_command(tmp_path):

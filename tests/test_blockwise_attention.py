@@ -22,10 +22,10 @@ HEADS = 2
 HEAD_DIM = 24  # divisible by 2, 4, 6 and 8: every layout and chain order fits
 TRAIN_CONTEXT = 64
 ENCODINGS = tuple(jrope.PAPER_METHODS) + (
-    'jordan_exact_m3',
-    'jordan_m3',
-    'jordan_jetmix_m4_c150_g050_g030_g020',
-    'jordan_exact_c150_eta010_alibi',
+    "jordan_exact_m3",
+    "jordan_m3",
+    "jordan_jetmix_m4_c150_g050_g030_g020",
+    "jordan_exact_c150_eta010_alibi",
 )
 
 
@@ -43,9 +43,9 @@ def _trained_params(enc, seed=0, gamma_raw=-3.0):
     params = enc.init_params()
     keys = jax.random.split(jax.random.key(seed), max(len(params), 1))
     out = {}
-    for key, (name, value) in zip(keys, sorted(params.items())):
+    for key, (name, value) in zip(keys, sorted(params.items()), strict=False):
         noise = 0.5 * jax.random.normal(key, value.shape, jnp.float32)
-        out[name] = (gamma_raw + noise) if name == 'gamma_raw' else (value + noise)
+        out[name] = (gamma_raw + noise) if name == "gamma_raw" else (value + noise)
     return out
 
 
@@ -69,7 +69,7 @@ def _causal_mask(q_positions, k_positions):
 def _plain_attention(logits, v, mask):
     logits = jnp.where(mask, logits, -1e30)
     probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum('bnts,bsnh->btnh', probs, v.astype(jnp.float32)).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v.astype(jnp.float32)).astype(v.dtype)
 
 
 def _attend_blockwise(enc, params, q, k, v, q_positions, k_positions, causal=True):
@@ -125,14 +125,15 @@ def _assert_close(actual, expected, what, rtol=2e-4, param_floor=0.1):
         jax.tree_util.tree_flatten_with_path(expected)[0],
         jax.tree.leaves(actual),
         jax.tree.leaves(scales, is_leaf=lambda x: x is None),
+        strict=False,
     ):
         a = np.asarray(a, np.float64)
         e = np.asarray(e, np.float64)
-        where = f'{what} {jax.tree_util.keystr(path)}'
-        assert np.all(np.isfinite(a)), f'{where}: non-finite values'
+        where = f"{what} {jax.tree_util.keystr(path)}"
+        assert np.all(np.isfinite(a)), f"{where}: non-finite values"
         scale = max(np.max(np.abs(e)), 1e-6) if scale is None else scale
         err = np.max(np.abs(a - e))
-        assert err <= rtol * scale, f'{where}: max error {err:.3g} vs scale {scale:.3g}'
+        assert err <= rtol * scale, f"{where}: max error {err:.3g} vs scale {scale:.3g}"
 
 
 def _compare_with_plain(name, *, batch, q_len, offsets, seed=0, k_len=None):
@@ -149,11 +150,11 @@ def _compare_with_plain(name, *, batch, q_len, offsets, seed=0, k_len=None):
         args = (params, q, k, v, w, q_positions, k_positions)
         got = blockwise(*args)
         assert set(got[1][0]) == set(params)
-        _assert_close(got, plain(*args), f'{name} at offset {offset}')
+        _assert_close(got, plain(*args), f"{name} at offset {offset}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ENCODINGS)
+@pytest.mark.parametrize("name", ENCODINGS)
 def test_matches_plain_path_at_ragged_length_from_zero_to_65536(name):
     # 37 = 2 full blocks + 5: padding and masking of the last key block. Near 0
     # the stabilized shear time tau(p) is far from saturation, so its parameters'
@@ -164,22 +165,22 @@ def test_matches_plain_path_at_ragged_length_from_zero_to_65536(name):
 
 def test_matches_plain_path_at_a_block_multiple():
     # No padding at all; the encoding matters little here, so a cheap one to compile.
-    _compare_with_plain('rope_alibi', batch=1, q_len=3 * BLOCK, offsets=(0, 65536 - 3 * BLOCK))
+    _compare_with_plain("rope_alibi", batch=1, q_len=3 * BLOCK, offsets=(0, 65536 - 3 * BLOCK))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('q_len', [21, 1])
+@pytest.mark.parametrize("q_len", [21, 1])
 def test_matches_plain_path_when_queries_are_the_last_keys(q_len):
     # A key/value cache, or a read-out of the last position: T new queries
     # attend to S = 70 keys (5 blocks, ragged). T = 1 makes one-row query blocks.
     # Damping and ALiBi both read the query/key position offset.
     _compare_with_plain(
-        'damped_rope_alibi', batch=1, q_len=q_len, k_len=70, offsets=(4000,), seed=2
+        "damped_rope_alibi", batch=1, q_len=q_len, k_len=70, offsets=(4000,), seed=2
     )
 
 
 def test_batched_positions_use_a_per_row_origin():
-    name = 'damped_rope_alibi'  # per-row damping origin and per-row [B, N, T, S] bias
+    name = "damped_rope_alibi"  # per-row damping origin and per-row [B, N, T, S] bias
     enc = _encoding(name)
     params = _trained_params(enc, 3)
     q, k, v, w = _qkv(3, 2, 40, 40)
@@ -194,14 +195,14 @@ def test_batched_positions_use_a_per_row_origin():
 
 
 def test_non_causal_matches_full_softmax():
-    enc = _encoding('rope_alibi')
+    enc = _encoding("rope_alibi")
     params = _trained_params(enc, 4)
     q, k, v, w = _qkv(4, 1, 19, 45)
     args = (params, q, k, v, w, jnp.arange(19, dtype=jnp.int32), jnp.arange(45, dtype=jnp.int32))
     _assert_close(
         _output_and_grads_fn(_attend_blockwise, enc, causal=False)(*args),
         _output_and_grads_fn(_attend_plain, enc, causal=False)(*args),
-        'non-causal',
+        "non-causal",
     )
 
 
@@ -210,7 +211,7 @@ def test_stays_exact_where_one_global_origin_overflows():
     # from one midpoint origin, so its key factors reach e^{gamma * 65} > e^{88}
     # over T = 130 and overflow; per-block origins keep every factor within
     # e^{+-gamma * 15}. The O(T^2) relative form is the oracle.
-    enc = _encoding('jordan_exact_scaled')
+    enc = _encoding("jordan_exact_scaled")
     params = _trained_params(enc, 5, gamma_raw=1.5)
     q, k, v, _ = _qkv(5, 1, 130, 130)
     positions = 65536 + jnp.arange(130, dtype=jnp.int32)
@@ -223,12 +224,12 @@ def test_stays_exact_where_one_global_origin_overflows():
         return factorized, oracle, _attend_blockwise(enc, params, q, k, v, positions, positions)
 
     factorized, oracle, got = factorized_oracle_blockwise(params, q, k, v, positions)
-    assert not np.all(np.isfinite(np.asarray(factorized))), 'the hazard this test guards is absent'
+    assert not np.all(np.isfinite(np.asarray(factorized))), "the hazard this test guards is absent"
     np.testing.assert_allclose(got, oracle, atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_inputs_track_the_float32_plain_path():
-    enc = _encoding('jordan_exact_scaled')
+    enc = _encoding("jordan_exact_scaled")
     params = _trained_params(enc, 6)
     q, k, v, _ = _qkv(6, 1, 37, 37, jnp.bfloat16)
     positions = 20000 + jnp.arange(37, dtype=jnp.int32)
@@ -248,7 +249,7 @@ def test_bfloat16_inputs_track_the_float32_plain_path():
 
 def test_gradient_memory_is_linear_in_length():
     """The compiled backward pass's scratch memory grows about linearly with T, not as T^2."""
-    enc = _encoding('damped_rope')
+    enc = _encoding("damped_rope")
     params = enc.init_params()
 
     def loss(params, q, k, v, positions):
@@ -268,15 +269,15 @@ def test_gradient_memory_is_linear_in_length():
 
 
 def test_rejects_bad_input_with_a_clear_message():
-    enc = _encoding('rope')
+    enc = _encoding("rope")
     q, k, v, _ = _qkv(7, 1, 8, 8)
     positions = jnp.arange(8, dtype=jnp.int32)
-    kwargs = {'enc': enc, 'params': {}, 'q_positions': positions, 'k_positions': positions}
-    with pytest.raises(ValueError, match='block_size'):
+    kwargs = {"enc": enc, "params": {}, "q_positions": positions, "k_positions": positions}
+    with pytest.raises(ValueError, match="block_size"):
         blockwise_attention(q, k, v, block_size=0, **kwargs)
-    with pytest.raises(ValueError, match='same shape'):
+    with pytest.raises(ValueError, match="same shape"):
         blockwise_attention(q, k, v[:, :4], block_size=4, **kwargs)
-    with pytest.raises(ValueError, match='integer positions'):
+    with pytest.raises(ValueError, match="integer positions"):
         blockwise_attention(
             q,
             k,
@@ -287,7 +288,7 @@ def test_rejects_bad_input_with_a_clear_message():
             k_positions=positions,
             block_size=4,
         )
-    with pytest.raises(ValueError, match='k_positions must have shape'):
+    with pytest.raises(ValueError, match="k_positions must have shape"):
         blockwise_attention(
             q,
             k,
@@ -303,21 +304,21 @@ def test_rejects_bad_input_with_a_clear_message():
 def test_scale_is_inverse_sqrt_head_dim():
     # nope, one key visible per query at the first position: the output is v_0 exactly,
     # and with two keys the weights follow exp(q.k / sqrt(H)).
-    enc = _encoding('nope')
+    enc = _encoding("nope")
     q, k, v, _ = _qkv(8, 1, 2, 2)
     positions = jnp.arange(2, dtype=jnp.int32)
     attend = jax.jit(functools.partial(blockwise_attention, enc=enc, params={}, block_size=1))
     out = attend(q, k, v, q_positions=positions, k_positions=positions)
     np.testing.assert_allclose(out[:, 0], v[:, 0], rtol=1e-6)
-    logits = jnp.einsum('bnh,bsnh->bns', q[:, 1], k) / math.sqrt(HEAD_DIM)
-    want = jnp.einsum('bns,bsnh->bnh', jax.nn.softmax(logits, -1), v)
+    logits = jnp.einsum("bnh,bsnh->bns", q[:, 1], k) / math.sqrt(HEAD_DIM)
+    want = jnp.einsum("bns,bsnh->bnh", jax.nn.softmax(logits, -1), v)
     np.testing.assert_allclose(out[:, 1], want, rtol=1e-5, atol=1e-6)
 
 
 def test_causal_loop_stops_at_the_last_key_block_with_a_visible_key():
     # 4 blocks of 16; the padded tail of a 60-token sequence must not count as a visible key.
     layout = blocks.Layout(16, 16, 60, 60, True)
-    positions = jnp.pad(jnp.arange(60, dtype=jnp.int32), (0, 4), mode='edge')
+    positions = jnp.pad(jnp.arange(60, dtype=jnp.int32), (0, 4), mode="edge")
     ends = blocks.key_block_ends(layout, positions, positions)
     np.testing.assert_array_equal(ends, [1, 2, 3, 4])
     # Queries that are the last 16 of 64 keys see every key block.

@@ -32,7 +32,7 @@ def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
     saved_leaves, restored_leaves = jax.tree.leaves(state), jax.tree.leaves(restored)
     target_leaves = jax.tree.leaves(layout.abstract)
     assert len(saved_leaves) == len(restored_leaves) == len(target_leaves)
-    for saved, loaded, target in zip(saved_leaves, restored_leaves, target_leaves):
+    for saved, loaded, target in zip(saved_leaves, restored_leaves, target_leaves, strict=False):
         np.testing.assert_array_equal(np.asarray(loaded), np.asarray(saved))
         assert loaded.sharding == target.sharding  # read straight into its shards
     # The embedding [3, 32] is split 4 ways over fsdp on its embed axis.

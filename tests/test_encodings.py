@@ -13,27 +13,27 @@ L = 64  # training context of the tiny test encodings
 NUM_HEADS, HEAD_DIM = 2, 24
 
 EXACT = (
-    'nope',
-    'rope',
-    'alibi',
-    'rope_alibi',
-    'damped_rope',
-    'jordan_raw_tau',
-    'jordan_exact_scaled',
-    'jordan_exact_m3',
-    'jordan_exact_c150_eta010_alibi',
-    'jordan_exact_m3_c010_eta100_eta1',
+    "nope",
+    "rope",
+    "alibi",
+    "rope_alibi",
+    "damped_rope",
+    "jordan_raw_tau",
+    "jordan_exact_scaled",
+    "jordan_exact_m3",
+    "jordan_exact_c150_eta010_alibi",
+    "jordan_exact_m3_c010_eta100_eta1",
 )
 STABILIZED = (
-    'jordan_rope',
-    'jordan_no_gamma',
-    'jordan_m3',
-    'jordan_eta020',
-    'real_jordan',
-    'jordan_jetmix_m4_c150_g050_g030_g020',
-    'jordan_jetmixfull_m3_c150_g100_g050_g030',
-    'direct_sum',
-    'jordan_rope_alibi',
+    "jordan_rope",
+    "jordan_no_gamma",
+    "jordan_m3",
+    "jordan_eta020",
+    "real_jordan",
+    "jordan_jetmix_m4_c150_g050_g030_g020",
+    "jordan_jetmixfull_m3_c150_g100_g050_g030",
+    "direct_sum",
+    "jordan_rope_alibi",
 )
 
 
@@ -48,7 +48,7 @@ def _perturbed(params, seed=0, scale=0.5):
     keys = jax.random.split(jax.random.PRNGKey(seed), max(len(params), 1))
     return {
         name: value + scale * jax.random.normal(key, value.shape)
-        for key, (name, value) in zip(keys, sorted(params.items()))
+        for key, (name, value) in zip(keys, sorted(params.items()), strict=False)
     }
 
 
@@ -62,7 +62,7 @@ def _qk(t, s, head_dim=HEAD_DIM, batch=2, seed=1, dtype=jnp.float32):
 logits_fn = jax.jit(jrope.attention_logits, static_argnums=0)
 
 
-@pytest.mark.parametrize('name', EXACT)
+@pytest.mark.parametrize("name", EXACT)
 def test_factorized_equals_relative_oracle(name):
     enc = _encoding(name)
     params = _perturbed(enc.init_params())
@@ -86,7 +86,7 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
     head_dim = enc.head_dim
 
     def tau(t):
-        return t / (1 + abs(t) / L) if cfg.shear_time == 'bounded' else t
+        return t / (1 + abs(t) / L) if cfg.shear_time == "bounded" else t
 
     def block_matrix(t, n, b, order, omega, gamma, segment_cfg):
         rot = np.array(
@@ -96,12 +96,12 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
             ]
         )
         s = segment_cfg.shear_scale * tau(t)
-        if segment_cfg.shear == 'eta':
-            coeffs = [(phys['eta'][n, b] * s) ** r / math.factorial(r) for r in range(order)]
-        elif segment_cfg.shear == 'jet':
-            base = phys['jet_base'][n, b] if 'jet_base' in phys else 1.0
+        if segment_cfg.shear == "eta":
+            coeffs = [(phys["eta"][n, b] * s) ** r / math.factorial(r) for r in range(order)]
+        elif segment_cfg.shear == "jet":
+            base = phys["jet_base"][n, b] if "jet_base" in phys else 1.0
             coeffs = [base] + [
-                phys['jet_gates'][r - 1, n, b] * s**r / math.factorial(r) for r in range(1, order)
+                phys["jet_gates"][r - 1, n, b] * s**r / math.factorial(r) for r in range(1, order)
             ]
         else:
             coeffs = [1.0] + [0.0] * (order - 1)
@@ -112,7 +112,7 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
         blocks = []
         for segment in enc.segments:
             omegas = np.asarray(segment.frequencies(), np.float64)
-            gammas = phys['gamma'][n] if segment.learn_gamma else np.zeros(segment.num_blocks)
+            gammas = phys["gamma"][n] if segment.learn_gamma else np.zeros(segment.num_blocks)
             for b in range(segment.num_blocks):
                 blocks.append(
                     block_matrix(t, n, b, segment.order, omegas[b], gammas[b], segment.cfg)
@@ -133,7 +133,7 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
         for ti, i in enumerate(q_pos):
             for sj, j in enumerate(k_pos):
                 op = inv_a[int(i)] @ a[int(j)]
-                logits[:, n, ti, sj] = np.einsum('bx,xy,by->b', q[:, ti, n], op, k[:, sj, n])
+                logits[:, n, ti, sj] = np.einsum("bx,xy,by->b", q[:, ti, n], op, k[:, sj, n])
     logits /= math.sqrt(head_dim)
     if cfg.alibi:
         slopes = jrope.alibi_slopes(NUM_HEADS)
@@ -143,7 +143,7 @@ def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', STABILIZED + ('jordan_exact_m3', 'jordan_raw_tau'))
+@pytest.mark.parametrize("name", STABILIZED + ("jordan_exact_m3", "jordan_raw_tau"))
 def test_factorized_equals_reference_formula(name):
     """Stabilized and jet-mix variants against q^T A(-i)^{-1} A(-j) k (not the group law)."""
     enc = _encoding(name)
@@ -155,7 +155,7 @@ def test_factorized_equals_reference_formula(name):
     np.testing.assert_allclose(factorized, expected, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize('name', STABILIZED)
+@pytest.mark.parametrize("name", STABILIZED)
 def test_stabilized_variants_are_not_translation_invariant(name):
     """The property the exact variants have must really be absent here (else the test above is vacuous)."""
     enc = _encoding(name)
@@ -169,24 +169,24 @@ def test_stabilized_variants_are_not_translation_invariant(name):
 
 
 @pytest.mark.parametrize(
-    'name',
+    "name",
     (
-        'rope',
-        'damped_rope',
-        'jordan_raw_tau',
-        'jordan_exact_scaled',
-        'jordan_exact_m3',
-        'jordan_exact_c150_eta010_alibi',
+        "rope",
+        "damped_rope",
+        "jordan_raw_tau",
+        "jordan_exact_scaled",
+        "jordan_exact_m3",
+        "jordan_exact_c150_eta010_alibi",
     ),
 )
-@pytest.mark.parametrize('dtype', (jnp.float32, jnp.bfloat16))
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
 def test_exact_variants_are_shift_invariant_to_65536(name, dtype):
     """Same lags, same logits, wherever the window sits: no exponent clamp, no cancellation."""
     enc = _encoding(name)
     params = _perturbed(enc.init_params())
     # gamma ~ 0.05: e^{+gamma p} at p = 65536 would overflow float32 without re-centring.
-    if 'gamma_raw' in params:
-        params['gamma_raw'] = jnp.full_like(params['gamma_raw'], math.log(math.expm1(0.05)))
+    if "gamma_raw" in params:
+        params["gamma_raw"] = jnp.full_like(params["gamma_raw"], math.log(math.expm1(0.05)))
     q, k = _qk(16, 16, dtype=dtype)
     pos = jnp.arange(16)
     base = logits_fn(enc, params, q, k, pos, pos)
@@ -207,9 +207,9 @@ def test_exact_variants_are_shift_invariant_to_65536(name, dtype):
 
 def test_raw_shear_stays_float32_under_bfloat16_inputs():
     """Raw shear's lag term is a difference of O(p) products: q/k must stay fp32 (docs/numerics.md, section 3)."""
-    enc = _encoding('jordan_raw_tau')
+    enc = _encoding("jordan_raw_tau")
     params = enc.init_params()
-    params['eta_raw'] = jnp.full_like(params['eta_raw'], 2.0)  # eta ~ 0.096
+    params["eta_raw"] = jnp.full_like(params["eta_raw"], 2.0)  # eta ~ 0.096
     q, k = _qk(4, 4, dtype=jnp.bfloat16)
     q2, k2 = enc.transform_qk(params, q, k, jnp.arange(4), jnp.arange(4))
     assert q2.dtype == k2.dtype == jnp.float32
@@ -220,9 +220,9 @@ def test_raw_shear_stays_float32_under_bfloat16_inputs():
     np.testing.assert_allclose(got, oracle, rtol=1e-3, atol=1e-2 * float(jnp.abs(oracle).max()))
     # The scaled variants stay in the activation dtype (their shear is O(T / L)).
     assert (
-        _encoding('jordan_exact_scaled')
+        _encoding("jordan_exact_scaled")
         .transform_qk(
-            _encoding('jordan_exact_scaled').init_params(), q, k, jnp.arange(4), jnp.arange(4)
+            _encoding("jordan_exact_scaled").init_params(), q, k, jnp.arange(4), jnp.arange(4)
         )[0]
         .dtype
         == jnp.bfloat16
@@ -230,7 +230,7 @@ def test_raw_shear_stays_float32_under_bfloat16_inputs():
 
 
 def test_batched_positions_match_shared_positions():
-    enc = _encoding('jordan_exact_c150_eta010_alibi')
+    enc = _encoding("jordan_exact_c150_eta010_alibi")
     params = _perturbed(enc.init_params())
     q, k = _qk(5, 5)
     pos = jnp.arange(5)
@@ -240,7 +240,7 @@ def test_batched_positions_match_shared_positions():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', EXACT + STABILIZED)
+@pytest.mark.parametrize("name", EXACT + STABILIZED)
 def test_position_zero_is_the_identity(name):
     enc = _encoding(name)
     params = _perturbed(enc.init_params())
@@ -250,21 +250,21 @@ def test_position_zero_is_the_identity(name):
     if enc.cfg.jet_base is not None:
         # A learned alpha_0 makes A(0) = alpha_0 I: k scales by alpha_0 and q by 1 / alpha_0.
         alpha = np.repeat(
-            np.asarray(enc.physical_params(params)['jet_base']), 2 * enc.cfg.order, axis=-1
+            np.asarray(enc.physical_params(params)["jet_base"]), 2 * enc.cfg.order, axis=-1
         )
         q2, k2 = q2 * alpha[None, None], k2 / alpha[None, None]
     np.testing.assert_allclose(q2, q, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(k2, k, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', ('jordan_no_gamma', 'jordan_exact_scaled', 'jordan_m3'))
+@pytest.mark.parametrize("name", ("jordan_no_gamma", "jordan_exact_scaled", "jordan_m3"))
 def test_zero_eta_and_zero_gamma_give_rope_on_the_jordan_layout(name):
     cfg = jrope.pe_config_from_name(name, train_context=L, gamma_min=0.0, init_gamma=0.0)
     enc = jrope.make_encoding(cfg, NUM_HEADS, HEAD_DIM)
     params = enc.init_params()
-    if 'gamma_raw' in params:  # gamma = gamma_min + softplus(-inf) = 0
-        params['gamma_raw'] = jnp.full_like(params['gamma_raw'], -jnp.inf)
-    params['eta_raw'] = jnp.zeros_like(params['eta_raw'])
+    if "gamma_raw" in params:  # gamma = gamma_min + softplus(-inf) = 0
+        params["gamma_raw"] = jnp.full_like(params["gamma_raw"], -jnp.inf)
+    params["eta_raw"] = jnp.zeros_like(params["eta_raw"])
     order = enc.cfg.order
     num_blocks = HEAD_DIM // (2 * order)
     q, k = _qk(7, 7)
@@ -282,13 +282,13 @@ def test_zero_eta_and_zero_gamma_give_rope_on_the_jordan_layout(name):
             x.shape[:-2] + (HEAD_DIM,)
         )
 
-    expected = np.einsum('btnh,bsnh->bnts', rotate(q), rotate(k)) / math.sqrt(HEAD_DIM)
+    expected = np.einsum("btnh,bsnh->bnts", rotate(q), rotate(k)) / math.sqrt(HEAD_DIM)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_rope_is_the_textbook_rotation():
     """rope rotates each interleaved pair of q and k by R(+omega_b p), omega_b = theta^(-2b/H)."""
-    enc = _encoding('rope')
+    enc = _encoding("rope")
     q, k = _qk(3, 3)
     pos = jnp.array([0, 5, 900])
     q2, _ = enc.transform_qk({}, q, k, pos, pos, origin=0)
@@ -301,7 +301,7 @@ def test_rope_is_the_textbook_rotation():
 
 
 @pytest.mark.parametrize(
-    'num_heads,expected',
+    "num_heads,expected",
     [
         (4, [2**-2, 2**-4, 2**-6, 2**-8]),
         (8, [2.0**-k for k in range(1, 9)]),
@@ -314,54 +314,54 @@ def test_alibi_slopes(num_heads, expected):
 
 
 def test_alibi_bias_values():
-    enc = jrope.make_encoding(jrope.pe_config_from_name('alibi', train_context=L), 4, 8)
+    enc = jrope.make_encoding(jrope.pe_config_from_name("alibi", train_context=L), 4, 8)
     bias = enc.logit_bias({}, jnp.arange(3), jnp.arange(3))
     assert bias.shape == (4, 3, 3)
     np.testing.assert_allclose(bias[0], -0.25 * np.array([[0, 0, 0], [1, 0, 0], [2, 1, 0]]))
-    assert _encoding('rope').logit_bias({}, jnp.arange(3), jnp.arange(3)) is None
+    assert _encoding("rope").logit_bias({}, jnp.arange(3), jnp.arange(3)) is None
 
 
 @pytest.mark.parametrize(
-    'name',
+    "name",
     (
-        'jordan_rope',
-        'jordan_exact_m3_c010_eta100_eta1',
-        'damped_rope',
-        'jordan_jetmixfull_m3_c150_g100_g050_g030',
+        "jordan_rope",
+        "jordan_exact_m3_c010_eta100_eta1",
+        "damped_rope",
+        "jordan_jetmixfull_m3_c150_g100_g050_g030",
     ),
 )
 def test_initial_parameters_are_the_configured_ones(name):
     cfg = jrope.pe_config_from_name(name, train_context=1024, init_gamma=3e-4, init_eta=0.05)
     enc = jrope.make_encoding(cfg, NUM_HEADS, HEAD_DIM)
     phys = enc.physical_params(enc.init_params())
-    np.testing.assert_allclose(phys['gamma'], cfg.init_gamma, rtol=1e-6)
-    if cfg.shear == 'eta':
-        np.testing.assert_allclose(phys['eta'], cfg.init_eta, rtol=1e-6)
-    if cfg.shear == 'jet':
+    np.testing.assert_allclose(phys["gamma"], cfg.init_gamma, rtol=1e-6)
+    if cfg.shear == "eta":
+        np.testing.assert_allclose(phys["eta"], cfg.init_eta, rtol=1e-6)
+    if cfg.shear == "jet":
         np.testing.assert_allclose(
-            phys['jet_gates'],
-            np.asarray(cfg.jet_gates)[:, None, None] + 0 * phys['jet_gates'],
+            phys["jet_gates"],
+            np.asarray(cfg.jet_gates)[:, None, None] + 0 * phys["jet_gates"],
             rtol=1e-6,
         )
-        np.testing.assert_allclose(phys['jet_base'], cfg.jet_base, rtol=1e-6)
+        np.testing.assert_allclose(phys["jet_base"], cfg.jet_base, rtol=1e-6)
 
 
 def test_gamma_initialised_at_its_floor_sits_just_above_it():
     """softplus cannot reach 0: the reference's 1e-8 margin, and a usable gradient."""
-    enc = _encoding('jordan_rope')
+    enc = _encoding("jordan_rope")
     phys = enc.physical_params(enc.init_params())
-    np.testing.assert_allclose(phys['gamma'], 1e-4 + 1e-8, rtol=1e-6)
+    np.testing.assert_allclose(phys["gamma"], 1e-4 + 1e-8, rtol=1e-6)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    'name',
+    "name",
     (
-        'jordan_rope',
-        'jordan_exact_scaled',
-        'direct_sum',
-        'jordan_jetmixfull_m3_c150_g100_g050_g030',
-        'damped_rope',
+        "jordan_rope",
+        "jordan_exact_scaled",
+        "direct_sum",
+        "jordan_jetmixfull_m3_c150_g100_g050_g030",
+        "damped_rope",
     ),
 )
 def test_gradients_reach_every_parameter_and_are_finite(name):
@@ -381,7 +381,7 @@ def test_gradients_reach_every_parameter_and_are_finite(name):
         assert float(jnp.max(jnp.abs(g))) > 0
 
 
-@pytest.mark.parametrize('name', ('jordan_rope', 'jordan_exact_scaled'))
+@pytest.mark.parametrize("name", ("jordan_rope", "jordan_exact_scaled"))
 def test_rotation_is_evaluated_once_whatever_the_depth(name):
     """cos and sin of the angles do not depend on the layer: deeper models must not
     evaluate them again (a per-layer table with the rotation fused in did, per head)."""
@@ -399,7 +399,7 @@ def test_rotation_is_evaluated_once_whatever_the_depth(name):
 
         layers = [_perturbed(enc.init_params(), scale=0.1 * (i + 1)) for i in range(num_layers)]
         text = jax.jit(jax.grad(loss)).lower(layers).compile().as_text()
-        return text.count(' cosine(') + text.count(' sine(')
+        return text.count(" cosine(") + text.count(" sine(")
 
     one = compiled_trig_ops(1)
     assert one > 0
@@ -407,23 +407,23 @@ def test_rotation_is_evaluated_once_whatever_the_depth(name):
 
 
 @pytest.mark.parametrize(
-    'name,head_dim,block',
+    "name,head_dim,block",
     [
-        ('rope', 15, 2),
-        ('jordan_rope', 22, 4),
-        ('jordan_m3', 16, 6),
-        ('jordan_exact_m4', 20, 8),
-        ('direct_sum', 20, 8),
+        ("rope", 15, 2),
+        ("jordan_rope", 22, 4),
+        ("jordan_m3", 16, 6),
+        ("jordan_exact_m4", 20, 8),
+        ("direct_sum", 20, 8),
     ],
 )
 def test_head_dim_not_divisible_by_the_block_raises(name, head_dim, block):
     cfg = jrope.pe_config_from_name(name, train_context=L)
-    with pytest.raises(ValueError, match=f'head_dim {head_dim} is not divisible by {block}'):
+    with pytest.raises(ValueError, match=f"head_dim {head_dim} is not divisible by {block}"):
         jrope.make_encoding(cfg, NUM_HEADS, head_dim)
 
 
 def test_wrong_qk_shapes_raise():
-    enc = _encoding('rope')
+    enc = _encoding("rope")
     q, k = _qk(3, 3, head_dim=16)
-    with pytest.raises(ValueError, match='must be'):
+    with pytest.raises(ValueError, match="must be"):
         enc.transform_qk({}, q, k, jnp.arange(3), jnp.arange(3))

@@ -50,7 +50,7 @@ def test_splash_equals_xla_in_values_and_gradients(name):
     got_value, got_grads = _loss_and_grads(enc, "splash", q, k, v, cotangent)
     want_value, want_grads = _loss_and_grads(enc, "xla", q, k, v, cotangent)
     np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=False):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     assert jax.tree.leaves(got_grads[0]) or name == "rope"  # the encoding's parameters learn
 
@@ -77,7 +77,7 @@ def test_splash_under_a_device_mesh_splits_the_batch():
     assert "shard_map" in str(traced)
     want_value, want_grads = _loss_and_grads(enc, "xla", q, k, v, cotangent)
     np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=False):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
@@ -101,7 +101,7 @@ def test_the_cudnn_call_is_causal_attention_with_alibi_as_its_bias(monkeypatch, 
     want_value, want_grads = _loss_and_grads(enc, "einsum", q, k, v, cotangent)
     # bfloat16 inputs: about three significant digits.
     np.testing.assert_allclose(got_value, want_value, rtol=2e-2)
-    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=False):
         scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))
         np.testing.assert_allclose(
             got.astype(jnp.float32), want.astype(jnp.float32), atol=3e-2 * scale

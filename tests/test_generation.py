@@ -56,7 +56,7 @@ def _generate(cfg, graphdef, params, prompts, mesh=None, **settings):
 
 def _assert_same_rows(got, want):
     assert len(got) == len(want)
-    for row, (a, b) in enumerate(zip(got, want)):
+    for row, (a, b) in enumerate(zip(got, want, strict=False)):
         np.testing.assert_array_equal(a, b, err_msg=f"row {row}")
 
 
@@ -81,10 +81,10 @@ def test_seeded_sampling_draws_the_same_tokens_with_and_without_the_cache(tmp_pa
         cached, _generate(cfg, graphdef, params, PROMPTS, use_cache=False, **settings)
     )
     greedy = _generate(cfg, graphdef, params, PROMPTS, num_tokens=20)
-    assert any(np.any(a != b) for a, b in zip(cached, greedy))
+    assert any(np.any(a != b) for a, b in zip(cached, greedy, strict=False))
     other_seed = SamplingSettings(temperature=1.5, top_k=100, top_p=0.95, seed=4)
     redrawn = _generate(cfg, graphdef, params, PROMPTS, num_tokens=20, sampling=other_seed)
-    assert any(np.any(a != b) for a, b in zip(cached, redrawn))
+    assert any(np.any(a != b) for a, b in zip(cached, redrawn, strict=False))
 
 
 def test_a_row_stops_after_its_stop_token(tmp_path):
@@ -93,7 +93,7 @@ def test_a_row_stops_after_its_stop_token(tmp_path):
     stop = int(free[0][3])
     first_stops = [int(np.argmax(row == stop)) if np.any(row == stop) else None for row in free]
     stopped = _generate(cfg, graphdef, params, PROMPTS[:2], num_tokens=12, stop_token=stop)
-    for row, first in zip(range(2), first_stops):
+    for row, first in zip(range(2), first_stops, strict=False):
         want = free[row] if first is None else free[row][: first + 1]
         np.testing.assert_array_equal(stopped[row], want)
     assert len(stopped[0]) <= 4 and stopped[0][-1] == stop

@@ -14,74 +14,74 @@ def _fields(cfg):
 
 
 EXPECTED = {
-    'nope': dict(layout='none', alibi=False),
-    'rope': dict(layout='rope', order=1, learn_gamma=False, shear='none', alibi=False),
-    'alibi': dict(layout='none', alibi=True),
-    'rope_alibi': dict(layout='rope', alibi=True),
-    'damped_rope': dict(layout='jordan', order=2, learn_gamma=True, shear='none'),
-    'real_jordan': dict(
-        layout='jordan', rotate=False, learn_gamma=True, shear='eta', shear_time='bounded'
+    "nope": dict(layout="none", alibi=False),
+    "rope": dict(layout="rope", order=1, learn_gamma=False, shear="none", alibi=False),
+    "alibi": dict(layout="none", alibi=True),
+    "rope_alibi": dict(layout="rope", alibi=True),
+    "damped_rope": dict(layout="jordan", order=2, learn_gamma=True, shear="none"),
+    "real_jordan": dict(
+        layout="jordan", rotate=False, learn_gamma=True, shear="eta", shear_time="bounded"
     ),
-    'direct_sum': dict(layout='direct_sum', learn_gamma=True, shear='eta', shear_time='bounded'),
-    'jordan_rope': dict(
-        layout='jordan',
+    "direct_sum": dict(layout="direct_sum", learn_gamma=True, shear="eta", shear_time="bounded"),
+    "jordan_rope": dict(
+        layout="jordan",
         order=2,
         learn_gamma=True,
         gamma_min=1e-4,
         init_gamma=1e-4,
-        shear='eta',
-        shear_time='bounded',
+        shear="eta",
+        shear_time="bounded",
         shear_scale=1.0,
         eta_max=0.1,
         init_eta=0.0,
     ),
-    'jordan_no_gamma': dict(learn_gamma=False, shear='eta', shear_time='bounded'),
-    'jordan_raw_tau': dict(learn_gamma=True, shear='eta', shear_time='raw', shear_scale=1.0),
-    'jordan_m3': dict(order=3, shear='eta', shear_time='bounded'),
-    'jordan_m4': dict(order=4, shear='eta', shear_time='bounded'),
-    'jordan_eta020': dict(order=2, init_eta=0.02, eta_max=0.1, shear_time='bounded'),
-    'jordan_exact_scaled': dict(
+    "jordan_no_gamma": dict(learn_gamma=False, shear="eta", shear_time="bounded"),
+    "jordan_raw_tau": dict(learn_gamma=True, shear="eta", shear_time="raw", shear_scale=1.0),
+    "jordan_m3": dict(order=3, shear="eta", shear_time="bounded"),
+    "jordan_m4": dict(order=4, shear="eta", shear_time="bounded"),
+    "jordan_eta020": dict(order=2, init_eta=0.02, eta_max=0.1, shear_time="bounded"),
+    "jordan_exact_scaled": dict(
         order=2,
         gamma_min=0.0,
         init_gamma=1.0 / L,
-        shear='eta',
-        shear_time='raw',
+        shear="eta",
+        shear_time="raw",
         shear_scale=1.0 / L,
         init_eta=0.0,
         eta_max=0.1,
     ),
-    'jordan_exact_c150_eta010_alibi': dict(
+    "jordan_exact_c150_eta010_alibi": dict(
         init_gamma=1.5 / L,
         gamma_min=0.0,
         init_eta=0.01,
-        shear_time='raw',
+        shear_time="raw",
         shear_scale=1.0 / L,
         alibi=True,
     ),
-    'jordan_exact_m3_c010_eta100_eta1': dict(
-        order=3, init_gamma=0.1 / L, init_eta=0.1, eta_max=1.0, shear_time='raw'
+    "jordan_exact_m3_c010_eta100_eta1": dict(
+        order=3, init_gamma=0.1 / L, init_eta=0.1, eta_max=1.0, shear_time="raw"
     ),
-    'jordan_exact_m3': dict(order=3, init_gamma=1.0 / L, shear_time='raw'),
-    'jordan_jetmix_m4_c150_g050_g030_g020': dict(
+    "jordan_exact_m3": dict(order=3, init_gamma=1.0 / L, shear_time="raw"),
+    "jordan_jetmix_m4_c150_g050_g030_g020": dict(
         order=4,
-        shear='jet',
+        shear="jet",
         jet_gates=(0.5, 0.3, 0.2),
         jet_base=None,
         jet_gate_max=1.0,
         init_gamma=1.5 / L,
         gamma_min=0.0,
-        shear_time='bounded',
+        shear_time="bounded",
         shear_scale=1.0 / L,
     ),
-    'jordan_jetmixfull_m3_c150_g100_g050_g030': dict(
-        order=3, shear='jet', jet_base=1.0, jet_gates=(0.5, 0.3), jet_gate_max=2.0
+    "jordan_jetmixfull_m3_c150_g100_g050_g030": dict(
+        order=3, shear="jet", jet_base=1.0, jet_gates=(0.5, 0.3), jet_gate_max=2.0
     ),
-    'jordan_rope_alibi': dict(layout='jordan', shear_time='bounded', alibi=True),
-    'damped_rope_alibi': dict(layout='jordan', shear='none', alibi=True),
+    "jordan_rope_alibi": dict(layout="jordan", shear_time="bounded", alibi=True),
+    "damped_rope_alibi": dict(layout="jordan", shear="none", alibi=True),
 }
 
 
-@pytest.mark.parametrize('name', sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_paper_names_parse_to_the_expected_config(name):
     cfg = jrope.pe_config_from_name(name, train_context=L)
     fields = _fields(cfg)
@@ -101,7 +101,7 @@ def test_base_settings_pass_through_and_suffixes_override_them():
     base = dict(
         train_context=512, theta=500.0, gamma_min=2e-4, init_gamma=5e-4, eta_max=0.3, init_eta=0.2
     )
-    cfg = jrope.pe_config_from_name('jordan_rope', **base)
+    cfg = jrope.pe_config_from_name("jordan_rope", **base)
     assert (cfg.theta, cfg.gamma_min, cfg.init_gamma, cfg.eta_max, cfg.init_eta) == (
         500.0,
         2e-4,
@@ -110,10 +110,10 @@ def test_base_settings_pass_through_and_suffixes_override_them():
         0.2,
     )
     # _eta{xyz} overrides init_eta; the base eta_max stays.
-    cfg = jrope.pe_config_from_name('jordan_eta050', **base)
+    cfg = jrope.pe_config_from_name("jordan_eta050", **base)
     assert (cfg.init_eta, cfg.eta_max) == (0.05, 0.3)
     # The exact family overrides gamma_min/init_gamma from c and L, keeps the base init_eta.
-    cfg = jrope.pe_config_from_name('jordan_exact_c200', **base)
+    cfg = jrope.pe_config_from_name("jordan_exact_c200", **base)
     assert (cfg.gamma_min, cfg.init_gamma, cfg.init_eta) == (0.0, 2.0 / 512, 0.2)
 
 
@@ -122,38 +122,38 @@ def test_translation_invariance_follows_the_group_law():
         n: jrope.pe_config_from_name(n, train_context=L).is_translation_invariant for n in EXPECTED
     }
     assert {n for n, v in invariant.items() if v} == {
-        'nope',
-        'rope',
-        'alibi',
-        'rope_alibi',
-        'damped_rope',
-        'damped_rope_alibi',
-        'jordan_raw_tau',
-        'jordan_exact_scaled',
-        'jordan_exact_c150_eta010_alibi',
-        'jordan_exact_m3_c010_eta100_eta1',
-        'jordan_exact_m3',
+        "nope",
+        "rope",
+        "alibi",
+        "rope_alibi",
+        "damped_rope",
+        "damped_rope_alibi",
+        "jordan_raw_tau",
+        "jordan_exact_scaled",
+        "jordan_exact_c150_eta010_alibi",
+        "jordan_exact_m3_c010_eta100_eta1",
+        "jordan_exact_m3",
     }
 
 
 @pytest.mark.parametrize(
-    'name',
+    "name",
     [
-        'jordan',
-        'Rope',
-        'rope_',
-        'jordan_exact_c1x0',
-        'jordan_exact_foo',
-        'jordan_jetmix_m4_g050',
-        'jordan_jetmixfull_m3_g100_g050',
-        'jordan_m',
-        'jordan_etaabc',
-        'rope_alibi_alibi',
-        'nope_alibi',
-        'direct',
-        '',
-        'jordan_m1',
-        'jordan_eta200',
+        "jordan",
+        "Rope",
+        "rope_",
+        "jordan_exact_c1x0",
+        "jordan_exact_foo",
+        "jordan_jetmix_m4_g050",
+        "jordan_jetmixfull_m3_g100_g050",
+        "jordan_m",
+        "jordan_etaabc",
+        "rope_alibi_alibi",
+        "nope_alibi",
+        "direct",
+        "",
+        "jordan_m1",
+        "jordan_eta200",
     ],
 )
 def test_malformed_names_raise_with_the_accepted_forms(name):
@@ -163,16 +163,16 @@ def test_malformed_names_raise_with_the_accepted_forms(name):
     assert repr(name) in message
     # Unknown names list what is accepted; valid names with bad values name the fix.
     assert (
-        'accepted position-encoding names' in message
-        or 'eta_max' in message
-        or 'order m >= 2' in message
+        "accepted position-encoding names" in message
+        or "eta_max" in message
+        or "order m >= 2" in message
     )
 
 
 def test_bad_base_settings_raise():
-    with pytest.raises(ValueError, match='train_context'):
-        jrope.pe_config_from_name('rope', train_context=0)
-    with pytest.raises(ValueError, match='gamma_min <= init_gamma'):
-        jrope.pe_config_from_name('jordan_rope', train_context=L, gamma_min=1e-3, init_gamma=1e-4)
-    with pytest.raises(ValueError, match='exceeds eta_max'):
-        jrope.pe_config_from_name('jordan_rope', train_context=L, init_eta=0.5)
+    with pytest.raises(ValueError, match="train_context"):
+        jrope.pe_config_from_name("rope", train_context=0)
+    with pytest.raises(ValueError, match="gamma_min <= init_gamma"):
+        jrope.pe_config_from_name("jordan_rope", train_context=L, gamma_min=1e-3, init_gamma=1e-4)
+    with pytest.raises(ValueError, match="exceeds eta_max"):
+        jrope.pe_config_from_name("jordan_rope", train_context=L, init_eta=0.5)

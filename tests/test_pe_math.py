@@ -26,7 +26,7 @@ def _random_block(seed):
     )
 
 
-@pytest.mark.parametrize('order', ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 def test_complex_closed_form_is_expm_and_obeys_group_law(order):
     gamma, omega, eta = _random_block(order)
     generator = pe_math.complex_generator(gamma, omega, eta, order)
@@ -46,7 +46,7 @@ def test_complex_closed_form_is_expm_and_obeys_group_law(order):
     np.testing.assert_allclose(ga @ gb, gab, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('order', ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 def test_real_closed_form_is_expm_and_obeys_group_law(order):
     gamma, omega, eta = _random_block(10 + order)
     generator = pe_math.real_generator(gamma, omega, eta, order)
@@ -65,7 +65,7 @@ def test_real_closed_form_is_expm_and_obeys_group_law(order):
         np.testing.assert_allclose(g(d), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('order', ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 def test_real_form_matches_complex_form(order):
     """The interleaved (re, im) real matrix is the realification of the complex one."""
     gamma, omega, eta = _random_block(20 + order)
@@ -78,7 +78,7 @@ def test_real_form_matches_complex_form(order):
             np.testing.assert_allclose(block, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize('order', ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 def test_toeplitz_inverse_inverts_any_sequence(order):
     rng = np.random.default_rng(order)
     coefficients = [float(c) for c in rng.uniform(0.5, 2.0, size=order)]
@@ -94,7 +94,7 @@ def test_toeplitz_inverse_inverts_any_sequence(order):
     )
 
 
-@pytest.mark.parametrize('order', ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 def test_contragredient_maps_give_the_relative_operator(order):
     """query_map(q, i) . key_map(k, j) == q^T G(i - j) k for the exact chain."""
     gamma, omega, eta = _random_block(30 + order)
@@ -124,8 +124,8 @@ def test_contragredient_maps_give_the_relative_operator(order):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('order', (1, 2, 3))
-@pytest.mark.parametrize('direction', (1, -1))
+@pytest.mark.parametrize("order", (1, 2, 3))
+@pytest.mark.parametrize("direction", (1, -1))
 def test_apply_map_gradient_matches_autodiff_of_its_formula(order, direction):
     """The custom VJP (batch sum as a matmul by ones) equals plain autodiff.
 
@@ -146,7 +146,7 @@ def test_apply_map_gradient_matches_autodiff_of_its_formula(order, direction):
 
         out, expected_out, grads, expected_grads = both(x, tables)
         np.testing.assert_allclose(out, expected_out, rtol=1e-6, atol=1e-6)
-        for grad, expected in zip(grads, expected_grads):
+        for grad, expected in zip(grads, expected_grads, strict=False):
             assert grad.shape == expected.shape
             np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-5)
     # Undifferentiated, tables materialized (broadcast) or fused (one per row) alike.

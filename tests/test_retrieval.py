@@ -43,7 +43,9 @@ def test_label_is_recoverable_from_the_sequence():
     for step in range(5):
         batch = source.train_batch(step)
         assert batch["inputs"].shape == (16, 64) and batch["inputs"].dtype == np.int32
-        for tokens, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+        for tokens, targets, weights in zip(
+            batch["inputs"], batch["targets"], batch["weights"], strict=False
+        ):
             _check_structure(CFG, tokens)
             value, distance = _answer_from_sequence(CFG, tokens)
             assert targets[-1] == value and not targets[:-1].any()
@@ -67,7 +69,7 @@ def test_distance_evaluation_places_the_target_pair():
     )
     for distance in (4, 16, 40, 62):
         for batch in source.distance_eval_batches(64, distance, 8, 4):
-            for tokens, targets in zip(batch["inputs"], batch["targets"]):
+            for tokens, targets in zip(batch["inputs"], batch["targets"], strict=False):
                 _check_structure(cfg, tokens)
                 assert _answer_from_sequence(cfg, tokens) == (targets[-1], distance)
     with pytest.raises(ValueError, match="does not fit"):

@@ -86,7 +86,7 @@ def _damage_until_the_state_changes(path, original: bytes, damage, workdir, inta
             restored = checkpoint_arrays(workdir, 16)
         except Exception:  # unreadable: damage enough
             return
-        if any(not np.array_equal(a, b) for a, b in zip(restored, intact)):
+        if any(not np.array_equal(a, b) for a, b in zip(restored, intact, strict=False)):
             return
     raise AssertionError(f"no damage of {path} changed what checkpoint 16 restores")
 

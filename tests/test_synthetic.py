@@ -103,7 +103,7 @@ def test_same_data_from_new_source_objects_and_different_steps_differ():
     eval_a = list(first.eval_batches(2 * TRAIN_LEN, 12, 6))
     eval_b = list(second.eval_batches(2 * TRAIN_LEN, 12, 6))
     assert len(eval_a) == 2
-    for x, y in zip(eval_a, eval_b):
+    for x, y in zip(eval_a, eval_b, strict=False):
         np.testing.assert_array_equal(x["inputs"], y["inputs"])
         np.testing.assert_array_equal(x["targets"], y["targets"])
     assert not np.array_equal(eval_a[0]["inputs"], eval_a[1]["inputs"])

@@ -145,13 +145,15 @@ def test_signal_regression_trains_evaluates_and_resumes(tmp_path):
     resumed = train_and_evaluate(
         tiny_signal_config(num_steps=4, **settings), str(tmp_path / "resumed")
     )
-    for got, want in zip(jax.tree.leaves(resumed["state"]), jax.tree.leaves(straight["state"])):
+    for got, want in zip(
+        jax.tree.leaves(resumed["state"]), jax.tree.leaves(straight["state"]), strict=False
+    ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     rows = resumed["eval"]
     assert [row["length"] for row in rows] == [16, 32]
     for row in rows:
         assert row["loss"] > 0 and math.isfinite(row["r2"]) and math.isnan(row["accuracy"])
-    for got, want in zip(rows, straight["eval"]):
+    for got, want in zip(rows, straight["eval"], strict=False):
         assert (got["loss"], got["r2"]) == (want["loss"], want["r2"])
     with open(tmp_path / "resumed" / "eval_step4" / "eval.csv", encoding="utf-8") as f:
         written = list(csv.DictReader(f))

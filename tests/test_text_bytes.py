@@ -64,7 +64,7 @@ def test_windows_are_contiguous_text(corpus_files, vocab_size):
     assert batch["inputs"].dtype == batch["targets"].dtype == np.int32
     assert batch["weights"].dtype == np.float32 and np.all(batch["weights"] == 1.0)
     np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
-    for inputs, targets in zip(batch["inputs"], batch["targets"]):
+    for inputs, targets in zip(batch["inputs"], batch["targets"], strict=False):
         window = np.concatenate([inputs, targets[-1:]]) - (vocab_size - 256)
         assert window.astype(np.uint8).tobytes() in text
 
@@ -115,7 +115,7 @@ def test_eval_windows_fixed_per_length_whatever_the_batching(corpus_files):
     shares = [ByteTextSource(_config(corpus_files), 4, index, 2) for index in range(2)]
     per_process = [list(share.eval_batches(64, 8, 4)) for share in shares]
     interleaved = np.concatenate(
-        [np.concatenate([p0["inputs"], p1["inputs"]]) for p0, p1 in zip(*per_process)]
+        [np.concatenate([p0["inputs"], p1["inputs"]]) for p0, p1 in zip(*per_process, strict=False)]
     )
     np.testing.assert_array_equal(interleaved, by_two)
     assert by_two.shape == (8, 64)
@@ -162,7 +162,7 @@ def test_directory_files_joined_with_newlines_in_path_order(tmp_path):
         cache_dir=str(tmp_path / "cache"),
     )
     source = ByteTextSource(cfg, 2, 0, 1)
-    assert source.train_corpus.tobytes() == "one é\nzwei ü".encode("utf-8")
+    assert source.train_corpus.tobytes() == "one é\nzwei ü".encode()
 
 
 def test_bad_input_raises_clear_errors(tmp_path, corpus_files):

@@ -86,11 +86,13 @@ def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     assert sharding.make_mesh(cfg.mesh).devices.shape == (data, fsdp, tensor)
     sharded_state, sharded_history = _run_steps(cfg, None, 2)
     single_state, single_history = _four_head_one_device_run()
-    for got, want in zip(sharded_history, single_history):
+    for got, want in zip(sharded_history, single_history, strict=False):
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
         np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-5)
     for got, want in zip(
-        jax.tree.leaves(sharded_state["params"]), jax.tree.leaves(single_state["params"])
+        jax.tree.leaves(sharded_state["params"]),
+        jax.tree.leaves(single_state["params"]),
+        strict=False,
     ):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -128,7 +130,7 @@ def test_last_position_readout_rejects_weights_elsewhere():
 def test_bfloat16_compute_loss_close_to_float32():
     _, bf16 = _run_steps(tiny_config(**{"model.compute_dtype": "bfloat16"}), _one_device(), 2)
     # float32 gives the golden losses; bf16 activations agree to about 2 significant digits.
-    for got, want in zip(bf16, (GOLDEN_LOSS_STEP_1, GOLDEN_LOSS_STEP_2)):
+    for got, want in zip(bf16, (GOLDEN_LOSS_STEP_1, GOLDEN_LOSS_STEP_2), strict=False):
         np.testing.assert_allclose(got["loss"], want, rtol=2e-2)
         assert got["loss"] != want  # the bf16 path really ran
 
@@ -141,9 +143,11 @@ def test_train_then_resume_equals_uninterrupted_run(tmp_path):
     train_and_evaluate(tiny_config(num_steps=2, **overrides), str(tmp_path / "resumed"))
     resumed = train_and_evaluate(tiny_config(num_steps=4, **overrides), str(tmp_path / "resumed"))
     assert int(resumed["state"]["step"]) == 4
-    for got, want in zip(jax.tree.leaves(resumed["state"]), jax.tree.leaves(straight["state"])):
+    for got, want in zip(
+        jax.tree.leaves(resumed["state"]), jax.tree.leaves(straight["state"]), strict=False
+    ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    for got, want in zip(resumed["eval"], straight["eval"]):
+    for got, want in zip(resumed["eval"], straight["eval"], strict=False):
         assert (got["loss"], got["accuracy"]) == (want["loss"], want["accuracy"])
     # The resumed run logged only its own steps 3 and 4 after the first run's 1 and 2.
     with open(tmp_path / "resumed" / "metrics.jsonl") as f:

@@ -155,9 +155,7 @@ def test_builds_from_extracted_files(tmp_path, dataset, in_archive_folder):
 
 
 @both_datasets
-def test_offline_without_data_fails_at_once_with_directions(
-    tmp_path, monkeypatch, caplog, dataset
-):
+def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatch, caplog, dataset):
     monkeypatch.setattr(wikitext, "archive_host_reachable", lambda: False)
     archive = wikitext.BUILDERS[dataset].ARCHIVE
     manual = tmp_path / "manual"

@@ -51,7 +51,7 @@ def pad_to_blocks(x, positions, padded_len):
         x = jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
         if positions is not None:
             positions = jnp.pad(
-                positions, [(0, 0)] * (positions.ndim - 1) + [(0, extra)], mode='edge'
+                positions, [(0, 0)] * (positions.ndim - 1) + [(0, extra)], mode="edge"
             )
     if positions is not None:
         positions = positions.astype(jnp.int32)
@@ -84,7 +84,7 @@ def key_block_ends(layout: Layout, q_positions, k_positions) -> jax.Array:
     suffix_min = jax.lax.cummin(key_min, axis=1, reverse=True)  # [B|1, nk], non-decreasing
     query_max = q_rows.max(-1)  # [B|1, nq]
     rows = max(suffix_min.shape[0], query_max.shape[0])
-    ends = jax.vmap(lambda keys, queries: jnp.searchsorted(keys, queries, side='right'))(
+    ends = jax.vmap(lambda keys, queries: jnp.searchsorted(keys, queries, side="right"))(
         jnp.broadcast_to(suffix_min, (rows, layout.num_k_blocks)),
         jnp.broadcast_to(query_max, (rows, layout.num_q_blocks)),
     )
@@ -139,7 +139,7 @@ def pair_logits(enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype, precision)
     k2 = pair_keys(enc, params, keys_blk, qpos_blk, kpos_blk, dtype)
     dtype = jnp.promote_types(q2.dtype, k2.dtype)
     logits = jnp.einsum(
-        'btnh,bsnh->bnts',
+        "btnh,bsnh->bnts",
         q2.astype(dtype),
         k2.astype(dtype),
         preferred_element_type=jnp.float32,

@@ -120,30 +120,30 @@ def blockwise_attention(
 def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
-            f'q, k, v must be [B, T, N, H], [B, S, N, H], [B, S, N, H]; '
-            f'got shapes {q.shape}, {k.shape}, {v.shape}.'
+            f"q, k, v must be [B, T, N, H], [B, S, N, H], [B, S, N, H]; "
+            f"got shapes {q.shape}, {k.shape}, {v.shape}."
         )
     if k.shape != v.shape:
         raise ValueError(
-            f'k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}.'
+            f"k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}."
         )
     if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f'q {q.shape} and k {k.shape} must agree in batch, heads and head dim.')
+        raise ValueError(f"q {q.shape} and k {k.shape} must agree in batch, heads and head dim.")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f'block_size must be a positive int; got {block_size!r}.')
+        raise ValueError(f"block_size must be a positive int; got {block_size!r}.")
     for name, positions, length in (
-        ('q_positions', q_positions, q.shape[1]),
-        ('k_positions', k_positions, k.shape[1]),
+        ("q_positions", q_positions, q.shape[1]),
+        ("k_positions", k_positions, k.shape[1]),
     ):
         if positions.shape not in ((length,), (q.shape[0], length)):
             raise ValueError(
-                f'{name} must have shape [{length}] or [{q.shape[0]}, {length}] '
-                f'(sequence length, optionally batch first); got {positions.shape}.'
+                f"{name} must have shape [{length}] or [{q.shape[0]}, {length}] "
+                f"(sequence length, optionally batch first); got {positions.shape}."
             )
         if not jnp.issubdtype(positions.dtype, jnp.integer):
             raise ValueError(
-                f'{name} must be integer positions; got dtype {positions.dtype}. '
-                f'Pass e.g. jnp.arange(T, dtype=jnp.int32).'
+                f"{name} must be integer positions; got dtype {positions.dtype}. "
+                f"Pass e.g. jnp.arange(T, dtype=jnp.int32)."
             )
 
 
@@ -176,7 +176,7 @@ def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positio
             probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
             v_blk = blocks.slice_seq(v, k_start, bk)
             acc = acc * correction[..., None] + jnp.einsum(
-                'bnts,bsnh->bnth',
+                "bnts,bsnh->bnth",
                 probs.astype(v.dtype),
                 v_blk,
                 preferred_element_type=jnp.float32,
@@ -209,7 +209,7 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
     ends = blocks.key_block_ends(layout, q_positions, k_positions)
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
-    delta = jnp.einsum('btnh,btnh->bnt', d_out, out.astype(jnp.float32), precision=layout.precision)
+    delta = jnp.einsum("btnh,btnh->bnt", d_out, out.astype(jnp.float32), precision=layout.precision)
     if blocks.premaps_keys(enc):
         # dk collects the premapped keys' cotangent, pulled back through the premap once.
         keys, keys_pullback = jax.vjp(
@@ -248,10 +248,10 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
             mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
             v_blk = blocks.slice_seq(v, k_start, bk).astype(jnp.float32)
-            d_probs = jnp.einsum('btnh,bsnh->bnts', d_out_blk, v_blk, precision=layout.precision)
+            d_probs = jnp.einsum("btnh,bsnh->bnts", d_out_blk, v_blk, precision=layout.precision)
             d_logits = probs * (d_probs - delta_blk[..., None])
             d_params_pair, dq2_pair, dk_pair = pullback(d_logits)
-            dv_pair = jnp.einsum('bnts,btnh->bsnh', probs, d_out_blk, precision=layout.precision)
+            dv_pair = jnp.einsum("bnts,btnh->bsnh", probs, d_out_blk, precision=layout.precision)
             dk = blocks.add_to_slice(dk, dk_pair, k_start)
             dv = blocks.add_to_slice(dv, dv_pair, k_start)
             dparams = jax.tree.map(

@@ -169,7 +169,7 @@ def _chunked_backward(precision, residuals, d_out):
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_q_rows, d_k_parts, d_v_parts, d_bias_rows = [], [], [], []
     dot = functools.partial(jnp.einsum, preferred_element_type=jnp.float32, precision=precision)
-    for (start, stop, key_stop), (unnormalised, row_sum) in zip(bounds, saved):
+    for (start, stop, key_stop), (unnormalised, row_sum) in zip(bounds, saved, strict=False):
         d_scaled = d_out[:, :, start:stop] / row_sum[..., None]
         d_v_parts.append(dot("bnts,bnth->bnsh", unnormalised, d_scaled))
         d_probs = dot("bnth,bnsh->bnts", d_scaled, v[:, :, :key_stop])

@@ -41,7 +41,7 @@ All arithmetic is host-side numpy in float64.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

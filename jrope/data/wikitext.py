@@ -138,7 +138,7 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def _manual_download_instructions(archive: WikiTextArchive) -> str:
     return f"""
     Put the official archive {archive.archive_name} (from {archive.archive_url}), or the
-    three files {', '.join(SPLIT_FILES.values())} extracted from it, in the
+    three files {", ".join(SPLIT_FILES.values())} extracted from it, in the
     manual directory.
     """
 

@@ -41,11 +41,11 @@ from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Experiment config file.', lock_config=True
+    "config", None, "Experiment config file.", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Root directory of the comparison.')
-_METHODS = flags.DEFINE_list('methods', None, 'Position-encoding names to compare.')
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every method.')
+_WORKDIR = flags.DEFINE_string("workdir", None, "Root directory of the comparison.")
+_METHODS = flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
 _PROCESS_FLAGS = distributed.define_flags()
 
 
@@ -59,7 +59,7 @@ def run_comparison(
     runs = {
         (method, seed): (
             _run_config(config, method, seed),
-            epath.Path(workdir) / method / f'seed{seed}',
+            epath.Path(workdir) / method / f"seed{seed}",
         )
         for seed in seeds
         for method in methods
@@ -69,10 +69,10 @@ def run_comparison(
     for (method, seed), (_, run_dir) in runs.items():
         num_steps = checked[method, seed].num_steps
         if evaluation.finished_results(run_dir, num_steps) is None:
-            say(f'{method} seed {seed}: training in {run_dir}')
+            say(f"{method} seed {seed}: training in {run_dir}")
             train_and_evaluate(checked[method, seed], str(run_dir))
         else:
-            say(f'{method} seed {seed}: finished earlier, reading its results in {run_dir}')
+            say(f"{method} seed {seed}: finished earlier, reading its results in {run_dir}")
         rows.extend(evaluation.read_results(evaluation.finished_results(run_dir, num_steps)))
     if jax.process_index() == 0:
         write_comparison(rows, workdir)
@@ -98,7 +98,7 @@ def _check_every_run(runs: dict) -> dict:
             for problem in error.problems:
                 problems[problem].append((method, seed))
     if problems:
-        lines = [f'{_which_runs(where)}: {problem}' for problem, where in problems.items()]
+        lines = [f"{_which_runs(where)}: {problem}" for problem, where in problems.items()]
         raise (DataError if only_data else ConfigError)(lines)
     return checked
 
@@ -108,7 +108,7 @@ def _which_runs(runs: list[tuple[str, int]]) -> str:
     seeds_by_method = collections.defaultdict(list)
     for method, seed in runs:
         seeds_by_method[method].append(str(seed))
-    return '; '.join(
+    return "; ".join(
         f"{method} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
         for method, seeds in seeds_by_method.items()
     )
@@ -116,9 +116,9 @@ def _which_runs(runs: list[tuple[str, int]]) -> str:
 
 def task_of(rows: Sequence[dict[str, Any]]) -> str:
     """The task the rows come from (jrope.data.source.TASKS), read off which metrics are set."""
-    if not np.isnan(rows[0]['bits_per_byte']):
-        return 'language_model'
-    return 'regression' if not np.isnan(rows[0]['r2']) else 'classification'
+    if not np.isnan(rows[0]["bits_per_byte"]):
+        return "language_model"
+    return "regression" if not np.isnan(rows[0]["r2"]) else "classification"
 
 
 def summarize(
@@ -128,8 +128,8 @@ def summarize(
     (None: the rows over the source's own evaluation sequences)."""
     grouped: dict[str, dict[int, list[float]]] = {}
     for row in rows:
-        if row['distance'] == distance:
-            grouped.setdefault(row['method'], {}).setdefault(row['length'], []).append(row[metric])
+        if row["distance"] == distance:
+            grouped.setdefault(row["method"], {}).setdefault(row["length"], []).append(row[metric])
     return {
         method: {
             length: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
@@ -142,48 +142,48 @@ def summarize(
 def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown: one line per method, 'mean ± std' per length, seeds counted."""
     summary = summarize(rows, metric)
-    lengths = sorted({row['length'] for row in rows})
+    lengths = sorted({row["length"] for row in rows})
     cells = []
     for method, by_length in summary.items():
         seeds = min(n for _, _, n in by_length.values())
         cells.append(
             [method, str(seeds)] + [_mean_and_spread(*by_length[length]) for length in lengths]
         )
-    title = f'{metric}: mean ± std over seeds ({rows[0]["num_sequences"]} sequences per length)'
-    header = ['method', 'seeds'] + [str(length) for length in lengths]
-    return f'{title}\n\n' + reporting.markdown_table(header, cells)
+    title = f"{metric}: mean ± std over seeds ({rows[0]['num_sequences']} sequences per length)"
+    header = ["method", "seeds"] + [str(length) for length in lengths]
+    return f"{title}\n\n" + reporting.markdown_table(header, cells)
 
 
 def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown: per length, one line per method, 'mean ± std' per distance ('' without such rows)."""
     tables = []
-    for length in sorted({row['length'] for row in rows if row['distance'] is not None}):
-        distances = sorted({r['distance'] for r in rows if r['length'] == length} - {None})
+    for length in sorted({row["length"] for row in rows if row["distance"] is not None}):
+        distances = sorted({r["distance"] for r in rows if r["length"] == length} - {None})
         by_distance = {d: summarize(rows, metric, d) for d in distances}
         cells = [
             [method] + [_mean_and_spread(*by_distance[d][method][length]) for d in distances]
             for method in by_distance[distances[0]]
         ]
-        header = ['method'] + [f'd={d}' for d in distances]
-        title = f'{metric} at length {length} by key-to-query distance d: mean ± std over seeds'
-        tables.append(f'{title}\n\n' + reporting.markdown_table(header, cells))
-    return '\n'.join(tables)
+        header = ["method"] + [f"d={d}" for d in distances]
+        title = f"{metric} at length {length} by key-to-query distance d: mean ± std over seeds"
+        tables.append(f"{title}\n\n" + reporting.markdown_table(header, cells))
+    return "\n".join(tables)
 
 
 def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
     # One seed has no spread to report; a '± 0.000' would claim one.
-    return f'{mean:.3f}' if num_seeds == 1 else f'{mean:.3f} ± {spread:.3f}'
+    return f"{mean:.3f}" if num_seeds == 1 else f"{mean:.3f} ± {spread:.3f}"
 
 
 def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
     """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
     metric per distance), .png (curves of the headline metric against length)."""
     workdir = epath.Path(workdir)
-    reporting.write_csv(workdir / 'comparison.csv', rows, CSV_COLUMNS)
+    reporting.write_csv(workdir / "comparison.csv", rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
     tables = [comparison_table(rows, metric) for metric in metrics]
     tables.append(distance_tables(rows, metrics[0]))
-    reporting.write_text(workdir / 'comparison.md', '\n'.join(filter(None, tables)))
+    reporting.write_text(workdir / "comparison.md", "\n".join(filter(None, tables)))
     curves = {
         method: (
             list(by_length),
@@ -192,27 +192,29 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
         )
         for method, by_length in summarize(rows, metrics[0]).items()
     }
-    reporting.plot_against_length(workdir / 'comparison.png', curves, ylabel=metrics[0])
+    reporting.plot_against_length(workdir / "comparison.png", curves, ylabel=metrics[0])
 
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not _METHODS.value:
-        raise app.UsageError('--methods is required, e.g. --methods=rope,jordan_rope')
+        raise app.UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
     try:
         seeds = [int(seed) for seed in _SEEDS.value]
     except ValueError:
-        raise app.UsageError(f'--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}.')
+        raise app.UsageError(
+            f"--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}."
+        ) from None
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     run_comparison(_CONFIG.value, _METHODS.value, seeds, _WORKDIR.value)
 
 
 def run_main() -> None:
     """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
-    flags.mark_flags_as_required(['config', 'workdir'])
+    flags.mark_flags_as_required(["config", "workdir"])
     cli.run(main)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     run_main()

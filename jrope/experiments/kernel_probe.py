@@ -37,7 +37,8 @@ benchmarks' kernels) are defined in jrope.experiments.probe_targets.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -127,7 +128,7 @@ class KernelProbeConfig:
             method_pe_config(method, self)  # an unknown name fails here, listing the accepted forms
 
     @classmethod
-    def from_config_dict(cls, config: Mapping[str, Any]) -> "KernelProbeConfig":
+    def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
         """From the whole experiment ConfigDict: its one section, `probe`."""
         if set(config.keys()) != {"probe"}:
             raise ValueError(

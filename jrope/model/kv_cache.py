@@ -286,7 +286,7 @@ def rebase(model: Transformer, cache: KVCache) -> KVCache:
         shift = origin - cache.origin  # 0 for rows that stay
         keys = tuple(
             _move(attention.encoding, _pe_params(attention), keys, shift)
-            for attention, keys in zip(_attention_layers(model), cache.keys)
+            for attention, keys in zip(_attention_layers(model), cache.keys, strict=False)
         )
         return dataclasses.replace(cache, keys=keys, origin=origin)
 
@@ -339,7 +339,7 @@ def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[
             jnp.ones(positions.shape, bool),
             decoding=True,
         )
-        for keys, values in zip(cache.keys, cache.values)
+        for keys, values in zip(cache.keys, cache.values, strict=False)
     ]
     logits = model(tokens[:, None], positions, cache=layers)[:, 0]
     logits = jnp.where(cache.length < cache.max_length, logits, jnp.nan)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jrope.data.source import source_spec
 from jrope.encodings import Encoding, make_encoding
@@ -86,7 +86,7 @@ class TrainConfig:
         )
 
     @classmethod
-    def from_config_dict(cls, config: Mapping[str, Any]) -> "TrainConfig":
+    def from_config_dict(cls, config: Mapping[str, Any]) -> TrainConfig:
         """Convert a ConfigDict (or nested dict); ConfigError listing every unknown, missing or bad key."""
         cfg, problems = convert_config(config)
         if problems:

@@ -67,7 +67,7 @@ def state_digests(state: Any) -> dict[str, list[int]]:
     fingerprints = jax.device_get(_fingerprints([leaf for _, leaf in paths_and_leaves]))
     return {
         array_name(path): [int(value) for value in np.asarray(fingerprint)]
-        for (path, _), fingerprint in zip(paths_and_leaves, fingerprints)
+        for (path, _), fingerprint in zip(paths_and_leaves, fingerprints, strict=False)
     }
 
 

@@ -60,13 +60,13 @@ def model_flops_per_step(
     """
     signal = input_channels is not None
     if vocab_size is None and not signal:
-        vocab_size = getattr(cfg.data, 'vocab_size', None)
+        vocab_size = getattr(cfg.data, "vocab_size", None)
         if vocab_size is None:
             vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
     m = cfg.model
     b, t, d, v = cfg.batch_size, cfg.pe.train_context, m.d_model, vocab_size
     f = m.mlp_ratio * d
-    last_queries = 1 if m.readout == 'last' else t
+    last_queries = 1 if m.readout == "last" else t
     dense = attention = 0
     for index in range(m.num_layers):
         q = last_queries if index == m.num_layers - 1 else t
@@ -77,4 +77,4 @@ def model_flops_per_step(
         dense += 2 * b * t * input_channels * d + 2 * b * last_queries * d * output_channels
     else:
         dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
-    return {'dense': 3.0 * dense, 'attention': 3.0 * attention, 'total': 3.0 * (dense + attention)}
+    return {"dense": 3.0 * dense, "attention": 3.0 * attention, "total": 3.0 * (dense + attention)}

@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 from absl import logging

@@ -15,7 +15,8 @@ of one sequence on a multi-device mesh.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -42,7 +43,7 @@ def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
     Raises ValueError, naming the mesh keys and the fix, when the sizes do not
     fit the devices.
     """
-    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)))
+    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=False))
     shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
     known = math.prod(size for size in sizes.values() if size != -1)
     if -1 in sizes.values():
@@ -87,7 +88,7 @@ def logical_to_spec(
     table = dict(rules)
     used: set[str] = set()
     spec = []
-    for name, size in zip(logical_axes, shape):
+    for name, size in zip(logical_axes, shape, strict=False):
         if name is None:
             spec.append(None)
             continue

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

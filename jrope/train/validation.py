@@ -139,7 +139,7 @@ def _encoding_problems(cfg: TrainConfig):
     if cfg.pe is None:
         return None, []
     try:
-        cfg.pe_config
+        _ = cfg.pe_config  # parsing the name is the check
     except UnknownEncodingName as err:
         examples = ", ".join(PAPER_METHODS[:7])
         return None, [
