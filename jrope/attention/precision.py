@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
-from jrope.model.config import ModelConfig
+if TYPE_CHECKING:
+    from jrope.model.config import ModelConfig
 
 _PRECISIONS = {
     "default": None,

@@ -25,15 +25,19 @@ An explicit attention_impl is taken as asked, or refused with the reason.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from jrope.attention import cudnn, splash
 from jrope.attention.precision import attention_precision
-from jrope.model.config import ATTENTION_IMPLS, ModelConfig
 
+if TYPE_CHECKING:
+    from jrope.model.config import ModelConfig
+
+# The values of model.attention_impl: a kernel, or 'auto' for choose_kernel's choice.
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum")
 # The concrete kernels `choose_kernel` returns.
 KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash")
 # Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).

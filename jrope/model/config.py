@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from jrope.attention.selection import ATTENTION_IMPLS
+
 COMPUTE_DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum")
 # Dot precisions (jax.lax.Precision names); 'auto' lets the encoding decide
 # (jrope.attention.precision).
 ATTENTION_PRECISIONS = ("auto", "default", "high", "highest")
