@@ -32,8 +32,21 @@ def _check_structure(cfg, tokens):
     assert len(set(tokens[key_positions])) == cfg.num_pairs
     np.testing.assert_array_equal(np.nonzero(is_value)[0], key_positions + 1)  # value after key
     filler = body[~(is_key[1:-2] | is_value[1:-2])]
-    assert set(filler) <= set(retrieval.FILLER)  # no stray BOS or QUERY
+    assert set(filler) <= {retrieval.PAD, retrieval.BOS, retrieval.QUERY, retrieval.NOISE}
     assert tokens.max() < cfg.vocab_size
+
+
+def test_filler_draws_all_four_special_tokens_uniformly_as_the_reference_does():
+    """The reference fills every free position with a uniform draw from PAD, BOS, QUERY, NOISE."""
+    batch = RetrievalSource(CFG, 64, 0, 1).train_batch(0)
+    first_key = retrieval.FIRST_KEY
+    body = batch["inputs"][:, 1:-2]
+    filler = body[body < first_key]
+    counts = np.bincount(filler, minlength=first_key)
+    # ~ 64 * (61 - 2 * num_pairs) draws; each token's share within 4 standard deviations of 1/4
+    share = counts / counts.sum()
+    sd = np.sqrt(0.25 * 0.75 / counts.sum())
+    np.testing.assert_array_less(np.abs(share - 0.25), 4 * sd)
 
 
 def test_label_is_recoverable_from_the_sequence():

@@ -20,9 +20,10 @@ the target pair at ``s = T - 1 - d``, for each of ``eval_distances`` with
 ``4 <= d < T - 2`` (the reference evaluates d < T - 2).
 
 Vocabulary (the reference's layout): 0 PAD, 1 BOS, 2 QUERY, 3 NOISE, then the
-``num_keys`` key tokens, then the ``num_values`` value tokens. Filler is PAD
-or NOISE, uniformly; the reference also draws BOS and QUERY as filler, which
-makes the QUERY token ambiguous; here it only ever marks the query.
+``num_keys`` key tokens, then the ``num_values`` value tokens. Filler is drawn
+uniformly from all four special tokens, as the reference draws it: BOS and
+QUERY therefore also occur inside the filler, and the model has to find the
+query by its place at ``T - 2`` rather than by its token alone.
 
 The other pairs are placed greedily: candidate positions in a random order,
 each taken when neither it nor its neighbour is taken yet. Every pair blocks
@@ -49,7 +50,7 @@ BOS = 1
 QUERY = 2
 NOISE = 3
 FIRST_KEY = 4
-FILLER = (PAD, NOISE)
+FILLER = (PAD, BOS, QUERY, NOISE)  # the reference's filler tokens
 MIN_DISTANCE = 4  # the target pair lies before QUERY and its key, after BOS
 
 _TRAIN_STREAM = 0
