@@ -9,9 +9,10 @@ status per kind (jrope.train.cli). Multi-process runs take the process flags
 of train.py (jrope.train.distributed).
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from jrope.errors import ConfigError, UsageError
 from jrope.train import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,13 +27,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     config = _CONFIG.value
     if "probe" in config:
         # Imported only here: the probe needs no trained model.
         from jrope.experiments import kernel_probe
-        from jrope.train.config import ConfigError
 
         try:
             kernel_probe.KernelProbeConfig.from_config_dict(config)

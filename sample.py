@@ -14,8 +14,9 @@ sequence for every token (slow; the reference answer), and
 --temperature=0 both must print the same text as the cached default.
 """
 
-from absl import app, flags
+from absl import flags
 
+from jrope.errors import UsageError
 from jrope.train import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a trained text run.")
@@ -49,7 +50,7 @@ flags.mark_flags_as_required(["workdir", "prompt"])
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise UsageError(f"Unexpected arguments: {argv[1:]}")
     # Imported here so that --help and flag errors need no JAX start-up.
     from jrope.train import text_generation
     from jrope.train.generation import GenerationSettings
@@ -58,7 +59,7 @@ def main(argv):
     try:
         sampling = SamplingSettings(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value)
     except ValueError as err:  # names the flag and its fix
-        raise app.UsageError(str(err)) from None
+        raise UsageError(str(err)) from None
     run = text_generation.load_text_run(_WORKDIR.value)
     settings = GenerationSettings(
         num_tokens=_NUM_TOKENS.value,

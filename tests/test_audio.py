@@ -14,7 +14,6 @@ import soundfile
 
 from jrope.data import audio
 from jrope.data.text_bytes import ByteTextSource, TextDataConfig
-from jrope.train import cli
 
 SETTINGS = audio.MelTokenSettings()
 LONG_TAIL_HZ = 5000.0  # the long file's tone after 10 s, which truncation must drop
@@ -162,6 +161,48 @@ def test_split_is_80_20_and_follows_the_seed(wav_dir, prepared, tmp_path):
     assert other["splits"]["eval"]["wavs"] != evaluation
 
 
+def _archive(wav_dir, path, names):
+    """A tar.gz of ``names`` (paths under wav_dir) in that order, with a folder entry first."""
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(wav_dir / "train_data", arcname="musicnet/train_data", recursive=False)
+        tar.add(wav_dir / "notes.txt", arcname="musicnet/notes.txt")
+        for name in names:
+            tar.add(wav_dir / name, arcname=f"musicnet/{name}")
+    return path
+
+
+def test_archive_gives_its_first_wavs_in_archive_order(wav_dir, prepared, tmp_path):
+    """The reference's file choice: the first N '.wav' members of the archive, split in that order."""
+    out_dir, folder_manifest = prepared
+    specs = _wav_specs()
+    # An order far from sorted; the upper-case '.WAV' member is no '.wav' to the reference.
+    names = sorted(specs, key=lambda name: specs[name][0], reverse=True)
+    archive = _archive(wav_dir, tmp_path / "musicnet.tar.gz", names)
+    lower_case = [f"musicnet/{name}" for name in names if name.endswith(".wav")]
+    manifest = audio.prepare_audio_tokens(str(archive), str(tmp_path / "out"), seed=7, max_files=5)
+    assert manifest["order"] == "archive"
+    train, evaluation = manifest["splits"]["train"]["wavs"], manifest["splits"]["eval"]["wavs"]
+    expected_train, expected_eval = audio.split_files(lower_case[:5], 0.2, 7)
+    assert (train, evaluation) == (expected_train, expected_eval)
+    first_five = lower_case[:5]
+    random.Random(7).shuffle(first_five)  # the split shuffles the archive's order, not a sorted one
+    assert evaluation == first_five[:1] and train == first_five[1:]
+    # Each file's bytes are those the folder gives for the same WAV.
+    folder_tokens = {
+        **_files_tokens(out_dir, folder_manifest, "train"),
+        **_files_tokens(out_dir, folder_manifest, "eval"),
+    }
+    data = np.fromfile(tmp_path / "out" / "train.u8", np.uint8)
+    start = 0
+    for member in train:
+        expected = folder_tokens[member.removeprefix("musicnet/")]
+        np.testing.assert_array_equal(data[start : start + expected.size], expected)
+        start += expected.size
+    assert start == data.size
+
+
 def test_rerun_gives_identical_bytes(wav_dir, prepared, tmp_path):
     out_dir, _ = prepared
     audio.prepare_audio_tokens(str(wav_dir), str(tmp_path), seed=7)
@@ -272,5 +313,5 @@ def test_command_line_fails_clearly_without_wavs(tmp_path):
         timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
-    assert result.returncode == cli.EXIT_DATA
+    assert result.returncode == 3
     assert "zenodo.org/records/5120004" in result.stderr and "Traceback" not in result.stderr

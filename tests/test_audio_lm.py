@@ -12,8 +12,9 @@ import soundfile
 
 from configs import audio_lm_musicnet
 from jrope.data import audio
+from jrope.errors import ConfigError
 from jrope.train import validation
-from jrope.train.config import ConfigError, TrainConfig
+from jrope.train.config import TrainConfig
 from jrope.train.trainer import train_and_evaluate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

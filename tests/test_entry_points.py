@@ -13,8 +13,6 @@ import re
 import pytest
 from helpers.train_process import RUN_CONFIG, run_command, subprocess_env
 
-from jrope.train import cli
-
 TINY = f"--config={RUN_CONFIG}"
 WIKITEXT_CPU = "--config=configs/wikitext_cpu.py"
 
@@ -34,7 +32,7 @@ BAD_INPUTS = [
     (
         "misspelt_key",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.nmae=rope"],
-        cli.EXIT_CONFIG,
+        2,
         [
             r"--config\.pe\.nmae: the config has no key 'pe\.nmae'; did you mean --config\.pe\.name\?"
         ],
@@ -42,55 +40,55 @@ BAD_INPUTS = [
     (
         "unknown_encoding",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.name=jordan_bogus"],
-        cli.EXIT_CONFIG,
+        2,
         [r"pe\.name = 'jordan_bogus' is not a known encoding", r"use e\.g\. nope, rope"],
     ),
     (
         "zero_heads",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.model.num_heads=0"],
-        cli.EXIT_CONFIG,
+        2,
         [r"model\.num_heads must be >= 1, got 0", r"data\.head_dim cannot be computed"],
     ),
     (
         "string_among_lengths",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.lengths=(8,'x')"],
-        cli.EXIT_CONFIG,
+        2,
         [r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(8, 'x'\)"],
     ),
     (
         "no_evaluation_sequences",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.num_sequences=0"],
-        cli.EXIT_CONFIG,
+        2,
         [r"eval\.num_sequences must be >= 1, got 0"],
     ),
     (
         "no_config_file",
         ["train.py", "--config=configs/nope.py", "--workdir={tmp}/run"],
-        cli.EXIT_CONFIG,
+        2,
         [r"--config=configs/nope\.py: no such file", r"e\.g\. --config=configs/quickstart\.py"],
     ),
     (
         "no_workdir",
         ["train.py", TINY],
-        cli.EXIT_CONFIG,
+        2,
         [r"--workdir is required"],
     ),
     (
         "workdir_is_a_file",
         ["train.py", TINY, "--workdir={tmp}/train.txt"],
-        cli.EXIT_CONFIG,
+        2,
         [r"--workdir .*/train\.txt: .*train\.txt is a file, not a directory; choose another"],
     ),
     (
         "text_file_missing",
         ["train.py", *_text_data("{tmp}", train="absent.txt"), "--workdir={tmp}/run"],
-        cli.EXIT_DATA,
+        3,
         [r"data\.path = '.*/absent\.txt' does not exist; point --config\.data\.path at"],
     ),
     (
         "evaluation_text_too_short",
         ["train.py", *_text_data("{tmp}"), "--workdir={tmp}/run"],
-        cli.EXIT_DATA,
+        3,
         [
             r"eval\.lengths: at length 512, data\.eval_path = '.*/short\.txt' has 300 bytes, "
             r"too few for windows of 512 \+ 1 bytes; use more text or a shorter length"
@@ -99,33 +97,33 @@ BAD_INPUTS = [
     (
         "empty_training_text",
         ["train.py", *_text_data("{tmp}", train="empty.txt"), "--workdir={tmp}/run"],
-        cli.EXIT_DATA,
+        3,
         [r"data\.path = '.*/empty\.txt' holds no text \(0 bytes\)"],
     ),
     (
         "evaluate_an_untrained_workdir",
         ["eval.py", TINY, "--workdir={tmp}"],
-        cli.EXIT_CONFIG,
+        2,
         [r"holds no finished checkpoint in .*/checkpoints; train first \(python train\.py"],
     ),
     (
         "probe_with_unknown_method",
         ["eval.py", "--config=configs/kernel_probe.py", "--workdir={tmp}/probe"]
         + ["--config.probe.methods=('rope','jordan_bogus')"],
-        cli.EXIT_CONFIG,
+        2,
         [r"unknown position-encoding name 'jordan_bogus'"],
     ),
     (
         "compare_misspelt_method_last",
         ["-m", "jrope.compare", TINY, "--workdir={tmp}/compare", "--methods=rope,jordan_ropee"]
         + ["--seeds=0,1"],
-        cli.EXIT_CONFIG,
+        2,
         [r"jordan_ropee seeds 0, 1: pe\.name = 'jordan_ropee' is not a known encoding"],
     ),
     (
         "compare_without_methods",
         ["-m", "jrope.compare", TINY, "--workdir={tmp}/compare"],
-        cli.EXIT_CONFIG,
+        2,
         [r"--methods is required, e\.g\. --methods=rope,jordan_rope"],
     ),
 ]
@@ -174,7 +172,7 @@ def test_verbose_shows_the_traceback_too(tmp_path):
     args = ["train.py", TINY, f"--workdir={tmp_path}/run", "--config.pe.name=jordan_bogus"]
     env = subprocess_env(1, str(tmp_path / "jax_cache"))
     verbose = run_command([*args, "--verbose"], env)
-    assert verbose.returncode == cli.EXIT_CONFIG
+    assert verbose.returncode == 2
     assert "Traceback" in verbose.stderr and "pe.name = 'jordan_bogus'" in verbose.stderr
 
 

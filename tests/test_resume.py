@@ -24,7 +24,8 @@ from helpers.train_process import (
     wait_for_step,
 )
 
-from jrope.train.resume import CorruptCheckpointError, IncompatibleCheckpointError, unfinished_saves
+from jrope.errors import CorruptCheckpointError, IncompatibleCheckpointError
+from jrope.train.resume import unfinished_saves
 from jrope.train.trainer import train_and_evaluate
 from jrope.train.workdir_lock import LOCK_FILE
 

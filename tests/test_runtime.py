@@ -12,8 +12,9 @@ from etils import epath
 from helpers import fake_gcs
 from helpers.tiny_config import tiny_config, tiny_config_dict
 
+from jrope.errors import ConfigError
 from jrope.train import profiler
-from jrope.train.config import ConfigError, RuntimeConfig, TrainConfig
+from jrope.train.config import RuntimeConfig, TrainConfig
 from jrope.train.trainer import train_and_evaluate
 
 

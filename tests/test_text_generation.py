@@ -13,11 +13,11 @@ import pytest
 from helpers.tiny_config import tiny_config, tiny_text_config_dict
 from helpers.train_process import REPO_ROOT, subprocess_env
 
-from jrope.train import cli
+from jrope.errors import GenerationError
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.generation import GenerationSettings
-from jrope.train.text_generation import GenerationError, load_text_run
+from jrope.train.text_generation import load_text_run
 from jrope.train.trainer import train_and_evaluate
 
 SAMPLE_SCRIPT = os.path.join(REPO_ROOT, "sample.py")
@@ -64,7 +64,7 @@ def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir,
     assert recomputed.returncode == 0, recomputed.stderr[-2000:]
     assert cached.stdout == recomputed.stdout and cached.stdout.strip()
     refused = _sample(text_workdir, "--prompt=x", "--position_offset=2147483600", tmp_path=tmp_path)
-    assert refused.returncode == cli.EXIT_CONFIG, refused.stderr
+    assert refused.returncode == 2, refused.stderr
     assert "use an offset of at most" in refused.stderr and "Traceback" not in refused.stderr
 
 
@@ -97,5 +97,5 @@ def test_a_probe_workdir_or_an_empty_one_is_refused(tmp_path):
 def test_sample_py_refuses_with_a_message_and_no_traceback(tmp_path):
     (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
     result = _sample(str(tmp_path), "--prompt=x", tmp_path=tmp_path)
-    assert result.returncode == cli.EXIT_CONFIG
+    assert result.returncode == 2
     assert "kernel-probe results" in result.stderr and "Traceback" not in result.stderr

@@ -10,7 +10,8 @@ from helpers.tiny_config import tiny_config_dict
 from ml_collections import config_flags
 
 from configs import wikitext_cpu
-from jrope.train.config import DataError, TrainConfig
+from jrope.errors import DataError
+from jrope.train.config import TrainConfig
 from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.trainer import train_and_evaluate
 from jrope.train.validation import (

@@ -14,7 +14,6 @@ from tensorflow_datasets.core.download import checksums
 
 from jrope.data import wikitext
 from jrope.data.text_bytes import ByteTextSource, TextDataConfig
-from jrope.train import cli
 
 # Line structure of the real files: blank lines, headings, text with non-ASCII,
 # and a stray carriage return that only a split on b"\n" keeps inside its line.
@@ -188,7 +187,7 @@ def test_prepare_command_offline_prints_the_directions_and_exits_with_the_data_s
         text=True,
         timeout=120,
     )
-    assert result.returncode == cli.EXIT_DATA, result.stderr
+    assert result.returncode == 3, result.stderr
     assert result.stderr.startswith("WikiText-2 is not available"), result.stderr
     assert "Traceback" not in result.stderr
 

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from jrope.train.workdir_lock import LOCK_FILE, WorkdirBusy, WorkdirLock
+from jrope.errors import WorkdirBusy
+from jrope.train.workdir_lock import LOCK_FILE, WorkdirLock
 
 
 def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):

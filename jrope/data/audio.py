@@ -73,6 +73,7 @@ from absl import logging
 from etils import epath
 
 from jrope.data.files import resolved, write_atomically
+from jrope.errors import AudioDataUnavailable, AudioExtraMissing, UsageError
 
 TRAIN_FILE = "train.u8"
 EVAL_FILE = "eval.u8"
@@ -94,14 +95,6 @@ MUSICNET_DIRECTIONS = (
     "and pass the unpacked musicnet/ folder as --wav_dir: its train_data/ and test_data/\n"
     "hold the .wav files (any folder of .wav files works; it is searched recursively)."
 )
-
-
-class AudioDataUnavailable(FileNotFoundError):
-    """The folder of WAV files to prepare is missing or holds none."""
-
-
-class AudioExtraMissing(ImportError):
-    """soundfile or soxr, the optional 'audio' dependencies, are not installed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,10 +368,8 @@ def _cli() -> None:
                 max_files=max_files.value or None,
             )
         except (AudioDataUnavailable, AudioExtraMissing, ValueError) as error:
-            from jrope.train.cli import EXIT_CONFIG, EXIT_DATA  # the entry points' statuses
-
             print(error, file=sys.stderr)  # the message is the whole story: no traceback
-            sys.exit(EXIT_DATA if isinstance(error, AudioDataUnavailable) else EXIT_CONFIG)
+            sys.exit(getattr(error, "exit_status", UsageError.exit_status))
         for split, info in manifest["splits"].items():
             print(
                 f"{split}: {len(info['wavs'])} WAVs, {info['frames']} frames, "

@@ -54,6 +54,8 @@ from etils import epath
 # TFDS raises this on a checksum mismatch but does not export it under tfds.download.
 from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
+from jrope.errors import WikiTextUnavailable
+
 ARCHIVE_HOST = "https://wikitext.smerity.com"
 SPLIT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 
@@ -76,10 +78,6 @@ class WikiTextArchive:
 
 WIKITEXT103 = WikiTextArchive("WikiText-103", "wikitext-103-raw-v1.zip", "wikitext-103-raw")
 WIKITEXT2 = WikiTextArchive("WikiText-2", "wikitext-2-raw-v1.zip", "wikitext-2-raw")
-
-
-class WikiTextUnavailable(FileNotFoundError):
-    """A WikiText dataset is neither prepared, nor on disk, nor downloadable from here."""
 
 
 class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -328,10 +326,8 @@ def _cli() -> None:
                 dataset.value, data_dir.value or None, manual_dir.value or None
             )
         except WikiTextUnavailable as error:
-            from jrope.train.cli import EXIT_DATA  # the entry points' exit statuses
-
             print(error, file=sys.stderr)  # the message is the whole story: no traceback
-            sys.exit(EXIT_DATA)
+            sys.exit(error.exit_status)
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 

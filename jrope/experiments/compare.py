@@ -30,12 +30,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
+from jrope.errors import ConfigError, DataError, UsageError
 from jrope.train import cli, distributed, evaluation, reporting, validation
-from jrope.train.config import ConfigError, DataError
 from jrope.train.console import say
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.trainer import train_and_evaluate
@@ -197,13 +197,13 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise UsageError(f"Unexpected arguments: {argv[1:]}")
     if not _METHODS.value:
-        raise app.UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
+        raise UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
     try:
         seeds = [int(seed) for seed in _SEEDS.value]
     except ValueError:
-        raise app.UsageError(
+        raise UsageError(
             f"--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}."
         ) from None
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jrope.data.files import resolved
+from jrope.errors import NoCheckpointError
 from jrope.train import digests
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
 DIGESTS_ITEM = "digests"
-
-
-class NoCheckpointError(FileNotFoundError):
-    """The workdir holds no finished checkpoint of the step asked for."""
 
 
 class Checkpointer:

@@ -11,7 +11,7 @@ A person running a command wants to read what went wrong and how to fix it,
 not a traceback: the project's own errors (a bad config, missing data, a
 damaged checkpoint, a NaN loss, a busy workdir, a full disk, a preemption)
 end with their message alone on stderr and an exit status that says which
-kind it was (the EXIT_* constants below; the README has the table). `--verbose` (or
+kind it was (each error's `exit_status`, jrope.errors; the README has the table). `--verbose` (or
 JROPE_VERBOSE=1) adds the traceback. Any other error is a bug and keeps its
 traceback.
 
@@ -35,7 +35,6 @@ import inspect
 import logging
 import os
 import re
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -43,17 +42,8 @@ from collections.abc import Callable, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
+from jrope.errors import ConfigError, JropeError, RunIOError
 from jrope.train import config_overrides, huge_pages, io_failures
-
-EXIT_CONFIG = 2  # the command line or the config
-EXIT_DATA = 3  # the data are missing, too short or unreadable
-EXIT_CHECKPOINT = 4  # a checkpoint is damaged, missing or of other parameters
-EXIT_NONFINITE = 5  # NaN/Inf loss, gradient or evaluation
-EXIT_WORKDIR_BUSY = 6  # another run holds the workdir
-EXIT_IO = 7  # the storage failed (disk full, quota, read-only, I/O error)
-# SIGTERM: the current step was saved (jrope.train.preemption). 128 + SIGTERM is what a shell
-# reports for a process ended by SIGTERM, so a scheduler sees "terminated", not "finished".
-EXIT_PREEMPTED = 128 + signal.SIGTERM
 
 VERBOSE_ENV = "JROPE_VERBOSE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -84,39 +74,14 @@ def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> No
 
 def exit_code(error: BaseException) -> int | None:
     """The exit status of one of the project's errors; None for any other (a bug)."""
-    # Imported here: they load the whole harness, which a mistake on the command line needs not.
-    from jrope.data.wikitext import WikiTextUnavailable
-    from jrope.train.checkpointing import NoCheckpointError
-    from jrope.train.config import ConfigError, DataError
-    from jrope.train.generation import GenerationRequestError
-    from jrope.train.metrics import NonFiniteLossError
-    from jrope.train.nonfinite import NonFiniteEvaluationError
-    from jrope.train.preemption import TrainingPreempted
-    from jrope.train.resume import CorruptCheckpointError, IncompatibleCheckpointError
-    from jrope.train.text_generation import GenerationError
-    from jrope.train.workdir_lock import WorkdirBusy
-
-    kinds = (
-        (io_failures.RunIOError, EXIT_IO),
-        (WorkdirBusy, EXIT_WORKDIR_BUSY),
-        ((DataError, WikiTextUnavailable), EXIT_DATA),
-        ((ConfigError, app.UsageError, GenerationError, GenerationRequestError), EXIT_CONFIG),
-        (
-            (CorruptCheckpointError, IncompatibleCheckpointError, NoCheckpointError),
-            EXIT_CHECKPOINT,
-        ),
-        ((NonFiniteLossError, NonFiniteEvaluationError), EXIT_NONFINITE),
-        (TrainingPreempted, EXIT_PREEMPTED),
-    )
-    for classes, code in kinds:
-        if isinstance(error, classes):
-            return code
-    return EXIT_IO if io_failures.find_io_failure(error) else None
+    if isinstance(error, JropeError):
+        return error.exit_status
+    return RunIOError.exit_status if io_failures.find_io_failure(error) else None
 
 
 def message(error: BaseException) -> str:
     """What to print for one of the project's errors."""
-    if isinstance(error, io_failures.RunIOError) or not io_failures.find_io_failure(error):
+    if isinstance(error, RunIOError) or not io_failures.find_io_failure(error):
         return str(error)
     cause, path = io_failures.find_io_failure(error)
     where = f" writing {path}" if path else ""
@@ -147,7 +112,7 @@ def _parse_flags(argv: list[str], *, config_flag: str) -> list[str]:
     argv = sys.argv = config_overrides.last_override_wins(argv, config_flag)
     missing_file = config_overrides.config_file_problem(argv, config_flag)
     if missing_file:
-        _fail(missing_file, EXIT_CONFIG, FileNotFoundError(missing_file), argv)
+        _fail(missing_file, ConfigError.exit_status, FileNotFoundError(missing_file), argv)
     try:
         return flags.FLAGS(argv)
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
@@ -158,7 +123,7 @@ def _parse_flags(argv: list[str], *, config_flag: str) -> list[str]:
             text = (
                 f"--{required.group(1)} is required; give it a value (--{required.group(1)}=...)."
             )
-        _fail(f"{text}\n(--helpfull lists every flag.)", EXIT_CONFIG, error, argv)
+        _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
 
 
 def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from jrope.data.source import source_spec
 from jrope.encodings import Encoding, make_encoding
+from jrope.errors import ConfigError
 from jrope.model.config import ModelConfig
 from jrope.pe_config import PEConfig
 from jrope.train.config_sections import (
@@ -38,22 +39,6 @@ from jrope.train.config_sections import (
     RuntimeConfig,
     meets_bound,
 )
-
-
-class ConfigError(ValueError):
-    """Every problem found in a run's config, one per line, each naming its key and the fix."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = tuple(problems)
-        # A problem of several lines (the data's directions) keeps them indented under its dash.
-        lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
-        super().__init__(
-            f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
-        )
-
-
-class DataError(ConfigError):
-    """Every problem found before compiling, all of them with the run's data (absent, too short)."""
 
 
 @dataclasses.dataclass(frozen=True)

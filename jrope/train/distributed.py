@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
+
+from jrope.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,7 @@ def initialize(
     implementation; gloo ships with jaxlib. Accelerator backends ignore it.
     """
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
-        raise app.UsageError(
+        raise UsageError(
             f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
             "number the processes 0 .. num_processes - 1."
         )

@@ -43,16 +43,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from jrope.errors import GenerationRequestError
 from jrope.model import kv_cache
 from jrope.train.sampling import SamplingSettings, next_tokens
 from jrope.train.sharding import Rules, logical_to_spec
 
 # Marks the places after a row's stop token in the [B, N] token array.
 NO_TOKEN = -1
-
-
-class GenerationRequestError(ValueError):
-    """Settings or prompts that cannot be generated from; the message names the flag and its fix."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,24 +14,13 @@ import errno
 import os
 import re
 
+from jrope.errors import RunIOError
+
 # Failures of the storage itself, not of the program: the fix is outside it.
 IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 _STRERRORS = {os.strerror(code): code for code in IO_ERRNOS}
 # A path in a library's message, quoted (tensorstore: 'Error writing local file "/w/..."').
 _QUOTED_PATH = re.compile(r"""["']((?:/|gs://)[^"']+)["']""")
-
-
-class RunIOError(OSError):
-    """A storage failure during a run, with what the run had saved before it."""
-
-    def __init__(self, cause: str, path: str | None, last_checkpoint: str):
-        self.cause, self.path = cause, path
-        where = f" writing {path}" if path else ""
-        super().__init__(
-            f"Storage failure{where}: {cause}. The last good checkpoint is {last_checkpoint}; "
-            "nothing was deleted. Free space (or choose a --workdir on another disk) and run the "
-            "same command again to resume from it."
-        )
 
 
 def find_io_failure(error: BaseException) -> tuple[str, str | None] | None:

@@ -35,19 +35,12 @@ import jax
 from absl import logging
 from etils import epath
 
+from jrope.errors import NonFiniteLossError, SkippedTooManySteps
 from jrope.train import metric_files, nonfinite
 from jrope.train.console import duration, say
 from jrope.train.throughput import Throughput
 
 METRICS_FILE = "metrics.jsonl"
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Raised when a training step produced a NaN or infinite loss or gradient norm."""
-
-
-class SkippedTooManySteps(NonFiniteLossError):
-    """opt.nonfinite = 'skip' met opt.max_consecutive_skips non-finite steps in a row."""
 
 
 class MetricsLogger:

@@ -31,10 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
-class NonFiniteEvaluationError(FloatingPointError):
-    """An evaluation's loss is NaN or infinite."""
-
+from jrope.errors import NonFiniteEvaluationError
 
 # Metrics whose finiteness decides a step (names of the train step's metrics).
 CHECKED_METRICS = ("loss", "grad_norm")

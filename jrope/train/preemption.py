@@ -30,18 +30,6 @@ import jax
 from jax.experimental import multihost_utils
 
 
-class TrainingPreempted(Exception):
-    """Raised by the train loop after it saved a checkpoint on a preemption notice."""
-
-    def __init__(self, step: int, checkpoint_path: str):
-        self.step = step
-        self.checkpoint_path = checkpoint_path
-        super().__init__(
-            f"Preempted (SIGTERM) at step {step}: checkpoint saved to {checkpoint_path}. "
-            "Run the same command again to resume from it."
-        )
-
-
 class PreemptionWatch:
     """Context manager answering, once per step, whether to checkpoint and stop.
 

@@ -33,8 +33,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from jrope.errors import CorruptCheckpointError, IncompatibleCheckpointError, NoCheckpointError
 from jrope.train import digests
-from jrope.train.checkpointing import Checkpointer, NoCheckpointError
+from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.console import say
 
@@ -57,14 +58,6 @@ PARAMETER_KEYS = (
 PARAMETER_SECTIONS = ("pe",)
 # Data-section fields that set the vocabulary (the embedding's shape).
 VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
-
-
-class IncompatibleCheckpointError(ValueError):
-    """The checkpoint was written by a run whose parameters differ from this config's."""
-
-
-class CorruptCheckpointError(RuntimeError):
-    """The checkpoint cannot be read (truncated, missing or damaged files)."""
 
 
 def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:

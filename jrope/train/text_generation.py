@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
+from jrope.errors import CorruptCheckpointError, GenerationError
 from jrope.train import resume, sharding
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import MeshConfig, TrainConfig
@@ -37,10 +38,6 @@ from jrope.train.state import state_layout
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
 # A file the kernel probe writes into its workdir (jrope.experiments.kernel_probe).
 PROBE_RESULTS = "kernel_probe.csv"
-
-
-class GenerationError(ValueError):
-    """A workdir that holds nothing to generate text from; the message says what to use instead."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +84,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         try:
             saved = checkpointer.restore_config(step)
         except Exception as err:  # orbax raises many types; all mean "unreadable"
-            raise resume.CorruptCheckpointError(
+            raise CorruptCheckpointError(
                 f"Cannot read the config saved with checkpoint {resume.checkpoint_path(checkpointer, step)} "
                 f"({type(err).__name__}: {err}); nothing was deleted."
             ) from err

@@ -37,6 +37,7 @@ import optax
 from etils import epath
 
 from jrope.attention import choose_kernel
+from jrope.errors import RunIOError, TrainingPreempted
 from jrope.train import (
     compilation_cache,
     evaluation,
@@ -54,7 +55,7 @@ from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.console import duration, say
 from jrope.train.metrics import METRICS_FILE, MetricsLogger
-from jrope.train.preemption import PreemptionWatch, TrainingPreempted
+from jrope.train.preemption import PreemptionWatch
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import learning_rate_schedule, model_from_params, model_io
 from jrope.train.throughput import Throughput
@@ -165,9 +166,9 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
             return _run(run, checkpointer, workdir)
         except Exception as error:
             failure = io_failures.find_io_failure(error)
-            if failure is None or isinstance(error, io_failures.RunIOError):
+            if failure is None or isinstance(error, RunIOError):
                 raise
-            raise io_failures.RunIOError(*failure, resume.describe_latest(checkpointer)) from error
+            raise RunIOError(*failure, resume.describe_latest(checkpointer)) from error
         finally:
             # Also on errors: an in-flight save finishes (the last good checkpoint), none is
             # left half-written.

@@ -34,9 +34,10 @@ import jax
 from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
+from jrope.errors import ConfigError, DataError
 from jrope.pe_config import PAPER_METHODS, UnknownEncodingName
 from jrope.train import storage
-from jrope.train.config import ConfigError, DataError, TrainConfig, convert_config
+from jrope.train.config import TrainConfig, convert_config
 from jrope.train.resume import finished_steps
 from jrope.train.sharding import mesh_sizes
 from jrope.train.task_metrics import readout_problem

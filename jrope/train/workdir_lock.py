@@ -26,12 +26,9 @@ import time
 from absl import logging
 
 from jrope.data.files import is_uri
+from jrope.errors import WorkdirBusy
 
 LOCK_FILE = "run.lock"
-
-
-class WorkdirBusy(RuntimeError):
-    """Another run holds the workdir's lock."""
 
 
 class WorkdirLock:
