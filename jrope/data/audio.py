@@ -28,10 +28,15 @@ and every step are those of the paper's reference preparation
 The 0 byte opens every file, the first included; 0 is also the byte of any
 cell at the -80 dB floor, so it marks a file's start only by position.
 
-The reference takes the first 16 WAVs of ``musicnet.tar.gz`` in archive
-order and skips files it cannot read; here every WAV under ``wav_dir``
-(recursively, in sorted path order, ``max_files`` to keep the first few) is
-used and an unreadable one stops the run with its name.
+Which files: given the archive ``musicnet.tar.gz`` itself, its regular
+members whose names end in ``.wav`` are taken in the archive's own order and
+the first ``max_files`` kept (16 for the reference's corpus: the reference
+reads the archive this way, ``prepare_musicnet``); the file split then
+shuffles that list, so the order matters. Given a folder (an unpacked
+archive or any other), every WAV under it is taken in sorted path order, a
+folder having no order of its own: with MusicNet that is a different corpus
+than the reference's. The reference skips a file it cannot read; here an
+unreadable file stops the run with its name.
 
 Libraries: ``soundfile`` (libsndfile, shipped in its wheels) reads the WAVs
 and ``soxr`` resamples them: the reader librosa uses first and the resampler
@@ -47,11 +52,13 @@ Output, in ``out_dir``, each file written atomically (a temporary file
 renamed into place), the manifest last:
 
   train.u8, eval.u8   the token bytes, raw uint8;
-  manifest.json       settings, seed, each split's WAVs (paths relative to
-                      wav_dir), frames and bytes.
+  manifest.json       settings, seed, the WAVs' source and order, each split's
+                      WAVs (member names, or paths relative to the folder),
+                      frames and bytes.
 
-Command:
+Commands (the reference's 16 MusicNet files; a folder of WAVs instead):
 
+    python -m jrope.data.audio --archive=musicnet.tar.gz --max_files=16 --out_dir=DIR
     python -m jrope.data.audio --wav_dir=DIR --out_dir=DIR [--seed=20260506]
 
 The prepared folder is the 'audio_tokens' source of jrope.data.text_bytes
@@ -61,11 +68,13 @@ The prepared folder is the 'audio_tokens' source of jrope.data.text_bytes
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
 import random
 import sys
+import tarfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,10 +99,13 @@ _SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
 MUSICNET_DIRECTIONS = (
     "This command does not download MusicNet: get musicnet.tar.gz from\n"
     "    https://zenodo.org/records/5120004\n"
-    "(md5 844764911fa0d5b97c97da944a057590), unpack it with\n"
+    "(md5 844764911fa0d5b97c97da944a057590) and pass it as --archive=musicnet.tar.gz\n"
+    "--max_files=16 (the reference's files: the first 16 WAVs in archive order), or unpack\n"
+    "it with\n"
     "    tar -xzf musicnet.tar.gz\n"
     "and pass the unpacked musicnet/ folder as --wav_dir: its train_data/ and test_data/\n"
-    "hold the .wav files (any folder of .wav files works; it is searched recursively)."
+    "hold the .wav files (any folder of .wav files works; it is searched recursively,\n"
+    "in sorted path order)."
 )
 
 
@@ -132,9 +144,11 @@ def _audio_libraries():
 # ---- Audio to bytes.
 
 
-def read_mono(path: str, settings: MelTokenSettings) -> np.ndarray:
+def read_mono(path, settings: MelTokenSettings, name: str | None = None) -> np.ndarray:
     """float32 [n]: the file's first ``max_seconds``, channels averaged, at ``sample_rate``.
 
+    ``path``: a file path or a binary file object (an archive member's bytes);
+    ``name``: how errors call it (default: ``path``).
     Raises ValueError naming the file when it cannot be read as audio.
     """
     soundfile, soxr = _audio_libraries()
@@ -146,7 +160,7 @@ def read_mono(path: str, settings: MelTokenSettings) -> np.ndarray:
             )
     except soundfile.SoundFileError as error:
         raise ValueError(
-            f"{path} is not a readable audio file ({error}); remove or replace it."
+            f"{name or path} is not a readable audio file ({error}); remove or replace it."
         ) from None
     mono = samples.mean(axis=1)
     if native_rate == settings.sample_rate or mono.size == 0:
@@ -212,9 +226,12 @@ def quantise_db(power: np.ndarray) -> np.ndarray:
     return np.clip(np.round((db + _TOP_DB) * (255.0 / _TOP_DB)), 0, 255).astype(np.uint8)
 
 
-def audio_file_tokens(path: str, settings: MelTokenSettings) -> np.ndarray:
-    """uint8 [1 + frames * n_mels]: the separator, then the file's frames, frame-major."""
-    audio = read_mono(path, settings)
+def audio_file_tokens(path, settings: MelTokenSettings, name: str | None = None) -> np.ndarray:
+    """uint8 [1 + frames * n_mels]: the separator, then the file's frames, frame-major.
+
+    ``path`` and ``name`` as in read_mono.
+    """
+    audio = read_mono(path, settings, name)
     if audio.size == 0:
         return np.array([FILE_SEPARATOR], np.uint8)
     frames = quantise_db(mel_power(audio, settings))  # [frames, n_mels]
@@ -236,6 +253,23 @@ def find_wav_files(wav_dir: str) -> list[str]:
     return sorted(p.replace(os.sep, "/") for p in found)
 
 
+def archive_wav_members(archive: str, max_files: int | None) -> dict[str, bytes]:
+    """The first ``max_files`` (all when None) .wav members of a tar archive, in archive order.
+
+    Returns {member name: its bytes}, ordered as in the archive. A member counts
+    when it is a regular file whose name ends in '.wav' (case as written), the
+    reference's test; reading stops at the last one kept.
+    """
+    members = {}
+    with tarfile.open(archive, mode="r:*") as tar:
+        for member in tar:
+            if max_files is not None and len(members) == max_files:
+                break
+            if member.isfile() and member.name.endswith(".wav"):
+                members[member.name] = tar.extractfile(member).read()
+    return members
+
+
 def split_files(
     files: Sequence[str], eval_fraction: float, seed: int
 ) -> tuple[list[str], list[str]]:
@@ -248,7 +282,7 @@ def split_files(
 
 
 def prepare_audio_tokens(
-    wav_dir: str,
+    wav_source: str,
     out_dir: str,
     *,
     seed: int = DEFAULT_SEED,
@@ -258,8 +292,12 @@ def prepare_audio_tokens(
 ) -> dict:
     """Writes train.u8, eval.u8 and manifest.json into ``out_dir``; returns the manifest.
 
+    ``wav_source``: a tar archive (MusicNet's musicnet.tar.gz; its WAV members in
+    archive order) or a folder (its WAVs, recursively, in sorted path order);
+    ``max_files`` keeps the first few of that order.
+
     Raises:
-      AudioDataUnavailable: ``wav_dir`` is missing or holds fewer than two WAVs.
+      AudioDataUnavailable: ``wav_source`` is missing or holds fewer than two WAVs.
       AudioExtraMissing: soundfile or soxr is not installed.
       ValueError: a bad argument, or a WAV that cannot be read.
     """
@@ -267,13 +305,22 @@ def prepare_audio_tokens(
         raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction}.")
     if max_files is not None and max_files < 2:
         raise ValueError(f"max_files must be at least 2 (train and eval), got {max_files}.")
-    wav_dir = os.path.abspath(os.path.expanduser(wav_dir))
-    if not os.path.isdir(wav_dir):
-        raise AudioDataUnavailable(f"--wav_dir {wav_dir} is not a folder.\n{MUSICNET_DIRECTIONS}")
-    wavs = find_wav_files(wav_dir)[:max_files]
+    wav_source = os.path.abspath(os.path.expanduser(wav_source))
+    if os.path.isdir(wav_source):
+        order = "sorted path"
+        wavs = find_wav_files(wav_source)[:max_files]
+        archive_members = None
+    elif os.path.isfile(wav_source) and tarfile.is_tarfile(wav_source):
+        order = "archive"
+        archive_members = archive_wav_members(wav_source, max_files)
+        wavs = list(archive_members)
+    else:
+        raise AudioDataUnavailable(
+            f"{wav_source} is neither a folder nor a tar archive.\n{MUSICNET_DIRECTIONS}"
+        )
     if len(wavs) < 2:
         raise AudioDataUnavailable(
-            f"--wav_dir {wav_dir} holds {len(wavs)} .wav file(s); at least 2 are needed, "
+            f"{wav_source} holds {len(wavs)} .wav file(s); at least 2 are needed, "
             f"one for evaluation.\n{MUSICNET_DIRECTIONS}"
         )
     train_wavs, eval_wavs = split_files(wavs, eval_fraction, seed)
@@ -293,13 +340,18 @@ def prepare_audio_tokens(
         "settings": dataclasses.asdict(settings),
         "seed": seed,
         "eval_fraction": eval_fraction,
-        "wav_dir": wav_dir,
+        "wav_source": wav_source,
+        "order": order,
         "splits": {},
     }
     for split, split_wavs in (("train", train_wavs), ("eval", eval_wavs)):
         pieces = []
         for index, name in enumerate(split_wavs):
-            pieces.append(audio_file_tokens(os.path.join(wav_dir, name), settings))
+            if archive_members is None:
+                pieces.append(audio_file_tokens(os.path.join(wav_source, name), settings))
+            else:
+                member = io.BytesIO(archive_members[name])
+                pieces.append(audio_file_tokens(member, settings, name))
             if (index + 1) % 50 == 0:
                 logging.info("%s: %d of %d WAVs", split, index + 1, len(split_wavs))
         tokens = np.concatenate(pieces)
@@ -344,7 +396,12 @@ def _cli() -> None:
     from absl import app, flags
 
     wav_dir = flags.DEFINE_string(
-        "wav_dir", None, "Folder of .wav files, searched recursively.", required=True
+        "wav_dir", None, "Folder of .wav files, searched recursively (sorted path order)."
+    )
+    archive = flags.DEFINE_string(
+        "archive",
+        None,
+        "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the reference does.",
     )
     out_dir = flags.DEFINE_string(
         "out_dir", None, "Folder for train.u8, eval.u8, manifest.json.", required=True
@@ -354,14 +411,21 @@ def _cli() -> None:
         "eval_fraction", DEFAULT_EVAL_FRACTION, "Fraction of the files held out for evaluation."
     )
     max_files = flags.DEFINE_integer(
-        "max_files", 0, "Use only the first N WAVs in sorted path order (0: all)."
+        "max_files",
+        0,
+        "Use only the first N WAVs (archive order, or sorted path order for a folder; 0: all). "
+        "16 with --archive=musicnet.tar.gz gives the reference's corpus.",
     )
 
     def main(argv: Sequence[str]) -> None:
         del argv
         try:
+            if (wav_dir.value is None) == (archive.value is None):
+                raise ValueError(
+                    f"Pass exactly one of --archive and --wav_dir.\n{MUSICNET_DIRECTIONS}"
+                )
             manifest = prepare_audio_tokens(
-                wav_dir.value,
+                archive.value or wav_dir.value,
                 out_dir.value,
                 seed=seed.value,
                 eval_fraction=eval_fraction.value,
