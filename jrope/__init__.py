@@ -15,6 +15,7 @@ nothing of the training harness (jrope.train) or the data (jrope.data).
 
 from jrope import pe_math
 from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encoding
+from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
 from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
 
 __all__ = [
@@ -22,8 +23,11 @@ __all__ = [
     "Encoding",
     "PAPER_METHODS",
     "PEConfig",
+    "PositionalEncoding",
     "alibi_slopes",
     "attention_logits",
+    "causal_self_attention",
+    "dot_product_attention",
     "make_encoding",
     "pe_config_from_name",
     "pe_math",

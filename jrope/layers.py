@@ -1,0 +1,243 @@
+"""Jordan-RoPE (or any jrope encoding) inside another model's attention.
+
+`PositionalEncoding` is a Flax NNX module that owns one attention layer's
+encoding parameters as `nnx.Param` (tagged with their logical axes, as the
+jrope Transformer tags its own) and maps q and k. It fits any attention that
+holds q and k as [B, T, N, H] between its projections and its kernel, such
+as MaxText's or the Flax Gemma example's: map q and k there, then either use
+the model's own kernel under the rules below or call one of the two helpers:
+
+  dot_product_attention   jax.nn.dot_product_attention on the mapped q, k:
+                          any mask, cross attention, padding.
+  causal_self_attention   the jrope kernels (jrope.attention): causal
+                          self-attention, long sequences blockwise.
+
+The rules a kernel of one's own must follow (docs/numerics.md, sections 3, 4):
+  - scale: the score is q2 . k2 / sqrt(H), the usual scale, applied once.
+    `jrope.attention_logits` has applied it already (and added the bias).
+  - bias: encodings with `has_bias` (the ALiBi family) add
+    `logit_bias(q_positions, k_positions)` after the scale.
+  - dtype: encodings with `keeps_float32` (raw shear) return float32 q2, k2
+    whatever the input dtype; v must follow them (a fused kernel wants one
+    dtype) and the output is cast back.
+  - precision: the same encodings need their q.k and p.v dots at
+    `dot_precision` (Precision.HIGHEST): on TPU a float32 dot otherwise runs
+    as bfloat16 passes and on recent NVIDIA GPUs as TF32, losing the lag
+    term. Kernels that take no precision argument get it from
+    `jax.default_matmul_precision`; fused kernels (cuDNN, splash) run at their
+    own and cannot serve these encodings.
+
+Shape legend: B batch, T query length, S key length, N heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jrope import attention
+from jrope.attention.precision import precision_scope
+from jrope.encodings import Encoding, attention_logits
+from jrope.model.axes import LOGICAL_AXES_KEY
+from jrope.model.config import ModelConfig
+
+# jax.nn.dot_product_attention's implementations that the helper accepts.
+IMPLEMENTATIONS = (None, "xla", "cudnn")
+
+
+class PositionalEncoding(nnx.Module):
+    """One attention layer's positional encoding: its parameters and its maps of q and k.
+
+    Attributes:
+      encoding: the stateless jrope Encoding (make_encoding) holding the maths.
+      params: nnx.Dict of nnx.Param, float32, one per `encoding.init_params()`
+        entry; each carries its logical axis names (e.g. ('heads', None)) under
+        the metadata key `jrope.model.axes.LOGICAL_AXES_KEY`.
+    """
+
+    def __init__(self, encoding: Encoding):
+        if not isinstance(encoding, Encoding):
+            raise TypeError(
+                f"PositionalEncoding takes a jrope Encoding, got {type(encoding).__name__}; "
+                "build one with jrope.make_encoding(cfg, num_heads=N, head_dim=H)."
+            )
+        self.encoding = encoding
+        axes = encoding.param_logical_axes
+        self.params = nnx.Dict(
+            {
+                name: nnx.Param(value, **{LOGICAL_AXES_KEY: axes[name]})
+                for name, value in encoding.init_params().items()
+            }
+        )
+
+    def param_values(self) -> dict[str, jax.Array]:
+        """The parameters as the plain dict the Encoding's functions take."""
+        return {name: param[...] for name, param in self.params.items()}
+
+    def __call__(self, q, k, q_positions, k_positions, origin=None):
+        """(q2, k2) = encoding.transform_qk: q2 . k2 is the encoded score (before 1/sqrt(H)).
+
+        q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [T] / [S] or [B, T] / [B, S].
+        origin: as Encoding.transform_qk (default: the window's midpoint).
+        Returns q2, k2 shaped like q, k; float32 when `encoding.keeps_float32`,
+        else the inputs' dtype.
+        """
+        return self.encoding.transform_qk(
+            self.param_values(), q, k, q_positions, k_positions, origin
+        )
+
+    def map_queries(self, q, q_positions, origin=0):
+        """The query half alone (decoding with a KV cache of mapped keys); see Encoding.map_queries."""
+        return self.encoding.map_queries(self.param_values(), q, q_positions, origin)
+
+    def map_keys(self, k, k_positions, origin=0):
+        """The key half alone; keys and queries must share `origin`. See Encoding.map_keys."""
+        return self.encoding.map_keys(self.param_values(), k, k_positions, origin)
+
+    def logit_bias(self, q_positions, k_positions):
+        """The ALiBi bias float32 [N, T, S] ([B, N, T, S] for batched positions), or None."""
+        return self.encoding.logit_bias(self.param_values(), q_positions, k_positions)
+
+    def logits(self, q, k, q_positions, k_positions):
+        """jrope.attention_logits: float32 [B, N, T, S], scaled by 1/sqrt(H), bias added."""
+        return attention_logits(self.encoding, self.param_values(), q, k, q_positions, k_positions)
+
+
+def dot_product_attention(
+    pe: PositionalEncoding,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    is_causal: bool = False,
+    implementation: str | None = None,
+) -> jax.Array:
+    """jax.nn.dot_product_attention of raw q, k, v with `pe` applied, at the dtype and precision it needs.
+
+    Maps q and k, passes the encoding's bias, runs v in the mapped q's dtype
+    and the dots at `pe.encoding.dot_precision` (through
+    jax.default_matmul_precision, which the XLA implementation follows).
+
+    Args:
+      pe: the layer's PositionalEncoding.
+      q: [B, T, N, H]; k, v: [B, S, N, H] (raw: not yet position-encoded).
+      q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
+      mask: optional bool [B|1, N|1, T, S], True where a query sees a key.
+      is_causal: jax's causal mask (query t sees keys <= t, counted from 0).
+      implementation: None or 'xla' (XLA's attention), or 'cudnn'.
+    Returns:
+      [B, T, N, H] in v's dtype.
+    Raises:
+      ValueError: for 'cudnn' with an encoding that needs full float32 dots,
+        or with float32 inputs; for an unknown implementation.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"Unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}."
+        )
+    encoding = pe.encoding
+    if implementation == "cudnn":
+        if encoding.keeps_float32:
+            raise ValueError(
+                f"implementation='cudnn' cannot run {encoding.cfg.name}: its q and k stay float32 "
+                "and its dots need Precision.HIGHEST (the logits cancel large products), while "
+                "cuDNN's flash attention takes bfloat16 or float16 at its own precision; use "
+                "implementation='xla'."
+            )
+        if jnp.dtype(v.dtype) not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(
+                f"implementation='cudnn' takes bfloat16 or float16 inputs, got {v.dtype}; cast "
+                "q, k, v to bfloat16 or use implementation='xla'."
+            )
+    q2, k2 = pe(q, k, q_positions, k_positions)
+    bias = pe.logit_bias(q_positions, k_positions)
+    if bias is not None:
+        bias = bias[None] if bias.ndim == 3 else bias  # jax wants [B|1, N, T, S]
+        if implementation == "cudnn":
+            # cuDNN adds the bias in the inputs' dtype; the slopes hold no parameters.
+            bias = jax.lax.stop_gradient(bias).astype(v.dtype)
+    common = jnp.promote_types(q2.dtype, v.dtype)
+    with precision_scope(encoding.dot_precision):
+        out = jax.nn.dot_product_attention(
+            q2.astype(common),
+            k2.astype(common),
+            v.astype(common),
+            bias=bias,
+            mask=mask,
+            is_causal=is_causal,
+            implementation=implementation,
+        )
+    return out.astype(v.dtype)
+
+
+def causal_self_attention(
+    pe: PositionalEncoding,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    positions: jax.Array,
+    *,
+    kernel: str = "auto",
+    block_size: int = 512,
+    max_damping: float = 0.02,
+    backend: str | None = None,
+) -> jax.Array:
+    """Causal self-attention of raw q, k, v through a jrope kernel, chosen as the jrope model chooses.
+
+    Args:
+      pe: the layer's PositionalEncoding.
+      q: [B, T, N, H], the last T of the S positions; k, v: [B, S, N, H],
+        float32 or bfloat16.
+      positions: int32 [S] or [B, S], the key positions.
+      kernel: 'auto' or one of jrope.attention.KERNELS ('xla', 'einsum',
+        'blockwise', 'cudnn', 'splash'); 'auto' picks the backend's fused
+        kernel where it applies, blockwise where one map origin could
+        overflow or from 8192 keys on, else einsum (CPU, or a bias) or xla.
+      block_size: query/key block length of the blockwise kernel.
+      max_damping: the largest learned damping gamma 'auto' plans for.
+      backend: 'cpu', 'gpu' or 'tpu' for the choice (default: JAX's).
+    Returns:
+      [B, T, N, H] in v's dtype.
+    Raises:
+      ValueError: the kernel cannot run this encoding here (the message says
+        why and what to ask for), or v's dtype is neither float32 nor bfloat16.
+    """
+    if kernel != "auto" and kernel not in attention.KERNELS:
+        raise ValueError(f"Unknown kernel {kernel!r}; choose 'auto' or one of {attention.KERNELS}.")
+    encoding = pe.encoding
+    dtype = jnp.dtype(v.dtype)
+    if dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"jrope's kernels run float32 or bfloat16, got {dtype}; cast q, k, v.")
+    model_cfg = ModelConfig(
+        d_model=encoding.num_heads * encoding.head_dim,
+        num_heads=encoding.num_heads,
+        num_layers=1,
+        mlp_ratio=1,
+        compute_dtype=dtype.name,
+        attention_impl=kernel,
+        blockwise_min_length=8192,
+        block_size=block_size,
+        remat="none",
+        max_damping=max_damping,
+    )
+    try:
+        chosen = attention.choose_kernel(
+            model_cfg, encoding, length=k.shape[1], num_queries=q.shape[1], backend=backend
+        )
+    except ValueError as refusal:
+        raise ValueError(f"causal_self_attention(kernel={kernel!r}): {refusal}") from None
+    return attention.causal_attention(
+        q,
+        k,
+        v,
+        enc=encoding,
+        params=pe.param_values(),
+        positions=positions,
+        kernel=chosen,
+        block_size=block_size,
+        precision=attention.attention_precision(model_cfg, encoding),
+    )
