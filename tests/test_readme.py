@@ -1,5 +1,6 @@
-"""README.md's examples hold: the library example runs as written, and every command names files,
-modules, flags and config keys that exist."""
+"""README.md's examples hold: the library example runs as written, its test and lint commands are
+the ones CI runs, and every command in README.md and the guides in docs/ names files, modules,
+flags and config keys that exist."""
 
 import importlib
 import importlib.util
@@ -8,12 +9,15 @@ import re
 from helpers.repository import ROOT, tracked_files
 
 README = (ROOT / "README.md").read_text()
+# The guides README.md sends its reader to for the full commands.
+GUIDES = ("docs/results.md", "docs/runs.md", "docs/accelerators.md", "docs/performance.md")
 
 
-def _commands() -> list[str]:
-    """The README's command lines (indented code, continuation lines joined) that run Python."""
+def _commands(text: str) -> list[str]:
+    """The command lines of a markdown text (indented code, continuation lines joined) that run
+    Python."""
     lines, pending = [], ""
-    for line in README.splitlines():
+    for line in text.splitlines():
         if not line.startswith("    "):
             pending = ""
             continue
@@ -31,7 +35,7 @@ def _defined_flags() -> set[str]:
     pattern = re.compile(r"DEFINE_\w+\(\s*['\"](\w+)['\"]")
     names = {"help", "helpfull", "verbosity"}
     for path in tracked_files():
-        if path.endswith(".py"):
+        if path.endswith(".py") and (ROOT / path).is_file():  # tracked, not deleted
             names.update(pattern.findall((ROOT / path).read_text()))
     return names
 
@@ -51,9 +55,27 @@ def test_the_library_example_runs_and_gives_the_shapes_it_states():
     assert namespace["logits"].shape == (2, 4, 128, 128)  # [B, N, T, S]
 
 
+def test_the_readme_test_and_lint_commands_are_the_ones_ci_runs():
+    ci_lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    readme_commands = [line.split("#")[0].strip() for line in README.splitlines()]
+    for command in (
+        "python -m pytest -q -n 2 --dist loadfile",
+        "ruff check .",
+        "ruff format --check .",
+    ):
+        assert command in ci_lines
+    assert "python -m pytest -q -n 2 --dist loadfile" in readme_commands
+    assert 'python -m pytest -q -n 2 --dist loadfile -m "not slow"' in readme_commands
+    assert "ruff check . && ruff format --check ." in readme_commands
+
+
 def test_every_command_names_files_modules_flags_and_config_keys_that_exist():
-    commands = _commands()
-    assert len(commands) > 30  # the parser still finds the README's commands
+    readme_commands = _commands(README)
+    assert len(readme_commands) > 10  # the parser still finds the README's commands
+    commands = readme_commands + [
+        command for guide in GUIDES for command in _commands((ROOT / guide).read_text())
+    ]
+    assert len(commands) > 30
     flags = _defined_flags()
     problems = []
     for command in commands:
