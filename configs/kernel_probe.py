@@ -19,7 +19,7 @@ below rope, alibi and direct_sum; rope is exact on the phase target; the
 ALiBi-type bases are exact on the linear target.
 
 Measured (this config, the command above, CPU, 5 s; MSE, full table
-in the README):
+in docs/results.md, section 1):
 
     target  method               train (L)  T=2048   T=8192
     mixed   jordan_raw_tau       3.0e-05    0.028    2.04    lowest at 4096 and 8192 of all 13;

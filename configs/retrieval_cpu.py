@@ -12,7 +12,7 @@ Command:
 
 Hardware: a 2-core CPU; 10 to 25 minutes a run on the shared development machine.
 
-Measured (seed 0, 2026-12-01; README, "Key-value retrieval"): none of rope,
+Measured (seed 0, 2026-12-01; docs/results.md, section 6): none of rope,
 rope_alibi, jordan_rope, jordan_raw_tau learns the retrieval in 3000 steps;
 each stays at the plateau of picking one of the 4 values present (accuracy
 0.16 to 0.35 at every length), so this scale does not order the encodings.

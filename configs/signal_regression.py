@@ -26,13 +26,13 @@ Hardware: a CPU runs it (a run with its evaluation took 5 to 10 minutes on
 the shared 2-core development machine); evaluation at 4096 and 8192 runs
 blockwise.
 
-Expected result: the structured probe's ordering (README, "Structured
-kernel probes"): the Jordan encodings, which carry the features
+Expected result: the structured probe's ordering (docs/results.md,
+section 4): the Jordan encodings, which carry the features
 d e^{-gamma d} cos(w d), extrapolate a growing kernel better than RoPE and
 ALiBi.
 
 Measured (seasonal_trend, seed 0, 2026-12-01; R^2 at 512 / 1024 / 2048; all
-methods in the README, "Signal regression"):
+methods in docs/results.md, section 5):
 
     rope            0.873  0.617  0.163
     damped_rope     0.970  0.752  0.397

@@ -22,7 +22,7 @@ by orders of magnitude better than lower orders; scaled-exact order 4 is
 the best fit of high_jet_r3 and scaled_high_jet_r3.
 
 Measured (the command above, 2026-12-01; train MSE on [0, L), full table in
-the README, "Structured kernel probes"):
+docs/results.md, section 4):
 
     method                        high_jet_r1  high_jet_r2  high_jet_r3
     jordan_rope                   1.9e-03      8.8e-03      1.3e-02

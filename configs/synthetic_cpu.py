@@ -22,7 +22,7 @@ sequences per length takes 5 to 20 minutes depending on the machine's load.
 
 Measured result (the comparison command above, 2026-12-01; accuracy at
 256 / 512 / 1024 / 2048, mean ± sample standard deviation over seeds 0, 1, 2;
-README, section 2):
+docs/results.md, section 2):
 
     rope                 0.958 ± 0.006  0.918 ± 0.037  0.883 ± 0.008  0.836 ± 0.044
     direct_sum           0.909 ± 0.023  0.470 ± 0.035  0.492 ± 0.007  0.510 ± 0.026

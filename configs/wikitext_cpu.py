@@ -13,14 +13,14 @@ wiki.{train,valid,test}.raw, in --config.data.manual_dir; without either the
 command stops at once and says what to do), or any UTF-8 text with
 --config.data.source=text --config.data.path=... --config.data.eval_path=....
 
-Command (one run; the README's section 3 has the comparison over seeds):
+Command (one run; docs/results.md, section 3, has the comparison over seeds):
 
     python train.py --config=configs/wikitext_cpu.py \
         --config.pe.name=jordan_exact_scaled --workdir=runs/wikitext_cpu_one
 
 Hardware: a 2-core CPU; a run took 1 to 2 minutes on 2026-12-01.
 
-Measured result (README, section 3; 2026-12-01, seeds 0-2): on WikiText-2's
+Measured result (docs/results.md, section 3; 2026-12-01, seeds 0-2): on WikiText-2's
 word-level validation text (training) and test text (evaluation) through
 --config.data.source=text, scaled-exact Jordan-RoPE and RoPE+ALiBi keep a
 nearly flat loss out to 8x the training length (mean test loss 2.162 and
