@@ -5,7 +5,7 @@ config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}
 (eval_step<N>.2, .3, ... when that already holds results: nothing is overwritten).
 A probe config (one `probe` section, configs/kernel_probe*.py) runs the
 closed-form kernel probe instead. Errors end with their message and an exit
-status per kind (jrope.train.cli). Multi-process runs take the process flags
+status per kind (jrope.train.runtime). Multi-process runs take the process flags
 of train.py (jrope.train.distributed).
 """
 
@@ -13,7 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jrope.errors import ConfigError, UsageError
-from jrope.train import cli, distributed
+from jrope.train import distributed, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -46,4 +46,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    runtime.run(main)

@@ -17,7 +17,7 @@ sequence for every token (slow; the reference answer), and
 from absl import flags
 
 from jrope.errors import UsageError
-from jrope.train import cli
+from jrope.train import runtime
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a trained text run.")
 _PROMPTS = flags.DEFINE_multi_string(
@@ -77,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    runtime.run(main)

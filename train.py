@@ -6,7 +6,7 @@ command line, e.g. --config.pe.name=rope.
 
 On SIGTERM (a preemption notice) the run checkpoints its current step and
 exits with status 143; the same command resumes it. Errors end with their
-message and an exit status per kind (jrope.train.cli; --verbose adds the
+message and an exit status per kind (jrope.train.runtime; --verbose adds the
 traceback). Multi-process runs (one process per host) add --multiprocess, or
 --coordinator_address, --num_processes and --process_id
 (jrope.train.distributed).
@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope.train import cli, distributed
+from jrope.train import distributed, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -60,4 +60,4 @@ def _next_commands(argv: list[str], lengths: list[int]) -> str:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    runtime.run(main)

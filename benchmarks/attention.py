@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 import jrope
 from jrope import attention
-from jrope.train import huge_pages
+from jrope.train import runtime
 
 METHODS = (
     "nope", "rope", "alibi", "rope_alibi", "damped_rope", "jordan_rope",
@@ -230,7 +230,7 @@ def main(argv):
         f"block {_BLOCK.value}, L {_TRAIN_CONTEXT.value}; median of {_ROUNDS.value} interleaved rounds; "
         f"scratch = XLA temp buffer bytes of the compiled executable; {jax.default_backend()}; "
         f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-        f"huge pages {'on' if huge_pages.requested() else 'off'}"
+        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
     )
     print(
         "| T | kernel | method | fwd ms | fwd vs rope | fwd+bwd ms | fwd+bwd vs rope | "
@@ -247,5 +247,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
+    runtime.restart_with_huge_pages()
     app.run(main)

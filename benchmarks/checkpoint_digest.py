@@ -30,7 +30,7 @@ import jax  # noqa: E402
 
 from benchmarks.random_bytes import RandomBytes  # noqa: E402
 from configs import synthetic_cpu, wikitext_scaled_exact  # noqa: E402
-from jrope.train import huge_pages, sharding  # noqa: E402
+from jrope.train import runtime, sharding  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
 from jrope.train.digests import state_digests  # noqa: E402
 from jrope.train.setup import set_up_run  # noqa: E402
@@ -100,7 +100,7 @@ def main(argv):
             if round_index >= 0:
                 times[shape]["step"].append(step_s)
                 times[shape]["digest"].append(digest_s)
-    print(f"devices: {jax.devices()[0].device_kind}; huge pages: {huge_pages.requested()}")
+    print(f"devices: {jax.devices()[0].device_kind}; huge pages: {runtime.huge_pages_requested()}")
     print(
         "| shape | state MiB | ms/step | ms/digest | digest / step (quartiles) "
         "| share at checkpoint.every_steps |"
@@ -120,5 +120,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
+    runtime.restart_with_huge_pages()
     app.run(main)

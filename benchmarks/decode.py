@@ -40,7 +40,7 @@ from flax import nnx
 
 from configs import wikitext_cpu
 from jrope.model import Transformer
-from jrope.train import huge_pages, sharding
+from jrope.train import runtime, sharding
 from jrope.train.config import TrainConfig
 from jrope.train.generation import GenerationSettings, Generator, pad_prompts
 
@@ -155,5 +155,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
+    runtime.restart_with_huge_pages()
     app.run(main)

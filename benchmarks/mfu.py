@@ -66,7 +66,7 @@ import jax.numpy as jnp
 from benchmarks.random_bytes import RandomBytes
 from configs import synthetic_cpu, wikitext_scaled_exact
 from jrope.model.config import ATTENTION_IMPLS
-from jrope.train import huge_pages, sharding
+from jrope.train import runtime, sharding
 from jrope.train.config import TrainConfig
 from jrope.train.flops import model_flops_per_step
 from jrope.train.setup import RunSetup, set_up_run
@@ -204,7 +204,7 @@ def main(argv):
         f"median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best "
         f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
         f"(before the rounds {peaks[0]:.0f}, after {peaks[1]:.0f}); "
-        f"huge pages {'on' if huge_pages.requested() else 'off'}"
+        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
     )
     print(
         "| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | "
@@ -231,5 +231,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
+    runtime.restart_with_huge_pages()
     app.run(main)

@@ -22,7 +22,7 @@ ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed before and after the rounds says how
 loaded the machine was (about 450 GFLOP/s when idle). The last column counts the
-process's minor page faults per timed step (see jrope/train/huge_pages.py;
+process's minor page faults per timed step (see jrope/train/runtime.py;
 JROPE_HUGE_PAGES=0 runs without huge pages).
 """
 
@@ -42,7 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from configs import synthetic_cpu  # noqa: E402
-from jrope.train import huge_pages, sharding  # noqa: E402
+from jrope.train import runtime, sharding  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
 from jrope.train.setup import set_up_run  # noqa: E402
 from jrope.train.trainer import make_train_step  # noqa: E402
@@ -69,7 +69,7 @@ _IMPL = flags.DEFINE_enum(
 _XLA_DEFAULTS = flags.DEFINE_list(
     "xla_defaults",
     [],
-    "Methods also timed compiled with XLA's default options instead of jrope.train.compile_options "
+    "Methods also timed compiled with XLA's default options instead of jrope.train.runtime "
     "(rows named '<method> (XLA defaults)').",
 )
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per method per round.")
@@ -267,7 +267,7 @@ def main(argv):
         f"attention {_IMPL.value}, readout {cfg.model.readout}; median of {_ROUNDS.value} rounds x "
         f"{_STEPS.value} steps; {jax.devices()[0].platform}; plain 2048^3 matmul "
         f"{gflops[0]:.0f} GFLOP/s before the rounds, {gflops[1]:.0f} after (idle: about 450); "
-        f"huge pages {'on' if huge_pages.requested() else 'off'}"
+        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
     )
     print(
         "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) | page faults/step |"
@@ -283,5 +283,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    huge_pages.restart_with_huge_pages()
+    runtime.restart_with_huge_pages()
     app.run(main)

@@ -1,5 +1,7 @@
-"""The runtime section: the persistent compilation cache and the profiler trace of chosen steps."""
+"""jrope.train.runtime: exit statuses and messages, flag mistakes, the CPU tuning, cache and profiler."""
 
+import errno
+import logging
 import os
 import subprocess
 import sys
@@ -10,12 +12,30 @@ import jax.numpy as jnp
 import pytest
 from etils import epath
 from helpers import fake_gcs
-from helpers.tiny_config import tiny_config, tiny_config_dict
+from helpers.tiny_config import tiny_config
 
-from jrope.errors import ConfigError
-from jrope.train import profiler
-from jrope.train.config import RuntimeConfig, TrainConfig
-from jrope.train.trainer import train_and_evaluate
+from jrope.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    DataError,
+    GenerationRequestError,
+    IncompatibleCheckpointError,
+    NoCheckpointError,
+    NonFiniteEvaluationError,
+    NonFiniteLossError,
+    RunIOError,
+    SkippedTooManySteps,
+    TrainingPreempted,
+    UsageError,
+    WikiTextUnavailable,
+    WorkdirBusy,
+)
+from jrope.train import config, distributed, runtime, sharding
+from jrope.train.config import RuntimeConfig
+from jrope.train.evaluation import EvalStep
+from jrope.train.runtime import OPT_OUT, TUNABLE, environment_with_huge_pages
+from jrope.train.setup import set_up_run
+from jrope.train.trainer import make_train_step, train_and_evaluate
 
 
 def test_the_runtime_section_defaults_to_off_and_checks_its_steps():
@@ -23,12 +43,6 @@ def test_the_runtime_section_defaults_to_off_and_checks_its_steps():
     assert not tiny_config().runtime.profiles
     with pytest.raises(ConfigError, match=r"runtime\.profile_from_step .* must be >= 0"):
         tiny_config(**{"runtime.profile_from_step": -1})
-
-
-def test_a_config_without_the_runtime_section_still_loads():
-    config = tiny_config_dict().to_dict()
-    del config["runtime"]
-    assert TrainConfig.from_config_dict(config).runtime == RuntimeConfig()
 
 
 @pytest.mark.slow
@@ -44,8 +58,8 @@ def test_training_traces_the_configured_steps_into_tensorboard(tmp_path):
 def test_a_trace_for_a_bucket_is_copied_there_and_nothing_stays_local(monkeypatch, tmp_path):
     fake_gcs.install(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(profiler.tempfile, "tempdir", str(tmp_path))  # staging: here, then gone
-    trace = profiler.StepTrace("gs://bucket/run", RuntimeConfig("", 3, 4))
+    monkeypatch.setattr(runtime.tempfile, "tempdir", str(tmp_path))  # staging: here, then gone
+    trace = runtime.StepTrace("gs://bucket/run", RuntimeConfig("", 3, 4))
     state = jnp.ones(4)
     for step in range(3, 5):
         trace.before_step(step)
@@ -62,12 +76,312 @@ def test_the_compilation_cache_stores_the_compiled_programs(tmp_path):
     program = textwrap.dedent(
         f"""
         import jax
-        from jrope.train import compilation_cache
+        from jrope.train import runtime
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        compilation_cache.enable({str(cache)!r})
+        runtime.enable_compilation_cache({str(cache)!r})
         jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones(3)).block_until_ready()
         """
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     subprocess.run([sys.executable, "-c", program], check=True, env=env, cwd=os.getcwd())
     assert any(cache.iterdir())
+
+
+CONFIG = "--config=tests/helpers/subprocess_run_config.py"
+
+
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (ConfigError(["a"]), 2),
+        (UsageError("--methods is required"), 2),
+        (GenerationRequestError("pass a non-empty --prompt"), 2),
+        (DataError(["the text is too short"]), 3),
+        (WikiTextUnavailable("WikiText-2 is not available"), 3),
+        (CorruptCheckpointError("damaged"), 4),
+        (IncompatibleCheckpointError("other parameters"), 4),
+        (NoCheckpointError("no checkpoint"), 4),
+        (NonFiniteLossError("loss is nan"), 5),
+        (SkippedTooManySteps("skipped"), 5),
+        (NonFiniteEvaluationError("nan evaluation"), 5),
+        (WorkdirBusy("another run"), 6),
+        (RunIOError("No space left on device", "/w/m", "none"), 7),
+        (OSError(errno.ENOSPC, "No space left on device", "/w/metrics.jsonl"), 7),
+        (TrainingPreempted(8, "/w/checkpoints/8"), 143),
+        (ValueError("a bug"), None),
+        (OSError(errno.ENOENT, "No such file or directory", "/x"), None),
+    ],
+)
+def test_each_kind_of_error_has_its_exit_status(error, status):
+    assert runtime.exit_code(error) == status
+
+
+def test_a_storage_failure_is_found_in_a_wrapped_library_error():
+    # tensorstore's words inside orbax's wrapping, as a full disk gives them.
+    inner = ValueError(
+        'OUT_OF_RANGE: Error writing local file "/w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab": '
+        "Failed to write 626 bytes: No space left on device [os_error_code='28']"
+    )
+    try:
+        try:
+            raise inner
+        except ValueError as cause:
+            raise RuntimeError("Save Finalize thread failed") from cause
+    except RuntimeError as wrapped:
+        error = wrapped
+    assert runtime.find_io_failure(error) == (
+        "No space left on device",
+        "/w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab",
+    )
+    assert runtime.exit_code(error) == 7
+    assert runtime.message(error).startswith(
+        "Storage failure writing /w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab: "
+        "No space left on device."
+    )
+
+
+def test_library_records_of_a_storage_failure_are_hidden():
+    def record(message, error=None):
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord("absl", logging.ERROR, "f.py", 1, message, (), exc_info)
+
+    disk_full = OSError(errno.ENOSPC, "No space left on device")
+    assert not runtime._hide_storage_failure_records(record("Save thread failed", disk_full))
+    assert not runtime._hide_storage_failure_records(record("write: File too large [27]"))
+    assert runtime._hide_storage_failure_records(record("Save thread failed", ValueError("bug")))
+
+
+def test_the_last_of_repeated_overrides_wins():
+    argv = ["train.py", CONFIG, "--config.eval.lengths=(8,)", "--workdir=w"]
+    argv += ["--config.eval.lengths=(16,)", "--config.pe.name=rope"]
+    assert config.last_override_wins(argv) == [
+        "train.py",
+        CONFIG,
+        "--workdir=w",
+        "--config.eval.lengths=(16,)",
+        "--config.pe.name=rope",
+    ]
+
+
+def test_unknown_keys_are_named_with_the_closest_one():
+    argv = ["train.py", CONFIG, "--config.pe.nmae=rope", "--config.pe.name=rope"]
+    argv += ["--config.opt.lerning_rate=1", "--config.pe.name.x=1", "--config.zzz=1"]
+    assert config.unknown_key_problems(argv) == [
+        "--config.pe.nmae: the config has no key 'pe.nmae'; did you mean --config.pe.name?",
+        "--config.opt.lerning_rate: the config has no key 'opt.lerning_rate'; "
+        "did you mean --config.opt.learning_rate?",
+        "--config.pe.name.x: pe.name is a value, not a section; set it with --config.pe.name=...",
+        "--config.zzz: the config has no key 'zzz'; the config has batch_size, checkpoint, "
+        "data, eval, log, mesh, model, num_steps, opt, pe, runtime, seed.",
+    ]
+    assert config.config_file_problem(argv) is None
+    assert "no such file" in config.config_file_problem(["x", "--config=nope.py"])
+
+
+def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
+    # What runtime.run sets up around main, undone afterwards; no huge-page restart of pytest.
+    monkeypatch.setenv(runtime.OPT_OUT, "0")
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
+
+    def main(argv):
+        raise ConfigError(["pe.name = 'x' is not a known encoding; use e.g. rope."])
+
+    with pytest.raises(SystemExit) as exited:
+        runtime.run(main)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("1 problem(s) in the run's config") and "Traceback" not in err
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        runtime.run(lambda argv: 1 / 0)
+
+
+def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, capsys):
+    """After one array fails to read, orbax's other reads are abandoned: silent, not tracebacks."""
+    monkeypatch.setattr(sys, "unraisablehook", runtime._unraisablehook_without_abandoned_io_noise)
+
+    class Pending:
+        def __await__(self):
+            yield
+
+    async def read_array():
+        try:
+            await Pending()
+        finally:  # closed when collected: raises, as an abandoned read does
+            raise ValueError("Encountered error while reading array index")
+
+    abandoned = read_array()
+    abandoned.send(None)
+    del abandoned
+    closed_loop = RuntimeError("Event loop is closed")
+
+    class CallbackAfterTheLoop:
+        def __del__(self):
+            raise closed_loop
+
+    CallbackAfterTheLoop()
+    assert capsys.readouterr().err == ""
+
+    class Bug:
+        def __del__(self):
+            raise ZeroDivisionError("a bug elsewhere")
+
+    Bug()
+    assert "ZeroDivisionError: a bug elsewhere" in capsys.readouterr().err
+
+    def record(name, text):
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, text, (), None)
+
+    hide = runtime._hide_abandoned_task_records
+    assert not hide(record("asyncio", "Task exception was never retrieved"))
+    assert hide(record("asyncio", "Unclosed client session"))
+    assert hide(record("jrope", "Task exception"))
+
+
+def test_a_process_id_outside_the_processes_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"number the processes 0 \.\. num_processes - 1"):
+        distributed.initialize(num_processes=2, process_id=2)  # before any JAX start-up
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GLIBC = (2, 36)
+
+
+def test_adds_the_option_to_the_environment():
+    environ = environment_with_huge_pages({"HOME": "/x"}, _GLIBC, "madvise", cpu_run=True)
+    assert environ == {"HOME": "/x", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
+
+
+def test_keeps_other_tunables():
+    environ = environment_with_huge_pages(
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, _GLIBC, "always", cpu_run=True
+    )
+    assert environ["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}=1"
+
+
+def test_no_restart_when_set_unsupported_or_declined():
+    def restart(environ, glibc=_GLIBC, thp="madvise", cpu_run=True):
+        return environment_with_huge_pages(environ, glibc, thp, cpu_run=cpu_run)
+
+    assert restart({"GLIBC_TUNABLES": f"{TUNABLE}=0"}) is None
+    assert restart({OPT_OUT: "0"}) is None
+    assert restart({}, glibc=(2, 34)) is None
+    assert restart({}, glibc=None) is None
+    assert restart({}, thp="never") is None
+    assert restart({}, thp=None) is None
+
+
+def test_only_cpu_runs_restart_unless_asked():
+    assert environment_with_huge_pages({}, _GLIBC, "madvise", cpu_run=False) is None
+    asked = environment_with_huge_pages({OPT_OUT: "1"}, _GLIBC, "madvise", cpu_run=False)
+    assert asked == {OPT_OUT: "1", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
+
+
+def test_the_backend_is_read_from_jax_platforms_or_the_installed_backends(monkeypatch):
+    assert runtime.runs_on_cpu({"JAX_PLATFORMS": "cpu"})
+    assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "tpu"})
+    assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "cuda,cpu"})
+    monkeypatch.setattr(runtime, "_accelerator_backend_installed", lambda: True)
+    assert not runtime.runs_on_cpu({})
+    monkeypatch.setattr(runtime, "_accelerator_backend_installed", lambda: False)
+    assert runtime.runs_on_cpu({})
+
+
+def test_the_installed_backends_agree_with_jax():
+    """No accelerator backend is found exactly when JAX can only start its CPU backend."""
+    import jax
+
+    accelerators = [d for d in jax.devices() if d.platform != "cpu"]
+    if accelerators:
+        assert runtime._accelerator_backend_installed()
+    elif not os.environ.get("JAX_PLATFORMS"):
+        assert not runtime._accelerator_backend_installed()
+
+
+def _run_entry_point(prelude: str = "") -> list[str]:
+    """Output lines of a `python -c` entry point that restarts itself, run after `prelude`."""
+    script = (
+        "import os, sys\n"
+        f"{prelude}"
+        "print('pid', os.getpid(), flush=True)\n"
+        "from jrope.train import runtime\n"
+        "runtime.restart_with_huge_pages()\n"
+        "print('tunables', os.environ.get('GLIBC_TUNABLES'))\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=_REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+def test_restart_keeps_the_process_and_command_line():
+    """`python -c` restarts once, as the same process, with the option set (where supported)."""
+    lines = _run_entry_point()
+    supported = runtime.environment_with_huge_pages(
+        {}, runtime._glibc_version(), runtime._thp_mode(), cpu_run=True
+    )
+    if sys.platform.startswith("linux") and supported is not None:
+        pids = [line for line in lines if line.startswith("pid")]
+        assert len(pids) == 2 and pids[0] == pids[1], lines
+        assert lines[-1] == f"tunables {TUNABLE}=1"
+    else:
+        assert lines[-1] == "tunables None"
+
+
+def test_no_restart_under_a_debugger():
+    lines = _run_entry_point(prelude="sys.settrace(lambda *args: None)\n")
+    assert len([line for line in lines if line.startswith("pid")]) == 1
+    assert lines[-1] == "tunables None"
+
+
+# How XLA:CPU names a YNNPACK library fusion in compiled HLO text.
+_LIBRARY_FUSION = "__ynn_fusion"
+
+
+_ON_CPU = pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="the library fusions are an XLA:CPU pass"
+)
+
+
+@_ON_CPU
+def test_default_cpu_compilation_has_library_fusions():
+    """The pinned jaxlib fuses a dot and its reduction into a library call by default.
+
+    If this fails, XLA no longer makes them and jrope.train.runtime has nothing left to do.
+    """
+
+    def dot_then_max(x, w):
+        return jnp.max(jnp.tanh(x @ w), axis=-1)
+
+    x = jnp.ones((64, 64), jnp.float32)
+    assert _LIBRARY_FUSION in jax.jit(dot_then_max).lower(x, x).compile().as_text()
+
+
+@pytest.mark.slow
+@_ON_CPU
+def test_cpu_train_step_compiles_without_library_fusions():
+    cfg = tiny_config()
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    state = run.init_state()
+    step = make_train_step(run)
+    with jax.set_mesh(run.mesh):
+        batch = sharding.global_batch(run.source.train_batch(0), cfg.mesh.rules, run.mesh)
+        text = step.lower(state, batch).compile().as_text()
+    assert _LIBRARY_FUSION not in text
+
+
+def test_eval_step_picks_the_blockwise_compilation_by_length():
+    cfg = tiny_config(**{"model.blockwise_min_length": 32, "model.block_size": 16})
+    step = EvalStep(set_up_run(cfg, devices=jax.devices()[:1]))
+    assert step.for_length(16) is step.for_length(31)
+    assert step.for_length(32) is step.for_length(64)
+    assert step.for_length(16) is not step.for_length(32)

@@ -6,7 +6,7 @@
 
 Each (method, seed) trains in `<workdir>/<method>/seed<seed>` with the same
 config but `pe.name` and `seed`. Every run's config is checked before the
-first one trains (jrope.train.validation), and all problems of all runs are
+first one trains (jrope.train.checks), and all problems of all runs are
 reported together: a misspelt method last in --methods must not cost the
 training of the others first. The run is resumable at two levels: a
 finished run (its final evaluation CSV exists) is not retrained, and an
@@ -35,7 +35,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import cli, distributed, evaluation, reporting, validation
+from jrope.train import checks, distributed, evaluation, reporting, runtime
 from jrope.train.console import say
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.trainer import train_and_evaluate
@@ -92,7 +92,7 @@ def _check_every_run(runs: dict) -> dict:
     checked, problems, only_data = {}, collections.defaultdict(list), True
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
-            checked[method, seed] = validation.check_training_run(run_config, str(run_dir)).cfg
+            checked[method, seed] = checks.check_training_run(run_config, str(run_dir)).cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)
             for problem in error.problems:
@@ -213,7 +213,7 @@ def main(argv):
 def run_main() -> None:
     """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
     flags.mark_flags_as_required(["config", "workdir"])
-    cli.run(main)
+    runtime.run(main)
 
 
 if __name__ == "__main__":

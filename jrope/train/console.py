@@ -1,7 +1,7 @@
 """What the person running a command reads: progress, timings, results and where they went.
 
 These lines are the program's output, not log records: they go to stdout,
-from process 0 only, whatever the log level (jrope.train.cli hides library
+from process 0 only, whatever the log level (jrope.train.runtime hides library
 log records below WARNING unless --log_level asks for them). Warnings and
 errors stay on stderr.
 """

@@ -35,11 +35,11 @@ from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
 from jrope.data.source import DistanceEvaluation
-from jrope.train import compilation_cache, nonfinite, reporting, resume, sharding, validation
+from jrope.train import checks, nonfinite, reporting, resume, runtime, sharding
 from jrope.train.checkpointing import Checkpointer
-from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig
 from jrope.train.console import duration, say
+from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_from_params
 from jrope.train.task_metrics import metrics_from_sums, task_sums
@@ -70,7 +70,7 @@ class EvalStep:
     """step(params, batch) -> weighted sums; compiled once per evaluation length.
 
     Lengths whose attention runs blockwise compile with other XLA options
-    than the rest (jrope.train.compile_options): `for_length` gives the jitted
+    than the rest (jrope.train.runtime): `for_length` gives the jitted
     function a length uses, and a call picks it by the batch's length.
     """
 
@@ -225,9 +225,9 @@ def evaluate_checkpoint(
     resume.IncompatibleCheckpointError / CorruptCheckpointError for a
     checkpoint of other parameters or an unreadable or damaged one.
     """
-    checked = validation.check_evaluation_run(config, workdir)
+    checked = checks.check_evaluation_run(config, workdir)
     cfg = checked.cfg
-    compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
+    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     run = set_up_run(cfg, source=checked.source)
     checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step

@@ -3,7 +3,7 @@
 `make_train_step` builds one pure `train_step(state, batch) -> (state,
 metrics)`, jitted once with the state's shardings in and out and the state
 donated (its buffers are reused for the next state). `train_and_evaluate`
-is the whole run: every check in one pass (jrope.train.validation), the
+is the whole run: every check in one pass (jrope.train.checks), the
 workdir's lock (one run per workdir, jrope.train.workdir_lock), data source,
 mesh, sharded initialisation or automatic resume from the workdir's latest
 checkpoint (checked against its digests), the record of the start
@@ -39,23 +39,21 @@ from etils import epath
 from jrope.attention import choose_kernel
 from jrope.errors import RunIOError, TrainingPreempted
 from jrope.train import (
-    compilation_cache,
+    checks,
     evaluation,
-    io_failures,
     nonfinite,
-    profiler,
     resume,
     run_record,
+    runtime,
     sharding,
     task_metrics,
-    validation,
 )
 from jrope.train.checkpointing import Checkpointer
-from jrope.train.compile_options import step_compiler_options
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.console import duration, say
 from jrope.train.metrics import METRICS_FILE, MetricsLogger
 from jrope.train.preemption import PreemptionWatch
+from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import learning_rate_schedule, model_from_params, model_io
 from jrope.train.throughput import Throughput
@@ -73,7 +71,7 @@ TrainStep = Callable[
 def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = None) -> TrainStep:
     """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
 
-    Compiled with jrope.train.compile_options (on CPU, without XLA's library
+    Compiled with jrope.train.runtime (on CPU, without XLA's library
     fusions unless the attention is blockwise); `compiler_options` replaces
     them ({}: XLA's defaults, as benchmarks/train_step.py compares).
 
@@ -151,9 +149,9 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
         'stop'), or too many steps in a row were ('skip'); NonFiniteEvaluationError.
       RunIOError: the storage failed (disk full, ...); the last good checkpoint is named.
     """
-    checked = validation.check_training_run(config, workdir)
+    checked = checks.check_training_run(config, workdir)
     cfg = checked.cfg
-    compilation_cache.enable(cfg.runtime.compilation_cache_dir)  # before anything compiles
+    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with WorkdirLock(workdir, enabled=jax.process_index() == 0) as lock:
         if lock.previous_holder is not None:
             say(
@@ -165,7 +163,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
         try:
             return _run(run, checkpointer, workdir)
         except Exception as error:
-            failure = io_failures.find_io_failure(error)
+            failure = runtime.find_io_failure(error)
             if failure is None or isinstance(error, RunIOError):
                 raise
             raise RunIOError(*failure, resume.describe_latest(checkpointer)) from error
@@ -249,7 +247,7 @@ def _train_steps(
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     cfg, source, mesh = run.cfg, run.source, run.mesh
     train_step = make_train_step(run)
-    trace = profiler.StepTrace(workdir, cfg.runtime)
+    trace = runtime.StepTrace(workdir, cfg.runtime)
     with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
         for step in range(start, cfg.num_steps):
             local_batch = source.train_batch(step)

@@ -1,0 +1,433 @@
+"""What every command-line entry point shares, and the runtime options of a run.
+
+    from jrope.train import runtime
+
+    def main(argv): ...
+
+    if __name__ == "__main__":
+        runtime.run(main)
+
+Errors: the project's own errors (jrope.errors) end the command with their
+message alone on stderr and their `exit_status` (the README has the table);
+a storage failure found anywhere in an exception's chain ("No space left on
+device" inside orbax's or tensorstore's wrapping) ends it with status 7 and
+one line naming the path. `--verbose` (or JROPE_VERBOSE=1) adds the
+traceback. Any other error is a bug and keeps its traceback.
+
+Flags: a config key that does not exist is named with the closest one that
+does (jrope.train.config), for every such key at once. Library log
+records below WARNING (orbax writes about a hundred per short run) are hidden
+unless `--log_level=info` (or debug); so are the libraries' own reports of a
+storage failure unless --verbose.
+
+CPU tuning, applied only when JAX runs on its CPU backend (docs/performance.md
+has the measurements):
+- huge pages: XLA:CPU maps each step's scratch buffer afresh in 4 KiB pages
+  (44 thousand faults per synthetic step); glibc >= 2.35 backs large blocks
+  with transparent huge pages when `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
+  (about 500 faults; 0.7 to 0.8x the step time). glibc reads it only at
+  start, so `run` re-executes the process once with it set (not off Linux,
+  with THP 'never', when already set, or under a debugger).
+  JROPE_HUGE_PAGES=1 asks for it on any backend, 0 never.
+- compiler options: XLA:CPU's YNNPACK library fusions take whole arrays
+  only, writing out what XLA would fuse; without them the dense kernels'
+  steps ran as fast or faster, the blockwise kernel's slower.
+
+Other runtime options: JAX's persistent compilation cache (local or gs://,
+set before the first compilation) and a profiler trace of a window of train
+steps into the run's TensorBoard folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import os
+import pathlib
+import pkgutil
+import re
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+from absl import app, flags
+from absl import logging as absl_logging
+from etils import epath
+
+from jrope.data.files import is_uri, resolved
+from jrope.errors import ConfigError, JropeError, RunIOError
+from jrope.train import config as run_config
+from jrope.train.config import RuntimeConfig
+
+VERBOSE_ENV = "JROPE_VERBOSE"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
+)
+_LOG_LEVEL = flags.DEFINE_enum(
+    "log_level",
+    "warning",
+    LOG_LEVELS,
+    "Lowest level of library log records shown (JAX, orbax, absl); progress is always shown.",
+)
+
+
+def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> None:
+    """`app.run(main)` with the project's flag parsing, log level and error reporting.
+
+    config_flag: the name of the entry point's config-file flag, whose
+    overrides are checked (an entry point without one is unaffected).
+    """
+    restart_with_huge_pages()
+    app.run(
+        functools.partial(_run_reporting_errors, main),
+        flags_parser=functools.partial(_parse_flags, config_flag=config_flag),
+    )
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The exit status of one of the project's errors; None for any other (a bug)."""
+    if isinstance(error, JropeError):
+        return error.exit_status
+    return RunIOError.exit_status if find_io_failure(error) else None
+
+
+def message(error: BaseException) -> str:
+    """What to print for one of the project's errors."""
+    if isinstance(error, RunIOError) or not find_io_failure(error):
+        return str(error)
+    cause, path = find_io_failure(error)
+    where = f" writing {path}" if path else ""
+    return (
+        f"Storage failure{where}: {cause}. Free space, or choose another --workdir, and run again."
+    )
+
+
+def _verbose(argv: Sequence[str] = ()) -> bool:
+    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
+        return True
+    if "--verbose" in argv:  # before the flags are parsed
+        return True
+    return _VERBOSE.present and _VERBOSE.value
+
+
+def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) -> None:
+    if _verbose(argv):
+        traceback.print_exception(error, file=sys.stderr)
+    sys.stdout.flush()
+    print(text, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _parse_flags(argv: list[str], *, config_flag: str) -> list[str]:
+    """absl's parsing of argv, with repeated config overrides resolved and mistakes explained."""
+    # ml_collections reads the overrides from sys.argv itself: it must see the same list.
+    argv = sys.argv = run_config.last_override_wins(argv, config_flag)
+    missing_file = run_config.config_file_problem(argv, config_flag)
+    if missing_file:
+        _fail(missing_file, ConfigError.exit_status, FileNotFoundError(missing_file), argv)
+    run_config.make_importable(run_config.config_argument(argv, config_flag))
+    try:
+        return flags.FLAGS(argv)
+    except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
+        problems = _unknown_keys(argv, config_flag)
+        text = "\n".join(problems) if problems else _first_line(error)
+        required = re.search(r"Flag --(\w+) must have a value other than None", text)
+        if required:
+            text = (
+                f"--{required.group(1)} is required; give it a value (--{required.group(1)}=...)."
+            )
+        _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
+
+
+def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
+    try:
+        return run_config.unknown_key_problems(argv, config_flag)
+    except Exception:  # the config file itself fails to load: absl's error says why
+        return []
+
+
+def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
+    _set_log_level(_LOG_LEVEL.value)
+    if not _verbose():
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_hide_storage_failure_records)
+            handler.addFilter(_hide_abandoned_task_records)
+        sys.excepthook = _excepthook_without_closed_loop_noise
+        sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
+    try:
+        main(argv)
+    except Exception as error:
+        code = exit_code(error)
+        if code is None:
+            raise
+        _fail(message(error), code, error)
+
+
+def _set_log_level(name: str) -> None:
+    """Library records below `name` hidden: absl's (orbax logs through it) and Python's (JAX's)."""
+    absl_logging.set_verbosity(name)
+    logging.getLogger().setLevel(name.upper())
+
+
+def _hide_storage_failure_records(record: logging.LogRecord) -> bool:
+    """False (hide) for a library's record of a storage failure."""
+    error = record.exc_info[1] if record.exc_info else Exception(record.getMessage())
+    return error is None or find_io_failure(error) is None
+
+
+def _hide_abandoned_task_records(record: logging.LogRecord) -> bool:
+    """False (hide) for asyncio's record of a task that orbax abandoned after another failed."""
+    return not (record.name == "asyncio" and record.getMessage().startswith("Task exception"))
+
+
+def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
+    """sys.excepthook, silent for write callbacks that outlive a failed save's event loop.
+
+    When a checkpoint write fails, tensorstore still completes the other
+    writes of that save and prints each callback's "Event loop is closed"
+    (through this hook); the failure itself is reported once.
+    """
+    if not _closed_loop(value):
+        sys.__excepthook__(kind, value, traceback_)
+
+
+def _unraisablehook_without_abandoned_io_noise(unraisable) -> None:
+    """sys.unraisablehook, silent for the leftovers of a failed checkpoint read or write.
+
+    When one array of a checkpoint cannot be read (or written), orbax gives up
+    on the others: their coroutines raise again when they are collected, and
+    tensorstore's callbacks find the event loop closed. Each would print a
+    traceback before and after the one message that names the damaged array.
+    """
+    if not (_closed_loop(unraisable.exc_value) or inspect.iscoroutine(unraisable.object)):
+        sys.__unraisablehook__(unraisable)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+TUNABLE = "glibc.malloc.hugetlb"
+# '0': never restart; '1': restart on any backend; unset: on the CPU backend only.
+OPT_OUT = "JROPE_HUGE_PAGES"
+_THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
+_MIN_GLIBC = (2, 35)
+
+
+def environment_with_huge_pages(
+    environ: Mapping[str, str],
+    glibc_version: tuple[int, int] | None,
+    thp_mode: str | None,
+    *,
+    cpu_run: bool,
+) -> dict[str, str] | None:
+    """The environment to restart with, or None when no restart is wanted.
+
+    glibc_version: (major, minor), None for another C library; thp_mode: the
+    selected transparent huge page mode ('always', 'madvise', 'never'), None
+    when the kernel has none; cpu_run: JAX will run on its CPU backend.
+    """
+    choice = environ.get(OPT_OUT, "")
+    if choice == "0" or (choice != "1" and not cpu_run):
+        return None
+    if glibc_version is None or glibc_version < _MIN_GLIBC or thp_mode in (None, "never"):
+        return None
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if TUNABLE in tunables:
+        return None
+    updated = dict(environ)
+    updated["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"
+    return updated
+
+
+def _glibc_version() -> tuple[int, int] | None:
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        major, minor = version.split(".")[:2]
+        return (int(major), int(minor)) if name == "glibc" else None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _thp_mode() -> str | None:
+    """The bracketed choice of the kernel's mode file, e.g. 'always [madvise] never' -> 'madvise'."""
+    try:
+        with open(_THP_MODE_FILE) as mode_file:
+            text = mode_file.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+def runs_on_cpu(environ: Mapping[str, str]) -> bool:
+    """Whether JAX will pick its CPU backend, found out without starting JAX.
+
+    JAX_PLATFORMS decides when set (its first entry); otherwise JAX takes an
+    accelerator whenever one of its backends is installed.
+    """
+    platforms = environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    return not _accelerator_backend_installed()
+
+
+def _accelerator_backend_installed() -> bool:
+    """libtpu (jax[tpu]) or a PJRT plugin (jax[cuda12], ROCm) is importable."""
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    if importlib.metadata.entry_points(group="jax_plugins"):
+        return True
+    plugins = importlib.util.find_spec("jax_plugins")
+    return plugins is not None and any(pkgutil.iter_modules(plugins.submodule_search_locations))
+
+
+def _debugger_attached() -> bool:
+    """A tracing debugger (pdb, an IDE's) is attached; an exec would drop it."""
+    if sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
+    return monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
+
+
+def restart_with_huge_pages() -> None:
+    """Replaces this process by itself with glibc's huge-page option set, when it helps.
+
+    Call it first in a command-line entry point: the command line (sys.orig_argv,
+    so `python -m` keeps working) is run again; never returns when it restarts.
+    """
+    if not sys.platform.startswith("linux") or _debugger_attached():
+        return
+    environ = environment_with_huge_pages(
+        os.environ, _glibc_version(), _thp_mode(), cpu_run=runs_on_cpu(os.environ)
+    )
+    if environ is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+
+
+def requested() -> bool:
+    """Whether this process started with glibc's huge-page option (benchmarks report it)."""
+    return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")
+
+
+# An empty list of library-fusion kinds: XLA's own fused loops and dot thunks only.
+_WITHOUT_LIBRARY_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def step_compiler_options(*, blockwise: bool, platform: str | None = None) -> dict[str, Any]:
+    """Options for `jax.jit(..., compiler_options=...)` of a train or evaluation step.
+
+    blockwise: whether the step's attention runs the blockwise kernel (jrope.attention.blockwise).
+    platform: the devices' platform ('cpu', 'gpu', 'tpu'); default: JAX's default backend.
+    """
+    platform = platform or jax.default_backend()
+    if platform == "cpu" and not blockwise:
+        return dict(_WITHOUT_LIBRARY_FUSIONS)
+    return {}
+
+
+def enable(cache_dir: str) -> None:
+    """Use `cache_dir` (local or gs://...) as JAX's persistent compilation cache; '' leaves it off."""
+    if not cache_dir:
+        return
+    location = str(resolved(cache_dir))
+    jax.config.update("jax_compilation_cache_dir", location)
+    absl_logging.info("Persistent compilation cache: %s", location)
+
+
+# Failures of the storage itself, not of the program: the fix is outside it.
+IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+_STRERRORS = {os.strerror(code): code for code in IO_ERRNOS}
+# A path in a library's message, quoted (tensorstore: 'Error writing local file "/w/..."').
+_QUOTED_PATH = re.compile(r"""["']((?:/|gs://)[^"']+)["']""")
+
+
+def find_io_failure(error: BaseException) -> tuple[str, str | None] | None:
+    """(cause, path or None) of the first storage failure in `error`'s chain, else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RunIOError):
+            return error.cause, error.path
+        if isinstance(error, OSError) and error.errno in IO_ERRNOS:
+            return os.strerror(error.errno), error.filename
+        text = str(error)
+        for words in _STRERRORS:
+            if words in text:
+                path = _QUOTED_PATH.search(text)
+                return words, path.group(1) if path else None
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class StepTrace:
+    """Starts and stops the profiler around the configured steps of a training loop.
+
+    Args:
+      workdir: the run's workdir (local or a bucket).
+      runtime: the config's runtime section (the step window).
+    """
+
+    def __init__(self, workdir: epath.PathLike, runtime: RuntimeConfig):
+        self._destination = epath.Path(workdir) / "tensorboard"
+        self._window = (runtime.profile_from_step, runtime.profile_to_step)
+        self._staging: tempfile.TemporaryDirectory | None = None
+        self._active = False
+
+    def before_step(self, step: int) -> None:
+        """Call before dispatching train step `step`."""
+        start, stop = self._window
+        if self._active or not start <= step < stop:
+            return
+        if is_uri(self._destination):
+            self._staging = tempfile.TemporaryDirectory(prefix="jrope-profile-")
+            log_dir = self._staging.name
+        else:
+            log_dir = str(self._destination)
+        jax.profiler.start_trace(log_dir)
+        self._active = True
+        absl_logging.info("Profiling train steps %d to %d.", step, stop - 1)
+
+    def after_step(self, step: int, state: Any) -> None:
+        """Call after dispatching train step `step`, with the state it returned."""
+        if self._active and step + 1 >= self._window[1]:
+            jax.block_until_ready(state)
+            self.close()
+
+    def close(self) -> None:
+        """Stops a running trace (also when the loop ends early) and delivers its files."""
+        if not self._active:
+            return
+        self._active = False
+        jax.profiler.stop_trace()
+        if self._staging is not None:
+            _copy_tree(pathlib.Path(self._staging.name), self._destination)
+            self._staging.cleanup()
+            self._staging = None
+        absl_logging.info("Profile written to %s/plugins/profile.", self._destination)
+
+
+def _copy_tree(source: pathlib.Path, destination: epath.Path) -> None:
+    """Every file under the local folder `source` to the same relative path under `destination`."""
+    for path in source.rglob("*"):
+        if path.is_file():
+            target = destination / str(path.relative_to(source))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
