@@ -14,6 +14,8 @@ import dataclasses
 import re
 from typing import Literal
 
+from absl import logging
+
 Layout = Literal["none", "rope", "jordan", "direct_sum"]
 Shear = Literal["none", "eta", "jet"]
 ShearTime = Literal["bounded", "raw"]
@@ -41,11 +43,80 @@ accepted position-encoding names:
   jordan_jetmixfull[_m{m}][_c{100c}]_g{100 alpha0}_g{100 g1}..._g{100 g(m-1)}
   any name but alibi/rope_alibi may end in _alibi (adds the ALiBi bias)
   e.g. jordan_exact_c150_eta010_alibi, jordan_exact_m3_c010_eta100_eta1,
-       jordan_jetmix_m4_c150_g050_g030_g020, jordan_eta020, jordan_m3"""
+       jordan_jetmix_m4_c150_g050_g030_g020, jordan_eta020, jordan_m3
+  an _eta{xyz} above eta_max is clamped to eta_max, as the reference code does
+kernel-probe baselines (features only, no encoding; the probe configs accept them):
+  rope_matched_m{m} | direct_sum_poly_m{m} | jordan_scaled_m{m}[_c{100c}]"""
+
+# The reference code's probe-only baselines (its causal_delta_features), with its defaults.
+_PROBE_BASELINE = re.compile(r"(rope_matched|direct_sum_poly|jordan_scaled)_m(\d+)(?:_c(\d+))?")
+_PROBE_MIN_ORDER = {"rope_matched": 1, "direct_sum_poly": 2, "jordan_scaled": 2}
 
 
 class UnknownEncodingName(ValueError):
     """A position-encoding name that is not one of ACCEPTED_NAMES (the message lists them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeBaseline:
+    """A kernel-probe baseline of the reference code: a feature set with no encoding behind it.
+
+    Attributes:
+      kind: 'rope_matched' (the constant, cos and sin of the first
+        max(1, num_freqs // order) frequencies: RoPE with a Jordan block's
+        parameter count), 'direct_sum_poly' (the constant, RoPE's features and
+        (tau(d)/L)^r for r = 1 .. order - 1, tau the bounded time), or
+        'jordan_scaled' (the features of jordan_exact_m{order}_c{100c}: order
+        raw-time jets (d/L)^r / r! e^{-c d/L} (cos, sin)(w d)).
+      order: m of the name.
+      c: the damping constant of 'jordan_scaled' (gamma = c/L; 1 when the
+        name has no _c token), None for the others.
+    """
+
+    name: str
+    kind: str
+    order: int
+    c: float | None = None
+
+
+def probe_baseline_from_name(name: str) -> ProbeBaseline | None:
+    """The ProbeBaseline a name denotes, or None when it is no probe baseline.
+
+    Raises ValueError for a baseline name whose order is too low for its kind.
+    """
+    match = _PROBE_BASELINE.fullmatch(name) if isinstance(name, str) else None
+    if match is None:
+        return None
+    kind, order, c = match.group(1), int(match.group(2)), match.group(3)
+    if c is not None and kind != "jordan_scaled":
+        return None
+    if order < _PROBE_MIN_ORDER[kind]:
+        raise ValueError(
+            f"probe baseline {name!r} needs m >= {_PROBE_MIN_ORDER[kind]}, got m = {order}."
+        )
+    if kind == "jordan_scaled":
+        return ProbeBaseline(name, kind, order, 1.0 if c is None else int(c) / 100.0)
+    return ProbeBaseline(name, kind, order)
+
+
+def _name_eta(name: str, init_eta: float, eta_max: float) -> float:
+    """A name's _eta{xyz} initial shear, clamped into [-eta_max, eta_max] as the reference does.
+
+    The reference initialises eta through atanh(init_eta / eta_max) clamped
+    near +-1, so an eta above eta_max starts at eta_max.
+    """
+    if abs(init_eta) <= eta_max:
+        return init_eta
+    clamped = eta_max if init_eta > 0 else -eta_max
+    logging.warning(
+        "%s: initial eta %g exceeds eta_max %g and is clamped to %g, as the reference code "
+        "clamps it (the _eta1 suffix of jordan_exact names raises eta_max to 1).",
+        name,
+        init_eta,
+        eta_max,
+        clamped,
+    )
+    return clamped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,12 +207,12 @@ class PEConfig:
         return self.shear == "none" or (self.shear == "eta" and self.shear_time == "raw")
 
 
-def _parse_exact(tokens: list[str], base: dict) -> dict:
+def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:
     """jordan_exact[_scaled][_c..][_eta...][_m..][_eta1]: raw shear scaled by 1/L."""
     L = base["train_context"]
     c = 1.0
     order = 2
-    init_eta = base["init_eta"]
+    name_eta = None
     eta_max = base["eta_max"]
     for token in tokens:
         if token == "scaled":
@@ -151,11 +222,13 @@ def _parse_exact(tokens: list[str], base: dict) -> dict:
         elif m := re.fullmatch(r"c(\d+)", token):
             c = int(m.group(1)) / 100.0
         elif m := re.fullmatch(r"eta(\d{3,})", token):
-            init_eta = int(m.group(1)) / 1000.0
+            name_eta = int(m.group(1)) / 1000.0
         elif m := re.fullmatch(r"m(\d+)", token):
             order = int(m.group(1))
         else:
             raise ValueError(f"unknown token {token!r}")
+    # Only the name's eta is clamped; a base init_eta above eta_max stays an error.
+    init_eta = base["init_eta"] if name_eta is None else _name_eta(name, name_eta, eta_max)
     return dict(
         layout="jordan",
         order=order,
@@ -223,10 +296,10 @@ def _parse_base(name: str, base: dict) -> dict:
     if m := re.fullmatch(r"jordan_m(\d+)", name):
         return dict(stabilized, order=int(m.group(1)))
     if m := re.fullmatch(r"jordan_eta(\d+)", name):
-        return dict(stabilized, init_eta=int(m.group(1)) / 1000.0)
+        return dict(stabilized, init_eta=_name_eta(name, int(m.group(1)) / 1000.0, base["eta_max"]))
     tokens = name.split("_")
     if tokens[:2] == ["jordan", "exact"]:
-        return _parse_exact(tokens[2:], base)
+        return _parse_exact(name, tokens[2:], base)
     if tokens[:2] == ["jordan", "jetmix"]:
         return _parse_jetmix(tokens[2:], base, full=False)
     if tokens[:2] == ["jordan", "jetmixfull"]:
@@ -248,8 +321,8 @@ def pe_config_from_name(
 
     The keyword arguments are the base settings; the name's suffixes override
     them as in the reference code (e.g. `_c150` sets gamma_min = 0 and
-    init_gamma = 1.5 / L; `_eta010` sets init_eta = 0.01; `_eta1` sets
-    eta_max = 1).
+    init_gamma = 1.5 / L; `_eta010` sets init_eta = 0.01, clamped to eta_max
+    as the reference clamps it; `_eta1` sets eta_max = 1).
 
     Raises:
       UnknownEncodingName (a ValueError): for an unknown or malformed name,
@@ -279,6 +352,13 @@ def pe_config_from_name(
             raise UnknownEncodingName(
                 f"unknown position-encoding name {name!r}: use alibi or rope_alibi\n{ACCEPTED_NAMES}"
             )
+    if probe_baseline_from_name(name) is not None:
+        raise UnknownEncodingName(
+            f"{name!r} is one of the reference code's kernel-probe baselines: a feature set "
+            "with no position encoding behind it (the reference's model refuses it too). "
+            "Use it in a probe config (configs/kernel_probe*.py, configs/structured_probe*.py), "
+            f"or pick an encoding.\n{ACCEPTED_NAMES}"
+        )
     try:
         settings = _parse_base(core, base)
     except ValueError as err:

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import jrope
@@ -153,7 +154,7 @@ def test_translation_invariance_follows_the_group_law():
         "direct",
         "",
         "jordan_m1",
-        "jordan_eta200",
+        "rope_matched_m2_alibi",
     ],
 )
 def test_malformed_names_raise_with_the_accepted_forms(name):
@@ -176,3 +177,51 @@ def test_bad_base_settings_raise():
         jrope.pe_config_from_name("jordan_rope", train_context=L, gamma_min=1e-3, init_gamma=1e-4)
     with pytest.raises(ValueError, match="exceeds eta_max"):
         jrope.pe_config_from_name("jordan_rope", train_context=L, init_eta=0.5)
+
+
+@pytest.mark.parametrize(
+    "name, init_eta, eta_max",
+    [
+        ("jordan_eta200", 0.1, 0.1),  # the reference starts eta at eta_max
+        ("jordan_eta050", 0.05, 0.1),  # below eta_max: as written
+        ("jordan_exact_eta200", 0.1, 0.1),
+        ("jordan_exact_m3_c010_eta200_eta1", 0.2, 1.0),  # _eta1 raises the bound first
+        ("jordan_exact_eta1500_eta1", 1.0, 1.0),
+    ],
+)
+def test_name_eta_above_eta_max_is_clamped_as_the_reference_does(name, init_eta, eta_max):
+    cfg = jrope.pe_config_from_name(name, train_context=L)
+    assert (cfg.init_eta, cfg.eta_max) == pytest.approx((init_eta, eta_max))
+
+
+def test_clamped_eta_starts_the_encoding_at_eta_max():
+    from jrope.encodings import make_encoding
+
+    cfg = jrope.pe_config_from_name("jordan_eta200", train_context=L)
+    encoding = make_encoding(cfg, num_heads=2, head_dim=8)
+    eta = encoding.physical_params(encoding.init_params())["eta"]
+    # The reference's atanh clamp at 0.999999 of eta_max.
+    np.testing.assert_allclose(np.asarray(eta), 0.1 * 0.999999, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name, kind, order, c",
+    [
+        ("rope_matched_m2", "rope_matched", 2, None),
+        ("rope_matched_m4", "rope_matched", 4, None),
+        ("direct_sum_poly_m4", "direct_sum_poly", 4, None),
+        ("jordan_scaled_m3_c010", "jordan_scaled", 3, 0.1),
+        ("jordan_scaled_m4", "jordan_scaled", 4, 1.0),
+    ],
+)
+def test_probe_baselines_parse_and_are_refused_as_encodings(name, kind, order, c):
+    baseline = jrope.pe_config.probe_baseline_from_name(name)
+    assert (baseline.kind, baseline.order, baseline.c) == (kind, order, c)
+    with pytest.raises(ValueError, match="kernel-probe baselines"):
+        jrope.pe_config_from_name(name, train_context=L)
+
+
+def test_probe_baseline_order_too_low_names_the_minimum():
+    assert jrope.pe_config.probe_baseline_from_name("jordan_rope") is None
+    with pytest.raises(ValueError, match="m >= 2"):
+        jrope.pe_config.probe_baseline_from_name("direct_sum_poly_m1")
