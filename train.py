@@ -33,7 +33,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
-    from jrope.train.console import say
+    from jrope.train.outputs import say
     from jrope.train.trainer import train_and_evaluate
 
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)

@@ -1,7 +1,7 @@
 """Model-FLOP utilisation (MFU) of the jitted train step against a measured matmul peak.
 
 For each shape and encoding: the model FLOPs of one train step, counted
-analytically from the config (`jrope.train.flops.model_flops_per_step`), divided by the
+analytically from the config (`jrope.train.outputs.model_flops_per_step`), divided by the
 measured step time, over the best float32 matmul throughput measured on this
 machine in the same process. Two shapes, one device:
 
@@ -68,7 +68,7 @@ from configs import synthetic_cpu, wikitext_scaled_exact
 from jrope.model.config import ATTENTION_IMPLS
 from jrope.train import runtime, sharding
 from jrope.train.config import TrainConfig
-from jrope.train.flops import model_flops_per_step
+from jrope.train.outputs import model_flops_per_step
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_io
 from jrope.train.trainer import make_train_step

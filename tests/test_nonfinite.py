@@ -10,8 +10,8 @@ from helpers.tiny_config import tiny_config
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteLossError
 from jrope.train import sharding
-from jrope.train.metrics import MetricsLogger
 from jrope.train.nonfinite import first_nonfinite
+from jrope.train.outputs import MetricsLogger
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import make_train_step, train_and_evaluate
 

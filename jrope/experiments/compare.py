@@ -35,9 +35,9 @@ from etils import epath
 from ml_collections import config_flags
 
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, distributed, evaluation, reporting, runtime
-from jrope.train.console import say
+from jrope.train import checks, distributed, evaluation, outputs, runtime
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
+from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -151,7 +151,7 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
         )
     title = f"{metric}: mean ± std over seeds ({rows[0]['num_sequences']} sequences per length)"
     header = ["method", "seeds"] + [str(length) for length in lengths]
-    return f"{title}\n\n" + reporting.markdown_table(header, cells)
+    return f"{title}\n\n" + outputs.markdown_table(header, cells)
 
 
 def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
@@ -166,7 +166,7 @@ def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
         ]
         header = ["method"] + [f"d={d}" for d in distances]
         title = f"{metric} at length {length} by key-to-query distance d: mean ± std over seeds"
-        tables.append(f"{title}\n\n" + reporting.markdown_table(header, cells))
+        tables.append(f"{title}\n\n" + outputs.markdown_table(header, cells))
     return "\n".join(tables)
 
 
@@ -179,11 +179,11 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
     """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
     metric per distance), .png (curves of the headline metric against length)."""
     workdir = epath.Path(workdir)
-    reporting.write_csv(workdir / "comparison.csv", rows, CSV_COLUMNS)
+    outputs.write_csv(workdir / "comparison.csv", rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
     tables = [comparison_table(rows, metric) for metric in metrics]
     tables.append(distance_tables(rows, metrics[0]))
-    reporting.write_text(workdir / "comparison.md", "\n".join(filter(None, tables)))
+    outputs.write_text(workdir / "comparison.md", "\n".join(filter(None, tables)))
     curves = {
         method: (
             list(by_length),
@@ -192,7 +192,7 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
         )
         for method, by_length in summarize(rows, metrics[0]).items()
     }
-    reporting.plot_against_length(workdir / "comparison.png", curves, ylabel=metrics[0])
+    outputs.plot_against_length(workdir / "comparison.png", curves, ylabel=metrics[0])
 
 
 def main(argv):

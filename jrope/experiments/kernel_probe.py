@@ -17,6 +17,13 @@ A method's basis is read off its PEConfig (the registry of
                           config's damping and shear time, and the ramp d/L (the paper's basis)
     ALiBi bias            the ramp d/L
 
+The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no
+encoding behind them) have their own features, again with the constant:
+
+    rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m)
+    direct_sum_poly_m{m}  the rotary features and (tau(d)/L)^r, r = 1 .. m-1
+    jordan_scaled_m{m}_c{100c}  the features of jordan_exact_m{m}_c{100c}
+
 with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0
 otherwise), c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) =
 d/(1 + d/L) ('bounded') or d ('raw'), and only c_0 = 1 without shear. The
@@ -27,8 +34,15 @@ frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
 is about the lag functions and not about which frequencies a head layout keeps.
 
 The features come from jrope.pe_math (the code of the encodings), which
-computes in float32; targets, the regression (normal equations with ridge
-penalty on every weight, constant included) and the errors are float64 numpy.
+computes in float32. The regression (normal equations with a ridge penalty on
+every weight, constant included), the predictions and the errors run in
+`solver_dtype`: 'float64' (the default) solves the normal equations of the
+float32 features accurately; 'float32' solves them as the reference code does
+(torch.linalg.solve on float32 tensors) and reproduces its tables. The gram
+matrix of these features is ill-conditioned, so the two give different
+weights, and the extrapolated errors differ by up to tens of percent
+(docs/reference.md, section "Probe solver precision"); the targets are
+computed in float64 and rounded to `solver_dtype`.
 
 The targets (phase, linear, mixed, the high jets and the structured
 benchmarks' kernels) are defined in jrope.experiments.probe_targets.
@@ -47,10 +61,11 @@ from etils import epath
 from jrope import pe_math
 from jrope.data import synthetic
 from jrope.experiments.probe_targets import check_target, target_values
-from jrope.pe_config import PEConfig, pe_config_from_name
-from jrope.train import reporting
+from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
+from jrope.train import outputs
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
+SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +73,9 @@ class KernelProbeConfig:
     """The probe's settings (the `probe` section of configs/kernel_probe*.py).
 
     Attributes:
-      methods: encoding names, any name `jrope.pe_config_from_name` accepts.
+      methods: encoding names, any name `jrope.pe_config_from_name` accepts,
+        or a probe baseline of the reference (`rope_matched_m{m}`,
+        `direct_sum_poly_m{m}`, `jordan_scaled_m{m}[_c{100c}]`).
       targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
       seeds: one fit per seed; seeds matter only when train_points < train_context.
       train_context: L: the fit uses lags in [0, L), and L is the unit of time.
@@ -76,6 +93,8 @@ class KernelProbeConfig:
       jet_decay: c of the scaled_high_jet targets.
       ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
       plot_targets: targets whose fits a PNG each shows at the longest context.
+      solver_dtype: 'float64' or 'float32' (the reference's): the precision of
+        the normal equations, the predictions and the errors.
     """
 
     methods: tuple[str, ...]
@@ -94,8 +113,14 @@ class KernelProbeConfig:
     jet_decay: float
     ridge: float
     plot_targets: tuple[str, ...]
+    solver_dtype: str = "float64"
 
     def __post_init__(self):
+        if self.solver_dtype not in SOLVER_DTYPES:
+            raise ValueError(
+                f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
+                f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."
+            )
         for target in self.targets:
             check_target(target)
         if not set(self.plot_targets) <= set(self.targets):
@@ -125,7 +150,8 @@ class KernelProbeConfig:
                 f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
             )
         for method in self.methods:
-            method_pe_config(method, self)  # an unknown name fails here, listing the accepted forms
+            if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
+                method_pe_config(method, self)  # an unknown name fails here, listing the forms
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
@@ -178,17 +204,44 @@ def _jordan_features(
     return [np.asarray(c * carrier, np.float64) for c in coefficients for carrier in carriers]
 
 
+def _rotary_features(lags: np.ndarray, omegas: jnp.ndarray) -> list[np.ndarray]:
+    """cos(w_k d), sin(w_k d), each float64 [n, len(omegas)] (float32 values)."""
+    d = jnp.asarray(lags, jnp.float32)[:, None]
+    return [np.asarray(c, np.float64) for c in pe_math.damped_phase(d, 0.0, omegas[None, :])]
+
+
+def _baseline_features(
+    baseline: ProbeBaseline, lags: np.ndarray, probe: KernelProbeConfig, omegas: jnp.ndarray
+) -> list[np.ndarray]:
+    """The reference's probe-baseline features (the constant excluded)."""
+    if baseline.kind == "rope_matched":
+        return _rotary_features(lags, omegas[: max(1, probe.num_freqs // baseline.order)])
+    if baseline.kind == "direct_sum_poly":
+        d = jnp.asarray(lags, jnp.float32)
+        tau = pe_math.bounded_time(d, probe.train_context) / probe.train_context
+        powers = [np.asarray(tau**r, np.float64)[:, None] for r in range(1, baseline.order)]
+        return _rotary_features(lags, omegas) + powers
+    exact = pe_config_from_name(
+        f"jordan_exact_m{baseline.order}_c{round(100 * baseline.c):03d}",
+        train_context=probe.train_context,
+        theta=probe.theta,
+    )
+    return _jordan_features(exact, exact.order, True, lags, omegas)
+
+
 def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
     """The method's relative lag features at integer lags [n], float64 [n, F] (column 0 is the constant)."""
-    cfg = method_pe_config(method, probe)
     lags = np.asarray(lags)
     omegas = pe_math.rotary_frequencies(probe.num_freqs, probe.head_dim, probe.theta)
-    ramp = (lags / probe.train_context)[:, None].astype(np.float64)
     columns = [np.ones((lags.size, 1))]
+    baseline = probe_baseline_from_name(method)
+    if baseline is not None:
+        columns += _baseline_features(baseline, lags, probe, omegas)
+        return np.concatenate([c.reshape(lags.size, -1) for c in columns], axis=1)
+    cfg = method_pe_config(method, probe)
+    ramp = (lags / probe.train_context)[:, None].astype(np.float64)
     if cfg.layout in ("rope", "direct_sum"):
-        columns += _jordan_features(
-            dataclasses.replace(cfg, learn_gamma=False, shear="none"), 1, True, lags, omegas
-        )
+        columns += _rotary_features(lags, omegas)
     if cfg.layout == "jordan":
         columns += _jordan_features(cfg, cfg.order, cfg.rotate, lags, omegas)
     if cfg.layout == "direct_sum":
@@ -198,11 +251,13 @@ def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> n
     return np.concatenate([c.reshape(lags.size, -1) for c in columns], axis=1)
 
 
-def ridge_fit(features: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
-    """Weights w [F] solving (X^T X + ridge I) w = X^T y in float64; X [n, F], y [n]."""
-    x = np.asarray(features, np.float64)
-    gram = x.T @ x + ridge * np.eye(x.shape[1])
-    return np.linalg.solve(gram, x.T @ np.asarray(targets, np.float64))
+def ridge_fit(
+    features: np.ndarray, targets: np.ndarray, ridge: float, dtype=np.float64
+) -> np.ndarray:
+    """Weights w [F] solving (X^T X + ridge I) w = X^T y in ``dtype``; X [n, F], y [n]."""
+    x = np.asarray(features, dtype)
+    gram = x.T @ x + dtype(ridge) * np.eye(x.shape[1], dtype=dtype)
+    return np.linalg.solve(gram, x.T @ np.asarray(targets, dtype))
 
 
 def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
@@ -223,19 +278,22 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
         [0, max(eval_contexts)), float64, for the first seed and each of plot_targets.
     """
     longest = max(probe.eval_contexts)
+    dtype = SOLVER_DTYPES[probe.solver_dtype]
     # One feature matrix per method covers the fit lags and every evaluation window.
     span = max(longest, probe.train_context)
-    eval_features = {m: basis_features(m, np.arange(span), probe) for m in probe.methods}
+    eval_features = {
+        m: basis_features(m, np.arange(span), probe).astype(dtype) for m in probe.methods
+    }
     rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
         fit_lags = training_lags(probe, seed)
         for target in probe.targets:
-            y_fit = target_values(target, fit_lags, probe)
-            y_all = target_values(target, np.arange(span), probe)
+            y_fit = target_values(target, fit_lags, probe).astype(dtype)
+            y_all = target_values(target, np.arange(span), probe).astype(dtype)
             for method in probe.methods:
                 x_all = eval_features[method]
                 x_fit = x_all[fit_lags]
-                weights = ridge_fit(x_fit, y_fit, probe.ridge)
+                weights = ridge_fit(x_fit, y_fit, probe.ridge, dtype)
                 common = dict(seed=seed, task=target, method=method)
                 rows.append(
                     dict(
@@ -250,7 +308,7 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
                     error = np.mean((prediction[:context] - y_all[:context]) ** 2)
                     rows.append(dict(common, context=context, split="eval", mse=float(error)))
                 if seed == probe.seeds[0] and target in plot_curves:
-                    plot_curves[target][method] = prediction[:longest]
+                    plot_curves[target][method] = prediction[:longest].astype(np.float64)
     return rows, plot_curves
 
 
@@ -263,7 +321,7 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
     lines = [
         f"Kernel probe: ridge {probe.ridge:g}, head_dim {probe.head_dim}, {probe.num_freqs} frequencies, "
         f"target frequency index {probe.target_freq_index}, gamma {probe.gamma:g}, "
-        f"seeds {list(probe.seeds)}. Mean squared error."
+        f"seeds {list(probe.seeds)}, {probe.solver_dtype} solver. Mean squared error."
     ]
     for target in probe.targets:
         mean = {
@@ -290,7 +348,7 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
             ]
             for method in probe.methods
         ]
-        lines += ["", f"### {target}", "", reporting.markdown_table(header, cells).rstrip("\n")]
+        lines += ["", f"### {target}", "", outputs.markdown_table(header, cells).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -305,7 +363,7 @@ def plot_fits(
     lags (log scale, fit window dashed), the bottom one the curves over the
     last 96 lags, where extrapolation is hardest.
     """
-    plt = reporting.pyplot()
+    plt = outputs.pyplot()
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
@@ -334,7 +392,7 @@ def plot_fits(
     bottom.set_ylabel("kernel value")
     bottom.set_title(f"the last {tail.size} lags")
     fig.tight_layout()
-    reporting.save_figure(fig, path, dpi=130)
+    outputs.save_figure(fig, path, dpi=130)
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
@@ -345,9 +403,9 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
     workdir = epath.Path(workdir)
-    reporting.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
+    outputs.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
-    reporting.write_text(workdir / "kernel_probe.md", table)
+    outputs.write_text(workdir / "kernel_probe.md", table)
     for target, curves in plot_curves.items():
         plot_fits(
             workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png",

@@ -10,7 +10,7 @@ fit in memory, and, for a source that places its answer at chosen distances
 (jrope.data.source.DistanceEvaluation), at each such distance too;
 `write_results` writes a CSV (one row per method, seed, step, length and
 distance), a markdown table and a PNG curve against length
-(jrope.train.reporting), the CSV last: a folder holding `eval.csv` holds a
+(jrope.train.outputs), the CSV last: a folder holding `eval.csv` holds a
 whole result. `evaluate_and_report` does both for the trainer and eval.py,
 with the progress per length and the table on the console; a NaN or
 infinite loss is a failure (jrope.train.nonfinite), not a result. Results are
@@ -35,10 +35,10 @@ from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
 from jrope.data.source import DistanceEvaluation
-from jrope.train import checks, nonfinite, reporting, resume, runtime, sharding
+from jrope.train import checks, nonfinite, outputs, resume, runtime, sharding
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import TrainConfig
-from jrope.train.console import duration, say
+from jrope.train.outputs import duration, say
 from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import model_from_params
@@ -268,7 +268,7 @@ def finished_results(workdir: str, step: int) -> epath.Path | None:
 
 def read_results(out_dir: epath.PathLike) -> list[dict[str, Any]]:
     """The rows of a results folder's CSV, with their types (distance None where empty)."""
-    rows = reporting.read_csv(epath.Path(out_dir) / RESULTS_CSV)
+    rows = outputs.read_csv(epath.Path(out_dir) / RESULTS_CSV)
     for row in rows:
         for key in ("seed", "step", "length", "num_sequences"):
             row[key] = int(row[key])
@@ -290,7 +290,7 @@ def write_results(
     metric = TASK_COLUMNS[task][0]
     by_length = [row for row in rows if row["distance"] is None]
     labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
-    reporting.plot_against_length(
+    outputs.plot_against_length(
         paths["png"],
         {
             rows[0]["method"]: (
@@ -302,8 +302,8 @@ def write_results(
         ylabel=labels.get(task, metric),
         size=(5, 3.5),
     )
-    reporting.write_text(paths["md"], markdown_table(rows, task=task))
-    reporting.write_csv(paths["csv"], rows, CSV_COLUMNS)
+    outputs.write_text(paths["md"], markdown_table(rows, task=task))
+    outputs.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
 
@@ -315,16 +315,16 @@ def markdown_table(rows: Sequence[dict[str, Any]], *, task: str) -> str:
     columns = ("length",) + TASK_COLUMNS[task]
     by_length = [row for row in rows if row["distance"] is None]
     means = {column: np.mean([row[column] for row in by_length]) for column in columns[1:]}
-    cells = [[reporting.format_cell(row[column]) for column in columns] for row in by_length]
-    cells.append(["mean"] + [reporting.format_cell(means[column]) for column in columns[1:]])
+    cells = [[outputs.format_cell(row[column]) for column in columns] for row in by_length]
+    cells.append(["mean"] + [outputs.format_cell(means[column]) for column in columns[1:]])
     title = (
         f"method: {rows[0]['method']}, seed: {rows[0]['seed']}, step: {rows[0]['step']}, "
         f"{rows[0]['num_sequences']} sequences per length"
     )
-    text = f"{title}\n\n" + reporting.markdown_table(columns, cells)
+    text = f"{title}\n\n" + outputs.markdown_table(columns, cells)
     at_distance = [row for row in rows if row["distance"] is not None]
     if at_distance:
         columns = ("length", "distance") + TASK_COLUMNS[task]
-        cells = [[reporting.format_cell(row[c]) for c in columns] for row in at_distance]
-        text += "\nAt chosen distances:\n\n" + reporting.markdown_table(columns, cells)
+        cells = [[outputs.format_cell(row[c]) for c in columns] for row in at_distance]
+        text += "\nAt chosen distances:\n\n" + outputs.markdown_table(columns, cells)
     return text

@@ -3,7 +3,7 @@
 `opt.nonfinite` chooses:
 
   'stop'  (default) the host reads every step's metrics (one step late, see
-          jrope.train.metrics) and raises NonFiniteLossError naming the
+          jrope.train.outputs) and raises NonFiniteLossError naming the
           step, the metric and the last good checkpoint. The trainer reads
           the pending step before every save, so no checkpoint ever holds a
           state produced by a non-finite step.
@@ -14,7 +14,7 @@
           uninterrupted run of the same config would. The metric 'skipped'
           (1.0 or 0.0) marks such steps; the logger counts them, and stops
           the run after opt.max_consecutive_skips of them in a row
-          (jrope.train.metrics).
+          (jrope.train.outputs).
 
 Either way an evaluation whose loss is NaN or infinite is a failure, not a
 result: `check_evaluation` raises NonFiniteEvaluationError before anything

@@ -37,7 +37,7 @@ from jrope.errors import CorruptCheckpointError, IncompatibleCheckpointError, No
 from jrope.train import digests
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import TrainConfig, flatten_dict
-from jrope.train.console import say
+from jrope.train.outputs import say
 
 # Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
 _FAILED_READ = re.compile(r'Error reading "([^"/]+)/')

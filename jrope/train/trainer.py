@@ -7,7 +7,7 @@ is the whole run: every check in one pass (jrope.train.checks), the
 workdir's lock (one run per workdir, jrope.train.workdir_lock), data source,
 mesh, sharded initialisation or automatic resume from the workdir's latest
 checkpoint (checked against its digests), the record of the start
-(jrope.train.run_record), the loop with periodic checkpoints and
+(jrope.train.outputs), the loop with periodic checkpoints and
 evaluations, a final checkpoint and evaluation, and on the console the
 compile time, the progress, the results table and where every output went.
 A finished run is not run again and its results are never rewritten. On
@@ -42,21 +42,19 @@ from jrope.train import (
     checks,
     evaluation,
     nonfinite,
+    outputs,
     resume,
-    run_record,
     runtime,
     sharding,
     task_metrics,
 )
 from jrope.train.checkpointing import Checkpointer
 from jrope.train.config import TrainConfig, flatten_dict
-from jrope.train.console import duration, say
-from jrope.train.metrics import METRICS_FILE, MetricsLogger
+from jrope.train.outputs import METRICS_FILE, MetricsLogger, Throughput, duration, say
 from jrope.train.preemption import PreemptionWatch
 from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import learning_rate_schedule, model_from_params, model_io
-from jrope.train.throughput import Throughput
 from jrope.train.workdir_lock import WorkdirLock, describe_holder
 
 # Dropout keys come from their own stream of the seed, apart from the
@@ -194,7 +192,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
     if jax.process_index() == 0:
-        run_record.append_start_record(workdir, run_record.start_record(cfg, start))
+        outputs.append_start_record(workdir, outputs.start_record(cfg, start))
     logger = MetricsLogger(
         workdir,
         every_steps=cfg.log.every_steps,
@@ -283,7 +281,7 @@ def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
         f"checkpoints/{cfg.num_steps}/  the trained state (resume; eval.py for other lengths)",
         f"{results.name}/  eval.md (above), eval.csv, eval.png",
         f"{METRICS_FILE}  training and evaluation metrics, one JSON object per line",
-        f"{run_record.RECORD_FILE}  config, command line, versions and devices of each start",
+        f"{outputs.RECORD_FILE}  config, command line, versions and devices of each start",
     ]
     if cfg.log.tensorboard:
         lines.append(f"tensorboard/  event files: tensorboard --logdir={workdir}")

@@ -1,0 +1,696 @@
+"""What a run writes and shows: console lines, metrics files, TensorBoard, throughput, results.
+
+Console (`say`): the program's output, not log records: stdout, process 0
+only, whatever the log level (jrope.train.runtime hides library records).
+
+Metrics (`MetricsLogger`): the device never waits for the host to log.
+`push` keeps the metrics of the step just dispatched and reads those of the
+previous one, so the host reads one step late and the device queue never
+drains. Every step's loss and gradient norm are checked for NaN/Inf; a
+non-finite value stops the run naming the step, the metric and the last good
+checkpoint, unless the step skipped its update (opt.nonfinite = 'skip',
+jrope.train.trainer), until opt.max_consecutive_skips come in a row. Every
+log.every_steps steps the progress line (loss, accuracy, steps/s, tokens/s,
+MFU where the device's peak is known, time left) goes to the console and the
+metrics to `metrics.jsonl` (NaN and infinities as the strings "nan", "inf",
+"-inf", which float() reads back) and TensorBoard. A resumed run first drops
+the records of what it will do again, so every step is logged once.
+
+Files go through etils.epath: a workdir may be local or `gs://...`. An
+object cannot be appended to, so there a log is kept in memory and rewritten
+at most every UPLOAD_INTERVAL_S and on every flush; `EpathEventFile` takes
+tensorboardX's gs:// prefix over so event files land the same way. Result
+files (CSV rows, markdown tables, PNG plots) are rendered in memory and
+written in one call. `uri_problem` asks a bucket once within
+STORAGE_TIMEOUT_S, so a run fails at once, naming the bucket, when it
+cannot be used (offline, gcsfs would retry for over a minute).
+
+MFU = the model FLOPs of a step (counted from the config) x steps/s / the
+devices' published dense matmul peak, looked up by `device.device_kind` for
+the compute dtype (float32 matmuls run as bfloat16 passes on TPUs and as TF32
+on NVIDIA GPUs since Ampere); CPUs and unknown kinds get tokens/s only.
+
+`starts.jsonl` gets one record per start of a training run (time, host,
+command line, step, library versions, devices, the resolved config), never
+rewritten, so it also tells when settings changed on a resume.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.metadata
+import io
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+from tensorboardX import record_writer
+
+from jrope.data.files import is_uri, write_atomically
+from jrope.data.source import source_spec
+from jrope.errors import NonFiniteLossError, SkippedTooManySteps
+from jrope.train import nonfinite
+from jrope.train.config import TrainConfig
+
+
+def say(message: str, end: str = "\n") -> None:
+    """Print `message` on stdout (process 0 only), flushed at once."""
+    if jax.process_index() == 0:
+        print(message, end=end, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """'4.2 s', '3 min 05 s' or '2 h 07 min'."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLogger:
+    """Logs every `every_steps`-th step; checks every step.
+
+    Args:
+      workdir: directory for `metrics.jsonl` and `tensorboard/` (local, or a
+        bucket: jrope.train.outputs).
+      every_steps: logging interval.
+      num_steps: total steps of the run (for the time left).
+      tensorboard: whether to write TensorBoard event files.
+      last_checkpoint: callable returning a description of the last saved
+        checkpoint, quoted when the loss goes non-finite.
+      is_writer: only one process writes files (all processes check finiteness).
+      start_step: the step this start resumes from (0: a fresh run).
+      throughput: turns the step rate into tokens/s and MFU (None: steps/s only).
+      max_consecutive_skips: skipped steps in a row that stop the run.
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        every_steps: int,
+        num_steps: int,
+        tensorboard: bool,
+        last_checkpoint: Callable[[], str],
+        is_writer: bool = True,
+        start_step: int = 0,
+        throughput: Throughput | None = None,
+        max_consecutive_skips: int = 10,
+    ):
+        self._every_steps = every_steps
+        self._num_steps = num_steps
+        self._last_checkpoint = last_checkpoint
+        self._throughput = throughput
+        self._max_consecutive_skips = max_consecutive_skips
+        self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
+        self._interval_start: tuple[int, float] | None = None
+        self._skipped_steps = 0
+        self._skipped_in_a_row: list[int] = []
+        self._jsonl = None
+        self._tensorboard = None
+        if is_writer:
+            self._jsonl = JsonLinesLog(
+                epath.Path(workdir) / METRICS_FILE,
+                keep=lambda line: _keeps_record(line, start_step, num_steps),
+            )
+            if tensorboard:
+                self._tensorboard = tensorboard_writer(epath.Path(workdir) / "tensorboard")
+
+    def push(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
+        """Record the (still computing) metrics of `step`; read and log the previous step's."""
+        previous, self._pending = self._pending, (step, metrics)
+        if self._interval_start is None:
+            self._interval_start = (step - 1, time.perf_counter())
+        if previous is not None:
+            self._read(*previous)
+
+    def flush(self) -> None:
+        """Read the pending step now (before a checkpoint, an evaluation or the end)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._read(*pending)
+        if self._jsonl is not None:
+            self._jsonl.flush()  # on a bucket: the log catches up with the checkpoint
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
+        """Log named scalars (e.g. evaluation results) at `step`."""
+        self._write(step, {f"{prefix}/{name}": float(value) for name, value in scalars.items()})
+
+    def write_hparams(self, hparams: Mapping[str, Any], metric_names: list[str]) -> None:
+        """The run's settings for TensorBoard's hparams view (values other than numbers as text)."""
+        if self._tensorboard is None:
+            return
+        from tensorboardX.summary import hparams as hparams_summary
+
+        values = {
+            key: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for key, value in hparams.items()
+        }
+        for summary in hparams_summary(values, dict.fromkeys(metric_names, 0.0)):
+            self._tensorboard.file_writer.add_summary(summary)
+        self._tensorboard.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+    def _read(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
+        values = {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
+        bad = nonfinite.first_nonfinite(values)
+        if nonfinite.SKIPPED_METRIC in values:
+            self._count_skip(step, values.pop(nonfinite.SKIPPED_METRIC) > 0, bad)
+            values["skipped_steps"] = self._skipped_steps
+        elif bad is not None:
+            raise NonFiniteLossError(
+                f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: {self._last_checkpoint()}. "
+                "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint "
+                "(or set opt.nonfinite='skip' to drop such steps)."
+            )
+        if step % self._every_steps and step != self._num_steps:
+            return
+        start_step, start_time = self._interval_start
+        now = time.perf_counter()
+        values["steps_per_sec"] = (step - start_step) / max(now - start_time, 1e-9)
+        if self._throughput is not None:
+            values.update(self._throughput.rates(values["steps_per_sec"]))
+        self._interval_start = (step, now)
+        say(_progress_line(step, self._num_steps, values))
+        self._write(step, {f"train/{name}": value for name, value in values.items()})
+
+    def _count_skip(self, step: int, skipped: bool, bad: tuple[str, float] | None) -> None:
+        if not skipped:
+            self._skipped_in_a_row = []
+            return
+        self._skipped_steps += 1
+        self._skipped_in_a_row.append(step)
+        logging.warning(
+            "Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps
+        )
+        if len(self._skipped_in_a_row) >= self._max_consecutive_skips:
+            first, last = self._skipped_in_a_row[0], self._skipped_in_a_row[-1]
+            raise SkippedTooManySteps(
+                f"Steps {first} to {last} were all skipped ({bad[0]} non-finite): "
+                f"{len(self._skipped_in_a_row)} in a row, opt.max_consecutive_skips, so the run "
+                f"stops instead of skipping on; it is diverging. Last good checkpoint: "
+                f"{self._last_checkpoint()}. Lower opt.learning_rate or use float32 compute, then "
+                "resume from that checkpoint."
+            )
+
+    def _write(self, step: int, scalars: Mapping[str, float]) -> None:
+        if self._jsonl is not None:
+            record = {"step": step, "time": time.time(), **scalars}
+            safe = {key: _json_number(value) for key, value in record.items()}
+            self._jsonl.write(json.dumps(safe, allow_nan=False))
+        if self._tensorboard is not None:
+            for name, value in scalars.items():
+                self._tensorboard.add_scalar(name, value, step)
+            self._tensorboard.flush()
+
+
+def _json_number(value: Any) -> Any:
+    """NaN and infinities as the strings "nan", "inf", "-inf" (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
+    """Whether a line of an earlier start stays: whole, and not one this start writes again."""
+    if not line.endswith("\n"):
+        return False  # a line cut short by a kill
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    redone_final_evaluation = (
+        record["step"] == start_step == num_steps and "train/loss" not in record
+    )
+    return record["step"] <= start_step and not redone_final_evaluation
+
+
+def _progress_line(step: int, num_steps: int, values: Mapping[str, float]) -> str:
+    """E.g. 'step 100/250  loss 0.41  accuracy 0.81  12.1 steps/s  31k tokens/s  12.4 s left'."""
+    parts = [f"step {step}/{num_steps}"]
+    parts += [f"{name} {values[name]:.4g}" for name in ("loss", "accuracy") if name in values]
+    if values.get("skipped_steps"):
+        parts.append(f"skipped {values['skipped_steps']:.0f}")
+    parts.append(f"{values['steps_per_sec']:.3g} steps/s")
+    if "tokens_per_sec" in values:
+        parts.append(f"{_si(values['tokens_per_sec'])} tokens/s")
+    if "mfu" in values:
+        parts.append(f"MFU {100 * values['mfu']:.1f} %")
+    if step < num_steps:
+        parts.append(f"{duration((num_steps - step) / values['steps_per_sec'])} left")
+    return "  ".join(parts)
+
+
+def _si(value: float) -> str:
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+# Longest time between two rewrites of an object in a bucket while a run logs.
+UPLOAD_INTERVAL_S = 30.0
+# Object-store prefixes whose TensorBoard event files go through epath.
+_EVENT_FILE_PREFIXES = ("gs",)
+
+
+class JsonLinesLog:
+    """A text log of one line per record at `path` (continued when it exists).
+
+    Args:
+      path: the log file; its folder is created if missing.
+      keep: which of the lines already there to keep (a resumed run drops the
+        records it will write again); None keeps them all.
+    """
+
+    def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
+        self._path = epath.Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = None
+        self._buffer = None
+        history = self._path.read_text() if self._path.exists() else ""
+        kept = "".join(line for line in history.splitlines(True) if keep is None or keep(line))
+        if is_uri(self._path):
+            self._buffer = io.StringIO(kept)  # a resumed run keeps its history
+            self._buffer.seek(0, io.SEEK_END)
+            self._uploaded_at = time.monotonic()
+            return
+        if kept != history:
+            write_atomically(str(self._path), [kept.encode("utf-8")])
+        self._file = self._path.open("a")
+
+    def write(self, line: str) -> None:
+        """Appends `line` (no newline) to the log."""
+        if self._file is not None:
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as error:  # a file object's errors do not name the file
+                raise OSError(error.errno, error.strerror, str(self._path)) from error
+            return
+        self._buffer.write(line + "\n")
+        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Everything written so far is in the file (rewritten whole on an object store)."""
+        if self._file is not None:
+            self._file.flush()
+            return
+        self._path.write_text(self._buffer.getvalue())
+        self._uploaded_at = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+
+
+class EpathEventFile:
+    """One TensorBoard event file on an object store, written through epath.
+
+    tensorboardX hands it the framed records; they are kept in memory and the
+    object is rewritten whole (at most every UPLOAD_INTERVAL_S seconds on
+    tensorboardX's periodic flushes, always on close).
+    """
+
+    def __init__(self, path: str):
+        self._path = epath.Path(path)
+        self._records = io.BytesIO()
+        self._uploaded_at = -float("inf")
+
+    def write(self, data: bytes) -> None:
+        self._records.write(data)
+
+    def flush(self) -> None:
+        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
+            self._upload()
+
+    def close(self) -> None:
+        self._upload()
+
+    def _upload(self) -> None:
+        self._path.write_bytes(self._records.getvalue())
+        self._uploaded_at = time.monotonic()
+
+
+class _EpathEventFiles:
+    """tensorboardX's writer factory interface: opens event files, needs no folders made."""
+
+    def open(self, path: str) -> EpathEventFile:
+        return EpathEventFile(path)
+
+    def directory_check(self, path: str) -> None:
+        del path  # object stores have no folders to create
+
+
+for _prefix in _EVENT_FILE_PREFIXES:
+    record_writer.register_writer_factory(_prefix, _EpathEventFiles())
+
+
+def tensorboard_writer(logdir: epath.PathLike):
+    """A tensorboardX SummaryWriter for `logdir` (local, or an object store through epath)."""
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(str(logdir))
+
+
+_T = 1e12
+# device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), FLOP/s per device.
+PEAK_FLOPS = {
+    "TPU v2": (22.5 * _T, 22.5 * _T),  # 45 TFLOP/s per chip, 2 devices per chip
+    "TPU v3": (61.5 * _T, 61.5 * _T),  # 123 per chip, 2 devices per chip
+    "TPU v4": (275 * _T, 275 * _T),
+    "TPU v5 lite": (197 * _T, 197 * _T),  # v5e
+    "TPU v5": (459 * _T, 459 * _T),  # v5p
+    "TPU v5p": (459 * _T, 459 * _T),
+    "TPU v6 lite": (918 * _T, 918 * _T),  # v6e (Trillium)
+    "Tesla V100-SXM2-16GB": (None, 15.7 * _T),  # no bfloat16, no TF32
+    "Tesla V100-SXM2-32GB": (None, 15.7 * _T),
+    "Tesla V100-PCIE-16GB": (None, 14 * _T),
+    "Tesla V100-PCIE-32GB": (None, 14 * _T),
+    "NVIDIA A100-SXM4-40GB": (312 * _T, 156 * _T),  # float32: TF32
+    "NVIDIA A100-SXM4-80GB": (312 * _T, 156 * _T),
+    "NVIDIA A100-PCIE-40GB": (312 * _T, 156 * _T),
+    "NVIDIA A100 80GB PCIe": (312 * _T, 156 * _T),
+    "NVIDIA L4": (121 * _T, 60 * _T),
+    "NVIDIA H100 80GB HBM3": (989.4 * _T, 494.7 * _T),  # SXM
+    "NVIDIA H100 PCIe": (756.5 * _T, 378 * _T),
+    "NVIDIA H200": (989.4 * _T, 494.7 * _T),  # SXM: the H100 SXM's compute
+}
+
+
+def peak_flops_per_sec(devices: Sequence[jax.Device], compute_dtype: str) -> float | None:
+    """The summed peak of `devices` for `compute_dtype` matmuls; None when any is unknown."""
+    column = 0 if compute_dtype == "bfloat16" else 1
+    peaks = [PEAK_FLOPS.get(device.device_kind, (None, None))[column] for device in devices]
+    return None if None in peaks else sum(peaks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """What turns a step rate into tokens/s and MFU.
+
+    tokens_per_step: global batch x training length.
+    model_flops_per_step: jrope.train.outputs' count for the config.
+    peak_flops_per_sec: all devices together; None when unknown (no MFU).
+    """
+
+    tokens_per_step: int
+    model_flops_per_step: float
+    peak_flops_per_sec: float | None
+
+    @classmethod
+    def for_run(
+        cls, cfg: TrainConfig, io: dict[str, int | None], devices: Sequence[jax.Device]
+    ) -> Throughput:
+        """io: the model's input and output sizes (jrope.train.state.model_io)."""
+        return cls(
+            tokens_per_step=cfg.batch_size * cfg.pe.train_context,
+            model_flops_per_step=model_flops_per_step(cfg, **io)["total"],
+            peak_flops_per_sec=peak_flops_per_sec(devices, cfg.model.compute_dtype),
+        )
+
+    def rates(self, steps_per_sec: float) -> dict[str, float]:
+        """{'tokens_per_sec': ..., and 'mfu' (a fraction) when the peak is known}."""
+        rates = {"tokens_per_sec": steps_per_sec * self.tokens_per_step}
+        if self.peak_flops_per_sec:
+            rates["mfu"] = steps_per_sec * self.model_flops_per_step / self.peak_flops_per_sec
+        return rates
+
+
+def model_flops_per_step(
+    cfg: TrainConfig,
+    vocab_size: int | None = None,
+    *,
+    input_channels: int | None = None,
+    output_channels: int | None = None,
+) -> dict[str, float]:
+    """Model FLOPs of one train step (forward + backward) of `cfg`'s Transformer.
+
+    A multiply-add is 2 FLOPs; the backward pass is counted as twice the
+    forward (an input and a weight gradient per matmul), so a step is 3x the
+    forward. Only matmuls count: norms, GELU, softmax, the encoding's
+    rotations, the loss and the optimizer are left out (standard MFU
+    accounting), and rematerialised forward passes are not counted again.
+
+    Shapes: B = cfg.batch_size, T = cfg.pe.train_context (the training
+    window), D = d_model, N heads of H = D / N, F = mlp_ratio * D, V = the
+    vocabulary. A block whose Q queries are the last Q of S key positions
+    does, forward:
+
+      dense      2 B D^2 (Q + 2 S)     q projection on Q rows, k and v on S rows
+                 2 B Q D^2             output projection
+                 4 B Q D F             MLP up and down
+      attention  4 B D P               q.k scores and probabilities.v over the
+                                       P = Q S - Q (Q - 1) / 2 causally visible
+                                       (query, key) pairs, each 2 H FLOPs per head
+
+    Every block has Q = S = T (P = T (T + 1) / 2, the causal half of T x T)
+    except the last one with readout 'last' (jrope.model.transformer), which has Q = 1
+    (its one query sees all S = T keys: P = T). The tied readout is
+    2 B Q D V forward with Q the last block's Q; the input embedding is a
+    gather (0 FLOPs; its gradient is a scatter-add, also not counted). A
+    signal model (the regression task: input_channels C_in and
+    output_channels C_out instead of a vocabulary) has an input projection,
+    2 B T C_in D, and a regression head, 2 B Q D C_out, in their place.
+
+    With Q = S = T in every block (readout 'all') the dense part is the usual
+    6 x (matmul parameters) x tokens: 6 B T (layers (4 D^2 + 2 D F) + D V).
+
+    Args:
+      cfg: the train config (its model, pe.train_context and batch_size).
+      vocab_size: V; default: the data config's vocab_size, else the data
+        source class's (the synthetic task's 3).
+      input_channels, output_channels: a signal model's (jrope.train.state.model_io);
+        given, they replace the vocabulary.
+    Returns:
+      {'dense': ..., 'attention': ..., 'total': ...} in FLOPs per step.
+    """
+    signal = input_channels is not None
+    if vocab_size is None and not signal:
+        vocab_size = getattr(cfg.data, "vocab_size", None)
+        if vocab_size is None:
+            vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
+    m = cfg.model
+    b, t, d, v = cfg.batch_size, cfg.pe.train_context, m.d_model, vocab_size
+    f = m.mlp_ratio * d
+    last_queries = 1 if m.readout == "last" else t
+    dense = attention = 0
+    for index in range(m.num_layers):
+        q = last_queries if index == m.num_layers - 1 else t
+        pairs = q * t - q * (q - 1) // 2
+        dense += 2 * b * d * d * (q + 2 * t) + 2 * b * q * d * d + 4 * b * q * d * f
+        attention += 4 * b * d * pairs
+    if signal:
+        dense += 2 * b * t * input_channels * d + 2 * b * last_queries * d * output_channels
+    else:
+        dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
+    return {"dense": 3.0 * dense, "attention": 3.0 * attention, "total": 3.0 * (dense + attention)}
+
+
+RECORD_FILE = "starts.jsonl"
+_VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+
+
+def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
+    """The record of this start (see the module docstring)."""
+    devices = jax.devices()
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "command": [sys.executable, *sys.argv],
+        "cwd": os.getcwd(),
+        "start_step": start_step,
+        "versions": {"python": platform.python_version(), **_package_versions()},
+        "devices": {
+            "platform": devices[0].platform,
+            "kind": devices[0].device_kind,
+            "count": len(devices),
+            "process_count": jax.process_count(),
+        },
+        "config": cfg.to_json_dict(),
+    }
+
+
+def append_start_record(workdir: str, record: dict[str, Any]) -> epath.Path:
+    """Append `record` as one line of `<workdir>/starts.jsonl`; returns the file's path."""
+    path = epath.Path(workdir) / RECORD_FILE
+    earlier = path.read_text() if path.exists() else ""
+    path.write_text(earlier + json.dumps(record) + "\n")  # whole-file writes work on object stores
+    return path
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def write_csv(path: epath.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
+    """Rows (dicts holding `columns`) as a CSV file with a header line."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, buffer.getvalue())
+
+
+def read_csv(path: epath.PathLike) -> list[dict[str, str]]:
+    """The rows of a CSV file written by write_csv, as dicts of strings."""
+    return list(csv.DictReader(io.StringIO(epath.Path(path).read_text())))
+
+
+def write_text(path: epath.PathLike, text: str) -> None:
+    """`text` as the whole file at `path` (parent folders created)."""
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def format_cell(value: Any, digits: int = 4) -> str:
+    """Floats with `digits` decimals, anything else as str."""
+    return f"{value:.{digits}f}" if isinstance(value, (float, np.floating)) else str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of already formatted cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
+    """A matplotlib figure as a PNG file at `path`; the figure is closed."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    pyplot().close(fig)
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
+
+
+def plot_against_length(
+    path: epath.PathLike,
+    curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float] | None]],
+    *,
+    ylabel: str,
+    size: tuple[float, float] = (6, 4),
+) -> None:
+    """One curve per label: values (with error bars when spreads are given) against evaluation length.
+
+    curves: label -> (lengths, values, spreads or None). The length axis is log2.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=size)
+    all_lengths = sorted({length for lengths, _, _ in curves.values() for length in lengths})
+    for label, (lengths, values, spreads) in curves.items():
+        ax.errorbar(lengths, values, yerr=spreads, marker="o", capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(all_lengths, [str(length) for length in all_lengths])
+    ax.set_xlabel("evaluation length")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+# How long a bucket may take to answer before the run is stopped.
+STORAGE_TIMEOUT_S = 30.0
+# URI schemes etils.epath reads and writes (through fsspec: gcsfs, s3fs, adlfs).
+SUPPORTED_SCHEMES = ("gs", "s3", "az")
+# The extra that installs each scheme's filesystem.
+_EXTRAS = {"gs": "pip install 'jrope[gcs]' (or: pip install gcsfs)"}
+
+
+def uri_problem(
+    uri: str, what: str, *, must_exist: bool = False, timeout_s: float = STORAGE_TIMEOUT_S
+) -> str | None:
+    """Why `uri` cannot be used (None: its bucket answered), e.g. for what='--workdir'.
+
+    must_exist: the object or folder itself must be there (data), not only its bucket.
+    """
+    parts = urlsplit(uri)
+    bucket = f"{parts.scheme}://{parts.netloc}"
+    if parts.scheme not in SUPPORTED_SCHEMES or not parts.netloc:
+        return (
+            f"{what} {uri}: not a local path and not a bucket URI jrope can use "
+            f"({', '.join(s + '://bucket/...' for s in SUPPORTED_SCHEMES)}); fix the path."
+        )
+    target = uri if must_exist else bucket
+    answer: dict = {}
+
+    def ask() -> None:
+        try:
+            answer["exists"] = epath.Path(target).exists()
+        except BaseException as error:  # noqa: BLE001  (any failure is reported, named)
+            answer["error"] = error
+
+    thread = threading.Thread(target=ask, name=f"probe {bucket}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return (
+            f"{what} {uri}: bucket {bucket} did not answer within {timeout_s:g} s; check the "
+            "network and the credentials (gcloud auth application-default login), or use a "
+            "local path."
+        )
+    error = answer.get("error")
+    if isinstance(error, ImportError):
+        install = _EXTRAS.get(parts.scheme, f"install fsspec's {parts.scheme} filesystem")
+        return f"{what} {uri}: reading {parts.scheme}:// needs its filesystem: {install}."
+    if error is not None:
+        cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        return (
+            f"{what} {uri}: cannot reach bucket {bucket} ({type(error).__name__}: {cause}); "
+            "check the bucket name, the network and the credentials."
+        )
+    if not answer["exists"]:
+        if must_exist:
+            return f"{what} {uri} does not exist in bucket {bucket}; fix the path."
+        return (
+            f"{what} {uri}: bucket {bucket} does not exist or these credentials cannot see it; "
+            f"create it (gcloud storage buckets create {bucket}) or fix the name."
+        )
+    return None

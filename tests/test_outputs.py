@@ -1,0 +1,207 @@
+"""jrope.train.outputs: the metrics log and its checks, TensorBoard, throughput, MFU and model FLOPs."""
+
+import dataclasses
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from flax import nnx
+from helpers.tiny_config import tiny_config
+
+from jrope.model import Transformer
+from jrope.train import outputs
+from jrope.train.outputs import MetricsLogger, Throughput, model_flops_per_step
+
+
+@dataclasses.dataclass
+class FakeDevice:
+    device_kind: str
+
+
+def test_peak_of_known_devices_and_none_for_the_rest():
+    assert outputs.peak_flops_per_sec([FakeDevice("TPU v4")] * 8, "bfloat16") == 8 * 275e12
+    # float32 at XLA's default precision: TF32 tensor cores on an A100.
+    assert outputs.peak_flops_per_sec([FakeDevice("NVIDIA A100-SXM4-80GB")], "float32") == 156e12
+    assert outputs.peak_flops_per_sec([FakeDevice("Tesla V100-SXM2-16GB")], "bfloat16") is None
+    assert outputs.peak_flops_per_sec([FakeDevice("cpu")], "float32") is None
+
+
+def test_tokens_per_second_and_mfu_from_the_step_rate():
+    cfg = tiny_config()  # batch 8 x L 16
+    rates = Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("TPU v5 lite")] * 2).rates(10.0)
+    assert rates["tokens_per_sec"] == 10.0 * 8 * 16
+    flops = model_flops_per_step(cfg, 3)["total"]
+    assert rates["mfu"] == pytest.approx(10.0 * flops / (2 * 197e12))
+    assert "mfu" not in Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("cpu")]).rates(10.0)
+
+
+def _metrics(loss):
+    return {"loss": np.float32(loss), "accuracy": np.float32(0.5), "grad_norm": np.float32(1.0)}
+
+
+def test_progress_line_shows_step_loss_rates_and_time_left(tmp_path, capsys):
+    known = Throughput(tokens_per_step=1000, model_flops_per_step=1e12, peak_flops_per_sec=1e14)
+    logger = MetricsLogger(
+        str(tmp_path),
+        every_steps=2,
+        num_steps=4,
+        tensorboard=False,
+        last_checkpoint=str,
+        throughput=known,
+    )
+    for step in range(1, 5):
+        logger.push(step, _metrics(1.0 / step))
+    logger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    pattern = (
+        r"step 2/4  loss 0\.5  accuracy 0\.5  ([\d.e+]+) steps/s  ([\d.]+[kMG]?) tokens/s  "
+        r"MFU ([\d.]+) %  [\d.]+ (s|min \d+ s) left"
+    )
+    assert re.fullmatch(pattern, lines[0]), lines[0]
+    assert lines[1].startswith("step 4/4  loss 0.25") and "left" not in lines[1]
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert records[0]["train/tokens_per_sec"] == pytest.approx(
+        1000 * records[0]["train/steps_per_sec"]
+    )
+    assert records[0]["train/mfu"] == pytest.approx(records[0]["train/steps_per_sec"] / 100)
+
+
+def _start(workdir, *, start_step, num_steps):
+    """A logger of a run (re)starting at `start_step`, closed at once: what it left in the log."""
+    MetricsLogger(
+        str(workdir),
+        every_steps=1,
+        num_steps=num_steps,
+        tensorboard=False,
+        last_checkpoint=str,
+        start_step=start_step,
+    ).close()
+    return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+
+
+def test_a_resumed_run_drops_the_records_it_will_write_again(tmp_path):
+    lines = [json.dumps({"step": step, "train/loss": 1.0}) for step in range(1, 7)]
+    lines.insert(4, json.dumps({"step": 4, "eval_8/loss": 0.5}))  # a periodic evaluation at 4
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 7, "tr')  # torn
+    kept = _start(tmp_path, start_step=4, num_steps=8)
+    assert [(r["step"], "eval_8/loss" in r) for r in kept] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+        (4, True),
+    ]
+    # Resumed at the last step, the final evaluation is done again: its record goes too.
+    assert [r["step"] for r in _start(tmp_path, start_step=4, num_steps=4)] == [1, 2, 3, 4]
+
+
+def test_hparams_go_to_tensorboard(tmp_path):
+    logger = MetricsLogger(
+        str(tmp_path), every_steps=1, num_steps=1, tensorboard=True, last_checkpoint=str
+    )
+    logger.write_hparams({"pe.name": "rope", "eval.lengths": (8, 16), "seed": 0}, ["train/loss"])
+    logger.close()
+    events = b"".join(path.read_bytes() for path in (tmp_path / "tensorboard").iterdir())
+    assert b"_hparams_/experiment" in events and b"pe.name" in events and b"(8, 16)" in events
+
+
+VOCAB = 5
+
+
+def _config(readout):
+    return tiny_config(
+        **{
+            "model.d_model": 12,
+            "model.num_heads": 3,
+            "model.num_layers": 2,
+            "model.mlp_ratio": 3,
+            "model.readout": readout,
+            "pe.train_context": 6,
+            "pe.name": "rope",
+            "data.freq_index": 1,
+            "data.second_freq_index": 1,
+            "batch_size": 3,
+        }
+    )
+
+
+def _by_hand(cfg, vocab):
+    """Every matmul of the step, as (rows, fan_in, fan_out), and every visible (query, key) pair."""
+    m = cfg.model
+    b, t, d, f, h = (
+        cfg.batch_size,
+        cfg.pe.train_context,
+        m.d_model,
+        m.mlp_ratio * m.d_model,
+        m.head_dim,
+    )
+    matmuls, pairs = [], 0
+    for layer in range(m.num_layers):
+        last_only = m.readout == "last" and layer == m.num_layers - 1
+        query_rows = range(t - 1, t) if last_only else range(t)
+        rows = b * len(query_rows)
+        # k and v on every position, q on the query rows only.
+        matmuls += [(b * t, d, d), (b * t, d, d), (rows, d, d)]
+        matmuls += [(rows, d, d), (rows, d, f), (rows, f, d)]  # output projection, MLP up, MLP down
+        for _ in range(b * m.num_heads):
+            for query in query_rows:
+                pairs += sum(1 for key in range(t) if key <= query)
+    matmuls.append((rows, d, vocab))  # tied readout
+    forward_dense = sum(2 * r * i * o for r, i, o in matmuls)
+    # One score and one probability-weighted value per visible pair.
+    forward_attention = pairs * (2 * h + 2 * h)
+    return 3 * forward_dense, 3 * forward_attention
+
+
+@pytest.mark.parametrize("readout", ["all", "last"])
+def test_count_matches_a_matmul_by_matmul_count(readout):
+    cfg = _config(readout)
+    flops = model_flops_per_step(cfg, VOCAB)
+    dense, attention = _by_hand(cfg, VOCAB)
+    assert flops["dense"] == dense and flops["attention"] == attention
+    assert flops["total"] == dense + attention
+
+
+def test_dense_part_is_six_times_matmul_parameters_times_tokens():
+    cfg = _config("all")
+    model = nnx.eval_shape(
+        lambda: Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    )
+    kernels = [model.embedding]  # the tied readout
+    for block in model.blocks:
+        kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
+    matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
+    tokens = cfg.batch_size * cfg.pe.train_context
+    assert model_flops_per_step(cfg, VOCAB)["dense"] == 6 * matmul_params * tokens
+
+
+def test_vocabulary_defaults_to_the_data_source():
+    cfg = _config("last")
+    # The synthetic task's vocabulary is 3.
+    assert model_flops_per_step(cfg) == model_flops_per_step(cfg, 3)
+
+
+def test_a_signal_model_counts_its_input_projection_and_regression_head():
+    # Readout 'all': every matmul's parameters are used once per position, as for tokens.
+    cfg = _config("all")
+    channels_in, channels_out = 3, 2
+    model = nnx.eval_shape(
+        lambda: Transformer(
+            cfg.model,
+            cfg.encoding,
+            None,
+            input_channels=channels_in,
+            output_channels=channels_out,
+            rngs=nnx.Rngs(params=0),
+        )
+    )
+    kernels = [model.input_projection, model.regression_head]
+    for block in model.blocks:
+        kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
+    matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
+    tokens = cfg.batch_size * cfg.pe.train_context
+    flops = model_flops_per_step(cfg, input_channels=channels_in, output_channels=channels_out)
+    assert flops["dense"] == 6 * matmul_params * tokens
