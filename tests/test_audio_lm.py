@@ -13,7 +13,7 @@ import soundfile
 from configs import audio_lm_musicnet
 from jrope.data import audio
 from jrope.errors import ConfigError
-from jrope.train import validation
+from jrope.train import checks
 from jrope.train.config import TrainConfig
 from jrope.train.trainer import train_and_evaluate
 
@@ -26,8 +26,8 @@ def test_reference_settings_and_every_method_builds():
     assert (cfg.data.seq_len, cfg.batch_size, cfg.num_steps) == (256, 32, 300)
     assert cfg.eval.lengths == (256, 512, 1024) and cfg.data.source == "audio_tokens"
     assert cfg.pe.name == "jordan_exact_m3_c010_eta100_eta1"
-    assert (cfg.pe_config.order, cfg.pe_config.init_gamma * 256) == (3, pytest.approx(0.1))
-    assert (cfg.pe_config.init_eta, cfg.pe_config.eta_max) == (0.1, 1.0)
+    assert (cfg.pe.order, cfg.pe.init_gamma * 256) == (3, pytest.approx(0.1))
+    assert (cfg.pe.init_eta, cfg.pe.eta_max) == (0.1, 1.0)
     assert len(audio_lm_musicnet.METHODS) == 8
     for method in audio_lm_musicnet.METHODS:
         config = audio_lm_musicnet.get_config()
@@ -39,7 +39,7 @@ def test_training_without_prepared_tokens_stops_with_the_preparation_command(tmp
     config = audio_lm_musicnet.get_config()
     config.data.path = config.data.eval_path = str(tmp_path / "absent")
     with pytest.raises(ConfigError) as raised:
-        validation.check_training_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
+        checks.check_training_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
     message = str(raised.value)
     assert "python -m jrope.data.audio --wav_dir=WAVS" in message
     assert "zenodo.org/records/5120004" in message and "data.eval_path" in message

@@ -11,8 +11,8 @@ from helpers.tiny_config import tiny_config
 
 import jrope
 from jrope.model.transformer import CausalSelfAttention
+from jrope.train import checks
 from jrope.train import config as run_config
-from jrope.train import config_sections, validation
 from jrope.train.setup import set_up_run
 from jrope.train.state import model_from_params
 from jrope.train.trainer import make_train_step
@@ -61,15 +61,15 @@ def test_a_run_parses_its_encoding_name_and_builds_its_encoding_once(monkeypatch
         return call
 
     monkeypatch.setattr(
-        config_sections,
+        run_config,
         "pe_config_from_name",
-        counting("parse", config_sections.pe_config_from_name),
+        counting("parse", run_config.pe_config_from_name),
     )
     monkeypatch.setattr(run_config, "make_encoding", counting("build", run_config.make_encoding))
     monkeypatch.setattr(jrope, "make_encoding", counting("build", jrope.make_encoding))
     cfg = tiny_config()
-    one_cpu = validation.RunEnvironment(1, 1, "cpu", None)
-    validation.check_training_run(cfg, str(tmp_path / "run"), one_cpu)
+    one_cpu = checks.RunEnvironment(1, 1, "cpu", None)
+    checks.check_training_run(cfg, str(tmp_path / "run"), one_cpu)
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
     make_train_step(run)

@@ -1,44 +1,197 @@
-"""The run config: typed, frozen views of an experiment's ConfigDict.
+"""The run config: one frozen dataclass per section, the command-line overrides, and the one parser.
 
 `configs/*.py` build an `ml_collections.ConfigDict`; nothing below the entry
-points reads it. `TrainConfig.from_config_dict` converts it once into frozen
-dataclasses, one per section (jrope.train.config_sections), rejecting unknown and missing keys (a typo in a
-command-line override must not be silently ignored) and reporting every
-section's problems together. The `data` section is converted by the config
-dataclass of the source it names (`data.source`, jrope.data.source.SOURCES).
+points reads it. `convert_config` turns it into the frozen `TrainConfig` in
+one pass and returns every problem it finds, each naming its key and the fix,
+so that a run is refused with all of them at once, not in rounds of fixes.
+What needs the data, the devices or the workdir is checked after it
+(jrope.train.checks).
 
-`convert_config` is the same conversion without raising: it returns the
-problems and a TrainConfig whose failed sections are None, so that the run
-checks (jrope.train.validation) can still check every section that converted
-and report all problems in one message, not in rounds of fixes.
+The sections: `model` is the model's own `ModelConfig`, `pe` the library's
+`PEConfig` (parsed from `pe.name` and the base settings its suffixes
+override), `data` the config dataclass of the source that `data.source` names
+(jrope.data.source.SOURCES), and the harness's own sections below. Every
+section states its checks in `problems()` as plain comparisons; building a
+section with a problem raises ValueError with one line per problem.
 
-The encoding's name is parsed once per run config (`TrainConfig.pe_config`)
-and its Encoding built once (`TrainConfig.encoding`); everything downstream
-takes those.
+The command line: ml_collections applies `--config.<key>=<value>` while absl
+parses, and names only the last part of an unknown key in a traceback; the
+entry points call `last_override_wins` (a tuple key given twice replaces, not
+joins), `config_file_problem` and `unknown_key_problems` (every unknown key
+with the closest existing one). `load_config_file` and `make_importable` let
+a config file import `configs.base` from any working directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
-from collections.abc import Mapping
+import inspect
+import os
+import re
+import sys
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from ml_collections import config_dict
+from ml_collections.config_flags import config_flags
 
 from jrope.data.source import source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.errors import ConfigError
 from jrope.model.config import ModelConfig
-from jrope.pe_config import PEConfig
-from jrope.train.config_sections import (
-    CheckpointConfig,
-    EvalConfig,
-    LogConfig,
-    MeshConfig,
-    OptimConfig,
-    PESettings,
-    RuntimeConfig,
-    meets_bound,
-)
+from jrope.pe_config import PAPER_METHODS, PEConfig, UnknownEncodingName, pe_config_from_name
+
+LR_SCHEDULES = ("constant", "cosine")
+# What a NaN/Inf loss or gradient norm does (jrope.train.trainer): stop the run or skip the update.
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+class _Section:
+    """A config section whose construction raises ValueError listing `problems()`, one per line."""
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+
+    def problems(self) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Section):
+    learning_rate: float
+    weight_decay: float
+    b1: float
+    b2: float
+    eps: float
+    clip_norm: float  # global gradient norm clip; 0 disables
+    schedule: str  # one of LR_SCHEDULES
+    warmup_steps: int  # linear warm-up from 0 (0 = none)
+    final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
+    nonfinite: str = "stop"  # one of NONFINITE_POLICIES
+    # 'skip' gives up after this many skipped steps in a row (the run is diverging).
+    max_consecutive_skips: int = 10
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.schedule not in LR_SCHEDULES:
+            problems.append(f"opt.schedule = {self.schedule!r} is not one of {LR_SCHEDULES}.")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            problems.append(
+                f"opt.nonfinite = {self.nonfinite!r} is not one of {NONFINITE_POLICIES}."
+            )
+        if not self.learning_rate > 0:
+            problems.append(f"opt.learning_rate must be > 0, got {self.learning_rate}.")
+        if self.warmup_steps < 0:
+            problems.append(f"opt.warmup_steps must be >= 0, got {self.warmup_steps}.")
+        if self.clip_norm < 0:
+            problems.append(f"opt.clip_norm must be >= 0 (0: no clipping), got {self.clip_norm}.")
+        if self.max_consecutive_skips < 1:
+            problems.append(
+                f"opt.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}."
+            )
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(_Section):
+    """Device mesh sizes (one may be -1: all remaining devices) and logical-to-mesh rules."""
+
+    data: int
+    fsdp: int
+    tensor: int
+    rules: tuple[tuple[str, Any], ...]  # (logical axis, mesh axis | tuple of mesh axes | None)
+
+    def problems(self) -> list[str]:
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sizes.count(-1) > 1 or any(size < 1 and size != -1 for size in sizes):
+            return [
+                f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."
+            ]
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(_Section):
+    every_steps: int  # periodic save interval (the final step is always saved)
+    max_to_keep: int
+
+    def problems(self) -> list[str]:
+        return [
+            f"checkpoint.{key} must be >= 1, got {value}."
+            for key, value in (("every_steps", self.every_steps), ("max_to_keep", self.max_to_keep))
+            if value < 1
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig(_Section):
+    every_steps: int  # progress line, JSONL and TensorBoard interval
+    tensorboard: bool
+
+    def problems(self) -> list[str]:
+        if self.every_steps < 1:
+            return [f"log.every_steps must be >= 1, got {self.every_steps}."]
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(_Section):
+    lengths: tuple[int, ...]
+    num_sequences: int  # per length
+    batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
+    every_steps: int  # evaluation during training (0 = only after the last step)
+
+    def problems(self) -> list[str]:
+        problems = []
+        if not self.lengths or not all(
+            isinstance(length, int) and length >= 2 for length in self.lengths
+        ):
+            problems.append(
+                "eval.lengths must be a non-empty list of integer lengths >= 2, got "
+                f"{self.lengths!r}; e.g. --config.eval.lengths='(256,512)'."
+            )
+        if self.num_sequences < 1:
+            problems.append(f"eval.num_sequences must be >= 1, got {self.num_sequences}.")
+        if self.batch_size < 1:
+            problems.append(f"eval.batch_size must be >= 1, got {self.batch_size}.")
+        elif self.num_sequences >= 1 and self.num_sequences % self.batch_size:
+            rounded = self.num_sequences + self.batch_size - self.num_sequences % self.batch_size
+            problems.append(
+                f"eval.batch_size {self.batch_size} must divide eval.num_sequences "
+                f"{self.num_sequences}; set them to e.g. {self.batch_size} and {rounded}."
+            )
+        if self.every_steps < 0:
+            problems.append(f"eval.every_steps must be >= 0, got {self.every_steps}.")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig(_Section):
+    """Process runtime: the persistent compilation cache and a profiler trace."""
+
+    # JAX's persistent compilation cache (a local folder or gs://...); '' = off.
+    compilation_cache_dir: str = ""
+    # jax.profiler trace of train steps [profile_from_step, profile_to_step) (step s
+    # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
+    profile_from_step: int = 0
+    profile_to_step: int = 0
+
+    def problems(self) -> list[str]:
+        if self.profile_from_step < 0 or self.profile_to_step < 0:
+            return [
+                "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
+                f"{self.profile_from_step}, {self.profile_to_step}."
+            ]
+        return []
+
+    @property
+    def profiles(self) -> bool:
+        return self.profile_to_step > self.profile_from_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,30 +202,23 @@ class TrainConfig:
     num_steps: int
     batch_size: int
     model: ModelConfig
-    pe: PESettings
+    pe: PEConfig
     data: Any  # the data source's frozen config dataclass (its `source` field names it)
     opt: OptimConfig
     mesh: MeshConfig
     checkpoint: CheckpointConfig
     log: LogConfig
     eval: EvalConfig
-    runtime: RuntimeConfig = RuntimeConfig()
-
-    @functools.cached_property
-    def pe_config(self) -> PEConfig:
-        """The encoding's PEConfig, parsed once (ValueError on a bad name or setting)."""
-        return self.pe.to_pe_config()
+    runtime: RuntimeConfig
 
     @functools.cached_property
     def encoding(self) -> Encoding:
-        """The model's Encoding, built once (ValueError when its blocks do not divide the head)."""
-        return make_encoding(
-            self.pe_config, num_heads=self.model.num_heads, head_dim=self.model.head_dim
-        )
+        """The model's Encoding, built once."""
+        return make_encoding(self.pe, num_heads=self.model.num_heads, head_dim=self.model.head_dim)
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> TrainConfig:
-        """Convert a ConfigDict (or nested dict); ConfigError listing every unknown, missing or bad key."""
+        """Convert a ConfigDict (or nested dict); ConfigError listing every problem."""
         cfg, problems = convert_config(config)
         if problems:
             raise ConfigError(problems)
@@ -81,36 +227,15 @@ class TrainConfig:
     def to_json_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready nested dict that `from_config_dict` accepts back."""
         plain = {"seed": self.seed, "num_steps": self.num_steps, "batch_size": self.batch_size}
-        for name in ("model", "pe", "data", "opt", "mesh", "checkpoint", "log", "eval", "runtime"):
+        # The name's suffixes override the base settings idempotently: these parse back alike.
+        plain["pe"] = {key: getattr(self.pe, key) for key in PE_KEYS}
+        for name in ("model", "data", "opt", "mesh", "checkpoint", "log", "eval", "runtime"):
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
-
-    def consistency_problems(self) -> list[str]:
-        """Cross-section checks: what two sections state must agree (None sections skipped)."""
-        problems = [
-            f"{key} must be an integer >= 1, got {getattr(self, key)!r}."
-            for key in ("num_steps", "batch_size")
-            if getattr(self, key) is not None and not meets_bound(getattr(self, key), ">= 1")
-        ]
-        if self.data is None or self.pe is None or self.model is None:
-            return problems
-        shared = {
-            "seq_len": self.pe.train_context,
-            "head_dim": self.model.head_dim,
-            "theta": self.pe.theta,
-        }
-        for field, expected in shared.items():
-            if hasattr(self.data, field) and getattr(self.data, field) != expected:
-                problems.append(
-                    f"data.{field} = {getattr(self.data, field)} disagrees with the model/pe "
-                    f"value {expected}; set both from one place (see configs/)."
-                )
-        return problems
 
 
 SECTIONS = {
     "model": ModelConfig,
-    "pe": PESettings,
     "opt": OptimConfig,
     "mesh": MeshConfig,
     "checkpoint": CheckpointConfig,
@@ -119,99 +244,165 @@ SECTIONS = {
     "runtime": RuntimeConfig,
 }
 SCALAR_KEYS = ("seed", "num_steps", "batch_size")
-
-
-def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
-    """(the run config, every problem); a section that fails to convert is None in it.
-
-    Use the TrainConfig only when the problems are empty, or to check what
-    did convert (jrope.train.validation). None when the top-level keys are wrong.
-    """
-    problems = []
-    raw = _to_plain(config, "", problems)
-    try:
-        # A config written before the runtime section existed runs with its defaults.
-        _check_keys("config", raw, set(SCALAR_KEYS) | set(SECTIONS) | {"data"}, {"runtime"})
-    except ValueError as err:
-        return None, problems + [str(err)]
-    raw.setdefault("runtime", {})
-    classes = dict(SECTIONS)
-    try:
-        data = raw["data"]
-        classes["data"] = source_spec(
-            data.get("source") if isinstance(data, Mapping) else None
-        ).load()[0]
-    except ValueError as err:
-        problems.append(str(err))
-    converted = {name: None for name in ("data", *SECTIONS)}
-    for name, section_cls in classes.items():
-        if raw[name] is _UNRESOLVED or _UNRESOLVED in _values(raw[name]):
-            continue  # its unresolvable key is already a problem
-        try:
-            converted[name] = _build(section_cls, raw[name], name)
-        except (ValueError, TypeError) as err:
-            # Each line names its section (a message that does not already start with it gets it).
-            problems += [
-                line if line.startswith(name) else f"{name}: {line}"
-                for line in str(err).splitlines()
-            ]
-    scalars = {key: None if raw[key] is _UNRESOLVED else raw[key] for key in SCALAR_KEYS}
-    cfg = TrainConfig(**scalars, **converted)
-    return cfg, problems + cfg.consistency_problems()
-
-
-def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> {"section.key": value}."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_dict(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def _check_keys(
-    where: str, given: Mapping[str, Any], expected: set[str], optional: set[str] = frozenset()
-) -> None:
-    unknown = set(given) - expected
-    missing = expected - set(given) - set(optional)
-    if unknown or missing:
-        raise ValueError(
-            f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}; "
-            f"accepted keys are {sorted(expected)}."
-        )
-
-
-def _build(config_class: type, values: Any, where: str):
-    """Instantiate a dataclass from a dict, rejecting unknown keys (defaults may be omitted)."""
-    if not isinstance(values, Mapping):
-        raise ValueError(f"config section {where!r} must be a dict, got {type(values).__name__}.")
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    with_defaults = {
-        name
-        for name, f in fields.items()
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    }
-    _check_keys(where, values, set(fields), optional=with_defaults)
-    kwargs = {
-        name: tuple(value) if isinstance(value, list) else value for name, value in values.items()
-    }
-    return config_class(**kwargs)
-
+# The pe section: the name and the base settings of pe_config_from_name.
+PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
+TOP_KEYS = (*SCALAR_KEYS, "pe", "data", *SECTIONS)
 
 # A key whose value could not be computed (a FieldReference expression that raised).
 _UNRESOLVED = object()
 
 
-def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
-    """A ConfigDict (or nested mapping) as nested plain dicts, key by key.
+def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
+    """(the run config, every problem); a section with a problem is None in it.
 
-    A key derived from others (e.g. data.head_dim = d_model // num_heads)
-    whose computation fails becomes _UNRESOLVED, and a problem naming it.
+    Use the TrainConfig only when the problems are empty, or to check what did
+    convert (jrope.train.checks). None when the top-level keys are wrong.
     """
-    if not isinstance(config, Mapping) and not hasattr(config, "keys"):
+    problems = []
+    raw = _to_plain(config, "", problems)
+    top = dict.fromkeys(raw) if isinstance(raw, dict) else raw  # its keys; the values come below
+    if not _keys_fit("", top, TOP_KEYS, TOP_KEYS, {}, problems):  # a section is missing
+        return None, problems
+    sections = dict(SECTIONS)
+    try:
+        data = raw["data"]
+        sections["data"] = source_spec(
+            data.get("source") if isinstance(data, dict) else None
+        ).load()[0]
+    except ValueError as err:
+        problems.append(str(err))
+    built = {name: _build(section, raw[name], name, problems) for name, section in sections.items()}
+    built["pe"] = _build(_pe_config, raw["pe"], "pe", problems)
+    for key in SCALAR_KEYS:
+        value = built[key] = raw[key]
+        if not (isinstance(value, int) and not isinstance(value, bool)):
+            built[key] = None
+            problems += (
+                [] if value is _UNRESOLVED else [f"{key} must be an integer, got {value!r}."]
+            )
+        elif key != "seed" and value < 1:
+            problems.append(f"{key} must be an integer >= 1, got {value!r}.")
+    cfg = TrainConfig(**{**dict.fromkeys(TOP_KEYS), **built})
+    return cfg, problems + _cross_section_problems(cfg)
+
+
+def _build(section: Callable, values: Any, where: str, problems: list[str]):
+    """`section(**values)`, or None with one problem appended per bad key or value.
+
+    The keys, their defaults and their types are those of `section`'s signature;
+    with unknown keys, the known ones are still checked.
+    """
+    parameters = inspect.signature(section).parameters
+    required = [
+        key for key, parameter in parameters.items() if parameter.default is parameter.empty
+    ]
+    before = len(problems)
+    if not _keys_fit(
+        f"{where}.", values, parameters, required, typing.get_type_hints(section), problems
+    ):
+        return None
+    try:
+        built = section(**{key: value for key, value in values.items() if key in parameters})
+    except (ValueError, TypeError) as err:
+        problems += [
+            line if line.startswith(where) else f"{where}: {line}" for line in str(err).splitlines()
+        ]
+        return None
+    return built if len(problems) == before else None
+
+
+@functools.wraps(pe_config_from_name)  # its keys, defaults and types are the pe section's
+def _pe_config(**settings) -> PEConfig:
+    """pe_config_from_name, its errors worded for the pe section."""
+    try:
+        return pe_config_from_name(**settings)
+    except UnknownEncodingName as err:
+        raise ValueError(
+            f"pe.name = {settings['name']!r} is not a known encoding ({_first_line(err)}); "
+            f"use e.g. {', '.join(PAPER_METHODS[:7])} (all forms: jrope.ACCEPTED_NAMES)."
+        ) from None
+    except ValueError as err:
+        raise ValueError(f"pe settings: {_first_line(err)}; fix that pe.* value.") from None
+
+
+def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[str]) -> bool:
+    """Whether `values` can be built: a section with the required keys, of the annotated types
+    (int, float, str, bool, tuple). Appends one problem per unknown, missing or bad key."""
+    if values is _UNRESOLVED:
+        return False  # the key that could not be computed is a problem already
+    if not isinstance(values, dict):
+        problems.append(f"{prefix.rstrip('.')} must be a section (a ConfigDict), got {values!r}.")
+        return False
+    problems += [
+        f"{prefix}{key}: no such key; {_closest(prefix + key, [prefix + k for k in known], prefix, known)}"
+        for key in values
+        if key not in known
+    ]
+    blocking = [
+        f"{prefix}{key} is missing; set it in the config file."
+        for key in required
+        if key not in values
+    ]
+    type_names = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
+    for key, value in values.items():
+        hint = types.get(key)
+        fits = {
+            int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool),
+            str: isinstance(value, str),
+            bool: isinstance(value, bool),
+        }.get(hint, typing.get_origin(hint) is not tuple or isinstance(value, tuple))
+        if not fits and value is not _UNRESOLVED:
+            blocking.append(
+                f"{prefix}{key} must be {type_names.get(hint, 'a tuple')}, got {value!r}."
+            )
+    problems += blocking
+    return not blocking and _UNRESOLVED not in values.values()
+
+
+def _closest(key: str, known, section: str, section_keys, flag_name: str = "config") -> str:
+    """'did you mean --config.<the closest known key>?', else the keys of the section it is in."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean --{flag_name}.{close[0]}?"
+    where = f"section {section.rstrip('.')!r}" if section else "the config"
+    return f"{where} has {', '.join(sorted(section_keys))}."
+
+
+def _cross_section_problems(cfg: TrainConfig) -> list[str]:
+    """What two sections state must agree (sections that failed are skipped)."""
+    if cfg.pe is None or cfg.model is None:
+        return []
+    problems = []
+    try:
+        _ = cfg.encoding  # its blocks must divide the head dimension
+    except ValueError as err:
+        problems.append(
+            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."
+        )
+    shared = {
+        "seq_len": cfg.pe.train_context,
+        "head_dim": cfg.model.head_dim,
+        "theta": cfg.pe.theta,
+    }
+    for field, expected in shared.items():
+        if cfg.data is not None and getattr(cfg.data, field, expected) != expected:
+            problems.append(
+                f"data.{field} = {getattr(cfg.data, field)} disagrees with the model/pe value "
+                f"{expected}; set both from one place (see configs/)."
+            )
+    return problems
+
+
+def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
+    """A ConfigDict (or nested mapping) as nested dicts and tuples (lists become tuples), key by key.
+
+    A key derived from others (e.g. data.head_dim = d_model // num_heads) whose
+    computation fails becomes _UNRESOLVED, and a problem naming it.
+    """
+    if isinstance(config, (list, tuple)):
+        return tuple(_to_plain(item, prefix, problems) for item in config)
+    if not hasattr(config, "keys"):
         return config
     plain = {}
     for key in config.keys():
@@ -227,5 +418,118 @@ def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
     return plain
 
 
-def _values(section: Any) -> list[Any]:
-    return list(section.values()) if isinstance(section, Mapping) else []
+def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"section.key": value}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten_dict(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+# The command line.
+
+
+def _override_pattern(flag_name: str) -> re.Pattern:
+    # --config.a.b=v, -config.a.b=v, --noconfig.a.b (a boolean set to False)
+    return re.compile(rf"^--?(?:no)?{re.escape(flag_name)}\.([^=]+)(=.*)?$", re.DOTALL)
+
+
+def last_override_wins(argv: Sequence[str], flag_name: str = "config") -> list[str]:
+    """`argv` with only the last `--<flag_name>.<key>=<value>` of each key kept (others unchanged).
+
+    Overrides written as two arguments (`--config.key value`) are left as they are.
+    """
+    matches = map(_override_pattern(flag_name).match, argv)
+    keys = [match.group(1) if match and match.group(2) is not None else None for match in matches]
+    return [
+        arg
+        for index, (arg, key) in enumerate(zip(argv, keys, strict=True))
+        if key is None or key not in keys[index + 1 :]
+    ]
+
+
+def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | None:
+    """The value of `--<flag_name>=PATH` (or `--<flag_name> PATH`) in argv, else None."""
+    for index, arg in enumerate(argv):
+        if arg in (f"--{flag_name}", f"-{flag_name}") and index + 1 < len(argv):
+            return argv[index + 1]
+        for prefix in (f"--{flag_name}=", f"-{flag_name}="):
+            if arg.startswith(prefix):
+                return arg[len(prefix) :]
+    return None
+
+
+def config_file_problem(argv: Sequence[str], flag_name: str = "config") -> str | None:
+    """A line saying that the config file named in argv does not exist, else None."""
+    path = config_argument(argv, flag_name)
+    if path is None or os.path.isfile(path.split(":", 1)[0]):
+        return None
+    return (
+        f"--{flag_name}={path}: no such file (looked from {os.getcwd()}); name an experiment "
+        f"config, e.g. --{flag_name}=configs/quickstart.py (all of them are in configs/)."
+    )
+
+
+def make_importable(path: str | None) -> None:
+    """Put the parent of the config file's folder first on sys.path, so that the config's
+    `from configs import base` resolves from any working directory (path may end in ':ARG')."""
+    if path is None:
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def load_config_file(path: str) -> config_dict.ConfigDict:
+    """The ConfigDict of a config file (`configs/x.py`, or `configs/x.py:ARG`), from any directory."""
+    make_importable(path)
+    return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)
+
+
+def unknown_key_problems(argv: Sequence[str], flag_name: str = "config") -> list[str]:
+    """One line per override whose key the config file lacks, with the closest key; [] if none."""
+    path = config_argument(argv, flag_name)
+    if path is None or config_file_problem(argv, flag_name):
+        return []
+    config = load_config_file(path)
+    known = list(_dotted_keys(config))
+    problems = []
+    for key in [match.group(1) for match in map(_override_pattern(flag_name).match, argv) if match]:
+        if key in known:
+            continue
+        parts = key.split(".")
+        above = [".".join(parts[:depth]) for depth in range(1, len(parts))]
+        value = next((p for p in above if p in known and not _is_section(config, p)), None)
+        if value:
+            problems.append(
+                f"--{flag_name}.{key}: {value} is a value, not a section; "
+                f"set it with --{flag_name}.{value}=..."
+            )
+            continue
+        section = next((p for p in reversed(above) if p in known), "")
+        node = functools.reduce(
+            lambda node, part: node[part], filter(None, section.split(".")), config
+        )
+        hint = _closest(key, known, section, node.keys(), flag_name)
+        problems.append(f"--{flag_name}.{key}: the config has no key {key!r}; {hint}")
+    return problems
+
+
+def _dotted_keys(config: config_dict.ConfigDict, prefix: str = "") -> Iterator[str]:
+    """Every key of the config as a dotted path, sections and leaves alike."""
+    for key in config.keys():
+        yield f"{prefix}{key}"
+        if isinstance(config[key], config_dict.ConfigDict):
+            yield from _dotted_keys(config[key], f"{prefix}{key}.")
+
+
+def _is_section(config: config_dict.ConfigDict, dotted: str) -> bool:
+    node = functools.reduce(lambda node, part: node[part], dotted.split("."), config)
+    return isinstance(node, config_dict.ConfigDict)

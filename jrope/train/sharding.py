@@ -25,7 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY
-from jrope.train.config_sections import MeshConfig
+from jrope.train.config import MeshConfig
 
 # Mesh axes.
 DATA = "data"

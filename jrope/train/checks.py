@@ -1,24 +1,18 @@
-"""Checks of a run's config against itself, the machine, the workdir and the data, before compiling.
+"""The checks before step 1 that need the machine, the workdir or the data.
 
 A mistake found after minutes of compilation (or hours of training, for the
 final long-length evaluation) costs that time; these checks cost
-milliseconds. They run in one pass over the whole config: the conversion of
-every section (jrope.train.config.convert_config: choices, positive sizes,
-d_model divisible by num_heads, evaluation sizes), then every check below on
-each section that converted, so that all problems are reported together in
-one ConfigError, one line each, naming the config key and the fix, and not
-in rounds of fixes.
-
-Checked: the encoding (a known name, valid settings, a head dimension the
-encoding's blocks divide), the mesh against the devices present, the batch
-against the data-parallel size and the process count, the attention memory
-of the longest evaluation, the workdir (writable, or a bucket that answers within jrope.train.storage's
-deadline; holding checkpoints, for evaluation; no checkpoint beyond
-num_steps, for training) and the data: the
-data source is built (this process's share) and hands out one evaluation
-batch at every evaluation length, which finds absent data and an evaluation
-text too short for a length. When every problem is one of the data's, the
-error is a DataError. The built source is returned for the run to use.
+milliseconds. One pass: the config's own problems (jrope.train.config,
+when given a ConfigDict), then the mesh against the devices present, the
+batch against the data-parallel size and the process count, the attention
+memory at the longest evaluation length, the workdir (writable, or a bucket
+that answers; holding a checkpoint, for evaluation; none beyond num_steps,
+for training) and the data: the source is built (this process's share) and
+hands out one evaluation batch at every evaluation length, which finds absent
+data and an evaluation text too short for a length. All problems are raised
+together in one ConfigError, one line each naming the key and the fix; a
+DataError when every problem is one of the data's. The built source is
+returned for the run to use.
 """
 
 from __future__ import annotations
@@ -35,10 +29,9 @@ from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
-from jrope.pe_config import PAPER_METHODS, UnknownEncodingName
-from jrope.train import storage
+from jrope.train import outputs
+from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config
-from jrope.train.resume import finished_steps
 from jrope.train.sharding import mesh_sizes
 from jrope.train.task_metrics import readout_problem
 
@@ -107,7 +100,16 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if cfg is None:  # the config's top-level keys are wrong: nothing to check further
         raise ConfigError(problems)
     env = RunEnvironment.detect() if env is None else env
-    problems += _model_and_machine_problems(cfg, env)
+    sizes = None
+    if cfg.mesh is not None:
+        try:
+            sizes = mesh_sizes(cfg.mesh, env.num_devices)
+        except ValueError as err:
+            problems.append(str(err))
+    if sizes is not None and cfg.batch_size is not None:
+        problems += _batch_problems(cfg, env, sizes)
+    if cfg.model is not None and cfg.eval is not None and cfg.pe is not None:
+        problems += _attention_problems(cfg, env, sizes)
     workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
     problems += workdir_problems
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
@@ -124,134 +126,81 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     return CheckedRun(cfg, source)
 
 
-def _model_and_machine_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
-    encoding, problems = _encoding_problems(cfg)
-    mesh_sizes, mesh_problems = _mesh_problems(cfg, env)
-    problems += mesh_problems
-    if mesh_sizes is not None and cfg.batch_size is not None:
-        problems += _batch_problems(cfg, env, mesh_sizes)
-    if cfg.model is not None and cfg.eval is not None:
-        problems += _attention_problems(cfg, env, encoding, mesh_sizes)
-    return problems
-
-
-def _encoding_problems(cfg: TrainConfig):
-    """(the run's Encoding or None, problems); the name is checked even if the model's failed."""
-    if cfg.pe is None:
-        return None, []
-    try:
-        _ = cfg.pe_config  # parsing the name is the check
-    except UnknownEncodingName as err:
-        examples = ", ".join(PAPER_METHODS[:7])
-        return None, [
-            (
-                f"pe.name = {cfg.pe.name!r} is not a known encoding ({_first_line(err)}); "
-                f"use e.g. {examples} (all forms: jrope.ACCEPTED_NAMES)."
-            )
-        ]
-    except ValueError as err:
-        return None, [f"pe settings: {_first_line(err)}; fix that pe.* value."]
-    if cfg.model is None:
-        return None, []
-    try:
-        return cfg.encoding, []
-    except ValueError as err:
-        return None, [
-            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."
-        ]
-
-
-def _mesh_problems(cfg: TrainConfig, env: RunEnvironment):
-    """(mesh sizes by axis name with -1 filled in, or None; problems)."""
-    if cfg.mesh is None:
-        return None, []
-    try:
-        return mesh_sizes(cfg.mesh, env.num_devices), []
-    except ValueError as err:
-        return None, [str(err)]
-
-
-def _batch_problems(cfg: TrainConfig, env: RunEnvironment, mesh_sizes: dict[str, int]) -> list[str]:
+def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]) -> list[str]:
     batch_axes = _batch_mesh_axes(cfg)
-    data_parallel = math.prod(mesh_sizes[axis] for axis in batch_axes)
+    data_parallel = math.prod(sizes[axis] for axis in batch_axes)
     where = f"the mesh axes {batch_axes} of the 'batch' rule"
     problems = []
     if cfg.batch_size % data_parallel:
         problems.append(
-            f"batch_size = {cfg.batch_size} is not divisible by the data-parallel size {data_parallel} ({where}); "
-            f"set --config.batch_size to a multiple of {data_parallel}, or move devices to mesh.tensor."
+            f"batch_size = {cfg.batch_size} is not divisible by the data-parallel size "
+            f"{data_parallel} ({where}); set --config.batch_size to a multiple of "
+            f"{data_parallel}, or move devices to mesh.tensor."
         )
     batches = {"batch_size": cfg.batch_size}
     if cfg.eval is not None:
         batches["eval.batch_size"] = cfg.eval.batch_size
-    for key, rows in batches.items():
-        if rows % env.process_count:
-            problems.append(
-                f"{key} = {rows} does not split over the {env.process_count} processes (each loads its share); "
-                f"set it to a multiple of {env.process_count}."
-            )
+    problems += [
+        f"{key} = {rows} does not split over the {env.process_count} processes (each loads its "
+        f"share); set it to a multiple of {env.process_count}."
+        for key, rows in batches.items()
+        if rows % env.process_count
+    ]
     # One process can hand its rows to a batch split over devices, or to a
     # replicated batch (it holds all rows); several processes only to a split one.
     if env.process_count > 1 and cfg.eval is not None and cfg.eval.batch_size % data_parallel:
         problems.append(
-            f"eval.batch_size = {cfg.eval.batch_size} is not divisible by the data-parallel size {data_parallel} "
-            f"({where}), which a multi-process run needs; set it (and eval.num_sequences) to a multiple of "
-            f"{data_parallel}."
+            f"eval.batch_size = {cfg.eval.batch_size} is not divisible by the data-parallel size "
+            f"{data_parallel} ({where}), which a multi-process run needs; set it (and "
+            f"eval.num_sequences) to a multiple of {data_parallel}."
         )
     return problems
 
 
-def _attention_problems(cfg: TrainConfig, env: RunEnvironment, encoding, mesh_sizes) -> list[str]:
+def _attention_problems(cfg: TrainConfig, env: RunEnvironment, sizes) -> list[str]:
     """The attention path at each evaluation length: valid, and its logits fit in memory."""
-    if encoding is None:
-        return []  # the encoding's own problem is reported
+    try:
+        encoding = cfg.encoding
+    except ValueError:
+        return []  # the encoding's own problem is reported by the config
     try:
         choose_kernel(cfg.model, encoding, length=cfg.pe.train_context, backend=env.platform)
     except ValueError as err:
         return [f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"]
-    problems = []
     for length in sorted(set(cfg.eval.lengths)):
         try:
             impl = choose_kernel(cfg.model, encoding, length=length, backend=env.platform)
         except ValueError as err:
-            problems.append(
+            return [
                 f"model.attention_impl = {cfg.model.attention_impl!r} at eval length {length}: "
                 f"{_first_line(err)}"
-            )
-            break
+            ]
         if impl in MEMORY_LINEAR_KERNELS or env.memory_bytes is None:
             continue
-        rows, heads = _rows_and_heads_per_memory(cfg, env, mesh_sizes)
+        rows, heads = _rows_and_heads_per_memory(cfg, env, sizes)
         needed = rows * heads * length * length * 4
         if needed > PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes:
-            problems.append(
-                f"eval.lengths: the plain '{impl}' attention at length {length} needs {needed / _GIB:.1f} GiB for "
-                f"one layer's float32 logits [{rows} rows, {heads} heads, {length}, {length}], more than half of "
-                f"the {env.memory_bytes / _GIB:.1f} GiB available; set --config.model.attention_impl=blockwise "
-                f"(memory linear in length, model.block_size={cfg.model.block_size}) or "
+            return [
+                f"eval.lengths: the plain '{impl}' attention at length {length} needs "
+                f"{needed / _GIB:.1f} GiB for one layer's float32 logits [{rows} rows, {heads} "
+                f"heads, {length}, {length}], more than half of the "
+                f"{env.memory_bytes / _GIB:.1f} GiB available; set "
+                f"--config.model.attention_impl=blockwise (memory linear in length, "
+                f"model.block_size={cfg.model.block_size}) or "
                 f"--config.model.blockwise_min_length={length}, or lower eval.batch_size."
-            )
-            break  # longer lengths only need more
-    return problems
+            ]  # longer lengths only need more
+    return []
 
 
-def _rows_and_heads_per_memory(
-    cfg: TrainConfig, env: RunEnvironment, mesh_sizes
-) -> tuple[int, int]:
-    """Evaluation rows and heads whose logits share one memory pool (see RunEnvironment.memory_bytes)."""
-    if env.platform == "cpu" or mesh_sizes is None:
+def _rows_and_heads_per_memory(cfg: TrainConfig, env: RunEnvironment, sizes) -> tuple[int, int]:
+    """Evaluation rows and heads whose logits share one memory pool (RunEnvironment.memory_bytes)."""
+    if env.platform == "cpu" or sizes is None:
         # All of a process's CPU devices share the host's RAM.
         return max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
-    data_parallel = math.prod(mesh_sizes[axis] for axis in _batch_mesh_axes(cfg))
-    rows = (
-        cfg.eval.batch_size // data_parallel
-        if cfg.eval.batch_size % data_parallel == 0
-        else cfg.eval.batch_size
-    )
-    tensor = mesh_sizes["tensor"]
-    heads = (
-        cfg.model.num_heads // tensor if cfg.model.num_heads % tensor == 0 else cfg.model.num_heads
-    )
+    data_parallel = math.prod(sizes[axis] for axis in _batch_mesh_axes(cfg))
+    rows, heads = cfg.eval.batch_size, cfg.model.num_heads
+    rows = rows // data_parallel if rows % data_parallel == 0 else rows
+    heads = heads // sizes["tensor"] if heads % sizes["tensor"] == 0 else heads
     return rows, heads
 
 
@@ -262,7 +211,7 @@ def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
 
 def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
     if is_uri(workdir):
-        problem = storage.uri_problem(workdir, "--workdir")
+        problem = outputs.uri_problem(workdir, "--workdir")
         if problem is None and needs_checkpoint:
             problem = _checkpoint_problem(workdir, f"{workdir.rstrip('/')}/checkpoints")
         return [problem] if problem else []
@@ -276,12 +225,11 @@ def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
         ]
     if not os.access(existing, os.W_OK | os.X_OK):
         return [
-            f"--workdir {path} is not writable ({existing} denies writing); choose a writable --workdir."
+            f"--workdir {path} is not writable ({existing} denies writing); choose a writable "
+            "--workdir."
         ]
-    if needs_checkpoint:
-        problem = _checkpoint_problem(path, os.path.join(path, "checkpoints"))
-        return [problem] if problem else []
-    return []
+    problem = needs_checkpoint and _checkpoint_problem(path, os.path.join(path, "checkpoints"))
+    return [problem] if problem else []
 
 
 def _checkpoint_problem(workdir: str, checkpoints: str) -> str | None:
@@ -315,26 +263,19 @@ def _data_problems(
     if cfg.data is None or cfg.batch_size is None or cfg.eval is None:
         return None, []
     problems = _text_path_problems(cfg, text_fields or ("path", "eval_path"))
-    splits_over_processes = not (
-        cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count
-    )
-    if problems or not splits_over_processes:  # the batch problems are reported already
-        return None, problems
+    if problems or cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count:
+        return None, problems  # the batch problems are reported already
     try:
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), env.process_count)
     except (ValueError, OSError) as err:  # absent, unreadable or too short data
-        return None, [_data_line(err)]
+        text = str(err).strip()
+        return None, [text if text.startswith("data") else f"data: {text}"]
     for length in sorted(set(cfg.eval.lengths)):
         try:
             next(iter(source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)))
         except ValueError as err:
             problems.append(f"eval.lengths: at length {length}, {_first_line(err)}.")
     return source, problems
-
-
-def _data_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text if text.startswith("data") else f"data: {text}"
 
 
 def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
@@ -347,7 +288,7 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
     for field in path_fields:
         path = getattr(cfg.data, field)
         if is_uri(path):
-            problem = storage.uri_problem(path, f"data.{field} =", must_exist=True)
+            problem = outputs.uri_problem(path, f"data.{field} =", must_exist=True)
             problems += [problem] if problem else []
         elif os.path.exists(os.path.expanduser(path)):
             continue

@@ -1,4 +1,5 @@
-"""Config checks before compiling: one message per problem, naming the key and the fix, all at once."""
+"""The checks before step 1 (jrope.train.checks, after the config's own): one message per problem,
+naming the key and the fix, all at once."""
 
 import os
 import re
@@ -10,16 +11,11 @@ from helpers.tiny_config import tiny_config_dict
 from ml_collections import config_flags
 
 from configs import wikitext_cpu
-from jrope.errors import DataError
+from jrope.errors import ConfigError, DataError
+from jrope.train.checks import RunEnvironment, check_evaluation_run, check_training_run
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.trainer import train_and_evaluate
-from jrope.train.validation import (
-    ConfigError,
-    RunEnvironment,
-    check_evaluation_run,
-    check_training_run,
-)
 
 GIB = 2**30
 EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu", memory_bytes=16 * GIB)
@@ -223,7 +219,7 @@ BAD_INPUTS = [
         _tiny(**{"model.dropout": 0.1}),
         EIGHT_CPUS,
         "fresh",
-        r"model: unknown keys \['dropout'\], missing keys \[\]",
+        r"model\.dropout: no such key; did you mean --config\.model\.dropout_rate\?",
     ),
     (
         "unknown_nonfinite_policy",
@@ -289,9 +285,7 @@ def test_good_configs_pass(tmp_path):
 def test_all_problems_are_reported_together(tmp_path):
     with pytest.raises(ConfigError) as caught:
         check_training_run(
-            TrainConfig.from_config_dict(
-                _tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3})
-            ),
+            _tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3}),
             str(tmp_path),
             EIGHT_CPUS,
         )

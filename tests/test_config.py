@@ -1,0 +1,142 @@
+"""The run config (jrope.train.config): the sections, the one parser, and config files from anywhere."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers.repository import ROOT
+from helpers.tiny_config import tiny_config, tiny_config_dict
+
+from jrope.errors import ConfigError
+from jrope.pe_config import pe_config_from_name
+from jrope.train.config import (
+    EvalConfig,
+    TrainConfig,
+    convert_config,
+    load_config_file,
+    unknown_key_problems,
+)
+
+
+def test_the_pe_section_is_the_library_pe_config_parsed_from_the_name():
+    cfg = tiny_config(**{"pe.name": "jordan_exact_c150_eta010"})
+    assert cfg.pe == pe_config_from_name(
+        "jordan_exact_c150_eta010",
+        train_context=16,
+        theta=10000.0,
+        gamma_min=1e-4,
+        init_gamma=1e-4,
+        eta_max=0.1,
+        init_eta=0.0,
+    )
+    assert (cfg.pe.gamma_min, cfg.pe.init_gamma, cfg.pe.init_eta) == (0.0, 1.5 / 16, 0.01)
+    assert cfg.encoding is cfg.encoding  # built once
+
+
+@pytest.mark.parametrize("name", ["rope", "jordan_rope", "jordan_exact_c010_eta100_eta1"])
+def test_the_json_form_converts_back_to_the_same_config(name):
+    cfg = tiny_config(**{"pe.name": name})
+    again = TrainConfig.from_config_dict(cfg.to_json_dict())
+    assert again == cfg and again.to_json_dict() == cfg.to_json_dict()
+
+
+def test_every_problem_of_every_section_is_reported_at_once_with_its_key():
+    config = tiny_config_dict(
+        **{
+            "model.compute_dtype": "float16",
+            "model.dropout": 0.1,
+            "opt.schedule": "linear",
+            "eval.num_sequences": 0,
+            "checkpoint.every_steps": 0,
+            "pe.name": "ropee",
+            "runtime.profile_to_step": -1,
+        }
+    )
+    config.zzz = 1
+    cfg, problems = convert_config(config)
+    assert [problem.split()[0] for problem in problems] == [
+        "zzz:",
+        "model.dropout:",
+        "model.compute_dtype",
+        "opt.schedule",
+        "checkpoint.every_steps",
+        "eval.num_sequences",
+        "runtime.profile_from_step",
+        "pe.name",
+    ]
+    assert "model.dropout: no such key; did you mean --config.model.dropout_rate?" in problems
+    assert cfg.model is None and cfg.opt is None and cfg.mesh is not None
+    with pytest.raises(ConfigError, match=r"^8 problem\(s\) in the run's config"):
+        TrainConfig.from_config_dict(config)
+
+
+def test_values_of_the_wrong_type_are_named_not_crashed_on():
+    config = tiny_config_dict().to_dict()
+    config["model"]["num_heads"] = True
+    config["pe"]["theta"] = "10000"
+    config["num_steps"] = "2"
+    config["eval"]["lengths"] = [16, 32]  # a list is a tuple
+    _, problems = convert_config(config)
+    assert problems == [
+        "model.num_heads must be an integer, got True.",
+        "pe.theta must be a number, got '10000'.",
+        "num_steps must be an integer, got '2'.",
+    ]
+
+
+def test_a_missing_section_or_key_is_named():
+    config = tiny_config_dict().to_dict()
+    del config["runtime"]
+    del config["opt"]["learning_rate"]
+    cfg, problems = convert_config(config)
+    assert cfg is None and problems == ["runtime is missing; set it in the config file."]
+    config["runtime"] = {}  # every runtime key has a default
+    _, problems = convert_config(config)
+    assert problems == ["opt.learning_rate is missing; set it in the config file."]
+
+
+def test_a_key_that_cannot_be_computed_is_named_with_the_keys_it_depends_on():
+    _, problems = convert_config(tiny_config_dict(**{"model.num_heads": 0}))
+    assert problems[0].startswith("data.head_dim cannot be computed (ZeroDivisionError")
+    assert "model.num_heads must be >= 1, got 0." in problems
+
+
+def test_sections_check_themselves_when_built_directly():
+    with pytest.raises(ValueError, match=r"eval\.batch_size 3 must divide eval\.num_sequences 4"):
+        EvalConfig(lengths=(16,), num_sequences=4, batch_size=3, every_steps=0)
+    model = tiny_config().model  # the model's own config, usable without the harness
+    with pytest.raises(ValueError, match=r"model: d_model 32 must be a multiple of num_heads 3"):
+        dataclasses.replace(model, num_heads=3)
+
+
+def test_misspelt_command_line_keys_get_the_closest_key():
+    path = os.path.join(ROOT, "configs", "quickstart.py")
+    argv = ["train.py", f"--config={path}", "--config.model.num_haeds=4", "--config.log.qqqqqq=1"]
+    assert unknown_key_problems(argv) == [
+        "--config.model.num_haeds: the config has no key 'model.num_haeds'; "
+        "did you mean --config.model.num_heads?",
+        "--config.log.qqqqqq: the config has no key 'log.qqqqqq'; section 'log' has every_steps, "
+        "tensorboard.",
+    ]
+
+
+def test_config_files_load_from_any_working_directory(tmp_path):
+    # configs/*.py import `configs.base`: the loader, not the working directory, makes it importable.
+    path = os.path.join(ROOT, "configs", "quickstart.py")
+    assert load_config_file(path).pe.name == "jordan_rope"
+    script = (
+        "import sys; from jrope.train.config import load_config_file, unknown_key_problems; "
+        f"print(load_config_file({path!r}).num_steps); "
+        f"print(*unknown_key_problems(['x', '--config={path}', '--config.num_stpes=1']))"
+    )
+    env = {**os.environ, "PYTHONPATH": ""}  # jrope from its install, configs from nowhere
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "250",
+        "--config.num_stpes: the config has no key 'num_stpes'; did you mean --config.num_steps?",
+    ]
