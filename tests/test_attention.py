@@ -6,10 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+import jrope
 from jrope.attention import dense
-from jrope.model import transformer
-from jrope.model.transformer import _project
+from jrope.model import projection
+from jrope.model.config import ModelConfig
+from jrope.model.transformer import Transformer
 
 
 def _naive_causal_attention(q, k, v, bias):
@@ -60,7 +63,10 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
     "x_shape, kernel_shape, num_contracted",
     [((2, 5, 8), (8, 3, 2, 4), 1), ((2, 5, 2, 4), (2, 4, 8), 2), ((2, 5, 8), (8, 6), 1)],
 )
-def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, num_contracted):
+@pytest.mark.parametrize("projection_fn", [projection.contract, projection.cpu_projection])
+def test_projection_values_and_gradients_equal_tensordot_autodiff(
+    x_shape, kernel_shape, num_contracted, projection_fn
+):
     kx, kk, kc = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(kx, x_shape)
     kernel = jax.random.normal(kk, kernel_shape)
@@ -68,7 +74,7 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
     cotangent = jax.random.normal(kc, out_shape)
 
     def custom(x, kernel):
-        return jnp.sum(_project(x, kernel, num_contracted, None) * cotangent)
+        return jnp.sum(projection_fn(x, kernel, num_contracted, None) * cotangent)
 
     def plain(x, kernel):
         return jnp.sum(jnp.tensordot(x, kernel, axes=num_contracted) * cotangent)
@@ -80,9 +86,38 @@ def test_projection_gradients_equal_tensordot_autodiff(x_shape, kernel_shape, nu
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend, custom", [("cpu", True), ("tpu", False), ("gpu", False)])
-def test_the_projections_custom_vjp_is_used_on_cpu_only(monkeypatch, backend, custom):
-    monkeypatch.setattr(transformer.jax, "default_backend", lambda: backend)
-    x, kernel = jnp.ones((2, 5, 8)), jnp.ones((8, 6))
-    traced = str(jax.make_jaxpr(lambda x, k: transformer._projection(x, k, 1, None))(x, kernel))
-    assert ("custom_vjp_call" in traced) == custom
+def test_a_model_with_the_cpu_projection_has_the_default_models_loss_and_gradients():
+    cfg = ModelConfig(
+        d_model=16,
+        num_heads=2,
+        num_layers=2,
+        mlp_ratio=2,
+        compute_dtype="float32",
+        attention_impl="einsum",
+        blockwise_min_length=4096,
+        block_size=8,
+        remat="none",
+    )
+    encoding = jrope.make_encoding(
+        jrope.pe_config_from_name("jordan_rope", train_context=12), num_heads=2, head_dim=8
+    )
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 12), 0, 11)
+    positions = jnp.arange(12, dtype=jnp.int32)
+
+    def loss_and_grads(projection_fn):
+        model = Transformer(cfg, encoding, 11, rngs=nnx.Rngs(params=0), projection=projection_fn)
+        graph, params = nnx.split(model, nnx.Param)
+
+        def loss(params):
+            logits = nnx.merge(graph, params)(tokens, positions)
+            return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[..., 0])
+
+        return jax.value_and_grad(loss)(params)
+
+    (got_loss, got_grads), (want_loss, want_grads) = (
+        loss_and_grads(projection.cpu_projection),
+        loss_and_grads(projection.contract),
+    )
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -24,8 +24,6 @@ V vocabulary.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,6 +35,7 @@ from jrope import attention
 from jrope.encodings import Encoding
 from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
 from jrope.model.config import ModelConfig
+from jrope.model.projection import ProjectionFn, contract
 
 if TYPE_CHECKING:
     from jrope.model.kv_cache import LayerCache
@@ -51,67 +50,6 @@ _REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 
 def _param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
     return nnx.Param(value, **{LOGICAL_AXES_KEY: tuple(logical_axes)})
-
-
-def _projection(
-    x: jax.Array, kernel: jax.Array, num_contracted: int, precision: jax.lax.Precision | None
-) -> jax.Array:
-    """Contract the last `num_contracted` axes of x with the first of kernel, at `precision`.
-
-    x [B, T, *K], kernel [*K, *M] -> [B, T, *M]. On CPU through _project's
-    custom VJP (measured there); elsewhere plain autodiff, which XLA's GPU
-    and TPU compilers lay out themselves.
-    """
-    if jax.default_backend() == "cpu":
-        return _project(x, kernel, num_contracted, precision)
-    return _contract(x, kernel, num_contracted, precision)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _project(
-    x: jax.Array, kernel: jax.Array, num_contracted: int, precision: jax.lax.Precision | None
-) -> jax.Array:
-    """Contract the last `num_contracted` axes of x with the first of kernel.
-
-    x [B, T, *K], kernel [*K, *M] -> [B, T, *M] (e.g. [B, T, D] x [D, 3, N, H]).
-    Same value and gradients as the tensordot. The custom VJP exists for
-    speed on CPU: autodiff's kernel gradient contracts over two axes (B, T),
-    for which XLA:CPU transposes the output gradient in a copy fused with the
-    activation's backward (half of the MLP's backward time at the synthetic
-    config); contracting one flattened B*T axis of both operands avoids it.
-    """
-    return _contract(x, kernel, num_contracted, precision)
-
-
-def _contract(x, kernel, num_contracted, precision):
-    x_axes = tuple(range(x.ndim - num_contracted, x.ndim))
-    return jax.lax.dot_general(
-        x, kernel, ((x_axes, tuple(range(num_contracted))), ((), ())), precision=precision
-    )
-
-
-def _project_forward(x, kernel, num_contracted, precision):
-    return _contract(x, kernel, num_contracted, precision), (x, kernel)
-
-
-def _project_backward(num_contracted, precision, residuals, d_out):
-    x, kernel = residuals
-    num_out = kernel.ndim - num_contracted
-    kernel_out_axes = tuple(range(num_contracted, kernel.ndim))
-    d_out_axes = tuple(range(d_out.ndim - num_out, d_out.ndim))
-    d_x = jax.lax.dot_general(
-        d_out, kernel, ((d_out_axes, kernel_out_axes), ((), ())), precision=precision
-    )
-    rows = math.prod(x.shape[: x.ndim - num_contracted])
-    x_rows = x.reshape((rows,) + x.shape[x.ndim - num_contracted :])
-    d_out_rows = d_out.reshape((rows,) + d_out.shape[d_out.ndim - num_out :])
-    d_kernel = jax.lax.dot_general(
-        x_rows, d_out_rows, (((0,), (0,)), ((), ())), precision=precision
-    )
-    return d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
-
-
-_project.defvjp(_project_forward, _project_backward)
 
 
 def _uniform_fan_in(key: jax.Array, shape: tuple[int, ...], fan_in: int) -> jax.Array:
@@ -134,9 +72,17 @@ class RMSNorm(nnx.Module):
 class CausalSelfAttention(nnx.Module):
     """Fused q/k/v projection, the encoding's hooks, causal attention, output projection."""
 
-    def __init__(self, cfg: ModelConfig, encoding: Encoding, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoding: Encoding,
+        *,
+        rngs: nnx.Rngs,
+        projection: ProjectionFn = contract,
+    ):
         self.cfg = cfg
         self.encoding = encoding
+        self.projection = projection
         d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
         # One [D, 3, N, H] kernel: a single matmul yields q, k and v already in
         # the [B, T, N, H] layout attention wants (no reshape or transpose).
@@ -168,10 +114,10 @@ class CausalSelfAttention(nnx.Module):
                 # [B, S, 3, N, H]: the matmul's natural output layout. unstack
                 # (not indexing) so that the backward pass concatenates the three
                 # gradients instead of padding each to full size and summing.
-                q, k, v = jnp.unstack(_projection(x, qkv, 1, precision), axis=2)
+                q, k, v = jnp.unstack(self.projection(x, qkv, 1, precision), axis=2)
             else:
-                q = _projection(x[:, x.shape[1] - num_queries :], qkv[:, 0], 1, precision)
-                k, v = jnp.unstack(_projection(x, qkv[:, 1:], 1, precision), axis=2)
+                q = self.projection(x[:, x.shape[1] - num_queries :], qkv[:, 0], 1, precision)
+                k, v = jnp.unstack(self.projection(x, qkv[:, 1:], 1, precision), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
         attention_precision = attention.attention_precision(self.cfg, self.encoding)
         if cache is not None:
@@ -195,11 +141,12 @@ class CausalSelfAttention(nnx.Module):
                 precision=attention_precision,
             )
         with jax.named_scope("out_projection"):
-            return _projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
+            return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
 
 
 class MLPBlock(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, projection: ProjectionFn = contract):
+        self.projection = projection
         d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
         self.up = _param(_uniform_fan_in(rngs.params(), (d, f), d), (EMBED, MLP))
         self.down = _param(_uniform_fan_in(rngs.params(), (f, d), f), (MLP, EMBED))
@@ -208,17 +155,24 @@ class MLPBlock(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> [B, T, D]; exact (erf) GELU as in the reference."""
         with jax.named_scope("mlp"):
-            up = _projection(x, self.up[...].astype(x.dtype), 1, self.precision)
+            up = self.projection(x, self.up[...].astype(x.dtype), 1, self.precision)
             hidden = jax.nn.gelu(up, approximate=False)
-            return _projection(hidden, self.down[...].astype(x.dtype), 1, self.precision)
+            return self.projection(hidden, self.down[...].astype(x.dtype), 1, self.precision)
 
 
 class TransformerBlock(nnx.Module):
-    def __init__(self, cfg: ModelConfig, encoding: Encoding, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        encoding: Encoding,
+        *,
+        rngs: nnx.Rngs,
+        projection: ProjectionFn = contract,
+    ):
         self.attn_norm = RMSNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, encoding, rngs=rngs)
+        self.attn = CausalSelfAttention(cfg, encoding, rngs=rngs, projection=projection)
         self.mlp_norm = RMSNorm(cfg.d_model)
-        self.mlp = MLPBlock(cfg, rngs=rngs)
+        self.mlp = MLPBlock(cfg, rngs=rngs, projection=projection)
         self.dropout_rate = cfg.dropout_rate
 
     def __call__(
@@ -269,6 +223,11 @@ class Transformer(nnx.Module):
     their real-valued inputs [B, T, C_in] in with a linear map [C_in, D] and
     read out through a linear regression head [D, C_out], both without bias
     (the paper's signal benchmark model); everything between is the same.
+
+    projection: the function of every projection (jrope.model.projection):
+    `contract` (plain autodiff), or `cpu_projection`, the same values and
+    gradients with a backward pass laid out for XLA:CPU (a faster train step
+    there; a harness passes it on CPU only).
     """
 
     def __init__(
@@ -280,6 +239,7 @@ class Transformer(nnx.Module):
         rngs: nnx.Rngs,
         input_channels: int | None = None,
         output_channels: int | None = None,
+        projection: ProjectionFn = contract,
     ):
         if (encoding.num_heads, encoding.head_dim) != (cfg.num_heads, cfg.head_dim):
             raise ValueError(
@@ -295,6 +255,7 @@ class Transformer(nnx.Module):
                 f"input_channels={input_channels}, output_channels={output_channels}."
             )
         self.cfg = cfg
+        self.projection = projection
         # True for a signal model (input projection and regression head), False for tokens.
         self.reads_signals = vocab_size is None
         if not self.reads_signals:
@@ -312,7 +273,10 @@ class Transformer(nnx.Module):
                 (EMBED, None),
             )
         self.blocks = nnx.List(
-            [TransformerBlock(cfg, encoding, rngs=rngs) for _ in range(cfg.num_layers)]
+            [
+                TransformerBlock(cfg, encoding, rngs=rngs, projection=projection)
+                for _ in range(cfg.num_layers)
+            ]
         )
         self.final_norm = RMSNorm(cfg.d_model)
 
@@ -333,7 +297,7 @@ class Transformer(nnx.Module):
         dtype = self.cfg.compute_dtype
         if self.reads_signals:
             kernel = self.input_projection[...].astype(dtype)
-            return _projection(
+            return self.projection(
                 inputs.astype(dtype), kernel, 1, attention.matmul_precision(self.cfg)
             )
         return jnp.take(self.embedding[...], inputs, axis=0).astype(dtype)
