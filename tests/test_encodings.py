@@ -381,31 +381,6 @@ def test_gradients_reach_every_parameter_and_are_finite(name):
         assert float(jnp.max(jnp.abs(g))) > 0
 
 
-@pytest.mark.parametrize("name", ("jordan_rope", "jordan_exact_scaled"))
-def test_rotation_is_evaluated_once_whatever_the_depth(name):
-    """cos and sin of the angles do not depend on the layer: deeper models must not
-    evaluate them again (a per-layer table with the rotation fused in did, per head)."""
-    enc = _encoding(name)
-    q, k = _qk(8, 8)
-    pos = jnp.arange(8)
-
-    def compiled_trig_ops(num_layers):
-        def loss(layer_params):
-            total = 0.0
-            for p in layer_params:
-                q2, k2 = enc.transform_qk(p, q, k, pos, pos)
-                total = total + jnp.sum(q2 * k2)
-            return total
-
-        layers = [_perturbed(enc.init_params(), scale=0.1 * (i + 1)) for i in range(num_layers)]
-        text = jax.jit(jax.grad(loss)).lower(layers).compile().as_text()
-        return text.count(" cosine(") + text.count(" sine(")
-
-    one = compiled_trig_ops(1)
-    assert one > 0
-    assert compiled_trig_ops(3) == one
-
-
 @pytest.mark.parametrize(
     "name,head_dim,block",
     [

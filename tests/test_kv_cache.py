@@ -175,24 +175,15 @@ def test_prefill_fills_the_same_cache_through_any_attention_kernel(impl):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
-def test_cache_layout_and_a_step_past_the_last_slot():
-    model = _model("jordan_rope")  # keeps mapped keys in float32
+def test_decoding_fills_every_slot_and_a_step_past_the_last_gives_nan():
+    model = _model("jordan_rope")
     graphdef, params = nnx.split(model)
     tokens, lengths = _tokens(length=PROMPT), jnp.asarray((PROMPT, 2), jnp.int32)
+    # Seven slots: row 0's prompt takes six, so one decode step fills the cache.
     logits, cache = _prefill(graphdef, params, tokens, lengths, jnp.zeros((2,), jnp.int32), 7, 4)
-    assert [k.shape for k in cache.keys] == [(2, 2, 24, 7)] * 2  # [B, N, H, M]
-    assert [v.shape for v in cache.values] == [(2, 2, 7, 24)] * 2  # [B, N, M, H]
-    assert {k.dtype for k in cache.keys} == {jnp.dtype(jnp.float32)}
-    # Row 1's prompt pads and the slot not yet written hold no key.
-    empty = kv_cache.EMPTY
-    np.testing.assert_array_equal(
-        cache.positions, [[0, 1, 2, 3, 4, 5, empty], [0, 1, empty, empty, empty, empty, empty]]
-    )
-    np.testing.assert_array_equal(cache.origin, [PROMPT - 1, 1])
     logits, cache = _decode(graphdef, params, cache, tokens[:, 0])
-    np.testing.assert_array_equal(cache.positions[:, -1], [PROMPT, 2])
     assert np.all(np.isfinite(logits))
-    logits, _ = _decode(graphdef, params, cache, tokens[:, 0])  # the buffer is full
+    logits, _ = _decode(graphdef, params, cache, tokens[:, 0])
     assert np.all(np.isnan(logits))
     with pytest.raises(ValueError, match="max_length >= the padded prompt length 6"):
         kv_cache.prefill(model, tokens, lengths, lengths, max_length=5, rebase_bound=4)
