@@ -1,4 +1,4 @@
-"""Cost of the checkpoint digests (jrope.train.digests) against the train step they ride along with.
+"""Cost of the checkpoint digests (jrope.train.checkpoints) against the train step they ride along with.
 
 Every checkpoint save computes one digest pass over the whole train state
 (parameters and both Adam moments) on its devices and brings two uint32 per
@@ -31,8 +31,8 @@ import jax  # noqa: E402
 from benchmarks.random_bytes import RandomBytes  # noqa: E402
 from configs import synthetic_cpu, wikitext_scaled_exact  # noqa: E402
 from jrope.train import runtime, sharding  # noqa: E402
+from jrope.train.checkpoints import state_digests  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
-from jrope.train.digests import state_digests  # noqa: E402
 from jrope.train.setup import set_up_run  # noqa: E402
 from jrope.train.trainer import make_train_step  # noqa: E402
 

@@ -21,7 +21,7 @@ from tensorboardX.proto import event_pb2
 
 from configs import kernel_probe as kernel_probe_config
 from jrope.experiments import compare, kernel_probe
-from jrope.train import checkpointing, evaluation, outputs
+from jrope.train import checkpoints, evaluation, outputs
 from jrope.train.outputs import MetricsLogger
 
 RUN = "gs://bucket/run"
@@ -158,8 +158,8 @@ def test_the_checkpoint_uri_reaches_orbax_unchanged(bucket, monkeypatch):
         def __init__(self, directory, **kwargs):
             received.append(os.fspath(directory))
 
-    monkeypatch.setattr(checkpointing.ocp, "CheckpointManager", Recorder)
-    checkpointing.Checkpointer(
+    monkeypatch.setattr(checkpoints.ocp, "CheckpointManager", Recorder)
+    checkpoints.Checkpointer(
         epath.Path(RUN) / "checkpoints", every_steps=1, max_to_keep=1, config_json={}
     )
     assert received == [f"{RUN}/checkpoints"]

@@ -25,9 +25,8 @@ from helpers.train_process import (
 )
 
 from jrope.errors import CorruptCheckpointError, IncompatibleCheckpointError
-from jrope.train.resume import unfinished_saves
+from jrope.train.checkpoints import LOCK_FILE, unfinished_saves
 from jrope.train.trainer import train_and_evaluate
-from jrope.train.workdir_lock import LOCK_FILE
 
 NUM_STEPS = 60  # tests/helpers/subprocess_run_config.py
 EVERY_STEPS = 8

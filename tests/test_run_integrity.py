@@ -31,7 +31,7 @@ from helpers.train_process import (
     wait_for_checkpoint,
 )
 
-from jrope.train.workdir_lock import LOCK_FILE
+from jrope.train.checkpoints import LOCK_FILE
 
 TINY = f"--config={RUN_CONFIG}"
 

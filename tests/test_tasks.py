@@ -15,7 +15,7 @@ from helpers.tiny_config import tiny_config
 from jrope.experiments import compare
 from jrope.model import Transformer
 from jrope.train import task_metrics
-from jrope.train.resume import config_differences
+from jrope.train.checkpoints import config_differences
 from jrope.train.trainer import train_and_evaluate
 
 

@@ -14,7 +14,7 @@ from helpers.tiny_config import tiny_config, tiny_text_config_dict
 from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope.errors import GenerationError
-from jrope.train.checkpointing import Checkpointer
+from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.generation import GenerationSettings
 from jrope.train.text_generation import load_text_run

@@ -35,8 +35,8 @@ from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
 from jrope.data.source import DistanceEvaluation
-from jrope.train import checks, nonfinite, outputs, resume, runtime, sharding
-from jrope.train.checkpointing import Checkpointer
+from jrope.train import checkpoints, checks, nonfinite, outputs, runtime, sharding
+from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.runtime import step_compiler_options
@@ -222,7 +222,7 @@ def evaluate_checkpoint(
     a result, the first free `eval_step<step>.<n>`) and returns the rows.
     Raises ConfigError before compiling anything when the config does not fit
     the machine or the workdir holds no checkpoint, and
-    resume.IncompatibleCheckpointError / CorruptCheckpointError for a
+    checkpoints.IncompatibleCheckpointError / CorruptCheckpointError for a
     checkpoint of other parameters or an unreadable or damaged one.
     """
     checked = checks.check_evaluation_run(config, workdir)
@@ -231,7 +231,7 @@ def evaluate_checkpoint(
     run = set_up_run(cfg, source=checked.source)
     checkpointer = Checkpointer.for_run(cfg, workdir)
     step = checkpointer.latest_step() if step is None else step
-    state = resume.restore_compatible(cfg, checkpointer, run.layout.abstract, step)
+    state = checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, step)
     checkpointer.close()
     rows, _ = evaluate_and_report(
         EvalStep(run),
@@ -239,7 +239,7 @@ def evaluate_checkpoint(
         run,
         workdir,
         step,
-        str(resume.checkpoint_path(checkpointer, step)),
+        str(checkpoints.checkpoint_path(checkpointer, step)),
     )
     return rows
 

@@ -322,7 +322,7 @@ def restart_with_huge_pages() -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
 
 
-def requested() -> bool:
+def huge_pages_requested() -> bool:
     """Whether this process started with glibc's huge-page option (benchmarks report it)."""
     return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")
 
@@ -343,7 +343,7 @@ def step_compiler_options(*, blockwise: bool, platform: str | None = None) -> di
     return {}
 
 
-def enable(cache_dir: str) -> None:
+def enable_compilation_cache(cache_dir: str) -> None:
     """Use `cache_dir` (local or gs://...) as JAX's persistent compilation cache; '' leaves it off."""
     if not cache_dir:
         return

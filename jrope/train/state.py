@@ -30,9 +30,8 @@ from jax.sharding import Mesh
 from jrope.data.source import DataSource
 from jrope.model import Transformer
 from jrope.train import sharding
-from jrope.train.checkpointing import abstract_with_shardings
-from jrope.train.config import TrainConfig
-from jrope.train.config_sections import OptimConfig
+from jrope.train.checkpoints import abstract_with_shardings
+from jrope.train.config import OptimConfig, TrainConfig
 
 
 def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:

@@ -1,7 +1,7 @@
 """Text from a trained byte-level run: its latest checkpoint loaded without its training data.
 
 Every checkpoint keeps the config of the run that wrote it
-(jrope.train.checkpointing), so a workdir is all generation needs: the
+(jrope.train.checkpoints), so a workdir is all generation needs: the
 model, the encoding and the vocabulary come from there, and the state
 layout is built from the config alone (the vocabulary is the data
 section's), so the corpus is never read or downloaded.
@@ -29,8 +29,8 @@ from jax.sharding import Mesh
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError
-from jrope.train import resume, sharding
-from jrope.train.checkpointing import Checkpointer
+from jrope.train import sharding
+from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import MeshConfig, TrainConfig
 from jrope.train.generation import GenerationSettings, Generator
 from jrope.train.state import state_layout
@@ -70,11 +70,11 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     Raises:
       GenerationError: no checkpoint (a probe workdir, or nothing trained yet),
         or a run that is not byte-level text.
-      resume.CorruptCheckpointError: a checkpoint that cannot be read.
+      checkpoints.CorruptCheckpointError: a checkpoint that cannot be read.
     """
     path = resolved(workdir)
     checkpoints = path / "checkpoints"
-    steps = resume.finished_steps(str(checkpoints))
+    steps = checkpoints.finished_steps(str(checkpoints))
     if not steps:
         raise GenerationError(_no_checkpoint_message(path, checkpoints))
     # Read only: this manager never saves, so it never deletes old checkpoints either.
@@ -85,7 +85,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
             saved = checkpointer.restore_config(step)
         except Exception as err:  # orbax raises many types; all mean "unreadable"
             raise CorruptCheckpointError(
-                f"Cannot read the config saved with checkpoint {resume.checkpoint_path(checkpointer, step)} "
+                f"Cannot read the config saved with checkpoint {checkpoints.checkpoint_path(checkpointer, step)} "
                 f"({type(err).__name__}: {err}); nothing was deleted."
             ) from err
         cfg = TrainConfig.from_config_dict(saved)
@@ -94,7 +94,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
             decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
         )
         layout = state_layout(cfg, {"vocab_size": cfg.data.vocab_size}, mesh)
-        state = resume.restore_compatible(cfg, checkpointer, layout.abstract, step)
+        state = checkpoints.restore_compatible(cfg, checkpointer, layout.abstract, step)
     finally:
         checkpointer.close()
     logging.info("Loaded %s (%s, step %d).", path, cfg.pe.name, step)

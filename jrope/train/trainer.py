@@ -4,7 +4,7 @@
 metrics)`, jitted once with the state's shardings in and out and the state
 donated (its buffers are reused for the next state). `train_and_evaluate`
 is the whole run: every check in one pass (jrope.train.checks), the
-workdir's lock (one run per workdir, jrope.train.workdir_lock), data source,
+workdir's lock (one run per workdir, jrope.train.checkpoints), data source,
 mesh, sharded initialisation or automatic resume from the workdir's latest
 checkpoint (checked against its digests), the record of the start
 (jrope.train.outputs), the loop with periodic checkpoints and
@@ -39,23 +39,22 @@ from etils import epath
 from jrope.attention import choose_kernel
 from jrope.errors import RunIOError, TrainingPreempted
 from jrope.train import (
+    checkpoints,
     checks,
     evaluation,
     nonfinite,
     outputs,
-    resume,
     runtime,
     sharding,
     task_metrics,
 )
-from jrope.train.checkpointing import Checkpointer
+from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import METRICS_FILE, MetricsLogger, Throughput, duration, say
 from jrope.train.preemption import PreemptionWatch
 from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, set_up_run
 from jrope.train.state import learning_rate_schedule, model_from_params, model_io
-from jrope.train.workdir_lock import WorkdirLock, describe_holder
 
 # Dropout keys come from their own stream of the seed, apart from the
 # initialisation's (nnx.Rngs folds small counters into the same seed).
@@ -164,7 +163,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
             failure = runtime.find_io_failure(error)
             if failure is None or isinstance(error, RunIOError):
                 raise
-            raise RunIOError(*failure, resume.describe_latest(checkpointer)) from error
+            raise RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
         finally:
             # Also on errors: an in-flight save finishes (the last good checkpoint), none is
             # left half-written.
@@ -179,7 +178,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    state = resume.restore_or_initialize(cfg, checkpointer, run.layout.abstract, run.init_state)
+    state = checkpoints.restore_or_initialize(
+        cfg, checkpointer, run.layout.abstract, run.init_state
+    )
     start = int(jax.device_get(state["step"]))
     finished = evaluation.finished_results(workdir, cfg.num_steps)
     if start == cfg.num_steps and finished is not None:
@@ -198,7 +199,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         every_steps=cfg.log.every_steps,
         num_steps=cfg.num_steps,
         tensorboard=cfg.log.tensorboard,
-        last_checkpoint=lambda: resume.describe_latest(checkpointer),
+        last_checkpoint=lambda: checkpoints.describe_latest(checkpointer),
         is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=Throughput.for_run(cfg, model_io(run.source), devices),
@@ -219,7 +220,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             run,
             workdir,
             step,
-            str(resume.checkpoint_path(checkpointer, step)),
+            str(checkpoints.checkpoint_path(checkpointer, step)),
         )
         for name, scalars in evaluation.logged_scalars(rows, run.source.task):
             logger.write_scalars(step, scalars, name)
@@ -269,7 +270,7 @@ def _train_steps(
             if preempted:
                 checkpointer.wait_until_finished()
                 logger.close()
-                raise TrainingPreempted(done, resume.checkpoint_path(checkpointer, done))
+                raise TrainingPreempted(done, checkpoints.checkpoint_path(checkpointer, done))
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
                 evaluate(state, done)
     return state

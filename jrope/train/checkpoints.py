@@ -1,0 +1,489 @@
+"""Checkpoints: the save, the digests of its arrays, the restore that resumes a run, the workdir lock.
+
+One orbax CheckpointManager per workdir. Each step holds three items:
+`state` (step, params, optimizer state: sharded arrays, restored straight
+into an abstract sharded target), `config` (the run's TrainConfig as JSON)
+and `digests` (a fingerprint of every array). Data sources are pure
+functions of the step, so resuming at `step` continues the exact batch
+sequence. A step is saved when it is a multiple of checkpoint.every_steps or
+when forced (the last step, a preemption). Saves are atomic: orbax writes
+`<step>.orbax-checkpoint-tmp-<n>` and renames it once every item is written,
+so a killed save leaves a temporary directory that is reported, never listed
+as a step, never deleted. Local folders and buckets (`gs://...`) alike.
+
+Resume takes the latest finished checkpoint. Settings that define the
+parameters or the optimizer state (model shape, encoding, vocabulary,
+clipping on/off) must match the saved config, or the restore stops with the
+keys that differ; other changes (steps, learning rate, mesh: orbax reshards)
+are logged. Any error while reading becomes a CorruptCheckpointError naming
+the checkpoint, and so does damage that reads without error (a flipped bit):
+every restored array's digest must equal the saved one. The message also
+names the latest earlier checkpoint that restores intact.
+
+Digest of an array: its bits as uint32 words x_i (16- and 8-bit types
+widened), and modulo 2^32 the sums  sum_i x_i  and  sum_i (2 i + 1) x_i,
+computed in one jitted pass on the devices (two uint32 per array reach the
+host). One flipped bit changes the first sum by +-2^k (never 0 mod 2^32); the
+odd weights keep that true for the second and make it see moved words.
+Integer sums are exact in any order, so sharding does not change it. A check
+against damage, not a cryptographic hash (benchmarks/checkpoint_digest.py).
+
+One run per workdir: process 0 holds an advisory `flock` on
+`<workdir>/run.lock` for the run's life; the kernel releases it however the
+process ends, and the file's contents (host, pid of the last holder) tell
+the next run it takes over from one that did not end cleanly. Object stores
+have no locks: there the run says so and goes on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from jrope.data.files import is_uri, resolved
+from jrope.errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    NoCheckpointError,
+    WorkdirBusy,
+)
+from jrope.train.config import TrainConfig, flatten_dict
+from jrope.train.outputs import say
+
+if TYPE_CHECKING:
+    from jrope.train.config import TrainConfig
+
+STATE_ITEM = "state"
+CONFIG_ITEM = "config"
+DIGESTS_ITEM = "digests"
+
+
+class Checkpointer:
+    """Periodic and final saves, latest-checkpoint restore, config and digests beside the state.
+
+    Args:
+      directory: where checkpoints live (created if missing); one subdirectory per step.
+      every_steps: a step is saved when it is a multiple of this (or forced).
+      max_to_keep: older checkpoints beyond this many are deleted.
+      config_json: the run's configuration as a JSON-serialisable dict.
+    """
+
+    def __init__(
+        self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
+    ):
+        self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
+        self._config_json = config_json
+        self._every_steps = every_steps
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
+        )
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, workdir: str) -> Checkpointer:
+        """The checkpoints of the run in `workdir` (`<workdir>/checkpoints`), as `cfg` sets them."""
+        return cls(
+            epath.Path(workdir) / "checkpoints",
+            every_steps=cfg.checkpoint.every_steps,
+            max_to_keep=cfg.checkpoint.max_to_keep,
+            config_json=cfg.to_json_dict(),
+        )
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return step % self._every_steps == 0
+
+    def save(self, step: int, state: Any, *, force: bool = False) -> bool:
+        """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
+
+        Returns once the arrays are copied off the device, so the caller may
+        donate `state` to the next step while the files are written.
+        """
+        if not (force or self.should_save(step)):
+            return False
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE_ITEM: ocp.args.StandardSave(state),
+                    CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+                    DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
+                }
+            ),
+            force=True,
+        )
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> Any:
+        """The state of checkpoint `step` (default: latest), laid out like `abstract_state`.
+
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings:
+        every array is read straight into its shards, never gathered on one device.
+        """
+        step = self._require_step(step)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
+        )
+        return restored[STATE_ITEM]
+
+    def restore_config(self, step: int | None = None) -> dict[str, Any]:
+        """The configuration saved with checkpoint `step` (default: latest)."""
+        return self._restore_json(CONFIG_ITEM, step)
+
+    def restore_digests(self, step: int | None = None) -> dict[str, list[int]]:
+        """The array digests saved with checkpoint `step` (default: latest)."""
+        return self._restore_json(DIGESTS_ITEM, step)
+
+    def _restore_json(self, item: str, step: int | None) -> dict[str, Any]:
+        step = self._require_step(step)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
+        )
+        return restored[item]
+
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def _require_step(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+        if step is None or step not in self._manager.all_steps():
+            raise NoCheckpointError(
+                f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
+                "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
+            )
+        return step
+
+
+def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of `abstract_tree` carrying the matching `shardings` (same structure)."""
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract_tree,
+        shardings,
+    )
+
+
+def array_name(path: tuple) -> str:
+    """A pytree key path as 'params/blocks/0/attn/qkv/value'."""
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def _words(array: jax.Array) -> jax.Array:
+    """The array's bits as uint32 [n] (n = its size; 16- and 8-bit elements widened)."""
+    flat = array.reshape(-1)
+    if flat.dtype == jnp.bool_:
+        return flat.astype(jnp.uint32)
+    unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
+
+
+def _fingerprint(array: jax.Array) -> jax.Array:
+    """uint32 [2]: the plain and the odd-weighted sum of the array's words, mod 2^32."""
+    words = _words(array)
+    weights = 2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1
+    return jnp.stack([jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * weights, dtype=jnp.uint32)])
+
+
+@jax.jit
+def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
+    return [_fingerprint(leaf) for leaf in leaves]
+
+
+def state_digests(state: Any) -> dict[str, list[int]]:
+    """Array name -> [sum, weighted sum] of every array of `state` (a pytree of jax.Arrays).
+
+    Blocks until the state is computed (it reads the values).
+    """
+    paths_and_leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    fingerprints = jax.device_get(_fingerprints([leaf for _, leaf in paths_and_leaves]))
+    return {
+        array_name(path): [int(value) for value in np.asarray(fingerprint)]
+        for (path, _), fingerprint in zip(paths_and_leaves, fingerprints, strict=False)
+    }
+
+
+def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> list[str]:
+    """Names of the arrays whose restored digest differs from the saved one (or is missing)."""
+    return sorted(
+        name for name in saved.keys() | restored.keys() if saved.get(name) != restored.get(name)
+    )
+
+
+# Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
+_FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
+
+# Name part of the temporary directory of a save in progress (orbax's atomic rename).
+UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
+
+# Dotted config keys that define the shapes or meaning of the saved parameters.
+PARAMETER_KEYS = (
+    "data.source",  # also the task: the tied readout or a regression head
+    "data.input_channels",  # regression: the input projection's and the head's shapes
+    "model.d_model",
+    "model.num_heads",
+    "model.num_layers",
+    "model.mlp_ratio",
+)
+# Every key under these sections defines the encoding's parameters and what they mean.
+PARAMETER_SECTIONS = ("pe",)
+# Data-section fields that set the vocabulary (the embedding's shape).
+VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
+
+
+def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
+    """The directory of checkpoint `step` (CheckpointManager's default step names: the number)."""
+    return checkpointer.directory / str(step)
+
+
+def describe_latest(checkpointer: Checkpointer) -> str:
+    """The latest checkpoint's step and path, for messages."""
+    latest = checkpointer.latest_step()
+    if latest is None:
+        return f"none yet in {checkpointer.directory}"
+    return f"step {latest} at {checkpoint_path(checkpointer, latest)}"
+
+
+def finished_steps(directory: str) -> list[int]:
+    """Steps of the finished checkpoints in a checkpoint directory (local or a bucket), ascending."""
+    return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def unfinished_saves(directory: str) -> list[str]:
+    """Names of the temporary directories of interrupted saves in a checkpoint directory."""
+    path = epath.Path(directory)
+    if not path.exists():
+        return []
+    return sorted(child.name for child in path.iterdir() if UNFINISHED_SAVE_MARKER in child.name)
+
+
+def restore_or_initialize(
+    cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, initialize: Callable[[], Any]
+) -> Any:
+    """The state of the latest finished checkpoint, or `initialize()` when there is none."""
+    leftovers = unfinished_saves(checkpointer.directory)
+    if leftovers:
+        logging.warning(
+            "Ignoring unfinished checkpoint writes %s in %s (left by a run stopped mid-save; "
+            "never restored, safe to delete).",
+            leftovers,
+            checkpointer.directory,
+        )
+    step = checkpointer.latest_step()
+    if step is None:
+        return initialize()
+    say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
+    return restore_compatible(cfg, checkpointer, abstract_state, step)
+
+
+def restore_compatible(
+    cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, step: int
+) -> Any:
+    """Checkpoint `step` restored into `abstract_state`, after checking its saved config against `cfg`.
+
+    Raises:
+      IncompatibleCheckpointError: the saved config differs in a parameter-defining key.
+      CorruptCheckpointError: the config or the state cannot be read.
+    """
+    path = checkpoint_path(checkpointer, step)
+    if step not in finished_steps(checkpointer.directory):
+        raise NoCheckpointError(
+            f"No finished checkpoint {path}; the finished ones are steps {finished_steps(checkpointer.directory)}."
+        )
+    try:
+        saved_config = checkpointer.restore_config(step)
+    except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
+        raise CorruptCheckpointError(
+            _unreadable_message(checkpointer, abstract_state, step, "its saved config", err)
+        ) from err
+    incompatible, changed = config_differences(saved_config, cfg.to_json_dict())
+    if incompatible:
+        raise IncompatibleCheckpointError(
+            f"Checkpoint {path} was written by a run with other parameters: {'; '.join(incompatible)}. "
+            "Resume with the checkpoint's settings, or start a new run with another --workdir "
+            "(nothing was deleted)."
+        )
+    if changed:
+        logging.warning("Resuming %s with changed settings: %s.", path, "; ".join(changed))
+    try:
+        state, damaged = _restore_and_compare(checkpointer, abstract_state, step)
+    except Exception as err:
+        raise CorruptCheckpointError(
+            _unreadable_message(checkpointer, abstract_state, step, "its state", err)
+        ) from err
+    if damaged:
+        del state  # before earlier checkpoints are restored to find an intact one
+        shown = ", ".join(damaged[:3]) + (
+            f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        )
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} is damaged: the contents of {shown} differ from the digests saved "
+            f"with it. Nothing was deleted. {_fallback(checkpointer, abstract_state, step)}"
+        )
+    return state
+
+
+def _restore_and_compare(
+    checkpointer: Checkpointer, abstract_state: Any, step: int
+) -> tuple[Any, list[str]]:
+    """(the state of checkpoint `step`, names of its arrays whose digest differs from the saved)."""
+    state = checkpointer.restore(abstract_state, step)
+    return state, mismatches(checkpointer.restore_digests(step), state_digests(state))
+
+
+def config_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[list[str], list[str]]:
+    """Differences between two JSON config dicts as "key: saved value there, current value now" lines.
+
+    Returns (incompatible, changed): differences in parameter-defining keys,
+    and all the others.
+    """
+    saved_flat = flatten_dict(json.loads(json.dumps(saved)))
+    current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
+    parameter_keys = set(PARAMETER_KEYS) | set(VOCABULARY_KEYS)
+    incompatible, changed = [], []
+    for key in sorted(set(saved_flat) | set(current_flat)):
+        before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
+        if before == now:
+            continue
+        line = f"{key} is {before!r} there, {now!r} now"
+        if key in parameter_keys or key.split(".")[0] in PARAMETER_SECTIONS:
+            incompatible.append(line)
+        elif key == "opt.clip_norm" and (before == 0) != (now == 0):
+            # Clipping adds a transformation to the optimizer chain: another state structure.
+            incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
+        else:
+            changed.append(line)
+    return incompatible, changed
+
+
+def _unreadable_message(
+    checkpointer: Checkpointer, abstract_state: Any, step: int, what: str, err: Exception
+) -> str:
+    path = checkpoint_path(checkpointer, step)
+    root = err
+    while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
+        root = root.__cause__
+    cause = (str(root).strip().splitlines() or [""])[0][:300]
+    array = _FAILED_READ.search(str(root))
+    where = f"array {array.group(1).replace('.', '/')}: " if array else ""
+    return (
+        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
+        f"The file may be truncated or damaged; nothing was deleted. "
+        f"{_fallback(checkpointer, abstract_state, step)}"
+    )
+
+
+def _fallback(checkpointer: Checkpointer, abstract_state: Any, step: int) -> str:
+    """Which earlier checkpoint restores intact, and how to resume from it."""
+    path = checkpoint_path(checkpointer, step)
+    for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
+        try:
+            _, damaged = _restore_and_compare(checkpointer, abstract_state, earlier)
+        except Exception:  # unreadable too: try the one before
+            continue
+        if not damaged:
+            return (
+                f"Checkpoint {checkpoint_path(checkpointer, earlier)} is intact (restored and "
+                f"checked): to resume from step {earlier}, move {path} out of "
+                f"{checkpointer.directory} (e.g. mv {path} "
+                f"{checkpointer.directory.parent / f'damaged_checkpoint_{step}'}) and run the same "
+                "command again."
+            )
+    return "No earlier checkpoint is intact: start a new run with another --workdir."
+
+
+LOCK_FILE = "run.lock"
+
+
+class WorkdirLock:
+    """Context manager holding `<workdir>/run.lock` (a no-op when `enabled` is False).
+
+    enabled: only one process of a multi-process run takes the lock.
+    """
+
+    def __init__(self, workdir: str, *, enabled: bool = True):
+        self.path = os.path.join(workdir, LOCK_FILE)
+        self._enabled = enabled and not is_uri(workdir)
+        self._file = None
+        self.previous_holder: dict | None = None  # a holder that ended without releasing it
+        if enabled and is_uri(workdir):
+            logging.warning(
+                "%s is on an object store, which has no locks: make sure no other run uses this "
+                "workdir while this one runs.",
+                workdir,
+            )
+
+    def __enter__(self) -> WorkdirLock:
+        if not self._enabled:
+            return self
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until __exit__)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(handle)
+            handle.close()
+            raise WorkdirBusy(
+                f"Another run is using {os.path.dirname(self.path)}: {describe_holder(holder)} "
+                f"holds {self.path}. Wait for it to end (or stop it), or choose another --workdir."
+            ) from None
+        self.previous_holder = _read_holder(handle)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(_this_process()) + "\n")
+        handle.flush()
+        self._file = handle
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._file is None:
+            return
+        self._file.seek(0)
+        self._file.truncate()  # an empty file: released cleanly
+        self._file.flush()
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+        self._file = None
+
+
+def _this_process() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _read_holder(handle) -> dict | None:
+    handle.seek(0)
+    text = handle.read().strip()
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return {"host": "?", "pid": "?", "started": text[:40]}
+
+
+def describe_holder(holder: dict | None) -> str:
+    """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
+    if holder is None:
+        return "a process that wrote no details"
+    return f"process {holder['pid']} on {holder['host']} (started {holder['started']})"
