@@ -8,10 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.repository import ROOT
 
 import jrope
 from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
 from jrope.model.axes import LOGICAL_AXES_KEY
+
+README = (ROOT / "README.md").read_text()
 
 B, T, N, H = 2, 16, 2, 16
 RAW_SHEAR = "jordan_raw_tau"  # q, k stay float32 and the dots need HIGHEST
@@ -220,3 +223,19 @@ def test_the_module_drops_into_a_flax_attention_layer_under_jit():
     loss, grads = step(model, x)
     assert np.isfinite(loss)
     assert np.any(np.asarray(grads["pe"]["params"]["eta_raw"][...]) != 0)
+
+
+@pytest.mark.slow  # about 10 s on the 2-core development machine
+def test_the_readmes_own_model_example_runs_as_written():
+    opening = "from flax import nnx\n"
+    example = re.search(rf"```python\n({re.escape(opening)}.*?)```", README, re.DOTALL)
+    assert example, "README.md has no example opening with 'from flax import nnx'"
+    namespace = {}
+    exec(example.group(1), namespace)  # noqa: S102  (the README's own example)
+    y, x, grads = namespace["y"], namespace["x"], namespace["grads"]
+    assert y.shape == x.shape == (2, 128, 64) and y.dtype == jnp.bfloat16  # as its comments say
+    assert np.all(np.isfinite(np.asarray(y, np.float32)))
+    pe = namespace["layer"].pe
+    assert pe.encoding.keeps_float32 and pe.encoding.dot_precision == jax.lax.Precision.HIGHEST
+    for name in ("gamma_raw", "eta_raw"):
+        assert np.any(np.asarray(grads["pe"]["params"][name][...]) != 0), name
