@@ -80,9 +80,9 @@ def test_values_of_the_wrong_type_are_named_not_crashed_on():
     config["eval"]["lengths"] = [16, 32]  # a list is a tuple
     _, problems = convert_config(config)
     assert problems == [
+        "num_steps must be an integer, got '2'.",
         "model.num_heads must be an integer, got True.",
         "pe.theta must be a number, got '10000'.",
-        "num_steps must be an integer, got '2'.",
     ]
 
 

@@ -1,18 +1,15 @@
 """The checks before step 1 that need the machine, the workdir or the data.
 
-A mistake found after minutes of compilation (or hours of training, for the
-final long-length evaluation) costs that time; these checks cost
-milliseconds. One pass: the config's own problems (jrope.train.config,
-when given a ConfigDict), then the mesh against the devices present, the
-batch against the data-parallel size and the process count, the attention
-memory at the longest evaluation length, the workdir (writable, or a bucket
-that answers; holding a checkpoint, for evaluation; none beyond num_steps,
-for training) and the data: the source is built (this process's share) and
-hands out one evaluation batch at every evaluation length, which finds absent
-data and an evaluation text too short for a length. All problems are raised
-together in one ConfigError, one line each naming the key and the fix; a
-DataError when every problem is one of the data's. The built source is
-returned for the run to use.
+They cost milliseconds; a mistake found after compiling (or after hours of
+training, at the final long-length evaluation) costs that time. One pass, after
+the config's own checks (jrope.train.config): the mesh against the devices,
+the batch against the data-parallel size and the process count, the attention
+memory at the evaluation lengths, the workdir (writable, or a bucket that
+answers; with a checkpoint to evaluate, none beyond num_steps to train) and the
+data: the source is built (this process's share) and hands out one evaluation
+batch per length, which finds absent data and a text too short for a length.
+Every problem is raised in one ConfigError, one line each naming the key and
+the fix (a DataError when all are the data's); the built source is returned.
 """
 
 from __future__ import annotations

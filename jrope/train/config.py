@@ -1,25 +1,19 @@
-"""The run config: one frozen dataclass per section, the command-line overrides, and the one parser.
+"""The run config: a frozen dataclass per section, the one parser, and the command-line overrides.
 
-`configs/*.py` build an `ml_collections.ConfigDict`; nothing below the entry
-points reads it. `convert_config` turns it into the frozen `TrainConfig` in
-one pass and returns every problem it finds, each naming its key and the fix,
-so that a run is refused with all of them at once, not in rounds of fixes.
-What needs the data, the devices or the workdir is checked after it
-(jrope.train.checks).
-
-The sections: `model` is the model's own `ModelConfig`, `pe` the library's
-`PEConfig` (parsed from `pe.name` and the base settings its suffixes
-override), `data` the config dataclass of the source that `data.source` names
-(jrope.data.source.SOURCES), and the harness's own sections below. Every
-section states its checks in `problems()` as plain comparisons; building a
-section with a problem raises ValueError with one line per problem.
+`configs/*.py` build an `ml_collections.ConfigDict`; `convert_config` turns it
+into the frozen `TrainConfig` in one pass and returns every problem, each
+naming its key and the fix (what needs the machine, the workdir or the data
+is checked next, in jrope.train.checks). `model` is the model's `ModelConfig`,
+`pe` the library's `PEConfig` (parsed from pe.name and the base settings its
+suffixes override), `data` the config of the source that data.source names
+(jrope.data.source.SOURCES); each section states its checks as plain
+comparisons and refuses to be built with a problem.
 
 The command line: ml_collections applies `--config.<key>=<value>` while absl
-parses, and names only the last part of an unknown key in a traceback; the
-entry points call `last_override_wins` (a tuple key given twice replaces, not
-joins), `config_file_problem` and `unknown_key_problems` (every unknown key
-with the closest existing one). `load_config_file` and `make_importable` let
-a config file import `configs.base` from any working directory.
+parses, joins a tuple key given twice, and names an unknown key's last part
+only, in a traceback: the entry points call `last_override_wins`,
+`config_file_problem`, `make_importable` (a config imports `configs.base`
+from any working directory) and, when parsing fails, `unknown_key_problems`.
 """
 
 from __future__ import annotations
@@ -28,6 +22,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import operator
 import os
 import re
 import sys
@@ -260,8 +255,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     """
     problems = []
     raw = _to_plain(config, "", problems)
-    top = dict.fromkeys(raw) if isinstance(raw, dict) else raw  # its keys; the values come below
-    if not _keys_fit("", top, TOP_KEYS, TOP_KEYS, {}, problems):  # a section is missing
+    _keys_fit("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int), problems)
+    if not isinstance(raw, dict) or any(key not in raw for key in TOP_KEYS):
         return None, problems
     sections = dict(SECTIONS)
     try:
@@ -274,14 +269,12 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     built = {name: _build(section, raw[name], name, problems) for name, section in sections.items()}
     built["pe"] = _build(_pe_config, raw["pe"], "pe", problems)
     for key in SCALAR_KEYS:
-        value = built[key] = raw[key]
-        if not (isinstance(value, int) and not isinstance(value, bool)):
-            built[key] = None
-            problems += (
-                [] if value is _UNRESOLVED else [f"{key} must be an integer, got {value!r}."]
-            )
-        elif key != "seed" and value < 1:
-            problems.append(f"{key} must be an integer >= 1, got {value!r}.")
+        built[key] = raw[key] if type(raw[key]) is int else None  # not a bool
+    problems += [
+        f"{key} must be an integer >= 1, got {built[key]}."
+        for key in ("num_steps", "batch_size")
+        if built[key] is not None and built[key] < 1
+    ]
     cfg = TrainConfig(**{**dict.fromkeys(TOP_KEYS), **built})
     return cfg, problems + _cross_section_problems(cfg)
 
@@ -506,19 +499,16 @@ def unknown_key_problems(argv: Sequence[str], flag_name: str = "config") -> list
             continue
         parts = key.split(".")
         above = [".".join(parts[:depth]) for depth in range(1, len(parts))]
-        value = next((p for p in above if p in known and not _is_section(config, p)), None)
-        if value:
+        deepest = ([dotted for dotted in above if dotted in known] or [""])[-1]
+        node = functools.reduce(operator.getitem, filter(None, deepest.split(".")), config)
+        if not isinstance(node, config_dict.ConfigDict):
             problems.append(
-                f"--{flag_name}.{key}: {value} is a value, not a section; "
-                f"set it with --{flag_name}.{value}=..."
+                f"--{flag_name}.{key}: {deepest} is a value, not a section; "
+                f"set it with --{flag_name}.{deepest}=..."
             )
-            continue
-        section = next((p for p in reversed(above) if p in known), "")
-        node = functools.reduce(
-            lambda node, part: node[part], filter(None, section.split(".")), config
-        )
-        hint = _closest(key, known, section, node.keys(), flag_name)
-        problems.append(f"--{flag_name}.{key}: the config has no key {key!r}; {hint}")
+        else:
+            hint = _closest(key, known, deepest, node.keys(), flag_name)
+            problems.append(f"--{flag_name}.{key}: the config has no key {key!r}; {hint}")
     return problems
 
 
@@ -528,8 +518,3 @@ def _dotted_keys(config: config_dict.ConfigDict, prefix: str = "") -> Iterator[s
         yield f"{prefix}{key}"
         if isinstance(config[key], config_dict.ConfigDict):
             yield from _dotted_keys(config[key], f"{prefix}{key}.")
-
-
-def _is_section(config: config_dict.ConfigDict, dotted: str) -> bool:
-    node = functools.reduce(lambda node, part: node[part], dotted.split("."), config)
-    return isinstance(node, config_dict.ConfigDict)
