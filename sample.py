@@ -52,9 +52,8 @@ def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
     # Imported here so that --help and flag errors need no JAX start-up.
-    from jrope.train import text_generation
-    from jrope.train.generation import GenerationSettings
-    from jrope.train.sampling import SamplingSettings
+    from jrope.experiments import text_generation
+    from jrope.model.generation import GenerationSettings, SamplingSettings
 
     try:
         sampling = SamplingSettings(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value)

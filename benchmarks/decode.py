@@ -3,7 +3,7 @@
 A random byte-level model of the WikiText CPU shape (configs/wikitext_cpu.py:
 d_model 128, 4 heads, 3 layers, MLP 2x, vocabulary 257, float32; timing
 does not depend on training) generates greedily after one prompt of each
-length, through jrope.train.generation.Generator, on one device:
+length, through jrope.model.generation.Generator, on one device:
 
   cached      prefill once, then one decode step per token over the KV cache
               (with the default rebase bound of 1024 the origin does not move
@@ -40,9 +40,9 @@ from flax import nnx
 
 from configs import wikitext_cpu
 from jrope.model import Transformer
+from jrope.model.generation import GenerationSettings, Generator, pad_prompts
 from jrope.train import runtime, sharding
 from jrope.train.config import TrainConfig
-from jrope.train.generation import GenerationSettings, Generator, pad_prompts
 
 VOCAB = 257
 

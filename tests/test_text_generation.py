@@ -14,10 +14,10 @@ from helpers.tiny_config import tiny_config, tiny_text_config_dict
 from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope.errors import GenerationError
+from jrope.experiments.text_generation import load_text_run
+from jrope.model.generation import GenerationSettings
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
-from jrope.train.generation import GenerationSettings
-from jrope.train.text_generation import load_text_run
 from jrope.train.trainer import train_and_evaluate
 
 SAMPLE_SCRIPT = os.path.join(REPO_ROOT, "sample.py")

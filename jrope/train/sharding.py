@@ -20,11 +20,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jrope.model.axes import BATCH, LOGICAL_AXES_KEY
+from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
 from jrope.train.config import MeshConfig
 
 # Mesh axes.
@@ -32,9 +31,6 @@ DATA = "data"
 FSDP = "fsdp"
 TENSOR = "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
-
-MeshAxes = str | tuple[str, ...] | None
-Rules = Sequence[tuple[str, MeshAxes]]
 
 
 def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
@@ -70,52 +66,6 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     return jax.make_mesh(
         tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
     )
-
-
-def logical_to_spec(
-    logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh
-) -> PartitionSpec:
-    """PartitionSpec of an array with the given logical axes under `rules`.
-
-    Raises ValueError for a logical name that has no rule (add it to
-    config.mesh.rules). Replicates a dimension that does not divide its mesh
-    axes, or whose mesh axes an earlier dimension already uses.
-    """
-    if len(logical_axes) != len(shape):
-        raise ValueError(
-            f"logical axes {tuple(logical_axes)} do not match an array of shape {tuple(shape)}."
-        )
-    table = dict(rules)
-    used: set[str] = set()
-    spec = []
-    for name, size in zip(logical_axes, shape, strict=False):
-        if name is None:
-            spec.append(None)
-            continue
-        if name not in table:
-            raise ValueError(
-                f"logical axis {name!r} has no rule in config.mesh.rules {tuple(table)}; add one."
-            )
-        axes = table[name]
-        axes_tuple = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        # size-1 axes split nothing
-        axes_tuple = tuple(axis for axis in axes_tuple if mesh.shape[axis] > 1)
-        split = math.prod(mesh.shape[axis] for axis in axes_tuple)
-        if not axes_tuple or size % split or used.intersection(axes_tuple):
-            if axes_tuple:
-                logging.log_first_n(
-                    logging.INFO,
-                    "Replicating dim %s (size %d) instead of splitting it %d ways.",
-                    8,
-                    name,
-                    size,
-                    split,
-                )
-            spec.append(None)
-            continue
-        used.update(axes_tuple)
-        spec.append(axes_tuple[0] if len(axes_tuple) == 1 else axes_tuple)
-    return PartitionSpec(*spec)
 
 
 def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:

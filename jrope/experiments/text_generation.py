@@ -29,10 +29,15 @@ from jax.sharding import Mesh
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError
+from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import sharding
-from jrope.train.checkpoints import Checkpointer
+from jrope.train.checkpoints import (
+    Checkpointer,
+    checkpoint_path,
+    finished_steps,
+    restore_compatible,
+)
 from jrope.train.config import MeshConfig, TrainConfig
-from jrope.train.generation import GenerationSettings, Generator
 from jrope.train.state import state_layout
 
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
@@ -70,22 +75,22 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     Raises:
       GenerationError: no checkpoint (a probe workdir, or nothing trained yet),
         or a run that is not byte-level text.
-      checkpoints.CorruptCheckpointError: a checkpoint that cannot be read.
+      CorruptCheckpointError: a checkpoint that cannot be read.
     """
     path = resolved(workdir)
-    checkpoints = path / "checkpoints"
-    steps = checkpoints.finished_steps(str(checkpoints))
+    directory = path / "checkpoints"
+    steps = finished_steps(str(directory))
     if not steps:
-        raise GenerationError(_no_checkpoint_message(path, checkpoints))
+        raise GenerationError(_no_checkpoint_message(path, directory))
     # Read only: this manager never saves, so it never deletes old checkpoints either.
-    checkpointer = Checkpointer(checkpoints, every_steps=1, max_to_keep=len(steps), config_json={})
+    checkpointer = Checkpointer(directory, every_steps=1, max_to_keep=len(steps), config_json={})
     try:
         step = steps[-1]
         try:
             saved = checkpointer.restore_config(step)
         except Exception as err:  # orbax raises many types; all mean "unreadable"
             raise CorruptCheckpointError(
-                f"Cannot read the config saved with checkpoint {checkpoints.checkpoint_path(checkpointer, step)} "
+                f"Cannot read the config saved with checkpoint {checkpoint_path(checkpointer, step)} "
                 f"({type(err).__name__}: {err}); nothing was deleted."
             ) from err
         cfg = TrainConfig.from_config_dict(saved)
@@ -94,7 +99,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
             decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
         )
         layout = state_layout(cfg, {"vocab_size": cfg.data.vocab_size}, mesh)
-        state = checkpoints.restore_compatible(cfg, checkpointer, layout.abstract, step)
+        state = restore_compatible(cfg, checkpointer, layout.abstract, step)
     finally:
         checkpointer.close()
     logging.info("Loaded %s (%s, step %d).", path, cfg.pe.name, step)

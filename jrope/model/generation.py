@@ -26,7 +26,13 @@ after a row's last token change nothing.
 
 The cache is sharded like the activations: batch over the data axes, heads
 over tensor (its logical axes, jrope.model.kv_cache, through the run's
-rules).
+rules, jrope.model.axes.logical_to_spec).
+
+Sampling (`SamplingSettings`, `next_tokens`): pure, jittable functions of
+the logits and a key; the filters apply in the usual order: divide by the
+temperature, keep the k most likely tokens, then the smallest set of the
+most likely whose probability reaches p (the most likely always stays), and
+draw from what remains. Temperature 0 is greedy (argmax).
 
 Shape legend: B batch, P padded prompt length, N new tokens, V vocabulary.
 """
@@ -45,8 +51,70 @@ from jax.sharding import Mesh, NamedSharding
 
 from jrope.errors import GenerationRequestError
 from jrope.model import kv_cache
-from jrope.train.sampling import SamplingSettings, next_tokens
-from jrope.train.sharding import Rules, logical_to_spec
+from jrope.model.axes import Rules, logical_to_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How tokens are drawn; every check raises ValueError naming the flag and the fix.
+
+    temperature: 0 for greedy decoding, else the logits are divided by it.
+    top_k: keep the k most likely tokens (0: all).
+    top_p: keep the most likely tokens up to total probability p (1: all).
+    seed: the PRNG seed of the draws (unused when greedy).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if not self.temperature >= 0:
+            problems.append(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        if self.top_k < 0:
+            problems.append(f"--top_k must be >= 0 (0: no top-k filter), got {self.top_k}.")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"--top_p must lie in (0, 1] (1: no nucleus filter), got {self.top_p}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def filtered_logits(logits: jax.Array, settings: SamplingSettings) -> jax.Array:
+    """float32 [B, V]: logits / temperature, -inf outside the top-k and the top-p set."""
+    logits = logits.astype(jnp.float32) / settings.temperature
+    vocab = logits.shape[-1]
+    if 0 < settings.top_k < vocab:
+        kth = jax.lax.top_k(logits, settings.top_k)[0][..., -1:]  # [B, 1]
+        logits = jnp.where(logits >= kth, logits, -jnp.inf)
+    if settings.top_p < 1:
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # A token stays when the tokens more likely than it hold less than p.
+        before = jnp.cumsum(probs, axis=-1)
+        before = jnp.concatenate([jnp.zeros_like(before[:, :1]), before[:, :-1]], axis=-1)
+        keep_sorted = before < settings.top_p
+        keep = (
+            jnp.zeros_like(keep_sorted)
+            .at[jnp.arange(logits.shape[0])[:, None], order]
+            .set(keep_sorted)
+        )
+        logits = jnp.where(keep, logits, -jnp.inf)
+    return logits
+
+
+def next_tokens(logits: jax.Array, key: jax.Array, settings: SamplingSettings) -> jax.Array:
+    """int32 [B]: the token drawn for each row of logits [B, V] (argmax when greedy)."""
+    if settings.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filtered_logits(logits, settings), axis=-1).astype(jnp.int32)
+
 
 # Marks the places after a row's stop token in the [B, N] token array.
 NO_TOKEN = -1
