@@ -183,6 +183,7 @@ def causal_self_attention(
     *,
     kernel: str = "auto",
     block_size: int = 512,
+    blockwise_min_length: int = 4096,
     max_damping: float = 0.02,
     backend: str | None = None,
 ) -> jax.Array:
@@ -196,8 +197,10 @@ def causal_self_attention(
       kernel: 'auto' or one of jrope.attention.KERNELS ('xla', 'einsum',
         'blockwise', 'cudnn', 'splash'); 'auto' picks the backend's fused
         kernel where it applies, blockwise where one map origin could
-        overflow or from 8192 keys on, else einsum (CPU, or a bias) or xla.
+        overflow or from `blockwise_min_length` keys on, else einsum (CPU,
+        or a bias) or xla.
       block_size: query/key block length of the blockwise kernel.
+      blockwise_min_length: 'auto' takes the blockwise kernel from this many keys on.
       max_damping: the largest learned damping gamma 'auto' plans for.
       backend: 'cpu', 'gpu' or 'tpu' for the choice (default: JAX's).
     Returns:
@@ -219,7 +222,7 @@ def causal_self_attention(
         mlp_ratio=1,
         compute_dtype=dtype.name,
         attention_impl=kernel,
-        blockwise_min_length=8192,
+        blockwise_min_length=blockwise_min_length,
         block_size=block_size,
         remat="none",
         max_damping=max_damping,

@@ -94,7 +94,16 @@ def test_dot_product_attention_equals_the_reference_over_attention_logits(name):
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "einsum", "blockwise"])
+def test_dot_product_attention_takes_positions_per_batch_row_and_a_mask():
+    pe = _layer(ALIBI)
+    q, k, v = _qkv()
+    positions = jnp.stack([jnp.arange(T), jnp.arange(T) + 1000])  # [B, T]
+    causal = jnp.tril(jnp.ones((T, T), bool))[None, None]  # [1, 1, T, S]
+    out = dot_product_attention(pe, q, k, v, positions, positions, mask=causal)
+    np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "blockwise"])  # auto: einsum on CPU
 @pytest.mark.parametrize("name", NAMES)
 def test_causal_self_attention_equals_the_reference_over_attention_logits(name, kernel):
     pe = _layer(name)
@@ -125,7 +134,7 @@ def test_gradients_reach_every_param_of_the_module(helper):
             out = causal_self_attention(pe, q, k, v, positions)
         return jnp.sum(out * v)
 
-    grads = nnx.grad(loss)(pe)
+    grads = nnx.jit(nnx.grad(loss))(pe)
     for name in ("gamma_raw", "eta_raw"):
         gradient = np.asarray(grads["params"][name][...])
         assert gradient.shape == pe.params[name][...].shape
