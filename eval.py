@@ -6,14 +6,14 @@ config.eval.lengths and writes <workdir>/eval_step<N>/eval.{csv,md,png}
 A probe config (one `probe` section, configs/kernel_probe*.py) runs the
 closed-form kernel probe instead. Errors end with their message and an exit
 status per kind (jrope.train.runtime). Multi-process runs take the process flags
-of train.py (jrope.train.distributed).
+of train.py (jrope.train.setup).
 """
 
 from absl import flags
 from ml_collections import config_flags
 
 from jrope.errors import ConfigError, UsageError
-from jrope.train import distributed, runtime
+from jrope.train import runtime, setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
@@ -21,14 +21,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory holding the run (and receiving results)."
 )
-_PROCESS_FLAGS = distributed.define_flags()
+_PROCESS_FLAGS = setup.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     config = _CONFIG.value
     if "probe" in config:
         # Imported only here: the probe needs no trained model.

@@ -9,7 +9,7 @@ exits with status 143; the same command resumes it. Errors end with their
 message and an exit status per kind (jrope.train.runtime; --verbose adds the
 traceback). Multi-process runs (one process per host) add --multiprocess, or
 --coordinator_address, --num_processes and --process_id
-(jrope.train.distributed).
+(jrope.train.setup).
 """
 
 import shlex
@@ -18,20 +18,20 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope.train import distributed, runtime
+from jrope.train import runtime, setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
-_PROCESS_FLAGS = distributed.define_flags()
+_PROCESS_FLAGS = setup.define_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
     from jrope.train.outputs import say
     from jrope.train.trainer import train_and_evaluate

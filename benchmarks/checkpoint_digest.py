@@ -30,7 +30,7 @@ import jax  # noqa: E402
 
 from benchmarks.random_bytes import RandomBytes  # noqa: E402
 from configs import synthetic_cpu, wikitext_scaled_exact  # noqa: E402
-from jrope.train import runtime, sharding  # noqa: E402
+from jrope.train import runtime, setup  # noqa: E402
 from jrope.train.checkpoints import state_digests  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
 from jrope.train.setup import set_up_run  # noqa: E402
@@ -62,7 +62,7 @@ def _prepare(shape: str):
     state = run.init_state()
     step = make_train_step(run)
     with jax.set_mesh(run.mesh):
-        batch = sharding.global_batch(local, cfg.mesh.rules, run.mesh)
+        batch = setup.global_batch(local, cfg.mesh.rules, run.mesh)
         for _ in range(2):  # compile and warm up both
             state, metrics = step(state, batch)
             state_digests(state)

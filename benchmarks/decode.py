@@ -41,7 +41,7 @@ from flax import nnx
 from configs import wikitext_cpu
 from jrope.model import Transformer
 from jrope.model.generation import GenerationSettings, Generator, pad_prompts
-from jrope.train import runtime, sharding
+from jrope.train import runtime, setup
 from jrope.train.config import TrainConfig
 
 VOCAB = 257
@@ -134,7 +134,7 @@ def _measure(length: int, mesh) -> None:
 
 def main(argv):
     del argv
-    mesh = sharding.make_mesh(
+    mesh = setup.make_mesh(
         TrainConfig.from_config_dict(wikitext_cpu.get_config()).mesh, jax.devices()[:1]
     )
     print(

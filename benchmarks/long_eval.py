@@ -52,7 +52,7 @@ def _measure(kernel: str, length: int) -> dict:
     import jax
 
     from configs import synthetic_cpu
-    from jrope.train import sharding
+    from jrope.train import setup
     from jrope.train.config import TrainConfig
     from jrope.train.evaluation import EvalStep
     from jrope.train.setup import set_up_run
@@ -71,7 +71,7 @@ def _measure(kernel: str, length: int) -> dict:
     params = run.init_state()["params"]
     with jax.set_mesh(mesh):
         batch = next(source.eval_batches(length, 1, 1))
-        batch = sharding.global_batch(batch, cfg.mesh.rules, mesh)
+        batch = setup.global_batch(batch, cfg.mesh.rules, mesh)
         ready_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         eval_step = EvalStep(run)
         start = time.perf_counter()

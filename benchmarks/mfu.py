@@ -66,11 +66,10 @@ import jax.numpy as jnp
 from benchmarks.random_bytes import RandomBytes
 from configs import synthetic_cpu, wikitext_scaled_exact
 from jrope.model.config import ATTENTION_IMPLS
-from jrope.train import runtime, sharding
+from jrope.train import runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import model_flops_per_step
-from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import model_io
+from jrope.train.setup import RunSetup, model_io, set_up_run
 from jrope.train.trainer import make_train_step
 
 SHAPES = {"wikitext": wikitext_scaled_exact, "synthetic": synthetic_cpu}
@@ -115,7 +114,7 @@ def _prepare(shape: str, method: str) -> dict:
     state = run.init_state()
     with jax.set_mesh(mesh):
         batches = [
-            sharding.global_batch(run.source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
+            setup.global_batch(run.source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
         ]
         # Compiled once, ahead of time: the executable that is timed is the one XLA's count is of.
         step_fn = make_train_step(run).lower(state, batches[0]).compile()

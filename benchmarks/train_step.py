@@ -42,7 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from configs import synthetic_cpu  # noqa: E402
-from jrope.train import runtime, sharding  # noqa: E402
+from jrope.train import runtime, setup  # noqa: E402
 from jrope.train.config import TrainConfig  # noqa: E402
 from jrope.train.setup import set_up_run  # noqa: E402
 from jrope.train.trainer import make_train_step  # noqa: E402
@@ -92,7 +92,7 @@ def _prepare(method: str, compiler_options: dict | None = None):
     step_fn = make_train_step(run, compiler_options=compiler_options)
     with jax.set_mesh(mesh):
         batches = [
-            sharding.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
+            setup.global_batch(source.train_batch(i), cfg.mesh.rules, mesh) for i in range(2)
         ]
         for batch in batches:  # compile and warm up
             state, metrics = step_fn(state, batch)

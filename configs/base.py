@@ -79,7 +79,7 @@ def get_config(
     config.mesh.data = -1  # data-parallel axis (-1: all devices left)
     config.mesh.fsdp = 1  # parameter-sharded data-parallel axis
     config.mesh.tensor = 1  # tensor-parallel axis (heads, MLP hidden)
-    # Logical axis -> mesh axes (jrope.train.sharding); dims that do not divide are replicated.
+    # Logical axis -> mesh axes (jrope.train.setup); dims that do not divide are replicated.
     config.mesh.rules = (
         ("batch", ("data", "fsdp")),
         ("length", None),

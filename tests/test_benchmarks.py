@@ -6,7 +6,7 @@ from helpers.tiny_config import tiny_text_config_dict
 
 from benchmarks.random_bytes import RandomBytes
 from jrope.data.source import TASKS
-from jrope.train import sharding
+from jrope.train import setup
 from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import make_train_step
@@ -33,7 +33,7 @@ def test_random_bytes_train_a_byte_level_step_like_text(tmp_path):
     losses = []
     with jax.set_mesh(run.mesh):
         for _ in range(2):  # the same batch twice: the second loss is lower
-            state, metrics = step(state, sharding.global_batch(batch, cfg.mesh.rules, run.mesh))
+            state, metrics = step(state, setup.global_batch(batch, cfg.mesh.rules, run.mesh))
             losses.append(float(jax.device_get(metrics)["loss"]))
     assert np.isfinite(losses).all()
     assert losses[1] < losses[0]

@@ -17,7 +17,7 @@ from jrope.model.generation import (
     next_tokens,
     pad_prompts,
 )
-from jrope.train import sharding
+from jrope.train import setup
 from jrope.train.config import TrainConfig
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3, in a shuffled order.
@@ -130,7 +130,7 @@ def _text_model(tmp_path, name="jordan_exact_scaled", **overrides):
 
 def _generate(cfg, graphdef, params, prompts, mesh=None, **settings):
     settings = GenerationSettings(**{"rebase_bound": 4, **settings})
-    mesh = sharding.make_mesh(cfg.mesh) if mesh is None else mesh
+    mesh = setup.make_mesh(cfg.mesh) if mesh is None else mesh
     return Generator(graphdef, settings, mesh=mesh, rules=cfg.mesh.rules)(params, prompts)
 
 
@@ -181,7 +181,7 @@ def test_a_row_stops_after_its_stop_token(tmp_path):
 
 def test_the_cache_is_sharded_like_the_activations(tmp_path):
     cfg, graphdef, params = _text_model(tmp_path, **{"mesh.data": 4, "mesh.tensor": 2})
-    mesh = sharding.make_mesh(cfg.mesh)
+    mesh = setup.make_mesh(cfg.mesh)
     generator = Generator(
         graphdef, GenerationSettings(num_tokens=4), mesh=mesh, rules=cfg.mesh.rules
     )

@@ -13,8 +13,7 @@ import jrope
 from jrope.model.transformer import CausalSelfAttention
 from jrope.train import checks
 from jrope.train import config as run_config
-from jrope.train.setup import set_up_run
-from jrope.train.state import model_from_params
+from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.trainer import make_train_step
 
 

@@ -9,7 +9,7 @@ from helpers.tiny_config import tiny_config
 
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteLossError
-from jrope.train import sharding
+from jrope.train import setup
 from jrope.train.nonfinite import first_nonfinite
 from jrope.train.outputs import MetricsLogger
 from jrope.train.setup import set_up_run
@@ -78,7 +78,7 @@ def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step
         for step in range(4):
             before = jax.device_get(state)  # the step donates `state`
             state, metrics = train_step(
-                state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+                state, setup.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
             )
             history.append((before, jax.device_get(state), jax.device_get(metrics)))
     assert [float(metrics["skipped"]) for _, _, metrics in history] == [0.0, 0.0, 1.0, 0.0]

@@ -30,7 +30,7 @@ from jrope.errors import (
     WikiTextUnavailable,
     WorkdirBusy,
 )
-from jrope.train import config, distributed, runtime, sharding
+from jrope.train import config, runtime, setup
 from jrope.train.config import RuntimeConfig
 from jrope.train.evaluation import EvalStep
 from jrope.train.runtime import OPT_OUT, TUNABLE, environment_with_huge_pages
@@ -242,7 +242,7 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
 
 def test_a_process_id_outside_the_processes_is_a_usage_error():
     with pytest.raises(UsageError, match=r"number the processes 0 \.\. num_processes - 1"):
-        distributed.initialize(num_processes=2, process_id=2)  # before any JAX start-up
+        setup.initialize(num_processes=2, process_id=2)  # before any JAX start-up
 
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -374,7 +374,7 @@ def test_cpu_train_step_compiles_without_library_fusions():
     state = run.init_state()
     step = make_train_step(run)
     with jax.set_mesh(run.mesh):
-        batch = sharding.global_batch(run.source.train_batch(0), cfg.mesh.rules, run.mesh)
+        batch = setup.global_batch(run.source.train_batch(0), cfg.mesh.rules, run.mesh)
         text = step.lower(state, batch).compile().as_text()
     assert _LIBRARY_FUSION not in text
 

@@ -11,10 +11,9 @@ import pytest
 from helpers.tiny_config import tiny_config
 
 import jrope
-from jrope.train import sharding
+from jrope.train import setup
 from jrope.train.evaluation import evaluate_checkpoint
-from jrope.train.setup import set_up_run
-from jrope.train.state import model_from_params
+from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.task_metrics import readout_problem, weighted_sums
 from jrope.train.trainer import make_train_step, train_and_evaluate
 
@@ -36,7 +35,7 @@ def _run_steps(cfg, devices, num_steps):
     with jax.set_mesh(mesh):
         for step in range(num_steps):
             state, metrics = train_step(
-                state, sharding.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+                state, setup.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
             )
             history.append(jax.device_get(metrics))
     return jax.device_get(state), history
@@ -83,7 +82,7 @@ def test_sharded_step_equals_one_device_step(data, fsdp, tensor):
     cfg = tiny_config(
         **{"model.num_heads": 4, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
     )
-    assert sharding.make_mesh(cfg.mesh).devices.shape == (data, fsdp, tensor)
+    assert setup.make_mesh(cfg.mesh).devices.shape == (data, fsdp, tensor)
     sharded_state, sharded_history = _run_steps(cfg, None, 2)
     single_state, single_history = _four_head_one_device_run()
     for got, want in zip(sharded_history, single_history, strict=False):

@@ -35,7 +35,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, distributed, evaluation, outputs, runtime
+from jrope.train import checks, evaluation, outputs, runtime, setup
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
@@ -46,7 +46,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Root directory of the comparison.")
 _METHODS = flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
-_PROCESS_FLAGS = distributed.define_flags()
+_PROCESS_FLAGS = setup.define_flags()
 
 
 def run_comparison(
@@ -206,7 +206,7 @@ def main(argv):
         raise UsageError(
             f"--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}."
         ) from None
-    distributed.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     run_comparison(_CONFIG.value, _METHODS.value, seeds, _WORKDIR.value)
 
 

@@ -30,7 +30,7 @@ from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import sharding
+from jrope.train import setup
 from jrope.train.checkpoints import (
     Checkpointer,
     checkpoint_path,
@@ -38,7 +38,7 @@ from jrope.train.checkpoints import (
     restore_compatible,
 )
 from jrope.train.config import MeshConfig, TrainConfig
-from jrope.train.state import state_layout
+from jrope.train.setup import state_layout
 
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
 # A file the kernel probe writes into its workdir (jrope.experiments.kernel_probe).
@@ -95,7 +95,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
             ) from err
         cfg = TrainConfig.from_config_dict(saved)
         _check_text_run(cfg, path)
-        mesh = sharding.make_mesh(
+        mesh = setup.make_mesh(
             decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
         )
         layout = state_layout(cfg, {"vocab_size": cfg.data.vocab_size}, mesh)

@@ -35,13 +35,12 @@ from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
 from jrope.data.source import DistanceEvaluation
-from jrope.train import checkpoints, checks, nonfinite, outputs, runtime, sharding
+from jrope.train import checkpoints, checks, nonfinite, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.runtime import step_compiler_options
-from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import model_from_params
+from jrope.train.setup import RunSetup, model_from_params, set_up_run
 from jrope.train.task_metrics import metrics_from_sums, task_sums
 
 # distance: empty for the rows over the source's own evaluation sequences.
@@ -149,7 +148,7 @@ def _result_row(
     totals = {}
     with jax.set_mesh(mesh):
         for local_batch in batches:
-            sums = eval_step(params, sharding.global_batch(local_batch, cfg.mesh.rules, mesh))
+            sums = eval_step(params, setup.global_batch(local_batch, cfg.mesh.rules, mesh))
             for name, value in jax.device_get(sums).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
     metrics = metrics_from_sums(totals, source.task)

@@ -429,7 +429,7 @@ class Throughput:
     def for_run(
         cls, cfg: TrainConfig, io: dict[str, int | None], devices: Sequence[jax.Device]
     ) -> Throughput:
-        """io: the model's input and output sizes (jrope.train.state.model_io)."""
+        """io: the model's input and output sizes (jrope.train.setup.model_io)."""
         return cls(
             tokens_per_step=cfg.batch_size * cfg.pe.train_context,
             model_flops_per_step=model_flops_per_step(cfg, **io)["total"],
@@ -487,7 +487,7 @@ def model_flops_per_step(
       cfg: the train config (its model, pe.train_context and batch_size).
       vocab_size: V; default: the data config's vocab_size, else the data
         source class's (the synthetic task's 3).
-      input_channels, output_channels: a signal model's (jrope.train.state.model_io);
+      input_channels, output_channels: a signal model's (jrope.train.setup.model_io);
         given, they replace the vocabulary.
     Returns:
       {'dense': ..., 'attention': ..., 'total': ...} in FLOPs per step.

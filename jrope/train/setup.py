@@ -1,24 +1,332 @@
-"""The objects every run builds from its config, built in one place: data source, mesh, state layout.
+"""The objects every run builds from its config: data source, device mesh, train-state layout.
 
     run = set_up_run(cfg)
     state = run.init_state()      # or restored into run.layout.abstract
 
 The trainer, the evaluation, the benchmarks and the tests all start here.
+
+Mesh: always the three axes `data`, `fsdp`, `tensor` (size 1 when unused), so
+one set of rules serves every device count. Parameters carry logical axis
+names (jrope.model.axes); the config's rules map each to mesh axes. A
+dimension that does not divide its mesh axes is replicated instead (the
+3-token vocabulary of the synthetic task on a 4-way axis, an evaluation
+batch of one sequence).
+
+State: a plain pytree `{'step', 'params', 'opt_state'}`; `params` is the
+model's `nnx.State` (the `graphdef` is kept apart and closed over by the
+jitted functions) and `step` counts completed optimizer steps and is also
+the data position. Initialisation is sharded from the start (`nnx.eval_shape`
+gives the abstract state, the rules its shardings, the jitted initialiser
+its `out_shardings`): no device ever holds the whole state. The optimizer
+is AdamW with global-norm clipping and optional warm-up and cosine decay;
+weight decay applies to every parameter, as in the paper's code.
+
+Several processes (one per host, or several per machine in the CPU tests):
+every process runs the same command, JAX sees all devices as one set and
+each process loads only its share of every batch. `--multiprocess` starts
+JAX's distributed runtime with detected settings (Cloud TPU pod slices,
+Slurm, Open MPI, JAX_COORDINATOR_ADDRESS); `--coordinator_address=HOST:PORT
+--num_processes=P --process_id=I` give them explicitly (and imply it). It
+must run before anything touches a JAX backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import flags, logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.data.source import DataSource, build_source
-from jrope.train import sharding
-from jrope.train.config import TrainConfig
-from jrope.train.state import StateLayout, init_state, model_io, state_layout
+from jrope.errors import UsageError
+from jrope.model import Transformer
+from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
+from jrope.train.checkpoints import abstract_with_shardings
+from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
+
+# Mesh axes.
+DATA = "data"
+FSDP = "fsdp"
+TENSOR = "tensor"
+MESH_AXES = (DATA, FSDP, TENSOR)
+
+
+def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
+    """Sizes of the (data, fsdp, tensor) axes over `num_devices`, with the -1 axis filled in.
+
+    Raises ValueError, naming the mesh keys and the fix, when the sizes do not
+    fit the devices.
+    """
+    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=False))
+    shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
+    known = math.prod(size for size in sizes.values() if size != -1)
+    if -1 in sizes.values():
+        if num_devices % known:
+            raise ValueError(
+                f"{shown}: the fixed axes need a multiple of {known} devices, but there are "
+                f"{num_devices}; make the product of the fixed mesh sizes divide {num_devices}."
+            )
+        free_axis = next(axis for axis, size in sizes.items() if size == -1)
+        sizes[free_axis] = num_devices // known
+    elif known != num_devices:
+        raise ValueError(
+            f"{shown} needs {known} devices, but there are {num_devices}; set one mesh size to -1 "
+            f"(all remaining devices) or make their product {num_devices}."
+        )
+    return sizes
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all), with -1 filled in."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_sizes(mesh_cfg, len(devices))
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(
+        tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
+    )
+
+
+def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:
+    """NamedShardings for a pytree holding nnx Variables (params, optimizer state, ...).
+
+    Variables with `logical_axes` metadata are split by the rules; every other
+    leaf (step counters, scalars) is replicated. Returns a tree of the same
+    structure with NamedSharding leaves, as `jax.jit(out_shardings=...)` takes.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def sharding_of(leaf):
+        if isinstance(leaf, nnx.Variable):
+            metadata = leaf.get_metadata()
+            if LOGICAL_AXES_KEY in metadata:
+                spec = logical_to_spec(metadata[LOGICAL_AXES_KEY], leaf.shape, rules, mesh)
+                return leaf.replace(NamedSharding(mesh, spec))
+            return leaf.replace(replicated)
+        return replicated
+
+    return jax.tree.map(sharding_of, abstract_tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(global_batch_size: int, rules: Rules, mesh: Mesh) -> NamedSharding:
+    """Sharding of a [batch, length] array: batch split by the rule for BATCH."""
+    return NamedSharding(mesh, logical_to_spec((BATCH, None), (global_batch_size, 1), rules, mesh))
+
+
+def global_batch(
+    local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh
+) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays sharded over the batch axis.
+
+    Every process passes its own contiguous share of the global batch, rows
+    in process order (the data-source contract); the global batch size is the
+    local one times the process count.
+    """
+    arrays = {}
+    for name, local in local_batch.items():
+        global_shape = (local.shape[0] * jax.process_count(),) + tuple(local.shape[1:])
+        sharding = NamedSharding(
+            mesh, logical_to_spec((BATCH,) + (None,) * (local.ndim - 1), global_shape, rules, mesh)
+        )
+        arrays[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return arrays
+
+
+def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:
+    """Step -> learning rate: linear warm-up from 0, then constant or cosine decay."""
+    if cfg.schedule == "constant":
+        main = optax.constant_schedule(cfg.learning_rate)
+    else:
+        decay_steps = max(num_steps - cfg.warmup_steps, 1)
+        main = optax.cosine_decay_schedule(cfg.learning_rate, decay_steps, alpha=cfg.final_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.join_schedules([warmup, main], boundaries=[cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransformation:
+    adamw = optax.adamw(
+        learning_rate=learning_rate_schedule(cfg, num_steps),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+    if cfg.clip_norm == 0:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """What the jitted functions need to know about the train state.
+
+    graphdef: the model's structure (merged with `params` inside jit).
+    abstract: the state as ShapeDtypeStructs carrying their shardings.
+    shardings: the state's NamedShardings (same structure as the state).
+    optimizer: the optax transformation the state's `opt_state` belongs to.
+    """
+
+    graphdef: Any
+    abstract: Any
+    shardings: Any
+    optimizer: optax.GradientTransformation
+
+
+def model_io(source: DataSource) -> dict[str, int | None]:
+    """The Transformer's input and output sizes, as the data source declares them.
+
+    Token sources give a vocabulary; regression sources real-valued input and
+    output channels instead (jrope.data.source).
+    """
+    if source.task == "regression":
+        return dict(
+            vocab_size=None,
+            input_channels=source.input_channels,
+            output_channels=source.output_channels,
+        )
+    return dict(vocab_size=source.vocab_size)
+
+
+def _new_model(cfg: TrainConfig, io: dict[str, int | None]) -> Transformer:
+    return Transformer(cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed))
+
+
+def _new_state(
+    cfg: TrainConfig, io: dict[str, int | None], optimizer: optax.GradientTransformation
+) -> dict[str, Any]:
+    params = nnx.state(_new_model(cfg, io), nnx.Param)
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
+
+
+def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> StateLayout:
+    """Abstract shapes, shardings and graphdef of the train state, without allocating it.
+
+    io: the model's input and output sizes (model_io).
+    """
+    optimizer = make_optimizer(cfg.opt, cfg.num_steps)
+    with jax.set_mesh(mesh):
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io)), nnx.Param)
+        abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer))
+    shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
+    return StateLayout(
+        graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer
+    )
+
+
+def init_state(
+    cfg: TrainConfig, io: dict[str, int | None], layout: StateLayout, mesh: Mesh
+) -> dict[str, Any]:
+    """A freshly initialised train state, created directly in its shards (io: model_io)."""
+    with jax.set_mesh(mesh):
+        return jax.jit(
+            lambda: _new_state(cfg, io, layout.optimizer), out_shardings=layout.shardings
+        )()
+
+
+def model_from_params(graphdef: Any, params: Any) -> Transformer:
+    """The model view of a params state (cheap: no copy)."""
+    return nnx.merge(graphdef, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessFlags:
+    """Flag holders returned by `define_flags` (read after absl has parsed argv)."""
+
+    multiprocess: flags.FlagHolder
+    coordinator_address: flags.FlagHolder
+    num_processes: flags.FlagHolder
+    process_id: flags.FlagHolder
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ProcessFlags:
+    """Define the process flags (once per program, in the entry point)."""
+    return ProcessFlags(
+        multiprocess=flags.DEFINE_bool(
+            "multiprocess",
+            False,
+            "Start JAX's distributed runtime, detecting the cluster (Cloud TPU, Slurm, Open MPI).",
+            flag_values=flag_values,
+        ),
+        coordinator_address=flags.DEFINE_string(
+            "coordinator_address",
+            None,
+            "HOST:PORT of process 0's coordinator service (reachable from every process).",
+            flag_values=flag_values,
+        ),
+        num_processes=flags.DEFINE_integer(
+            "num_processes",
+            None,
+            "Number of processes of the run.",
+            lower_bound=1,
+            flag_values=flag_values,
+        ),
+        process_id=flags.DEFINE_integer(
+            "process_id",
+            None,
+            "This process's index, 0 .. num_processes - 1.",
+            lower_bound=0,
+            flag_values=flag_values,
+        ),
+    )
+
+
+def initialize_from_flags(process_flags: ProcessFlags) -> None:
+    """Start the distributed runtime when the flags ask for it, then log this process's devices.
+
+    Single-process runs only log.
+    """
+    explicit = {
+        "coordinator_address": process_flags.coordinator_address.value,
+        "num_processes": process_flags.num_processes.value,
+        "process_id": process_flags.process_id.value,
+    }
+    if process_flags.multiprocess.value or any(value is not None for value in explicit.values()):
+        initialize(**explicit)
+    logging.info(
+        "JAX process %d of %d; local devices %s; all devices %d.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_devices(),
+        jax.device_count(),
+    )
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """`jax.distributed.initialize` with CPU collectives enabled.
+
+    Unset arguments are detected by JAX (Cloud TPU metadata, Slurm, Open
+    MPI, JAX_COORDINATOR_ADDRESS). On CPU, cross-process collectives need an
+    implementation; gloo ships with jaxlib. Accelerator backends ignore it.
+    """
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        raise UsageError(
+            f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
+            "number the processes 0 .. num_processes - 1."
+        )
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
+    logging.info(
+        "Distributed runtime up: process %d of %d, %d local and %d global devices.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,5 +364,5 @@ def set_up_run(
             jax.process_index() if process_index is None else process_index,
             jax.process_count() if process_count is None else process_count,
         )
-    mesh = sharding.make_mesh(cfg.mesh, devices)
+    mesh = make_mesh(cfg.mesh, devices)
     return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))

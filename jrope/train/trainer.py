@@ -45,7 +45,7 @@ from jrope.train import (
     nonfinite,
     outputs,
     runtime,
-    sharding,
+    setup,
     task_metrics,
 )
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -53,8 +53,13 @@ from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import METRICS_FILE, MetricsLogger, Throughput, duration, say
 from jrope.train.preemption import PreemptionWatch
 from jrope.train.runtime import step_compiler_options
-from jrope.train.setup import RunSetup, set_up_run
-from jrope.train.state import learning_rate_schedule, model_from_params, model_io
+from jrope.train.setup import (
+    RunSetup,
+    learning_rate_schedule,
+    model_from_params,
+    model_io,
+    set_up_run,
+)
 
 # Dropout keys come from their own stream of the seed, apart from the
 # initialisation's (nnx.Rngs folds small counters into the same seed).
@@ -110,7 +115,7 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
             return nonfinite.keep_previous_if_nonfinite(state, updated, metrics)
         return updated, metrics
 
-    batch_sharding = sharding.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
+    batch_sharding = setup.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
@@ -250,7 +255,7 @@ def _train_steps(
     with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
         for step in range(start, cfg.num_steps):
             local_batch = source.train_batch(step)
-            batch = sharding.global_batch(local_batch, cfg.mesh.rules, mesh)
+            batch = setup.global_batch(local_batch, cfg.mesh.rules, mesh)
             if step == start:
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
