@@ -29,8 +29,8 @@ from jrope.errors import ConfigError, DataError
 from jrope.train import outputs
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config
-from jrope.train.sharding import mesh_sizes
-from jrope.train.task_metrics import readout_problem
+from jrope.train.evaluation import readout_problem
+from jrope.train.setup import mesh_sizes
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.

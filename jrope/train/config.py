@@ -324,7 +324,9 @@ def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[s
     if values is _UNRESOLVED:
         return False  # the key that could not be computed is a problem already
     if not isinstance(values, dict):
-        problems.append(f"{prefix.rstrip('.')} must be a section (a ConfigDict), got {values!r}.")
+        problems.append(
+            f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."
+        )
         return False
     problems += [
         f"{prefix}{key}: no such key; {_closest(prefix + key, [prefix + k for k in known], prefix, known)}"
