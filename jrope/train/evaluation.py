@@ -1,8 +1,11 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
-The metrics are jrope.train.task_metrics': cross-entropy and accuracy for
-the token tasks (in nats per byte for language modelling), the mean squared
-error and its R^2 for regression.
+What a step measures, per task, for the train step and the evaluation alike
+(so a training loss and an evaluation loss are the same quantity): token
+tasks (language modelling, classification over the first `num_classes`
+logits) sum a weighted cross-entropy and the correct predictions (nats per
+byte for language modelling); regression sums squared errors and what R^2
+needs. Sums, not means, so that batches and processes add up exactly.
 
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
@@ -13,7 +16,7 @@ distance), a markdown table and a PNG curve against length
 (jrope.train.outputs), the CSV last: a folder holding `eval.csv` holds a
 whole result. `evaluate_and_report` does both for the trainer and eval.py,
 with the progress per length and the table on the console; a NaN or
-infinite loss is a failure (jrope.train.nonfinite), not a result. Results are
+infinite loss is a failure (`check_evaluation`), not a result. Results are
 never overwritten: a folder that holds a whole result is kept and the next
 free name taken (`results_dir`).
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -35,13 +38,83 @@ from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
 from jrope.data.source import DistanceEvaluation
-from jrope.train import checkpoints, checks, nonfinite, outputs, runtime, setup
+from jrope.errors import NonFiniteEvaluationError
+from jrope.train import checkpoints, checks, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import RunSetup, model_from_params, set_up_run
-from jrope.train.task_metrics import metrics_from_sums, task_sums
+
+
+def weighted_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, num_classes: int | None
+) -> dict[str, jax.Array]:
+    """Weighted sums of cross-entropy and correct predictions.
+
+    Args:
+      logits: float32 [B, T', V] for the last T' <= T positions (T' = 1 with
+        the model's readout='last'); targets: int32 [B, T]; weights: float32 [B, T].
+      num_classes: when set, only logits[..., :num_classes] compete.
+    Returns:
+      float32 scalars 'loss_sum', 'correct_sum', 'weight_sum'.
+    """
+    first = targets.shape[1] - logits.shape[1]
+    targets, weights = targets[:, first:], weights[:, first:]
+    if num_classes is not None:
+        logits = logits[..., :num_classes]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "loss_sum": jnp.sum(nll * weights),
+        "correct_sum": jnp.sum(correct * weights),
+        "weight_sum": jnp.sum(weights),
+    }
+
+
+def squared_error_sums(
+    predictions: jax.Array, targets: jax.Array, weights: jax.Array
+) -> dict[str, jax.Array]:
+    """Weighted sums of squared errors and of the targets (for R^2).
+
+    Args:
+      predictions: float32 [B, T', C] for the last T' <= T positions;
+        targets: float32 [B, T, C]; weights: float32 [B, T].
+    Returns:
+      float32 scalars 'loss_sum' (w (p - y)^2 summed over positions and
+      channels), 'weight_sum' (w summed, times C: the loss is per element),
+      'target_sum' and 'target_square_sum' (w y and w y^2 summed).
+    """
+    first = targets.shape[1] - predictions.shape[1]
+    targets, weights = targets[:, first:].astype(jnp.float32), weights[:, first:, None]
+    channels = targets.shape[-1]
+    return {
+        "loss_sum": jnp.sum(jnp.square(predictions - targets) * weights),
+        "weight_sum": jnp.sum(weights) * channels,
+        "target_sum": jnp.sum(targets * weights),
+        "target_square_sum": jnp.sum(jnp.square(targets) * weights),
+    }
+
+
+def task_sums(
+    outputs: jax.Array, batch: dict[str, jax.Array], task: str, num_classes: int | None
+) -> dict[str, jax.Array]:
+    """The sums of `task` (a data source's, jrope.data.source.TASKS) for a batch's model outputs."""
+    if task == "regression":
+        return squared_error_sums(outputs, batch["targets"], batch["weights"])
+    return weighted_sums(outputs, batch["targets"], batch["weights"], num_classes)
+
+
+def metrics_from_sums(sums: dict[str, Any], task: str) -> dict[str, Any]:
+    """'loss' and 'accuracy' (token tasks) or 'loss' (MSE) and 'r2' (regression), from task_sums."""
+    loss = sums["loss_sum"] / sums["weight_sum"]
+    if task != "regression":
+        return {"loss": loss, "accuracy": sums["correct_sum"] / sums["weight_sum"]}
+    mean = sums["target_sum"] / sums["weight_sum"]
+    variance = sums["target_square_sum"] / sums["weight_sum"] - mean * mean
+    return {"loss": loss, "r2": 1.0 - loss / variance}
+
 
 # distance: empty for the rows over the source's own evaluation sequences.
 CSV_COLUMNS = (
@@ -186,7 +259,7 @@ def evaluate_and_report(
 
     checkpoint: where the model is saved (for the message of a NaN evaluation).
     Returns the rows and the results folder (the first free `eval_step<step>[.n]`).
-    Raises nonfinite.NonFiniteEvaluationError, writing nothing, when a loss is NaN or infinite.
+    Raises NonFiniteEvaluationError, writing nothing, when a loss is NaN or infinite.
     """
     cfg, task = run.cfg, run.source.task
     lengths = ", ".join(str(length) for length in cfg.eval.lengths)
@@ -197,7 +270,7 @@ def evaluate_and_report(
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
     rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
-    nonfinite.check_evaluation(rows, step, checkpoint)
+    check_evaluation(rows, step, checkpoint)
     out_dir = results_dir(workdir, step)
     if jax.process_index() == 0:
         write_results(rows, out_dir, task=task)
@@ -327,3 +400,17 @@ def markdown_table(rows: Sequence[dict[str, Any]], *, task: str) -> str:
         cells = [[outputs.format_cell(row[c]) for c in columns] for row in at_distance]
         text += "\nAt chosen distances:\n\n" + outputs.markdown_table(columns, cells)
     return text
+
+
+def check_evaluation(rows: Sequence[Mapping[str, Any]], step: int, checkpoint: str) -> None:
+    """NonFiniteEvaluationError naming the lengths whose loss is NaN or infinite, if any.
+
+    rows: evaluation rows ('length', 'loss'); checkpoint: where the evaluated model is.
+    """
+    bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
+    if bad:
+        raise NonFiniteEvaluationError(
+            f"The evaluation of step {step} ({checkpoint}) gave a non-finite loss at length "
+            f"{', '.join(bad)}; no results were written. The model has diverged: train again "
+            "from an earlier checkpoint with a lower opt.learning_rate."
+        )

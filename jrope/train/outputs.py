@@ -62,7 +62,6 @@ from tensorboardX import record_writer
 from jrope.data.files import is_uri, write_atomically
 from jrope.data.source import source_spec
 from jrope.errors import NonFiniteLossError, SkippedTooManySteps
-from jrope.train import nonfinite
 from jrope.train.config import TrainConfig
 
 
@@ -81,6 +80,19 @@ def duration(seconds: float) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+# Metrics whose finiteness decides a step (names of the train step's metrics).
+CHECKED_METRICS = ("loss", "grad_norm")
+SKIPPED_METRIC = "skipped"
+
+
+def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
+    """(name, value) of the first checked metric that is NaN or infinite, else None."""
+    for name in CHECKED_METRICS:
+        if name in values and not math.isfinite(values[name]):
+            return name, values[name]
+    return None
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -178,9 +190,9 @@ class MetricsLogger:
 
     def _read(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
         values = {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
-        bad = nonfinite.first_nonfinite(values)
-        if nonfinite.SKIPPED_METRIC in values:
-            self._count_skip(step, values.pop(nonfinite.SKIPPED_METRIC) > 0, bad)
+        bad = first_nonfinite(values)
+        if SKIPPED_METRIC in values:
+            self._count_skip(step, values.pop(SKIPPED_METRIC) > 0, bad)
             values["skipped_steps"] = self._skipped_steps
         elif bad is not None:
             raise NonFiniteLossError(

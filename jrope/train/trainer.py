@@ -1,25 +1,39 @@
-"""The sharded train step and the training loop.
+"""The sharded train step and the training loop, with preemption and the non-finite policy.
 
 `make_train_step` builds one pure `train_step(state, batch) -> (state,
 metrics)`, jitted once with the state's shardings in and out and the state
-donated (its buffers are reused for the next state). `train_and_evaluate`
-is the whole run: every check in one pass (jrope.train.checks), the
-workdir's lock (one run per workdir, jrope.train.checkpoints), data source,
-mesh, sharded initialisation or automatic resume from the workdir's latest
-checkpoint (checked against its digests), the record of the start
-(jrope.train.outputs), the loop with periodic checkpoints and
-evaluations, a final checkpoint and evaluation, and on the console the
-compile time, the progress, the results table and where every output went.
-A finished run is not run again and its results are never rewritten. On
-SIGTERM the loop checkpoints the current step and raises TrainingPreempted
-(jrope.train.preemption); the next start resumes there. A storage failure
-(disk full) ends the run with a RunIOError naming the path, the cause and
-the last good checkpoint.
+donated. `train_and_evaluate` is the whole run: every check in one pass
+(jrope.train.checks), the workdir's lock, data source, mesh, sharded
+initialisation or automatic resume from the latest checkpoint (checked
+against its digests), the start record, the loop with periodic checkpoints
+and evaluations, a final checkpoint and evaluation, and on the console the
+compile time, the progress, the results and where every output went. A
+finished run is not run again and its results are never rewritten. A storage
+failure (disk full) ends the run with a RunIOError naming the path, the
+cause and the last good checkpoint.
 
 The step is a pure function of (state, batch): the data are a pure function
-of the step, and the step's randomness (dropout, when model.dropout_rate > 0)
-comes from the seed folded with the step, so a resumed run reproduces an
-uninterrupted one.
+of the step, and dropout's randomness is the seed folded with the step, so a
+resumed run reproduces an uninterrupted one.
+
+Non-finite steps (`opt.nonfinite`): 'stop' (default) lets the host read every
+step's metrics one step late (jrope.train.outputs) and raise
+NonFiniteLossError naming the step, the metric and the last good checkpoint;
+the pending step is read before every save, so no checkpoint holds a state
+made by a non-finite step. 'skip' keeps the previous parameters and optimizer
+state inside the jitted step (a select on a device-side flag: no host round
+trip, no recompilation); the step counter still advances, so the data move
+on exactly as in an uninterrupted run, and the metric 'skipped' marks such
+steps until opt.max_consecutive_skips come in a row.
+
+Preemption: schedulers send SIGTERM before they take a machine. The loop asks
+`PreemptionWatch.reached(step)` once per step; on True it saves that step,
+waits for the write and raises TrainingPreempted; the next start resumes
+there. One process: the handler only sets a flag (a handler runs between two
+bytecodes, possibly inside a JAX call or a checkpoint write). Several: JAX's
+coordination service catches SIGTERM on every host and agrees on a step all
+reach (`multihost_utils.reached_preemption_sync_point`); no Python handler is
+installed then, it would replace the service's own.
 
 Shape legend: B batch, T length.
 """
@@ -27,31 +41,33 @@ Shape legend: B batch, T length.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from etils import epath
+from jax.experimental import multihost_utils
 
 from jrope.attention import choose_kernel
 from jrope.errors import RunIOError, TrainingPreempted
-from jrope.train import (
-    checkpoints,
-    checks,
-    evaluation,
-    nonfinite,
-    outputs,
-    runtime,
-    setup,
-    task_metrics,
-)
+from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig, flatten_dict
-from jrope.train.outputs import METRICS_FILE, MetricsLogger, Throughput, duration, say
-from jrope.train.preemption import PreemptionWatch
+from jrope.train.outputs import (
+    CHECKED_METRICS,
+    METRICS_FILE,
+    SKIPPED_METRIC,
+    MetricsLogger,
+    Throughput,
+    duration,
+    say,
+)
 from jrope.train.runtime import step_compiler_options
 from jrope.train.setup import (
     RunSetup,
@@ -60,6 +76,67 @@ from jrope.train.setup import (
     model_io,
     set_up_run,
 )
+
+
+class PreemptionWatch:
+    """Context manager answering, once per step, whether to checkpoint and stop.
+
+    Use as `with PreemptionWatch() as watch: ... if watch.reached(step): ...`.
+    Every process must call `reached` at every step, from the same first step.
+    """
+
+    def __init__(self):
+        self._requested = False
+        self._previous_handler = None
+        self._multiprocess = False
+
+    def __enter__(self) -> PreemptionWatch:
+        self._multiprocess = jax.process_count() > 1
+        # signal.signal works only in the main thread; elsewhere (a library
+        # caller's worker thread) SIGTERM keeps its default action.
+        if not self._multiprocess and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def reached(self, step: int) -> bool:
+        """Whether `step` is the step at which to save and stop."""
+        if self._multiprocess:
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self._requested
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        self._requested = True
+
+
+def keep_previous_if_nonfinite(
+    previous: dict[str, Any], updated: dict[str, Any], metrics: dict[str, jax.Array]
+) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+    """Inside jit: `updated` if the step is finite, else `previous` with the step counter advanced.
+
+    Args:
+      previous, updated: train states {'step', 'params', 'opt_state'} before and after the update.
+      metrics: the step's scalar metrics, holding CHECKED_METRICS.
+    Returns:
+      (state, metrics with SKIPPED_METRIC = 1.0 when the update was dropped).
+    """
+    finite = jnp.all(jnp.stack([jnp.isfinite(metrics[name]) for name in CHECKED_METRICS]))
+
+    def select(new: jax.Array, old: jax.Array) -> jax.Array:
+        return jnp.where(finite, new, old)
+
+    state = {
+        "step": updated["step"],
+        "params": jax.tree.map(select, updated["params"], previous["params"]),
+        "opt_state": jax.tree.map(select, updated["opt_state"], previous["opt_state"]),
+    }
+    return state, {**metrics, SKIPPED_METRIC: 1.0 - finite.astype(jnp.float32)}
+
 
 # Dropout keys come from their own stream of the seed, apart from the
 # initialisation's (nnx.Rngs folds small counters into the same seed).
@@ -82,7 +159,7 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
     Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
     for regression), 'accuracy' (or 'r2' for regression), 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
-    opt.nonfinite = 'skip' also 'skipped' (jrope.train.nonfinite).
+    opt.nonfinite = 'skip' also 'skipped' (jrope.train.trainer).
     """
     cfg, layout, mesh = run.cfg, run.layout, run.mesh
     task, num_classes = run.source.task, run.source.num_classes
@@ -99,20 +176,20 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
         def loss_fn(params):
             model = model_from_params(layout.graphdef, params)
             outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
-            sums = task_metrics.task_sums(outputs, batch, task, num_classes)
+            sums = evaluation.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
         (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
-            **task_metrics.metrics_from_sums(sums, task),
+            **evaluation.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
         updated = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         if cfg.opt.nonfinite == "skip":
-            return nonfinite.keep_previous_if_nonfinite(state, updated, metrics)
+            return keep_previous_if_nonfinite(state, updated, metrics)
         return updated, metrics
 
     batch_sharding = setup.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
