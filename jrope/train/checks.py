@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
@@ -29,7 +30,6 @@ from jrope.errors import ConfigError, DataError
 from jrope.train import outputs
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config
-from jrope.train.evaluation import readout_problem
 from jrope.train.setup import mesh_sizes
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
@@ -321,3 +321,17 @@ def _host_available_memory() -> int | None:
 
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:
+    """The config's problem with this batch, if any: readout='last' needs zero weights elsewhere.
+
+    With readout='last' the loss sees the last position only.
+    (A NaN weight is left to the non-finite check: it is a broken batch, not a weighting.)
+    """
+    if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
+        return (
+            "model.readout = 'last' computes logits at the last position only, but this data "
+            "source weights other positions too; set --config.model.readout=all."
+        )
+    return None
