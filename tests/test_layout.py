@@ -1,4 +1,4 @@
-"""The house: the library apart from the harness, each object built once, its own docs cited."""
+"""The house: the library apart from the harness, a harness of few modules, its own docs cited."""
 
 import re
 import subprocess
@@ -9,10 +9,8 @@ from flax import nnx
 from helpers.repository import ROOT, tracked_files
 from helpers.tiny_config import tiny_config
 
-import jrope
 from jrope.model.transformer import CausalSelfAttention
 from jrope.train import checks
-from jrope.train import config as run_config
 from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.trainer import make_train_step
 
@@ -26,6 +24,39 @@ def test_the_library_imports_nothing_of_the_harness_or_the_data():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def _modules_loaded_by(imports: str) -> list[str]:
+    """The jrope.train and jrope.data modules, and the flags defined, after `imports` alone."""
+    code = (
+        f"import sys\nfrom absl import flags\n{imports}\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('jrope.train', 'jrope.data'))))\n"
+        "print(sorted(name for name in ('verbose', 'log_level', 'config') if name in flags.FLAGS))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return result.stdout.splitlines()
+
+
+def test_the_harness_is_a_few_modules_each_named_for_its_role():
+    modules = sorted(path.stem for path in (ROOT / "jrope" / "train").glob("*.py"))
+    modules.remove("__init__")
+    assert len(modules) <= 10, modules
+    assert {"config", "checks", "setup", "trainer", "checkpoints", "evaluation"} <= set(modules)
+
+
+def test_the_data_layer_and_the_harness_define_no_entry_point_flags():
+    """Importing a data source or the harness neither reaches up into the entry points nor
+    registers their command-line flags; only running an entry point does."""
+    data_modules, defined = _modules_loaded_by("import jrope.data.audio, jrope.data.synthetic")
+    assert "jrope.train" not in data_modules and defined == "[]"
+    imports = (
+        "import jrope.train.trainer, jrope.train.evaluation, jrope.experiments.text_generation"
+    )
+    harness_modules, defined = _modules_loaded_by(imports)
+    assert "'jrope.train.trainer'" in harness_modules
+    assert defined == "[]"
 
 
 # Markdown tables the programs write into a workdir, named in docstrings and the README.
@@ -49,31 +80,13 @@ def test_every_document_the_repository_cites_is_in_the_repository():
     assert missing == []
 
 
-def test_a_run_parses_its_encoding_name_and_builds_its_encoding_once(monkeypatch, tmp_path):
-    calls = {"parse": 0, "build": 0}
-
-    def counting(name, wrapped):
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return wrapped(*args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(
-        run_config,
-        "pe_config_from_name",
-        counting("parse", run_config.pe_config_from_name),
-    )
-    monkeypatch.setattr(run_config, "make_encoding", counting("build", run_config.make_encoding))
-    monkeypatch.setattr(jrope, "make_encoding", counting("build", jrope.make_encoding))
+def test_every_attention_layer_holds_the_runs_one_encoding(tmp_path):
     cfg = tiny_config()
     one_cpu = checks.RunEnvironment(1, 1, "cpu", None)
     checks.check_training_run(cfg, str(tmp_path / "run"), one_cpu)
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
     make_train_step(run)
-    assert calls == {"parse": 1, "build": 1}
-    # Every attention layer of the model holds the run's one Encoding object.
     model = model_from_params(run.layout.graphdef, state["params"])
     layers = [node for _, node in nnx.iter_graph(model) if isinstance(node, CausalSelfAttention)]
     assert len(layers) == cfg.model.num_layers

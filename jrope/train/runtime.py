@@ -61,6 +61,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from etils import epath
 
+from jrope import command_line
 from jrope.data.files import is_uri, resolved
 from jrope.errors import ConfigError, JropeError, RunIOError
 from jrope.train import config as run_config
@@ -69,28 +70,39 @@ from jrope.train.config import RuntimeConfig
 VERBOSE_ENV = "JROPE_VERBOSE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-_VERBOSE = flags.DEFINE_bool(
-    "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
-)
-_LOG_LEVEL = flags.DEFINE_enum(
-    "log_level",
-    "warning",
-    LOG_LEVELS,
-    "Lowest level of library log records shown (JAX, orbax, absl); progress is always shown.",
-)
 
-
-def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> None:
+def run(
+    main: Callable[[list[str]], None], *, config_flag: str = "config", usage: str | None = None
+) -> None:
     """`app.run(main)` with the project's flag parsing, log level and error reporting.
 
     config_flag: the name of the entry point's config-file flag, whose
     overrides are checked (an entry point without one is unaffected).
+    usage: what --help prints above the flags (default: the main module's docstring).
     """
-    restart_with_huge_pages()
+    if not command_line.help_requested(sys.argv):
+        restart_with_huge_pages()
+    _define_flags()
     app.run(
         functools.partial(_run_reporting_errors, main),
-        flags_parser=functools.partial(_parse_flags, config_flag=config_flag),
+        flags_parser=functools.partial(_parse_flags, config_flag=config_flag, usage=usage),
     )
+
+
+def _define_flags() -> None:
+    """--verbose and --log_level, defined by `run` only: importing this module defines no flag."""
+    if "verbose" not in flags.FLAGS:
+        flags.DEFINE_bool(
+            "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
+        )
+    if "log_level" not in flags.FLAGS:
+        flags.DEFINE_enum(
+            "log_level",
+            "warning",
+            LOG_LEVELS,
+            "Lowest level of library log records shown (JAX, orbax, absl); progress is always "
+            "shown.",
+        )
 
 
 def exit_code(error: BaseException) -> int | None:
@@ -116,7 +128,7 @@ def _verbose(argv: Sequence[str] = ()) -> bool:
         return True
     if "--verbose" in argv:  # before the flags are parsed
         return True
-    return _VERBOSE.present and _VERBOSE.value
+    return "verbose" in flags.FLAGS and flags.FLAGS["verbose"].present and flags.FLAGS.verbose
 
 
 def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) -> None:
@@ -127,8 +139,10 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str], *, config_flag: str) -> list[str]:
+def _parse_flags(argv: list[str], *, config_flag: str, usage: str | None) -> list[str]:
     """absl's parsing of argv, with repeated config overrides resolved and mistakes explained."""
+    if command_line.help_requested(argv):
+        command_line.parse_flags(argv, usage)  # prints the help and exits 0
     # ml_collections reads the overrides from sys.argv itself: it must see the same list.
     argv = sys.argv = run_config.last_override_wins(argv, config_flag)
     missing_file = run_config.config_file_problem(argv, config_flag)
@@ -156,7 +170,8 @@ def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
 
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
-    _set_log_level(_LOG_LEVEL.value)
+    _set_log_level(flags.FLAGS.log_level)
+    command_line.keep_stdout_for_results()  # Gloo's connection lines are no results
     if not _verbose():
         for handler in logging.getLogger().handlers:
             handler.addFilter(_hide_storage_failure_records)
