@@ -44,7 +44,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +62,6 @@ from jrope.errors import (
 )
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import say
-
-if TYPE_CHECKING:
-    from jrope.train.config import TrainConfig
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
@@ -170,15 +167,6 @@ class Checkpointer:
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )
         return step
-
-
-def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of `abstract_tree` carrying the matching `shardings` (same structure)."""
-    return jax.tree.map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        abstract_tree,
-        shardings,
-    )
 
 
 def array_name(path: tuple) -> str:

@@ -49,7 +49,6 @@ from jrope.data.source import DataSource, build_source
 from jrope.errors import UsageError
 from jrope.model import Transformer
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
-from jrope.train.checkpoints import abstract_with_shardings
 from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
 
 # Mesh axes.
@@ -91,6 +90,15 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     return jax.make_mesh(
         tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
+    )
+
+
+def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of `abstract_tree` carrying the matching `shardings` (same structure)."""
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract_tree,
+        shardings,
     )
 
 
