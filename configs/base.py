@@ -93,6 +93,10 @@ def get_config(
     config.checkpoint = config_dict.ConfigDict()
     config.checkpoint.every_steps = 200  # periodic save interval (the last step is always saved)
     config.checkpoint.max_to_keep = 2  # older checkpoints are deleted
+    # A checkpoint without its digests is refused unless this is True (restored unchecked).
+    config.checkpoint.accept_missing_digests = False
+    # Settings a resume may change beyond eval, log, checkpoint, runtime, mesh: "opt.learning_rate".
+    config.checkpoint.accept_changes = ""
 
     config.log = config_dict.ConfigDict()
     config.log.every_steps = 50  # progress line / metrics.jsonl / TensorBoard interval

@@ -114,6 +114,11 @@ class MeshConfig(_Section):
 class CheckpointConfig(_Section):
     every_steps: int  # periodic save interval (the final step is always saved)
     max_to_keep: int
+    # Restore a checkpoint whose digests are missing, unchecked (jrope.train.checkpoints).
+    accept_missing_digests: bool = False
+    # Keys or sections, comma-separated, that a resume may change besides eval, log,
+    # checkpoint, runtime and mesh (e.g. 'opt.learning_rate' after a divergence).
+    accept_changes: str = ""
 
     def problems(self) -> list[str]:
         return [
@@ -275,6 +280,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         for key in ("num_steps", "batch_size")
         if built[key] is not None and built[key] < 1
     ]
+    if built["seed"] is not None and not 0 <= built["seed"] < 2**32:
+        problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
     cfg = TrainConfig(**{**dict.fromkeys(TOP_KEYS), **built})
     return cfg, problems + _cross_section_problems(cfg)
 
