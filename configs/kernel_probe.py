@@ -76,6 +76,8 @@ def get_config() -> config_dict.ConfigDict:
         0.1  # scaled_high_jet targets: (d/L)^r e^{-c d/L} cos(wd), c = jet_decay
     )
     config.probe.ridge = 1e-4  # ridge penalty on every weight, the constant's included
+    # precision of the ridge solve: float64 (accurate) | float32 (the reference's; its tables)
+    config.probe.solver_dtype = "float64"
     config.probe.plot_targets = (
         "mixed",
     )  # a PNG each of these targets' fits at the longest context

@@ -167,6 +167,8 @@ def test_run_writes_csv_markdown_and_plot(tmp_path):
         (dict(train_points=2048), "train_points"),
         (dict(target_freq_index=16), "target_freq_index"),
         (dict(methods=("jordan_wobble",)), "unknown position-encoding name"),
+        (dict(methods=("direct_sum_poly_m1",)), "m >= 2"),
+        (dict(solver_dtype="float16"), "solver_dtype must be one of float64, float32"),
     ],
 )
 def test_bad_probe_config_raises(change, message):
@@ -182,3 +184,13 @@ def test_unknown_probe_key_raises():
     config.probe.ridge_penalty = 1.0
     with pytest.raises(ValueError, match="unknown keys"):
         KernelProbeConfig.from_config_dict(config)
+
+
+def test_ridge_fit_in_float32_matches_float64_on_a_well_conditioned_problem():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 5))
+    y = x @ np.array([1.0, -2.0, 0.5, 0.0, 3.0])
+    w64 = kernel_probe.ridge_fit(x, y, 1e-6, "float64")
+    w32 = kernel_probe.ridge_fit(x, y, 1e-6, "float32")
+    assert w32.dtype == np.float32
+    np.testing.assert_allclose(w32, w64, rtol=1e-4, atol=1e-5)

@@ -54,6 +54,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
@@ -252,12 +253,34 @@ def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> n
 
 
 def ridge_fit(
-    features: np.ndarray, targets: np.ndarray, ridge: float, dtype=np.float64
+    features: np.ndarray, targets: np.ndarray, ridge: float, solver_dtype: str = "float64"
 ) -> np.ndarray:
-    """Weights w [F] solving (X^T X + ridge I) w = X^T y in ``dtype``; X [n, F], y [n]."""
-    x = np.asarray(features, dtype)
-    gram = x.T @ x + dtype(ridge) * np.eye(x.shape[1], dtype=dtype)
-    return np.linalg.solve(gram, x.T @ np.asarray(targets, dtype))
+    """Weights w [F] solving (X^T X + ridge I) w = X^T y; X [n, F], y [n].
+
+    'float64': numpy in float64. 'float32': XLA on the CPU in float32 with
+    full-precision dots (no TF32 or bfloat16 passes on any host). At the
+    probe's condition numbers (about 1e7 for the raw-time Jordan bases) a
+    float32 solve is accurate to a few digits at best and its result depends
+    on the library's summation order: XLA's CPU path came within 1 % of the
+    reference's (torch) float32 cell where numpy's float32 path was 60 % off
+    (docs/reference.md).
+    """
+    if solver_dtype == "float64":
+        x = np.asarray(features, np.float64)
+        gram = x.T @ x + ridge * np.eye(x.shape[1])
+        return np.linalg.solve(gram, x.T @ np.asarray(targets, np.float64))
+    cpu = jax.devices("cpu")[0]
+    x = jax.device_put(np.asarray(features, np.float32), cpu)
+    y = jax.device_put(np.asarray(targets, np.float32), cpu)
+    return np.asarray(_ridge_fit_float32(x, y, np.float32(ridge)))
+
+
+@jax.jit
+def _ridge_fit_float32(x: jax.Array, y: jax.Array, ridge: jax.Array) -> jax.Array:
+    """ridge_fit's float32 solve (one compilation per feature count)."""
+    highest = jax.lax.Precision.HIGHEST
+    gram = jnp.matmul(x.T, x, precision=highest) + ridge * jnp.eye(x.shape[1], dtype=x.dtype)
+    return jnp.linalg.solve(gram, jnp.matmul(x.T, y, precision=highest))
 
 
 def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
@@ -293,7 +316,7 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
             for method in probe.methods:
                 x_all = eval_features[method]
                 x_fit = x_all[fit_lags]
-                weights = ridge_fit(x_fit, y_fit, probe.ridge, dtype)
+                weights = ridge_fit(x_fit, y_fit, probe.ridge, probe.solver_dtype)
                 common = dict(seed=seed, task=target, method=method)
                 rows.append(
                     dict(
