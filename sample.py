@@ -1,4 +1,4 @@
-"""Generate text from a trained byte-level run: python sample.py --workdir=DIR --prompt="...".
+r"""Generate text from a trained byte-level run: python sample.py --workdir=DIR --prompt="...".
 
 Loads the latest checkpoint in DIR (the run's config comes from the
 checkpoint; the training data are not needed) and prints, for each

@@ -10,7 +10,7 @@ from jrope.train import evaluation
 
 
 @pytest.mark.slow
-def test_comparison_trains_each_run_once_and_tabulates(tmp_path):
+def test_comparison_trains_each_run_once_and_tabulates(tmp_path, capsys):
     config = tiny_config_dict(**{"mesh.data": -1})  # the batch of 8 over the 8 test devices
     workdir = str(tmp_path)
     rows = compare.run_comparison(config, ["jordan_exact_scaled"], [0, 1], workdir)
@@ -21,6 +21,11 @@ def test_comparison_trains_each_run_once_and_tabulates(tmp_path):
     table = open(os.path.join(workdir, "comparison.md"), encoding="utf-8").read()
     assert "| jordan_exact_scaled | 2 |" in table and "±" in table
     assert os.path.exists(os.path.join(workdir, "comparison.png"))
+    # The console ends with the tables and where the files went.
+    console = capsys.readouterr().out
+    assert table.rstrip() in console
+    for name in ("comparison.csv", "comparison.md", "comparison.png"):
+        assert os.path.join(workdir, name) in console.split("Comparison files:")[-1]
 
     # A second call finds every run finished: nothing is retrained, the numbers are the same.
     finished = evaluation.finished_results(os.path.join(workdir, "jordan_exact_scaled", "seed0"), 2)
@@ -46,3 +51,31 @@ def test_summary_is_mean_and_sample_spread():
     ]
     mean, std, seeds = compare.summarize(rows, "accuracy")["m"][8]
     assert (round(mean, 6), round(std, 6), seeds) == (0.7, 0.2, 3)
+
+
+def test_the_comparison_is_shown_with_its_files(tmp_path, capsys):
+    rows = [
+        dict(
+            method=method,
+            seed=seed,
+            step=10,
+            length=length,
+            distance=None,
+            num_sequences=4,
+            accuracy=accuracy + 0.1 * seed,
+            loss=1.0,
+            bits_per_byte=float("nan"),
+            r2=float("nan"),
+        )
+        for method, accuracy in (("rope", 0.5), ("jordan_rope", 0.7))
+        for seed in (0, 1)
+        for length in (8, 16)
+    ]
+    compare.show_comparison(compare.write_comparison(rows, str(tmp_path)))
+    console = capsys.readouterr().out
+    # accuracy, the classification task's headline: methods x lengths, mean ± sd over 2 seeds
+    assert "| rope | 2 | 0.550 ± 0.071 | 0.550 ± 0.071 |" in console
+    assert "| jordan_rope | 2 | 0.750 ± 0.071 | 0.750 ± 0.071 |" in console
+    assert console.index("accuracy: mean ± std") < console.index("Comparison files:")
+    for name in ("comparison.csv", "comparison.md", "comparison.png"):
+        assert (tmp_path / name).exists() and str(tmp_path / name) in console

@@ -395,6 +395,8 @@ def _cli() -> None:
     """``python -m jrope.data.audio``: prepare the token files and print the manifest's counts."""
     from absl import app, flags
 
+    from jrope import command_line
+
     wav_dir = flags.DEFINE_string(
         "wav_dir", None, "Folder of .wav files, searched recursively (sorted path order)."
     )
@@ -440,7 +442,7 @@ def _cli() -> None:
                 f"{info['bytes']} bytes in {os.path.join(out_dir.value, info['file'])}"
             )
 
-    app.run(main)
+    app.run(main, flags_parser=command_line.parse_flags)  # --help lists these, exits 0
 
 
 if __name__ == "__main__":

@@ -309,6 +309,8 @@ def _cli() -> None:
     """``python -m jrope.data.wikitext --dataset=...``: prepare once and print the splits' sizes."""
     from absl import app, flags
 
+    from jrope import command_line
+
     dataset = flags.DEFINE_enum(
         "dataset", None, list(BUILDERS), "Which WikiText to prepare.", required=True
     )
@@ -331,7 +333,7 @@ def _cli() -> None:
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 
-    app.run(main)
+    app.run(main, flags_parser=command_line.parse_flags)  # --help lists these, exits 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Train and evaluate a list of methods over seeds, and tabulate them side by side.
+r"""Train and evaluate a list of methods over seeds, and tabulate them side by side.
 
     python -m jrope.compare --config=configs/synthetic_cpu.py \
         --methods=rope,direct_sum,jordan_rope,jordan_raw_tau,jordan_exact_scaled,rope_alibi \
@@ -75,7 +75,8 @@ def run_comparison(
             say(f"{method} seed {seed}: finished earlier, reading its results in {run_dir}")
         rows.extend(evaluation.read_results(evaluation.finished_results(run_dir, num_steps)))
     if jax.process_index() == 0:
-        write_comparison(rows, workdir)
+        paths = write_comparison(rows, workdir)
+        show_comparison(paths)
     return rows
 
 
@@ -175,15 +176,19 @@ def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
     return f"{mean:.3f}" if num_seeds == 1 else f"{mean:.3f} ± {spread:.3f}"
 
 
-def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
+def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, epath.Path]:
     """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
-    metric per distance), .png (curves of the headline metric against length)."""
+    metric per distance), .png (curves of the headline metric against length).
+
+    Returns their paths by suffix ('csv', 'md', 'png').
+    """
     workdir = epath.Path(workdir)
-    outputs.write_csv(workdir / "comparison.csv", rows, CSV_COLUMNS)
+    paths = {suffix: workdir / f"comparison.{suffix}" for suffix in ("csv", "md", "png")}
+    outputs.write_csv(paths["csv"], rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
     tables = [comparison_table(rows, metric) for metric in metrics]
     tables.append(distance_tables(rows, metrics[0]))
-    outputs.write_text(workdir / "comparison.md", "\n".join(filter(None, tables)))
+    outputs.write_text(paths["md"], "\n".join(filter(None, tables)))
     curves = {
         method: (
             list(by_length),
@@ -192,7 +197,18 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> None:
         )
         for method, by_length in summarize(rows, metrics[0]).items()
     }
-    outputs.plot_against_length(workdir / "comparison.png", curves, ylabel=metrics[0])
+    outputs.plot_against_length(paths["png"], curves, ylabel=metrics[0])
+    return paths
+
+
+def show_comparison(paths: dict[str, epath.Path]) -> None:
+    """The comparison tables on the console (as comparison.md holds them), then where each file is."""
+    say(f"\nComparison ({paths['md']}):\n")
+    say(paths["md"].read_text().rstrip())
+    say(
+        f"\nComparison files:\n  {paths['csv']}  every run's rows\n"
+        f"  {paths['md']}  the tables above\n  {paths['png']}  the headline metric against length"
+    )
 
 
 def main(argv):
@@ -213,7 +229,7 @@ def main(argv):
 def run_main() -> None:
     """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
     flags.mark_flags_as_required(["config", "workdir"])
-    runtime.run(main)
+    runtime.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":
