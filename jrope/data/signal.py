@@ -204,3 +204,26 @@ class SignalRegressionSource:
             "targets": targets.astype(np.float32),
             "weights": np.ones((len(rngs), length), np.float32),
         }
+
+
+def sequence_r2(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The coefficient of determination of each sequence, float64 [b], as the reference reports R².
+
+    predictions, targets: [b, T, C]. For each sequence, 1 - MSE / Var, the
+    mean squared error and the variance (about the sequence's own mean) both
+    taken over all its positions and channels, position 0 (y_0 = 0) included;
+    a constant target's variance is floored at 1e-12. The reference evaluates
+    one sequence per batch and reports the mean of these values over its
+    sequences; pooling every sequence into one MSE and one variance gives a
+    different number (the pooled R²).
+    """
+    predictions = np.asarray(predictions, np.float64)
+    targets = np.asarray(targets, np.float64)
+    if predictions.shape != targets.shape or targets.ndim != 3:
+        raise ValueError(
+            f"predictions {predictions.shape} and targets {targets.shape} must both be [b, T, C]."
+        )
+    axes = (1, 2)
+    mse = np.mean((predictions - targets) ** 2, axis=axes)
+    variance = np.mean((targets - targets.mean(axis=axes, keepdims=True)) ** 2, axis=axes)
+    return 1.0 - mse / np.maximum(variance, 1e-12)
