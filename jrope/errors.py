@@ -132,15 +132,17 @@ class RunIOError(JropeError, OSError):
 
 
 class TrainingPreempted(JropeError):
-    """Raised by the train loop after it saved a checkpoint on a preemption notice."""
+    """Raised by the train loop after it saved a checkpoint on SIGTERM or SIGINT (Ctrl-C)."""
 
-    # What a shell reports for a process ended by SIGTERM: a scheduler sees "terminated".
+    # What a shell reports for a process ended by the signal: a scheduler sees "terminated".
     exit_status = 128 + signal.SIGTERM
 
-    def __init__(self, step: int, checkpoint_path: str):
+    def __init__(self, step: int, checkpoint_path: str, signum: int = signal.SIGTERM):
         self.step = step
         self.checkpoint_path = checkpoint_path
+        self.exit_status = 128 + signum
+        what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Preempted (SIGTERM)"
         super().__init__(
-            f"Preempted (SIGTERM) at step {step}: checkpoint saved to {checkpoint_path}. "
+            f"{what} at step {step}: checkpoint saved to {checkpoint_path}. "
             "Run the same command again to resume from it."
         )

@@ -111,8 +111,9 @@ def test_evaluation_results_are_written_to_the_bucket(bucket):
     assert str(out_dir) == f"{RUN}/eval_step7"
     assert all(path.exists() for path in paths.values())
     assert paths["png"].read_bytes().startswith(b"\x89PNG")
-    # An evaluation of the same step later does not overwrite these.
-    assert str(evaluation.results_dir(RUN, 7)) == f"{RUN}/eval_step7.2"
+    # A later evaluation of the same step merges its rows into the same folder.
+    evaluation.write_results_atomically(rows[:1], out_dir, task="language_model")
+    assert [row["length"] for row in evaluation.read_results(out_dir)] == [16]
 
 
 def test_the_comparison_reads_and_writes_the_bucket(bucket):

@@ -13,7 +13,7 @@ from helpers.tiny_config import tiny_config
 import jrope
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteLossError
-from jrope.train import setup
+from jrope.train import evaluation, setup
 from jrope.train.checks import readout_problem
 from jrope.train.evaluation import evaluate_checkpoint, weighted_sums
 from jrope.train.outputs import MetricsLogger, first_nonfinite
@@ -157,15 +157,18 @@ def test_train_then_resume_equals_uninterrupted_run(tmp_path):
     assert train_steps == [1, 2, 3, 4]
     assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["2", "4"]
     final_eval = tmp_path / "resumed" / "eval_step4" / "eval.csv"
-    training_results = final_eval.read_text()
+    training_row = evaluation.read_results(final_eval.parent)[0]
     # Evaluating the finished run again (at other lengths) keeps training's results.
     again = evaluate_checkpoint(
         tiny_config(num_steps=4, **overrides, **{"eval.lengths": (8, 16)}),
         str(tmp_path / "resumed"),
     )
     assert [row["length"] for row in again] == [8, 16]
-    assert final_eval.read_text() == training_results
-    assert (tmp_path / "resumed" / "eval_step4.2" / "eval.csv").read_text() != training_results
+    # Its rows join training's in one folder: length 8 added, 16 evaluated again alike.
+    merged = evaluation.read_results(final_eval.parent)
+    assert [row["length"] for row in merged] == [8, 16]
+    assert merged[1]["loss"] == again[1]["loss"] == training_row["loss"]
+    assert not (tmp_path / "resumed" / "eval_step4.2").exists()
 
 
 def test_loss_uses_only_the_class_logits():

@@ -1,9 +1,11 @@
 """Checkpoints: the save, the digests of its arrays, the restore that resumes a run, the workdir lock.
 
-One orbax CheckpointManager per workdir. Each step holds three items:
+One orbax CheckpointManager per workdir. Each step holds four items:
 `state` (step, params, optimizer state: sharded arrays, restored straight
-into an abstract sharded target), `config` (the run's TrainConfig as JSON)
-and `digests` (a fingerprint of every array). Data sources are pure
+into an abstract sharded target), `config` (the run's TrainConfig as JSON),
+`digests` (a fingerprint of every array) and `progress` (the updates skipped
+by opt.nonfinite='skip' so far and in a row at the save: a checkpoint saved
+in the middle of skipped updates is never named as the last good one). Data sources are pure
 functions of the step, so resuming at `step` continues the exact batch
 sequence. A step is saved when it is a multiple of checkpoint.every_steps or
 when forced (the last step, a preemption). Saves are atomic: orbax writes
@@ -11,14 +13,18 @@ when forced (the last step, a preemption). Saves are atomic: orbax writes
 so a killed save leaves a temporary directory that is reported, never listed
 as a step, never deleted. Local folders and buckets (`gs://...`) alike.
 
-Resume takes the latest finished checkpoint. Settings that define the
-parameters or the optimizer state (model shape, encoding, vocabulary,
-clipping on/off) must match the saved config, or the restore stops with the
-keys that differ; other changes (steps, learning rate, mesh: orbax reshards)
-are logged. Any error while reading becomes a CorruptCheckpointError naming
-the checkpoint, and so does damage that reads without error (a flipped bit):
-every restored array's digest must equal the saved one. The message also
-names the latest earlier checkpoint that restores intact.
+Resume takes the latest finished checkpoint. A resume may change only what
+does not change the trained model: the evaluation, logging, checkpoint,
+runtime and mesh settings (orbax reshards), and num_steps under a constant
+learning rate. Any other difference (seed, data, model, encoding, optimizer,
+batch) is refused with the keys that differ, unless named in
+checkpoint.accept_changes; an evaluation refuses only what changes the model
+or the labels of its rows (shapes, encoding, data source, seed). Any error
+while reading becomes a CorruptCheckpointError naming the checkpoint, and so
+does damage that reads without error (a flipped bit): every restored array's
+digest must equal the saved one, and a checkpoint without its digests is
+refused alike unless checkpoint.accept_missing_digests is set. The message
+also names the latest earlier checkpoint that restores intact.
 
 Digest of an array: its bits as uint32 words x_i (16- and 8-bit types
 widened), and modulo 2^32 the sums  sum_i x_i  and  sum_i (2 i + 1) x_i,
@@ -30,9 +36,11 @@ against damage, not a cryptographic hash (benchmarks/checkpoint_digest.py).
 
 One run per workdir: process 0 holds an advisory `flock` on
 `<workdir>/run.lock` for the run's life; the kernel releases it however the
-process ends, and the file's contents (host, pid of the last holder) tell
-the next run it takes over from one that did not end cleanly. Object stores
-have no locks: there the run says so and goes on.
+process ends, and the file's contents (host, pid, role of the last holder)
+tell the next run it takes over from one that did not end cleanly. A
+training run is refused while anything else holds the lock; an evaluation
+waits for another evaluation (saying so) and is refused while a training
+run holds it. Object stores have no locks: there the run says so and goes on.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from jrope.errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     NoCheckpointError,
+    UsageError,
     WorkdirBusy,
 )
 from jrope.train.config import TrainConfig, flatten_dict
@@ -66,6 +75,7 @@ from jrope.train.outputs import say
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
 DIGESTS_ITEM = "digests"
+PROGRESS_ITEM = "progress"
 
 
 class Checkpointer:
@@ -86,7 +96,9 @@ class Checkpointer:
         self._every_steps = every_steps
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
+            self.directory,
+            options=options,
+            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM),
         )
 
     @classmethod
@@ -105,14 +117,24 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step % self._every_steps == 0
 
-    def save(self, step: int, state: Any, *, force: bool = False) -> bool:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        force: bool = False,
+        progress: Mapping[str, int] | None = None,
+    ) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
 
+        progress: {'skipped_steps': updates skipped so far, 'skipped_in_a_row':
+        skipped updates just before this step} (default: none skipped).
         Returns once the arrays are copied off the device, so the caller may
         donate `state` to the next step while the files are written.
         """
         if not (force or self.should_save(step)):
             return False
+        progress = dict(progress or {"skipped_steps": 0, "skipped_in_a_row": 0})
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -120,6 +142,7 @@ class Checkpointer:
                     STATE_ITEM: ocp.args.StandardSave(state),
                     CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
                     DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
+                    PROGRESS_ITEM: ocp.args.JsonSave(progress),
                 }
             ),
             force=True,
@@ -144,6 +167,13 @@ class Checkpointer:
     def restore_digests(self, step: int | None = None) -> dict[str, list[int]]:
         """The array digests saved with checkpoint `step` (default: latest)."""
         return self._restore_json(DIGESTS_ITEM, step)
+
+    def restore_progress(self, step: int | None = None) -> dict[str, int] | None:
+        """The skipped updates saved with checkpoint `step` (Checkpointer.save); None if not saved."""
+        step = self._require_step(step)
+        if not (checkpoint_path(self, step) / PROGRESS_ITEM).exists():
+            return None
+        return self._restore_json(PROGRESS_ITEM, step)
 
     def _restore_json(self, item: str, step: int | None) -> dict[str, Any]:
         step = self._require_step(step)
@@ -234,6 +264,10 @@ PARAMETER_KEYS = (
 PARAMETER_SECTIONS = ("pe",)
 # Data-section fields that set the vocabulary (the embedding's shape).
 VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
+# Sections a resume may change: they do not change the trained model (the mesh only lays it out).
+RESUME_FREE_SECTIONS = ("eval", "log", "checkpoint", "runtime", "mesh")
+# Keys an evaluation refuses beyond the parameter-defining ones: they label its rows.
+EVALUATION_LABEL_KEYS = ("seed", "data.seed")
 
 
 def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
@@ -247,6 +281,47 @@ def describe_latest(checkpointer: Checkpointer) -> str:
     if latest is None:
         return f"none yet in {checkpointer.directory}"
     return f"step {latest} at {checkpoint_path(checkpointer, latest)}"
+
+
+def saved_while_skipping(checkpointer: Checkpointer, step: int) -> bool:
+    """Whether checkpoint `step` was saved while updates were being skipped (opt.nonfinite='skip')."""
+    try:
+        progress = checkpointer.restore_progress(step)
+    except Exception:  # an unreadable record: not offered as good either
+        return True
+    return bool(progress and progress.get("skipped_in_a_row", 0) > 0)
+
+
+def describe_last_good(checkpointer: Checkpointer, skipping_now: bool = False) -> str:
+    """The latest checkpoint saved with no update being skipped, and how to resume from it.
+
+    skipping_now: the run was skipping updates when this is asked (the
+    in-flight save, if any, is then not a good one either).
+    """
+    checkpointer.wait_until_finished()  # the last save is listed (or not) for good
+    steps = finished_steps(checkpointer.directory)
+    bad = [step for step in steps if saved_while_skipping(checkpointer, step)]
+    good = [step for step in steps if step not in bad]
+    if not good:
+        where = (
+            f" ({', '.join(map(str, bad))} were saved while updates were skipped)" if bad else ""
+        )
+        return (
+            f"none in {checkpointer.directory}{where}; start again in a new --workdir, "
+            "or remove those checkpoints"
+        )
+    last = good[-1]
+    later = [step for step in steps if step > last]
+    text = f"step {last} at {checkpoint_path(checkpointer, last)}"
+    if not later:
+        return text
+    aside = checkpointer.directory.parent / "skipped_checkpoints"
+    moves = " ".join(str(checkpoint_path(checkpointer, step)) for step in later)
+    return (
+        f"{text} (later checkpoint(s) {', '.join(map(str, later))} were saved while updates were "
+        f"skipped or after; to resume from step {last}, move them aside: mkdir -p {aside} && "
+        f"mv {moves} {aside}/)"
+    )
 
 
 def finished_steps(directory: str) -> list[int]:
@@ -282,13 +357,22 @@ def restore_or_initialize(
 
 
 def restore_compatible(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, step: int
+    cfg: TrainConfig,
+    checkpointer: Checkpointer,
+    abstract_state: Any,
+    step: int,
+    *,
+    purpose: str = "resume",
 ) -> Any:
     """Checkpoint `step` restored into `abstract_state`, after checking its saved config against `cfg`.
 
+    purpose: 'resume' (training goes on: only settings that leave the trained
+    model alone may differ, config_differences) or 'evaluate' (only the
+    model's shape and encoding, the data source and the seed must match).
     Raises:
-      IncompatibleCheckpointError: the saved config differs in a parameter-defining key.
-      CorruptCheckpointError: the config or the state cannot be read.
+      IncompatibleCheckpointError: the saved config differs in a key `purpose` must keep.
+      CorruptCheckpointError: the config or the state cannot be read, or the
+        digests are missing (unless cfg.checkpoint.accept_missing_digests).
     """
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
@@ -301,15 +385,29 @@ def restore_compatible(
         raise CorruptCheckpointError(
             _unreadable_message(checkpointer, abstract_state, step, "its saved config", err)
         ) from err
-    incompatible, changed = config_differences(saved_config, cfg.to_json_dict())
+    incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
-        raise IncompatibleCheckpointError(
-            f"Checkpoint {path} was written by a run with other parameters: {'; '.join(incompatible)}. "
-            "Resume with the checkpoint's settings, or start a new run with another --workdir "
-            "(nothing was deleted)."
+        raise IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
+    if changed and purpose == "resume":
+        say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
+    if not (path / DIGESTS_ITEM).exists():
+        if not cfg.checkpoint.accept_missing_digests:
+            raise CorruptCheckpointError(
+                f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage "
+                "to its arrays could not be seen: it is refused like a damaged one. Nothing was "
+                f"deleted. {_fallback(checkpointer, abstract_state, step)} To restore it unchecked "
+                "anyway, add --config.checkpoint.accept_missing_digests=True."
+            )
+        say(
+            f"Restoring {path} unchecked (no digests; checkpoint.accept_missing_digests): a NaN "
+            "later may come from damage, not from the learning rate."
         )
-    if changed:
-        logging.warning("Resuming %s with changed settings: %s.", path, "; ".join(changed))
+        try:
+            return checkpointer.restore(abstract_state, step)
+        except Exception as err:
+            raise CorruptCheckpointError(
+                _unreadable_message(checkpointer, abstract_state, step, "its state", err)
+            ) from err
     try:
         state, damaged = _restore_and_compare(checkpointer, abstract_state, step)
     except Exception as err:
@@ -337,30 +435,69 @@ def _restore_and_compare(
 
 
 def config_differences(
-    saved: Mapping[str, Any], current: Mapping[str, Any]
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
-    """Differences between two JSON config dicts as "key: saved value there, current value now" lines.
+    """Differences between two JSON config dicts as "key is <saved> there, <current> now" lines.
 
-    Returns (incompatible, changed): differences in parameter-defining keys,
-    and all the others.
+    purpose: 'evaluate' refuses the parameter-defining keys and the seed;
+    'resume' refuses every key outside RESUME_FREE_SECTIONS (and num_steps
+    under a decaying learning rate) that current's checkpoint.accept_changes
+    does not name.
+    Returns (incompatible, changed): the refused differences, and all the others.
     """
     saved_flat = flatten_dict(json.loads(json.dumps(saved)))
     current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
     parameter_keys = set(PARAMETER_KEYS) | set(VOCABULARY_KEYS)
+    accepted = _accepted_changes(current_flat.get("checkpoint.accept_changes", ""))
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
         if before == now:
             continue
         line = f"{key} is {before!r} there, {now!r} now"
-        if key in parameter_keys or key.split(".")[0] in PARAMETER_SECTIONS:
+        section = key.split(".")[0]
+        if key in parameter_keys or section in PARAMETER_SECTIONS:
             incompatible.append(line)
         elif key == "opt.clip_norm" and (before == 0) != (now == 0):
             # Clipping adds a transformation to the optimizer chain: another state structure.
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
-        else:
+        elif purpose == "evaluate":
+            (incompatible if key in EVALUATION_LABEL_KEYS else changed).append(line)
+        elif section in RESUME_FREE_SECTIONS or key in accepted or section in accepted:
             changed.append(line)
+        elif key == "num_steps" and current_flat.get("opt.schedule") == "constant":
+            changed.append(line)  # a constant learning rate does not depend on the run's length
+        elif key == "num_steps":
+            incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
+        else:
+            incompatible.append(line)
     return incompatible, changed
+
+
+def _accepted_changes(text: Any) -> set[str]:
+    """checkpoint.accept_changes ('opt.learning_rate,seed') as a set of keys and sections."""
+    if isinstance(text, (list, tuple)):
+        return {str(key).strip() for key in text if str(key).strip()}
+    return {key.strip() for key in str(text or "").split(",") if key.strip()}
+
+
+def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: str) -> str:
+    differences = "; ".join(incompatible)
+    if purpose == "evaluate":
+        return (
+            f"Checkpoint {path} was written by a run with other settings of its model, data or "
+            f"seed: {differences}. Evaluate it with the checkpoint's settings (drop these "
+            "overrides, or the --config that sets them); nothing was deleted."
+        )
+    return (
+        f"Checkpoint {path} was written with other settings than this run's, and they change what "
+        f"the trained model and its results mean: {differences}. Resume with the checkpoint's "
+        "settings (only eval, log, checkpoint, runtime and mesh settings may change), or start a "
+        "new run with another --workdir (nothing was deleted). To resume with a changed setting "
+        "anyway (e.g. a lower learning rate after a divergence), name it: "
+        "--config.checkpoint.accept_changes=opt.learning_rate (keys or sections, comma-separated; "
+        "starts.jsonl records each start's settings)."
+    )
 
 
 def _unreadable_message(
@@ -405,11 +542,15 @@ LOCK_FILE = "run.lock"
 class WorkdirLock:
     """Context manager holding `<workdir>/run.lock` (a no-op when `enabled` is False).
 
-    enabled: only one process of a multi-process run takes the lock.
+    role: 'training' (refused while anything holds the lock) or 'evaluation'
+    (waits, saying so, while another evaluation holds it; refused while a
+    training run does). enabled: only one process of a multi-process run
+    takes the lock.
     """
 
-    def __init__(self, workdir: str, *, enabled: bool = True):
+    def __init__(self, workdir: str, *, enabled: bool = True, role: str = "training"):
         self.path = os.path.join(workdir, LOCK_FILE)
+        self.role = role
         self._enabled = enabled and not is_uri(workdir)
         self._file = None
         self.previous_holder: dict | None = None  # a holder that ended without releasing it
@@ -423,24 +564,49 @@ class WorkdirLock:
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
             return self
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        workdir = os.path.dirname(self.path)
+        os.makedirs(workdir, exist_ok=True)
+        if os.path.isdir(self.path):
+            raise UsageError(
+                f"--workdir {workdir}: {self.path} is a directory, where the run keeps its lock "
+                f"file. Remove it (rmdir {self.path}, if it is empty) or choose another --workdir."
+            )
         handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until __exit__)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(handle)
-            handle.close()
-            raise WorkdirBusy(
-                f"Another run is using {os.path.dirname(self.path)}: {describe_holder(holder)} "
-                f"holds {self.path}. Wait for it to end (or stop it), or choose another --workdir."
-            ) from None
+            if self.role != "evaluation" or (holder or {}).get("role") != "evaluation":
+                handle.close()
+                raise WorkdirBusy(self._busy_message(workdir, holder)) from None
+            say(
+                f"Waiting for the evaluation by {describe_holder(holder)} on {workdir} to end "
+                "(one evaluation at a time writes a workdir's results) ..."
+            )
+            fcntl.flock(handle, fcntl.LOCK_EX)
         self.previous_holder = _read_holder(handle)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps(_this_process()) + "\n")
+        handle.write(json.dumps({**_this_process(), "role": self.role}) + "\n")
         handle.flush()
         self._file = handle
         return self
+
+    def _busy_message(self, workdir: str, holder: dict | None) -> str:
+        holding = (holder or {}).get("role", "run")
+        if self.role == "evaluation" and holding == "training":
+            steps = finished_steps(os.path.join(workdir, "checkpoints"))
+            latest = f"its latest checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
+            return (
+                f"A training run is using {workdir} ({describe_holder(holder)} holds "
+                f"{self.path}; {latest}). Evaluate once it has finished (it evaluates its final "
+                "step itself), or stop it first."
+            )
+        return (
+            f"Another {holding if holding != 'run' else 'run'} is using {workdir}: "
+            f"{describe_holder(holder)} holds {self.path}. Wait for it to end (or stop it), or "
+            "choose another --workdir."
+        )
 
     def __exit__(self, *exc_info) -> None:
         if self._file is None:
@@ -474,4 +640,7 @@ def describe_holder(holder: dict | None) -> str:
     """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
     if holder is None:
         return "a process that wrote no details"
-    return f"process {holder['pid']} on {holder['host']} (started {holder['started']})"
+    return (
+        f"process {holder.get('pid', '?')} on {holder.get('host', '?')} "
+        f"(started {holder.get('started', '?')})"
+    )

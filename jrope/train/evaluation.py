@@ -16,9 +16,15 @@ distance), a markdown table and a PNG curve against length
 (jrope.train.outputs), the CSV last: a folder holding `eval.csv` holds a
 whole result. `evaluate_and_report` does both for the trainer and eval.py,
 with the progress per length and the table on the console; a NaN or
-infinite loss is a failure (`check_evaluation`), not a result. Results are
-never overwritten: a folder that holds a whole result is kept and the next
-free name taken (`results_dir`).
+infinite loss is a failure (`check_evaluation`), not a result. One folder per
+step, `eval_step<step>`: a new evaluation merges its rows into what the folder
+holds, by length (and distance), a length evaluated again taking the newer
+row; the files are written into a temporary folder and moved in, the CSV
+last, so a folder never holds half a result. `evaluate_checkpoint` holds the
+workdir's lock as an evaluation (jrope.train.checkpoints.WorkdirLock): two
+evaluations of one workdir take turns, and a training run in it is not
+evaluated behind its back. A length that takes long prints a progress line
+every PROGRESS_INTERVAL_S.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -26,6 +32,8 @@ Shape legend: B batch, T length, V vocabulary, C channels.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +45,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
+from jrope.data.files import is_uri
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError
 from jrope.train import checkpoints, checks, outputs, runtime, setup
@@ -136,6 +145,8 @@ TASK_COLUMNS = {
     "regression": ("loss", "r2"),
 }
 RESULTS_CSV = "eval.csv"  # written last: its presence marks a whole result
+# A length still evaluating after this many seconds reports its progress, and again after as many.
+PROGRESS_INTERVAL_S = 30.0
 
 
 class EvalStep:
@@ -219,11 +230,23 @@ def _result_row(
 ) -> dict[str, Any]:
     """The CSV row of one length (and distance) from its evaluation batches."""
     totals = {}
+    started = last_report = time.perf_counter()
+    num_batches = -(-cfg.eval.num_sequences // cfg.eval.batch_size)
     with jax.set_mesh(mesh):
-        for local_batch in batches:
+        for done, local_batch in enumerate(batches, start=1):
             sums = eval_step(params, setup.global_batch(local_batch, cfg.mesh.rules, mesh))
             for name, value in jax.device_get(sums).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
+            now = time.perf_counter()
+            if now - last_report >= PROGRESS_INTERVAL_S and done < num_batches:
+                last_report = now
+                left = (now - started) / done * (num_batches - done)
+                at = f"length {length}" + ("" if distance is None else f", distance {distance}")
+                say(
+                    f"  {at}: {min(done * cfg.eval.batch_size, cfg.eval.num_sequences)} of "
+                    f"{cfg.eval.num_sequences} sequences in {duration(now - started)}, about "
+                    f"{duration(left)} left"
+                )
     metrics = metrics_from_sums(totals, source.task)
     nan = float("nan")
     return {
@@ -258,7 +281,8 @@ def evaluate_and_report(
     """Evaluate the model of `step` at every length, showing progress; write and show the results.
 
     checkpoint: where the model is saved (for the message of a NaN evaluation).
-    Returns the rows and the results folder (the first free `eval_step<step>[.n]`).
+    Returns this evaluation's rows and the results folder `eval_step<step>`,
+    which then holds them merged with its earlier rows (`merge_rows`).
     Raises NonFiniteEvaluationError, writing nothing, when a loss is NaN or infinite.
     """
     cfg, task = run.cfg, run.source.task
@@ -269,13 +293,63 @@ def evaluate_and_report(
         shown = "  ".join(f"{name} {row[name]:.4f}" for name in TASK_COLUMNS[task])
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
-    rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
-    check_evaluation(rows, step, checkpoint)
-    out_dir = results_dir(workdir, step)
-    if jax.process_index() == 0:
-        write_results(rows, out_dir, task=task)
-    show_results(rows, out_dir, task=task)
+    stopped = (
+        f"the evaluation of step {step} (nothing of it was written; {checkpoint} is untouched): "
+        "run the same command again to evaluate it"
+    )
+    with runtime.activity(stopped):
+        rows = evaluate_lengths(
+            eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show
+        )
+        check_evaluation(rows, step, checkpoint)
+        out_dir = results_dir(workdir, step)
+        earlier = read_results(out_dir) if (out_dir / RESULTS_CSV).exists() else []
+        merged = merge_rows(earlier, rows)
+        if earlier:
+            before, now = {row["length"] for row in earlier}, {row["length"] for row in rows}
+            kept, replaced = sorted(before - now), sorted(before & now)
+            say(
+                f"Merged into {out_dir / RESULTS_CSV}: "
+                + "; ".join(
+                    [f"earlier rows kept at lengths {kept}"] * bool(kept)
+                    + [f"rows replaced by this evaluation's at lengths {replaced}"] * bool(replaced)
+                )
+                + "."
+            )
+        if jax.process_index() == 0:
+            write_results_atomically(merged, out_dir, task=task)
+    show_results(merged, out_dir, task=task)
     return rows, out_dir
+
+
+def merge_rows(
+    earlier: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`earlier` and `new` result rows, one per (length, distance), `new` winning; by length."""
+    by_key = {(row["length"], row["distance"]): row for row in earlier}
+    by_key.update({(row["length"], row["distance"]): row for row in new})
+    return [
+        by_key[key] for key in sorted(by_key, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+    ]
+
+
+def write_results_atomically(
+    rows: Sequence[dict[str, Any]], out_dir: epath.Path, *, task: str
+) -> None:
+    """write_results into a temporary sibling folder, then each file moved into `out_dir`, CSV last.
+
+    A local folder is then never seen holding a part of the rows; on an object
+    store (no rename) the files are written in place, the CSV last.
+    """
+    if is_uri(str(out_dir)):
+        write_results(rows, out_dir, task=task)
+        return
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    paths = write_results(rows, staging, task=task)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("png", "md", "csv"):
+        os.replace(paths[name], out_dir / f"eval.{name}")
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def show_results(rows: Sequence[dict[str, Any]], out_dir: epath.PathLike, *, task: str) -> None:
@@ -290,8 +364,9 @@ def evaluate_checkpoint(
     """Evaluate the checkpoint `step` (default: latest) of `workdir` at `cfg.eval.lengths`.
 
     config: a TrainConfig, or the ConfigDict to convert (checked in the same pass).
-    Writes `<workdir>/eval_step<step>/eval.{csv,md,png}` (or, when that holds
-    a result, the first free `eval_step<step>.<n>`) and returns the rows.
+    Merges its rows into `<workdir>/eval_step<step>/eval.{csv,md,png}`
+    (evaluate_and_report) and returns them. Holds the workdir's lock as an
+    evaluation: waits for another evaluation, WorkdirBusy while training runs.
     Raises ConfigError before compiling anything when the config does not fit
     the machine or the workdir holds no checkpoint, and
     checkpoints.IncompatibleCheckpointError / CorruptCheckpointError for a
@@ -300,36 +375,31 @@ def evaluate_checkpoint(
     checked = checks.check_evaluation_run(config, workdir)
     cfg = checked.cfg
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    run = set_up_run(cfg, source=checked.source)
-    checkpointer = Checkpointer.for_run(cfg, workdir)
-    step = checkpointer.latest_step() if step is None else step
-    state = checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, step)
-    checkpointer.close()
-    rows, _ = evaluate_and_report(
-        EvalStep(run),
-        state["params"],
-        run,
-        workdir,
-        step,
-        str(checkpoints.checkpoint_path(checkpointer, step)),
-    )
+    with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
+        run = set_up_run(cfg, source=checked.source)
+        checkpointer = Checkpointer.for_run(cfg, workdir)
+        step = checkpointer.latest_step() if step is None else step
+        try:
+            state = checkpoints.restore_compatible(
+                cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
+            )
+        finally:
+            checkpointer.close()
+        rows, _ = evaluate_and_report(
+            EvalStep(run),
+            state["params"],
+            run,
+            workdir,
+            step,
+            str(checkpoints.checkpoint_path(checkpointer, step)),
+        )
     return rows
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
-    """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`.
-
-    A whole result already there (training's final evaluation, or an earlier
-    evaluation, perhaps at other lengths) is left alone and the first
-    `eval_step<step>.<n>`, n = 2, 3, ..., without one is returned instead. (A
-    folder without its CSV holds a result cut short, and is written again.)
-    """
-    base = epath.Path(workdir) / f"eval_step{step}"
-    path, n = base, 1
-    while (path / RESULTS_CSV).exists():
-        n += 1
-        path = base.parent / f"{base.name}.{n}"
-    return path
+    """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>` (merged, see
+    evaluate_and_report)."""
+    return epath.Path(workdir) / f"eval_step{step}"
 
 
 def finished_results(workdir: str, step: int) -> epath.Path | None:

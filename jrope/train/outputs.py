@@ -103,7 +103,7 @@ class MetricsLogger:
 
     Args:
       workdir: directory for `metrics.jsonl` and `tensorboard/` (local, or a
-        bucket: jrope.train.outputs).
+        bucket).
       every_steps: logging interval.
       num_steps: total steps of the run (for the time left).
       tensorboard: whether to write TensorBoard event files.
@@ -162,6 +162,14 @@ class MetricsLogger:
             self._read(*pending)
         if self._jsonl is not None:
             self._jsonl.flush()  # on a bucket: the log catches up with the checkpoint
+
+    @property
+    def skip_progress(self) -> dict[str, int]:
+        """Updates skipped so far and in a row up to the last step read (a checkpoint records it)."""
+        return {
+            "skipped_steps": self._skipped_steps,
+            "skipped_in_a_row": len(self._skipped_in_a_row),
+        }
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
         """Log named scalars (e.g. evaluation results) at `step`."""
@@ -429,7 +437,7 @@ class Throughput:
     """What turns a step rate into tokens/s and MFU.
 
     tokens_per_step: global batch x training length.
-    model_flops_per_step: jrope.train.outputs' count for the config.
+    model_flops_per_step: the count of `model_flops_per_step` for the config.
     peak_flops_per_sec: all devices together; None when unknown (no MFU).
     """
 

@@ -50,10 +50,12 @@ import os
 import pathlib
 import pkgutil
 import re
+import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -153,13 +155,34 @@ def _parse_flags(argv: list[str], *, config_flag: str, usage: str | None) -> lis
         return flags.FLAGS(argv)
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
         problems = _unknown_keys(argv, config_flag)
-        text = "\n".join(problems) if problems else _first_line(error)
+        text = "\n".join(problems) if problems else _config_file_error(error, argv, config_flag)
         required = re.search(r"Flag --(\w+) must have a value other than None", text)
         if required:
             text = (
                 f"--{required.group(1)} is required; give it a value (--{required.group(1)}=...)."
             )
         _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
+
+
+def _config_file_error(error: BaseException, argv: list[str], config_flag: str) -> str:
+    """absl's first line, or what the config file itself raised, with the file's line."""
+    path = run_config.config_argument(argv, config_flag)
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    if cause is error or not path:
+        return _first_line(error)
+    config_file = os.path.abspath(path.split(":")[0])
+    lines = [
+        frame
+        for frame in traceback.extract_tb(cause.__traceback__)
+        if os.path.abspath(frame.filename) == config_file
+    ]
+    where = f", line {lines[-1].lineno}: {lines[-1].line}" if lines else ""
+    return (
+        f"The config file {path} raised {type(cause).__name__}: {_first_line(cause)}{where}. "
+        "Fix the file (--verbose shows the traceback)."
+    )
 
 
 def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
@@ -178,13 +201,70 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
             handler.addFilter(_hide_abandoned_task_records)
         sys.excepthook = _excepthook_without_closed_loop_noise
         sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
+    _stop_on_sigterm()
     try:
         main(argv)
+    except (KeyboardInterrupt, Stopped) as error:
+        signum = error.signum if isinstance(error, Stopped) else signal.SIGINT
+        _fail(stop_message(signum), 128 + signum, error)
     except Exception as error:
         code = exit_code(error)
         if code is None:
             raise
         _fail(message(error), code, error)
+
+
+class Stopped(BaseException):
+    """SIGTERM outside the train loop (which saves its step instead): ends the command at once.
+
+    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM raises Stopped in the main thread, so the command ends with one line that says so.
+
+    The train loop replaces the handler while it runs (jrope.train.trainer);
+    a multi-process run's coordination service replaces it with its own.
+    """
+
+    def stop(signum, frame):
+        del frame
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+_ACTIVITIES: list[str] = []
+
+
+@contextmanager
+def activity(description: str) -> Iterator[None]:
+    """Names what the command is doing, for the message of a SIGTERM or Ctrl-C that stops it.
+
+    description: what is being done and what to do after a stop, e.g. "the
+    evaluation of step 12 (nothing of it was written): run the same command again".
+    """
+    _ACTIVITIES.append(description)
+    try:
+        yield
+    finally:
+        _ACTIVITIES.remove(description)
+
+
+def stop_message(signum: int) -> str:
+    """The one line for a command stopped by `signum` outside the train loop."""
+    what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Stopped by SIGTERM"
+    if _ACTIVITIES:
+        return f"{what} during {_ACTIVITIES[-1]}."
+    return (
+        f"{what}. Nothing is half-written: a run resumes from its latest checkpoint when the "
+        "same command is run again."
+    )
 
 
 def _set_log_level(name: str) -> None:

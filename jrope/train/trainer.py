@@ -26,11 +26,13 @@ trip, no recompilation); the step counter still advances, so the data move
 on exactly as in an uninterrupted run, and the metric 'skipped' marks such
 steps until opt.max_consecutive_skips come in a row.
 
-Preemption: schedulers send SIGTERM before they take a machine. The loop asks
+Preemption: schedulers send SIGTERM before they take a machine, and a person
+at the console presses Ctrl-C (SIGINT). The loop asks
 `PreemptionWatch.reached(step)` once per step; on True it saves that step,
-waits for the write and raises TrainingPreempted; the next start resumes
-there. One process: the handler only sets a flag (a handler runs between two
-bytecodes, possibly inside a JAX call or a checkpoint write). Several: JAX's
+waits for the write and raises TrainingPreempted (status 143, or 130 for
+Ctrl-C); the next start resumes there. One process: the handler only sets a
+flag (a handler runs between two bytecodes, possibly inside a JAX call or a
+checkpoint write); a second Ctrl-C stops at once (jrope.train.runtime). Several: JAX's
 coordination service catches SIGTERM on every host and agrees on a step all
 reach (`multihost_utils.reached_preemption_sync_point`); no Python handler is
 installed then, it would replace the service's own.
@@ -85,33 +87,39 @@ class PreemptionWatch:
     Every process must call `reached` at every step, from the same first step.
     """
 
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self):
-        self._requested = False
-        self._previous_handler = None
+        self.signum: int | None = None  # the signal that asked to stop
+        self._previous_handlers: dict[int, Any] = {}
         self._multiprocess = False
 
     def __enter__(self) -> PreemptionWatch:
         self._multiprocess = jax.process_count() > 1
         # signal.signal works only in the main thread; elsewhere (a library
-        # caller's worker thread) SIGTERM keeps its default action.
+        # caller's worker thread) the signals keep their default action.
         if not self._multiprocess and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for signum in self.SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
     def reached(self, step: int) -> bool:
         """Whether `step` is the step at which to save and stop."""
         if self._multiprocess:
-            return multihost_utils.reached_preemption_sync_point(step)
-        return self._requested
+            if multihost_utils.reached_preemption_sync_point(step):
+                self.signum = signal.SIGTERM
+        return self.signum is not None
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        del signum, frame
-        self._requested = True
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the save
+        self.signum = signum
 
 
 def keep_previous_if_nonfinite(
@@ -159,7 +167,7 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
     Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
     for regression), 'accuracy' (or 'r2' for regression), 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
-    opt.nonfinite = 'skip' also 'skipped' (jrope.train.trainer).
+    opt.nonfinite = 'skip' also 'skipped' (`keep_previous_if_nonfinite`).
     """
     cfg, layout, mesh = run.cfg, run.layout, run.mesh
     task, num_classes = run.source.task, run.source.num_classes
@@ -223,7 +231,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
         the workdir or the data (before anything is built).
       WorkdirBusy: another run holds the workdir.
       CorruptCheckpointError, IncompatibleCheckpointError: the checkpoint to resume from.
-      TrainingPreempted: SIGTERM arrived; the current step was checkpointed.
+      TrainingPreempted: SIGTERM or SIGINT arrived; the current step was checkpointed.
       NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite =
         'stop'), or too many steps in a row were ('skip'); NonFiniteEvaluationError.
       RunIOError: the storage failed (disk full, ...); the last good checkpoint is named.
@@ -281,7 +289,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         every_steps=cfg.log.every_steps,
         num_steps=cfg.num_steps,
         tensorboard=cfg.log.tensorboard,
-        last_checkpoint=lambda: checkpoints.describe_latest(checkpointer),
+        last_checkpoint=lambda: checkpoints.describe_last_good(checkpointer),
         is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=Throughput.for_run(cfg, model_io(run.source), devices),
@@ -309,7 +317,11 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         return rows, out_dir
 
     state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
-    rows, out_dir = evaluate(state, cfg.num_steps)
+    with runtime.activity(
+        f"the final evaluation of step {cfg.num_steps} (its checkpoint is saved; nothing of the "
+        "evaluation was written): run the same command again to evaluate it"
+    ):
+        rows, out_dir = evaluate(state, cfg.num_steps)
     logger.close()
     checkpointer.wait_until_finished()
     _show_outputs(workdir, cfg, out_dir)
@@ -348,11 +360,15 @@ def _train_steps(
             if is_last or preempted or checkpointer.should_save(done):
                 # never checkpoint a state whose loss is not yet known to be finite
                 logger.flush()
-                checkpointer.save(done, state, force=is_last or preempted)
+                checkpointer.save(
+                    done, state, force=is_last or preempted, progress=logger.skip_progress
+                )
             if preempted:
                 checkpointer.wait_until_finished()
                 logger.close()
-                raise TrainingPreempted(done, checkpoints.checkpoint_path(checkpointer, done))
+                raise TrainingPreempted(
+                    done, checkpoints.checkpoint_path(checkpointer, done), preemption.signum
+                )
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
                 evaluate(state, done)
     return state
