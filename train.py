@@ -12,7 +12,6 @@ traceback). Multi-process runs (one process per host) add --multiprocess, or
 (jrope.train.setup).
 """
 
-import shlex
 import sys
 
 from absl import app, flags
@@ -33,30 +32,13 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
-    from jrope.train.outputs import say
+    from jrope.train.outputs import next_commands, say
     from jrope.train.trainer import train_and_evaluate
 
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    say(_next_commands(sys.argv, [row["length"] for row in result["eval"]]))
-
-
-def _next_commands(argv: list[str], lengths: list[int]) -> str:
-    """What to run next, as commands the user can paste: the same config and overrides."""
-    config_args = [arg for arg in argv[1:] if arg.startswith(("--config", "-config"))]
-    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = shlex.join(
-        ["python", "eval.py", *config_args, f"--workdir={_WORKDIR.value}"]
-        + [f"--config.eval.lengths=({longer})"]
-    )
-    files = [arg for arg in config_args if not arg.startswith(("--config.", "-config."))]
-    compare = shlex.join(
-        ["python", "-m", "jrope.compare", *files, "--methods=rope,jordan_rope", "--seeds=0,1"]
-        + [f"--workdir={_WORKDIR.value.rstrip('/')}_compare"]
-    )
-    return (
-        f"Next, evaluate at more lengths:\n  {evaluate}\n"
-        f"or compare encodings over seeds:\n  {compare}"
-    )
+    rows = [row for row in result["eval"] if row["distance"] is None]
+    lengths = [row["length"] for row in rows]
+    say(next_commands(sys.argv, _WORKDIR.value, rows[0]["method"], lengths))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -205,3 +206,77 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
     tokens = cfg.batch_size * cfg.pe.train_context
     flops = model_flops_per_step(cfg, input_channels=channels_in, output_channels=channels_out)
     assert flops["dense"] == 6 * matmul_params * tokens
+
+
+def _pasted(command_line: str) -> list[str]:
+    import shlex
+
+    return shlex.split(command_line.strip())
+
+
+def test_next_commands_keep_the_run_s_overrides_and_flags_each_once():
+    argv = [
+        "train.py",
+        "--config=configs/wikitext_cpu.py",
+        "--config.data.source=text",
+        "--config.data.path",  # absl's two-argument form
+        "train.txt",
+        "--config.pe.name=jordan_exact_scaled",
+        "--config.eval.lengths=(8,16)",
+        "--config.seed=3",
+        "--workdir=runs/one/",
+        "--log_level=info",
+        "--config.data.source=text",
+        "--multiprocess",
+    ]
+    text = outputs.next_commands(argv, "runs/one/", "jordan_exact_scaled", [8, 16])
+    evaluate, compare = [_pasted(line) for line in text.splitlines() if line.startswith("  ")]
+    # The evaluation reads the config from the checkpoint: no --config, one eval.lengths.
+    assert evaluate[:2] == ["python", "eval.py"]
+    assert not [arg for arg in evaluate if arg.startswith("--config=")]
+    assert [arg for arg in evaluate if "eval.lengths" in arg] == ["--config.eval.lengths=(8,16,32)"]
+    assert {"--workdir=runs/one/", "--log_level=info", "--multiprocess"} <= set(evaluate)
+    # The comparison: the config file and the overrides it does not vary, each flag once.
+    assert compare[:3] == ["python", "-m", "jrope.compare"]
+    assert "--config=configs/wikitext_cpu.py" in compare
+    assert "--config.data.path=train.txt" in compare
+    assert compare.count("--config.data.source=text") == 1
+    assert not [arg for arg in compare if arg.startswith(("--config.pe.name", "--config.seed"))]
+    assert {"--log_level=info", "--multiprocess", "--seeds=0,1"} <= set(compare)
+    assert "--methods=rope,jordan_exact_scaled" in compare
+    names = [arg.split("=")[0] for arg in compare[3:]]
+    assert len(names) == len(set(names)), compare
+    # A sibling of the run's workdir, not a folder inside it.
+    assert "--workdir=runs/one_compare" in compare
+
+
+def test_a_rope_run_is_compared_with_jordan_rope():
+    text = outputs.next_commands(["train.py", "--config=c.py", "--workdir=w"], "w", "rope", [8])
+    assert "--methods=rope,jordan_rope" in text
+
+
+def test_the_tensorboard_hint_names_what_to_install_when_it_is_missing(monkeypatch):
+    import importlib.util
+
+    assert outputs.tensorboard_command("runs/a b").startswith("tensorboard --logdir='runs/a b'")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name)
+    )
+    assert "pip install tensorboard" in outputs.tensorboard_command("runs/x")
+
+
+def test_the_start_record_names_the_code_version_and_its_commit():
+    import subprocess
+
+    record = outputs.start_record(tiny_config(), 0)["jrope"]
+    assert record["version"] != "not installed"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(outputs.__file__))))
+    try:
+        head = subprocess.run(
+            ["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        assert "commit" not in record  # an installed copy: no checkout to name
+        return
+    assert record["commit"] == head and isinstance(record["clean"], bool)

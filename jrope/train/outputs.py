@@ -31,8 +31,13 @@ the compute dtype (float32 matmuls run as bfloat16 passes on TPUs and as TF32
 on NVIDIA GPUs since Ampere); CPUs and unknown kinds get tokens/s only.
 
 `starts.jsonl` gets one record per start of a training run (time, host,
-command line, step, library versions, devices, the resolved config), never
-rewritten, so it also tells when settings changed on a resume.
+command line, step, the jrope version and, from a git checkout, its commit
+and whether the tree had uncommitted changes, library versions, devices, the
+resolved config), never rewritten, so it also tells when settings changed on
+a resume.
+
+`next_commands`: what to run after a run, as commands that can be pasted:
+the run's own overrides and process flags, each flag once.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.metadata
+import importlib.util
 import io
 import json
 import math
 import os
 import platform
+import shlex
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -548,6 +556,7 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
         "command": [sys.executable, *sys.argv],
         "cwd": os.getcwd(),
         "start_step": start_step,
+        "jrope": code_version(),
         "versions": {"python": platform.python_version(), **_package_versions()},
         "devices": {
             "platform": devices[0].platform,
@@ -565,6 +574,34 @@ def append_start_record(workdir: str, record: dict[str, Any]) -> epath.Path:
     earlier = path.read_text() if path.exists() else ""
     path.write_text(earlier + json.dumps(record) + "\n")  # whole-file writes work on object stores
     return path
+
+
+def code_version() -> dict[str, Any]:
+    """{'version': jrope's}, plus 'commit' and 'clean' (no uncommitted changes to tracked files)
+    when the imported jrope lies in a git checkout."""
+    record: dict[str, Any] = {"version": _jrope_version()}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        commit = _git(root, "rev-parse", "HEAD")
+        changes = _git(root, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):  # not a checkout, or no git
+        return record
+    record.update(commit=commit, clean=not changes)
+    return record
+
+
+def _jrope_version() -> str:
+    try:
+        return importlib.metadata.version("jrope")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(root: str, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", root, *args], capture_output=True, text=True, timeout=10, check=True
+    )
+    return done.stdout.strip()
 
 
 def _package_versions() -> dict[str, str]:
@@ -714,3 +751,94 @@ def uri_problem(
             f"create it (gcloud storage buckets create {bucket}) or fix the name."
         )
     return None
+
+
+# Flags that tell a command where to work or what to compare: each next command sets its own.
+_OWN_FLAGS = ("workdir", "methods", "seeds")
+
+
+def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
+    """What to run after a training run, as commands to paste (POSIX shell quoting).
+
+    argv: the run's command line (sys.argv); method: its pe.name; lengths:
+    the lengths it was evaluated at. The evaluation reads the run's config
+    from its checkpoint, so it takes the process and logging flags only, and
+    the next longer length; the comparison takes the config file, every
+    override but pe.name and seed (which it varies), the same flags, and a
+    workdir beside the run's.
+    """
+    config_file, overrides, other_flags = _split_command_line(argv[1:])
+    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
+    evaluate = [
+        "python",
+        "eval.py",
+        f"--workdir={workdir}",
+        *other_flags,
+        f"--config.eval.lengths=({longer})",
+    ]
+    methods = ["rope", method if method != "rope" else "jordan_rope"]
+    varied = ("pe.name", "seed")
+    compare = [
+        "python",
+        "-m",
+        "jrope.compare",
+        *([config_file] if config_file else []),
+        *(arg for key, arg in overrides if key not in varied),
+        *other_flags,
+        f"--methods={','.join(methods)}",
+        "--seeds=0,1",
+        f"--workdir={comparison_workdir(workdir)}",
+    ]
+    return (
+        f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
+        f"or compare encodings over seeds:\n  {shlex.join(compare)}"
+    )
+
+
+def tensorboard_command(workdir: str) -> str:
+    """The command that shows the run's curves, with what to install where TensorBoard is missing
+    (the tpu, cuda12 and gcs extras do not bring it; the dev extra does)."""
+    command = f"tensorboard --logdir={shlex.quote(workdir)}"
+    if importlib.util.find_spec("tensorboard") is None:
+        command += "  (TensorBoard is not installed here: pip install tensorboard)"
+    return command
+
+
+def comparison_workdir(workdir: str) -> str:
+    """A folder beside `workdir` for a comparison: runs/quickstart -> runs/quickstart_compare."""
+    trimmed = workdir.rstrip("/") or workdir
+    return f"{trimmed}_compare"
+
+
+def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+    """(the --config=FILE argument, [(key, --config.key=value)], the other flags), each as one
+    `--name=value` argument; of a repeated flag or key, the last one is kept."""
+    joined = []
+    for arg in args:
+        # `--name value` (absl accepts it): the value joins its flag. Flags take no positionals.
+        if (
+            joined
+            and not arg.startswith("-")
+            and joined[-1].startswith("-")
+            and "=" not in joined[-1]
+        ):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    config_file, overrides, others = None, {}, {}
+    for arg in joined:
+        name = arg.lstrip("-").split("=", 1)[0]
+        key = name.removeprefix("no") if name.startswith("noconfig.") else name
+        if key.startswith("config."):
+            overrides.pop(key, None)
+            overrides[key] = arg
+        elif name == "config":
+            config_file = arg
+        elif name not in _OWN_FLAGS:
+            others.pop(name, None)
+            others[name] = arg
+    return (
+        config_file,
+        [(key.removeprefix("config."), arg) for key, arg in overrides.items()],
+        list(others.values()),
+    )

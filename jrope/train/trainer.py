@@ -383,5 +383,5 @@ def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
         f"{outputs.RECORD_FILE}  config, command line, versions and devices of each start",
     ]
     if cfg.log.tensorboard:
-        lines.append(f"tensorboard/  event files: tensorboard --logdir={workdir}")
+        lines.append(f"tensorboard/  event files: {outputs.tensorboard_command(workdir)}")
     say(f"Outputs in {workdir}:\n" + "\n".join(f"  {line}" for line in lines))

@@ -1,0 +1,73 @@
+"""The config saved with a run's latest checkpoint, loadable as an ml_collections config file.
+
+    python eval.py --workdir=DIR --config.eval.lengths='(256,512,4096)'
+
+eval.py without --config adds `--config=<this file>:DIR`, so the
+`--config.<key>=<value>` overrides apply to the run's own config as to any
+config file (with the same type checks and the same names for an unknown key).
+
+Every checkpoint keeps the config of the run that wrote it
+(jrope.train.checkpoints: the `config` item, which orbax writes as JSON in
+`<step>/config/metadata`). It is read as a file, without orbax's manager,
+so that no JAX backend starts before a multi-process run's processes have
+found each other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from etils import epath
+from ml_collections import config_dict
+
+from jrope.data.files import resolved
+
+CHECKPOINTS_FOLDER = "checkpoints"
+_CONFIG_FILE = ("config", "metadata")
+
+
+def get_config(workdir: str) -> config_dict.ConfigDict:
+    """The config of the latest finished checkpoint in `workdir` (lists as tuples, as configs write them).
+
+    Raises FileNotFoundError naming what is missing and what to do.
+    """
+    step, path = latest_saved_config(workdir)
+    if path is None:
+        raise FileNotFoundError(no_saved_config_message(workdir))
+    return config_dict.ConfigDict(_with_tuples(json.loads(path.read_text())))
+
+
+def latest_saved_config(workdir: str) -> tuple[int | None, epath.Path | None]:
+    """(step, path of its saved config) of the latest finished checkpoint in `workdir`, or (None, None).
+
+    A checkpoint is finished when orbax has renamed it to its step number (a
+    save in progress has another name).
+    """
+    folder = resolved(workdir) / CHECKPOINTS_FOLDER
+    if not folder.is_dir():
+        return None, None
+    steps = sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
+    for step in reversed(steps):
+        path = folder.joinpath(str(step), *_CONFIG_FILE)
+        if path.exists():
+            return step, path
+    return None, None
+
+
+def no_saved_config_message(workdir: str) -> str:
+    return (
+        f"--workdir {resolved(workdir)} holds no finished checkpoint with its config "
+        f"({CHECKPOINTS_FOLDER}/<step>/{'/'.join(_CONFIG_FILE)}): point --workdir at a trained "
+        "run, or pass the experiment's config (--config=configs/<experiment>.py; a kernel probe "
+        "always needs it)."
+    )
+
+
+def _with_tuples(value: Any) -> Any:
+    """JSON's lists as tuples, recursively (the configs' sequences are tuples)."""
+    if isinstance(value, dict):
+        return {key: _with_tuples(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_with_tuples(item) for item in value)
+    return value
