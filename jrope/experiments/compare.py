@@ -54,8 +54,10 @@ def run_comparison(
 ) -> list[dict]:
     """Checks every (method, seed), trains those not yet finished, then writes the comparison files.
 
-    Raises ConfigError (DataError) listing every problem of every run before any trains.
+    Raises ConfigError (DataError) listing every problem of every run before any
+    trains; UsageError for no methods or seeds, or a repeated one (comparison_axes).
     """
+    methods, seeds = comparison_axes(methods, [str(seed) for seed in seeds])
     runs = {
         (method, seed): (
             _run_config(config, method, seed),
@@ -214,16 +216,35 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
 def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    if not _METHODS.value:
-        raise UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
-    try:
-        seeds = [int(seed) for seed in _SEEDS.value]
-    except ValueError:
-        raise UsageError(
-            f"--seeds must be integers, e.g. --seeds=0,1,2; got {_SEEDS.value}."
-        ) from None
+    methods, seeds = comparison_axes(_METHODS.value, _SEEDS.value)
     setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    run_comparison(_CONFIG.value, _METHODS.value, seeds, _WORKDIR.value)
+    run_comparison(_CONFIG.value, methods, seeds, _WORKDIR.value)
+
+
+def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tuple[list, list]:
+    """(methods, int seeds) from the flags' lists; UsageError for an empty list or a repeat.
+
+    A repeated method or seed would train once and count twice in the means.
+    """
+    methods = [method.strip() for method in methods or () if method.strip()]
+    if not methods:
+        raise UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
+    seed_texts = [seed.strip() for seed in seeds if seed.strip()]
+    if not seed_texts:
+        raise UsageError("--seeds is empty; give at least one seed, e.g. --seeds=0,1,2.")
+    try:
+        int_seeds = [int(seed) for seed in seed_texts]
+    except ValueError:
+        raise UsageError(f"--seeds must be integers, e.g. --seeds=0,1,2; got {seeds}.") from None
+    for flag, values in (("--methods", methods), ("--seeds", int_seeds)):
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            unique = ",".join(str(v) for v in dict.fromkeys(values))
+            raise UsageError(
+                f"{flag} lists {', '.join(repeated)} more than once; a comparison runs each once "
+                f"(a repeat would count one run twice in the means): use {flag}={unique}."
+            )
+    return methods, int_seeds
 
 
 def run_main() -> None:

@@ -26,11 +26,13 @@ import jax
 from absl import logging
 from jax.sharding import Mesh
 
+from jrope.attention import choose_kernel
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
-from jrope.errors import CorruptCheckpointError, GenerationError
+from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
+from jrope.model import kv_cache
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import setup
+from jrope.train import checks, setup
 from jrope.train.checkpoints import (
     Checkpointer,
     checkpoint_path,
@@ -55,11 +57,22 @@ class TextRun:
     params: Any
     mesh: Mesh
 
-    def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
-        """The text generated after each prompt (bytes decoded as UTF-8 with replacement)."""
+    def generate(
+        self, prompts: Sequence[str], settings: GenerationSettings, memory_bytes: int | None = -1
+    ) -> list[str]:
+        """The text generated after each prompt (bytes decoded as UTF-8 with replacement).
+
+        memory_bytes: what the generation may use (default: the machine's, as
+        jrope.train.checks finds it; None: unchecked). Raises
+        GenerationRequestError before generating when --num_tokens does not fit.
+        """
         vocab_size = self.cfg.data.vocab_size
+        encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
+        if memory_bytes == -1:
+            memory_bytes = checks.RunEnvironment.detect().memory_bytes
+        check_request(self.cfg, settings, encoded, memory_bytes, self.mesh)
         generator = Generator(self.graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
-        rows = generator(self.params, [encode_text(prompt, vocab_size) for prompt in prompts])
+        rows = generator(self.params, encoded)
         return [decode_tokens(row, vocab_size) for row in rows]
 
     def byte_token(self, byte: int) -> int:
@@ -104,6 +117,65 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         checkpointer.close()
     logging.info("Loaded %s (%s, step %d).", path, cfg.pe.name, step)
     return TextRun(cfg, step, layout.graphdef, state["params"], mesh)
+
+
+def generation_bytes(
+    cfg: TrainConfig, rows: int, length: int, use_cache: bool, platform: str
+) -> int:
+    """Bytes that generating up to `length` positions for `rows` prompts holds (an estimate).
+
+    With the cache: float32 keys and values of every layer [rows, length,
+    d_model] each, and one forward over the prompt (bounded by the whole
+    length). Without: one forward over the whole sequence, for every token.
+    """
+    kernel = choose_kernel(cfg.model, cfg.encoding, length=length, backend=platform)
+    forward = checks.forward_bytes(cfg, rows, length, cfg.data.vocab_size, kernel)
+    if not use_cache:
+        return forward
+    cache = 2 * cfg.model.num_layers * rows * length * cfg.model.d_model * 4
+    return cache + forward
+
+
+def check_request(
+    cfg: TrainConfig,
+    settings: GenerationSettings,
+    prompts: Sequence[Sequence[int]],
+    memory_bytes: int | None,
+    mesh: Mesh,
+) -> None:
+    """GenerationRequestError naming --num_tokens and the most that fits, when it does not.
+
+    Positions must stay inside int32 (the cache's empty marker is its largest
+    value), and the generation must fit in half of `memory_bytes` (None: not checked).
+    """
+    prompt = max(len(tokens) for tokens in prompts)
+    # The last new token's position is offset + prompt + num_tokens - 1; kv_cache.EMPTY is reserved.
+    most_positions = kv_cache.EMPTY - 1 - prompt - settings.position_offset
+    if settings.num_tokens > most_positions:
+        raise GenerationRequestError(
+            f"--num_tokens={settings.num_tokens} after a prompt of {prompt} bytes at "
+            f"--position_offset={settings.position_offset} puts positions past the int32 range; "
+            f"at most {max(most_positions, 0)} new tokens fit there."
+        )
+    if memory_bytes is None:
+        return
+    budget = checks.PLAIN_ATTENTION_MEMORY_FRACTION * memory_bytes
+    rows, platform = len(prompts), mesh.devices.flat[0].platform
+
+    def fits(num_tokens: int) -> bool:
+        length = prompt + num_tokens
+        return generation_bytes(cfg, rows, length, settings.use_cache, platform) <= budget
+
+    if fits(settings.num_tokens):
+        return
+    most = checks.largest_fitting(fits, settings.num_tokens)
+    needed = generation_bytes(cfg, rows, prompt + settings.num_tokens, settings.use_cache, platform)
+    raise GenerationRequestError(
+        f"--num_tokens={settings.num_tokens} for {rows} prompt(s) of up to {prompt} bytes needs "
+        f"about {needed / 2**30:.1f} GiB ({'the KV cache and a forward' if settings.use_cache else 'a full forward per token'}), "
+        f"more than half of the {memory_bytes / 2**30:.1f} GiB available; at most {most} new "
+        "tokens fit" + ("" if most else " (not even one: use a shorter prompt)") + "."
+    )
 
 
 def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:

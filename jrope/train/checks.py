@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -105,13 +105,17 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
             problems.append(str(err))
     if sizes is not None and cfg.batch_size is not None:
         problems += _batch_problems(cfg, env, sizes)
+    attention_problems = []
     if cfg.model is not None and cfg.eval is not None and cfg.pe is not None:
-        problems += _attention_problems(cfg, env, sizes)
+        attention_problems = _attention_problems(cfg, env, sizes)
+        problems += attention_problems
     workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
     problems += workdir_problems
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
         problems += _steps_problems(cfg, workdir)
     source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
+    if source is not None and cfg.model is not None and not attention_problems:
+        problems += _forward_memory_problems(cfg, env, sizes, _outputs_per_position(source))
     if source is not None and cfg.model is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
@@ -186,6 +190,79 @@ def _attention_problems(cfg: TrainConfig, env: RunEnvironment, sizes) -> list[st
                 f"model.block_size={cfg.model.block_size}) or "
                 f"--config.model.blockwise_min_length={length}, or lower eval.batch_size."
             ]  # longer lengths only need more
+    return []
+
+
+# Float32 [rows, length, d_model]-sized tensors alive at once in one block of a forward
+# (residual stream, normalised input, q, k, v, attention output), beside the MLP's two
+# [rows, length, mlp_ratio * d_model] tensors; the output logits and their log-softmax.
+_STREAM_TENSORS = 6
+_MLP_TENSORS = 2
+_LOGIT_TENSORS = 2
+
+
+def forward_bytes(cfg: TrainConfig, rows: int, length: int, outputs: int, kernel: str) -> int:
+    """Bytes of the activations of one forward of `rows` sequences of `length` (an estimate).
+
+    outputs: the model's outputs per position (vocabulary, or regression
+    channels); kernel: the attention kernel at this length (jrope.attention).
+    Float32 throughout; blockwise kernels hold [rows, heads, length, block]
+    scores, the plain ones [rows, heads, length, length] and their softmax.
+    """
+    model = cfg.model
+    read_out = 1 if model.readout == "last" else length
+    stream = rows * length * model.d_model * (_STREAM_TENSORS + _MLP_TENSORS * model.mlp_ratio)
+    logits = rows * read_out * outputs * _LOGIT_TENSORS
+    keys = min(length, model.block_size) if kernel in MEMORY_LINEAR_KERNELS else length
+    scores = 2 * rows * model.num_heads * length * keys
+    batch = 3 * rows * length  # inputs, targets, weights
+    return 4 * (stream + logits + scores + batch)
+
+
+def largest_fitting(fits: Callable[[int], bool], largest: int) -> int:
+    """The largest n in 1..largest with fits(n) (fits grows false with n), 0 when none."""
+    low, high = 0, largest
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def _outputs_per_position(source: DataSource) -> int:
+    if source.task == "regression":
+        return source.output_channels
+    return source.vocab_size
+
+
+def _forward_memory_problems(
+    cfg: TrainConfig, env: RunEnvironment, sizes, outputs: int
+) -> list[str]:
+    """Each evaluation length's whole forward (eval.batch_size rows) against the memory."""
+    if env.memory_bytes is None:
+        return []
+    budget = PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes
+    rows, _ = _rows_and_heads_per_memory(cfg, env, sizes)
+
+    def needed(rows: int, length: int) -> int:
+        kernel = choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
+        return forward_bytes(cfg, rows, length, outputs, kernel)
+
+    for length in sorted(set(cfg.eval.lengths)):
+        if needed(rows, length) <= budget:
+            continue
+        longest = largest_fitting(lambda n: needed(rows, n) <= budget, length)
+        fewer = largest_fitting(lambda n, length=length: needed(n, length) <= budget, rows)
+        lower_batch = (
+            f" or at most {fewer * env.process_count} rows at once (--config.eval.batch_size)"
+            if fewer
+            else " (one sequence at a time does not fit either)"
+        )
+        return [
+            f"eval.lengths: one evaluation forward at length {length} ({rows} rows, "
+            f"eval.batch_size) needs about {needed(rows, length) / _GIB:.1f} GiB of activations, "
+            f"more than half of the {env.memory_bytes / _GIB:.1f} GiB available; the longest "
+            f"length that fits is {longest}{lower_batch}."
+        ]  # longer lengths only need more
     return []
 
 
