@@ -1,0 +1,90 @@
+"""eval.py as a user runs it after train.py: the run's own config from its checkpoint, no --config.
+
+One tiny run is trained as a subprocess; its printed next commands are then run as they
+are, and eval.py is pointed at it with and without overrides (tests/helpers/train_process.py).
+"""
+
+import shlex
+
+import pytest
+from helpers.tiny_config import tiny_config
+from helpers.train_process import RUN_CONFIG, run_command, subprocess_env
+
+from jrope import saved_run_config
+from jrope.train.checkpoints import Checkpointer
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(workdir, env, the train command's stdout) of a 16-step run with two overrides."""
+    tmp = tmp_path_factory.mktemp("eval_entry")
+    env = subprocess_env(1, str(tmp / "jax_cache"))
+    workdir = tmp / "run"
+    args = [f"--config={RUN_CONFIG}", "--config.num_steps=16", "--config.eval.num_sequences=16"]
+    result = run_command(["train.py", *args, f"--workdir={workdir}", "--log_level=warning"], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return workdir, env, result.stdout
+
+
+def _next_command(stdout: str, program: str) -> list[str]:
+    lines = [line.strip() for line in stdout.splitlines() if line.strip().startswith("python")]
+    (line,) = [line for line in lines if program in line]
+    return shlex.split(line)[1:]  # after `python`: run_command adds the interpreter
+
+
+@pytest.mark.slow
+def test_the_printed_eval_command_runs_as_it_is_without_a_config(trained):
+    workdir, env, stdout = trained
+    args = _next_command(stdout, "eval.py")
+    assert not [arg for arg in args if arg.startswith("--config=")]
+    result = run_command(args, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "length 16:" in result.stdout  # the next longer length, 2x the run's 8
+    # The saved config is used: the run's 16 evaluation sequences, and no warning about settings.
+    assert "(16 sequences each)" in result.stdout
+    assert "changed settings" not in result.stdout + result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("W")]
+
+
+@pytest.mark.slow
+def test_eval_settings_change_freely_and_a_model_change_is_refused_for_an_evaluation(trained):
+    workdir, env, _ = trained
+    lengths = run_command(
+        ["eval.py", f"--workdir={workdir}", "--config.eval.lengths=(8,24)"]
+        + ["--config.eval.num_sequences=8", "--config.eval.batch_size=4"],
+        env,
+    )
+    assert lengths.returncode == 0, lengths.stdout + lengths.stderr
+    assert "length 24:" in lengths.stdout and "(8 sequences each)" in lengths.stdout
+    assert "changed settings" not in lengths.stdout + lengths.stderr
+
+    model = run_command(["eval.py", f"--workdir={workdir}", "--config.model.num_layers=2"], env)
+    assert model.returncode == 4, model.stdout + model.stderr
+    assert "model.num_layers is 1 there, 2 now" in model.stderr
+    assert "another --workdir" not in model.stderr and "Traceback" not in model.stderr
+
+
+@pytest.mark.slow
+def test_a_workdir_without_a_checkpoint_names_what_to_pass(tmp_path):
+    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    result = run_command(["eval.py", f"--workdir={tmp_path}/empty"], env)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "holds no finished checkpoint" in result.stderr and "--config=" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_saved_config_is_the_latest_checkpoint_s(tmp_path):
+    import jax.numpy as jnp
+
+    for num_steps in (4, 8):  # two runs' configs in one folder: the later checkpoint's is read
+        cfg = tiny_config(num_steps=num_steps)
+        checkpointer = Checkpointer.for_run(cfg, str(tmp_path))
+        checkpointer.save(num_steps, {"x": jnp.zeros(2)}, force=True)
+        checkpointer.wait_until_finished()
+        checkpointer.close()
+    config = saved_run_config.get_config(str(tmp_path))
+    assert config.num_steps == 8
+    assert config.eval.lengths == tiny_config().eval.lengths  # a tuple, as configs write it
+    assert type(config.mesh.rules) is tuple
+    with pytest.raises(FileNotFoundError, match="no finished checkpoint"):
+        saved_run_config.get_config(str(tmp_path / "elsewhere"))
