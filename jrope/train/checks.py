@@ -114,7 +114,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
         problems += _steps_problems(cfg, workdir)
     source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
-    if source is not None and cfg.model is not None and not attention_problems:
+    if source is not None and None not in (cfg.model, cfg.pe) and not attention_problems:
         problems += _forward_memory_problems(cfg, env, sizes, _outputs_per_position(source))
     if source is not None and cfg.model is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
@@ -239,6 +239,10 @@ def _forward_memory_problems(
 ) -> list[str]:
     """Each evaluation length's whole forward (eval.batch_size rows) against the memory."""
     if env.memory_bytes is None:
+        return []
+    try:
+        cfg.encoding  # noqa: B018 (its own problem is reported by the config)
+    except ValueError:
         return []
     budget = PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes
     rows, _ = _rows_and_heads_per_memory(cfg, env, sizes)
