@@ -15,7 +15,6 @@ nothing of the training harness (jrope.train) or the data (jrope.data).
 
 from jrope import pe_math
 from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encoding
-from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
 from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
 
 __all__ = [
@@ -32,3 +31,15 @@ __all__ = [
     "pe_config_from_name",
     "pe_math",
 ]
+
+# jrope.layers builds on the model's config and axes: loaded on first use, so that
+# `import jrope` (and so `import jrope.attention`) does not load the model package.
+_LAYERS = ("PositionalEncoding", "causal_self_attention", "dot_product_attention")
+
+
+def __getattr__(name: str):
+    if name in _LAYERS:
+        from jrope import layers
+
+        return getattr(layers, name)
+    raise AttributeError(f"module 'jrope' has no attribute {name!r}")

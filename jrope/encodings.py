@@ -44,8 +44,47 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.asarray(slopes, np.float32)
 
 
+# jrope computes positions in int32; an int64 or uint32 position past this range would wrap.
+POSITION_RANGE = (-(2**31), 2**31 - 1)
+# Keep q and k float32 (and the attention dots at HIGHEST) once the shear's
+# coefficients can sum past this multiple of the rotation (docs/numerics.md, section 3).
+FLOAT32_SHEAR_TERM = 1.0
+
+
+def check_positions(positions, what: str = "positions") -> None:
+    """Raises ValueError for concrete positions jrope cannot take; traced ones pass unchecked.
+
+    positions: integers [T] or [B, T]. Refused: values outside int32 (they
+    would wrap), and rows whose positions go back down (packed sequences:
+    every kernel masks by position within one sequence per row). Under jit
+    the values are unknown, and these are the caller's preconditions.
+    """
+    if isinstance(positions, jax.core.Tracer):
+        return
+    values = np.asarray(positions)
+    if values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+        return
+    low, high = values.min(), values.max()
+    if low < POSITION_RANGE[0] or high > POSITION_RANGE[1]:
+        raise ValueError(
+            f"{what} span [{low}, {high}], beyond int32 {list(POSITION_RANGE)}: jrope computes "
+            "positions in int32 and would wrap them. Translation-invariant encodings depend only "
+            "on differences, so subtract a common offset; stabilized ones need positions in int32."
+        )
+    rows = values.reshape(-1, values.shape[-1]).astype(np.int64)
+    falls = np.argwhere(np.diff(rows, axis=-1) < 0)
+    if len(falls):
+        row, index = falls[0]
+        raise ValueError(
+            f"{what} go back down within a row ({rows[row, index]} -> {rows[row, index + 1]} "
+            f"at index {index + 1}): packed sequences are not supported; give each sequence "
+            "its own row (pad the rows to one length)."
+        )
+
+
 def _as_batched_positions(positions) -> jax.Array:
     """int32 [T] or [B, T] -> int32 [B|1, T]."""
+    check_positions(positions)
     positions = jnp.asarray(positions)
     if positions.ndim not in (1, 2):
         raise ValueError(f"positions must be [T] or [B, T], got shape {positions.shape}")
@@ -75,24 +114,34 @@ class Encoding:
     num_heads: int
     head_dim: int
     segments: tuple[JordanSegment, ...]
+    # The longest window (key length) the encoding is made for: with the
+    # shear it decides keeps_float32 and dot_precision.
+    max_length: int = 0
 
     @property
     def has_bias(self) -> bool:
         return self.cfg.alibi
 
     @property
+    def largest_shear_term(self) -> float:
+        """The largest sum of shear coefficients any segment reaches within `max_length`.
+
+        Its size is how much a score's terms cancel (segments.JordanSegment.largest_shear_term).
+        """
+        return max((s.largest_shear_term(self.max_length) for s in self.segments), default=0.0)
+
+    @property
     def keeps_float32(self) -> bool:
         """Whether transform_qk returns float32 whatever the input dtype.
 
-        Shear with an unscaled time makes q1' = q1 + s q0 with s up to eta * L or
-        eta * T: the lag term of the score is then a difference of large products
-        that bfloat16 cannot resolve (docs/numerics.md, section 3).
+        Shear makes q1' = q1 + s q0: once the shear's coefficients can grow
+        past the rotation (largest_shear_term > FLOAT32_SHEAR_TERM, from the
+        order, eta_max or the jet bound, and the longest length the encoding
+        is made for), the lag term of the score is a difference of products
+        larger than itself, which bfloat16 cannot resolve (docs/numerics.md,
+        section 3).
         """
-        return (
-            self.cfg.shear == "eta"
-            and self.cfg.shear_scale == 1.0
-            and any(s.order >= 2 for s in self.segments)
-        )
+        return self.largest_shear_term > FLOAT32_SHEAR_TERM
 
     @property
     def dot_precision(self) -> jax.lax.Precision | None:
@@ -114,6 +163,20 @@ class Encoding:
             "jet_base_raw": ("heads", None),
         }
         return {name: axes[name] for name in self.init_params()}
+
+    def largest_damping(self, params) -> float:
+        """The largest damping gamma of one layer's parameters, a host-side float (0: undamped).
+
+        params: this encoding's parameter dict (init_params' keys), concrete
+        arrays (call it outside jit). It is what a single-origin attention
+        kernel must survive (jrope.attention.choose_kernel's damping).
+        """
+        gammas = [
+            np.max(np.asarray(segment.physical_params(params)["gamma"]))
+            for segment in self.segments
+            if segment.learn_gamma
+        ]
+        return float(max(gammas, default=0.0))
 
     def init_params(self) -> dict[str, jax.Array]:
         """The learnable parameters at their configured initial values (float32)."""
@@ -263,8 +326,15 @@ class Encoding:
         return add_bias(logits, self.logit_bias(params, q_positions, k_positions))
 
 
-def make_encoding(cfg: PEConfig, num_heads: int, head_dim: int) -> Encoding:
+def make_encoding(
+    cfg: PEConfig, num_heads: int, head_dim: int, *, max_length: int | None = None
+) -> Encoding:
     """Builds the Encoding of `cfg` for heads of width `head_dim`.
+
+    max_length: the longest window the encoding will see (training context or
+      longest evaluation length, whichever is larger); default 8 * train_context.
+      Encodings whose shear can outgrow the rotation within it keep float32 q and
+      k and ask for full-precision attention dots (Encoding.keeps_float32).
 
     Raises:
       ValueError: when the block size does not divide head_dim (2m for an
@@ -300,7 +370,11 @@ def make_encoding(cfg: PEConfig, num_heads: int, head_dim: int) -> Encoding:
             JordanSegment(0, half, 1, num_heads, rope),
             JordanSegment(half, half, 2, num_heads, real_jordan),
         )
-    return Encoding(cfg, num_heads, head_dim, segments)
+    if max_length is None:
+        max_length = 8 * cfg.train_context
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    return Encoding(cfg, num_heads, head_dim, segments, max_length)
 
 
 def _check_divides(cfg: PEConfig, head_dim: int, block: int, why: str) -> None:

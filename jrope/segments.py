@@ -39,6 +39,21 @@ def _inverse_tanh_bounded(value: float, bound: float) -> float:
     return math.atanh(min(max(value / bound, -_TANH_INIT_LIMIT), _TANH_INIT_LIMIT))
 
 
+# The smallest |alpha_0| of jetmixfull, as a fraction of jet_gate_max. The query
+# map divides by alpha_0 (up to its m-th power), so a learned alpha_0 that
+# crosses zero would give NaN logits and gradients; it is held at this floor
+# instead (a departure from the reference, which has the singularity;
+# docs/numerics.md, section 7).
+JET_BASE_FLOOR_FRACTION = 0.05
+
+
+def floored_jet_base(alpha_0: jax.Array, jet_gate_max: float) -> jax.Array:
+    """alpha_0 with its magnitude held at least JET_BASE_FLOOR_FRACTION * jet_gate_max, sign kept."""
+    floor = JET_BASE_FLOOR_FRACTION * jet_gate_max
+    sign = jnp.where(alpha_0 < 0, -1.0, 1.0)
+    return jnp.where(jnp.abs(alpha_0) < floor, sign * floor, alpha_0)
+
+
 def _lead(x: jax.Array, rank: int) -> jax.Array:
     """Prepends `rank` unit axes (explicit broadcasting: rank promotion raises)."""
     x = jnp.asarray(x)
@@ -119,8 +134,33 @@ class JordanSegment:
         if self.shear == "jet":
             out["jet_gates"] = cfg.jet_gate_max * jnp.tanh(params["jet_gates_raw"])
             if cfg.jet_base is not None:
-                out["jet_base"] = cfg.jet_gate_max * jnp.tanh(params["jet_base_raw"])
+                out["jet_base"] = floored_jet_base(
+                    cfg.jet_gate_max * jnp.tanh(params["jet_base_raw"]), cfg.jet_gate_max
+                )
         return out
+
+    def largest_shear_term(self, max_length: int) -> float:
+        """The largest sum of |c_r|, 1 <= r < m, that positions within max_length can reach.
+
+        The shear's chain coefficients against c_0 = 1: their size is how
+        far a map's entries exceed the rotation's, so how much a score's
+        terms cancel (docs/numerics.md, section 3). Stabilized (bounded)
+        time reads the absolute position and approaches L at any offset;
+        raw time is measured from an origin inside the window, at most
+        max_length away. Jet coefficients are bounded by jet_gate_max, and a
+        learned alpha_0, inverted in the query map, by its floor.
+        """
+        cfg = self.cfg
+        if self.shear == "none" or self.order < 2:
+            return 0.0
+        time = float(cfg.train_context if cfg.shear_time == "bounded" else max_length)
+        time *= cfg.shear_scale
+        if self.shear == "eta":
+            return sum((cfg.eta_max * time) ** r / math.factorial(r) for r in range(1, self.order))
+        total = sum(cfg.jet_gate_max * time**r / math.factorial(r) for r in range(1, self.order))
+        if cfg.jet_base is not None:
+            total /= JET_BASE_FLOOR_FRACTION * cfg.jet_gate_max
+        return total
 
     def shear_time(self, t: jax.Array) -> jax.Array:
         """s(t) / eta: the scaled raw or bounded time, float32."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jrope
+from jrope import segments
 
 L = 64  # training context of the tiny test encodings
 NUM_HEADS, HEAD_DIM = 2, 24
@@ -402,3 +403,58 @@ def test_wrong_qk_shapes_raise():
     q, k = _qk(3, 3, head_dim=16)
     with pytest.raises(ValueError, match="must be"):
         enc.transform_qk({}, q, k, jnp.arange(3), jnp.arange(3))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint32])
+def test_positions_beyond_int32_are_refused_not_wrapped(dtype):
+    enc = _encoding("jordan_rope")
+    q, k = _qk(2, 2)
+    positions = np.asarray([2**31 - 1, 2**31], dtype)
+    with pytest.raises(ValueError, match="beyond int32"):
+        enc.transform_qk(enc.init_params(), q, k, positions, positions)
+    with pytest.raises(ValueError, match="beyond int32"):
+        jrope.attention_logits(enc, enc.init_params(), q, k, positions, positions)
+
+
+def test_positions_that_go_back_down_within_a_row_are_refused():
+    enc = _encoding("jordan_exact_scaled")
+    q, k = _qk(4, 4)
+    packed = np.asarray([[0, 1, 0, 1], [0, 1, 2, 3]])
+    with pytest.raises(ValueError, match=r"go back down within a row \(1 -> 0 at index 2\)"):
+        enc.transform_qk(enc.init_params(), q, k, packed, packed)
+
+
+def test_jetmixfull_alpha_0_at_zero_stays_finite_at_its_floor():
+    enc = _encoding("jordan_jetmixfull_m3_c150_g100_g050_g030")
+    params = dict(_perturbed(enc.init_params(), scale=0.1))
+    params["jet_base_raw"] = jnp.zeros_like(params["jet_base_raw"])
+    floor = segments.JET_BASE_FLOOR_FRACTION * enc.cfg.jet_gate_max
+    np.testing.assert_allclose(np.abs(enc.physical_params(params)["jet_base"]), floor)
+    q, k = _qk(8, 8)
+    pos = jnp.arange(8)
+
+    def loss(p):
+        return jnp.sum(jnp.tanh(jrope.attention_logits(enc, p, q, k, pos, pos)))
+
+    value, grads = jax.value_and_grad(loss)(params)
+    assert np.isfinite(value)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads.values())
+
+
+def test_float32_follows_the_largest_shear_term_not_the_name():
+    def encoding(name, max_length):
+        cfg = jrope.pe_config_from_name(name, train_context=L)
+        return jrope.make_encoding(cfg, NUM_HEADS, HEAD_DIM, max_length=max_length)
+
+    # Scaled shear with eta up to 1 reaches eta * 8L / L = 8 at eight times the training length.
+    assert encoding("jordan_exact_scaled_eta1", 8 * L).keeps_float32
+    assert encoding("jordan_exact_scaled_eta1", 8 * L).dot_precision == jax.lax.Precision.HIGHEST
+    # ... and stays below the rotation (eta 0.1) at the training length.
+    assert not encoding("jordan_exact_scaled", L).keeps_float32
+    assert encoding("jordan_exact_scaled", L).dot_precision is None
+    # Higher orders add (eta tau)^r / r! terms: order 4 passes where order 2 does not.
+    assert not encoding("jordan_exact_scaled_eta1", L // 2).keeps_float32
+    assert encoding("jordan_exact_m4_eta1", 2 * L).keeps_float32
+    # Stabilized shear reads absolute positions, eta L at any length.
+    assert encoding("jordan_rope", L).keeps_float32
+    assert not encoding("rope", 1 << 20).keeps_float32

@@ -124,11 +124,39 @@ def test_explicit_fused_kernels_are_taken_where_they_apply():
 
 
 def test_the_one_origin_bound_is_max_damping_times_length_80():
-    cfg = _model_cfg(max_damping=0.01)
     damped, undamped = _encoding("jordan_exact_scaled"), _encoding("rope")
-    assert selection.single_origin_is_safe(cfg, damped, 8000)
-    assert not selection.single_origin_is_safe(cfg, damped, 8001)
-    assert selection.single_origin_is_safe(cfg, undamped, 1 << 30)
+    assert selection.single_origin_is_safe(damped, 0.01, 8000)
+    assert not selection.single_origin_is_safe(damped, 0.01, 8001)
+    assert selection.single_origin_is_safe(undamped, 0.01, 1 << 30)
+
+
+def test_the_kernel_choice_follows_the_span_of_the_positions_and_the_measured_damping():
+    cfg = _model_cfg(max_damping=0.02)
+    damped = _encoding("jordan_exact_scaled")
+    assert attention.choose_kernel(cfg, damped, length=64, backend="cpu") == "einsum"
+    # Far apart positions: 64 keys spanning 5039 positions.
+    assert attention.choose_kernel(cfg, damped, length=64, span=5039, backend="cpu") == "blockwise"
+    # A learned damping past model.max_damping: 0.5 * 512 is far past float32's e^88.
+    assert attention.choose_kernel(cfg, damped, length=512, damping=0.5, backend="cpu") == (
+        "blockwise"
+    )
+    for backend in ("tpu", "gpu"):
+        assert (
+            attention.choose_kernel(cfg, damped, length=512, damping=0.5, backend=backend)
+            == "blockwise"
+        )
+    with pytest.raises(ValueError, match="damping of 0.5 overflows"):
+        attention.choose_kernel(
+            _model_cfg(attention_impl="einsum"), damped, length=512, damping=0.5, backend="cpu"
+        )
+    with pytest.raises(ValueError, match="damping of 0.5 overflows float32"):
+        attention.choose_kernel(
+            _model_cfg(attention_impl="splash"),
+            _encoding("jordan_exact_scaled"),
+            length=512,
+            damping=0.5,
+            backend="tpu",
+        )
 
 
 @functools.cache

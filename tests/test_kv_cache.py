@@ -187,3 +187,19 @@ def test_decoding_fills_every_slot_and_a_step_past_the_last_gives_nan():
     assert np.all(np.isnan(logits))
     with pytest.raises(ValueError, match="max_length >= the padded prompt length 6"):
         kv_cache.prefill(model, tokens, lengths, lengths, max_length=5, rebase_bound=4)
+
+
+def test_offsets_whose_positions_would_reach_the_empty_marker_are_refused():
+    model = _model("jordan_exact_scaled")
+    tokens, lengths = _tokens(length=PROMPT), jnp.asarray((PROMPT, 2), jnp.int32)
+    offsets = np.asarray([0, kv_cache.EMPTY - 7], np.int64)  # slot 7 of row 1 would be EMPTY
+    with pytest.raises(ValueError, match="marks empty slots"):
+        kv_cache.prefill(model, tokens, lengths, offsets, max_length=8, rebase_bound=4)
+    offsets = np.asarray([0, 2**31], np.int64)
+    with pytest.raises(ValueError, match="beyond int32"):
+        kv_cache.prefill(model, tokens, lengths, offsets, max_length=8, rebase_bound=4)
+    # One slot fewer is accepted: the last position stays below the marker.
+    logits, _ = kv_cache.prefill(
+        model, tokens, lengths, np.asarray([0, kv_cache.EMPTY - 8]), max_length=8, rebase_bound=4
+    )
+    assert np.all(np.isfinite(logits))

@@ -7,8 +7,10 @@ import pytest
 from flax import nnx
 from helpers.tiny_config import tiny_config
 
+import jrope
 from jrope.model import Transformer
 from jrope.model.axes import LOGICAL_AXES_KEY
+from jrope.model.config import ModelConfig
 
 VOCAB = 3
 LENGTH = 16
@@ -135,3 +137,57 @@ def test_per_layer_encoding_parameters_are_distinct_params():
     gammas = [block.attn.pe_params["gamma_raw"] for block in model.blocks]
     assert len(gammas) == 2 and gammas[0] is not gammas[1]
     assert all(isinstance(g, nnx.Param) and g.shape[0] == 2 for g in gammas)  # [N, nb]
+
+
+def _damped_model(attention_impl: str, init_gamma: float, length: int) -> Transformer:
+    cfg = ModelConfig(
+        d_model=16,
+        num_heads=2,
+        num_layers=2,
+        mlp_ratio=2,
+        compute_dtype="float32",
+        attention_impl=attention_impl,
+        blockwise_min_length=1 << 20,
+        block_size=32,
+        remat="none",
+    )
+    pe = jrope.pe_config_from_name("jordan_rope", train_context=length, init_gamma=init_gamma)
+    encoding = jrope.make_encoding(pe, num_heads=2, head_dim=8)
+    return Transformer(cfg, encoding, VOCAB, rngs=nnx.Rngs(params=0))
+
+
+@pytest.mark.parametrize("length", [256, 512])
+def test_a_damping_past_max_damping_evaluates_like_the_blockwise_kernel(length):
+    """gamma 0.5 x 512 keys is far past float32's e^88 from one origin; 'auto' follows it."""
+    tokens, positions = _tokens(length=length), _positions(length)
+    auto, blockwise = _damped_model("auto", 0.5, length), _damped_model("blockwise", 0.5, length)
+    assert auto.cfg.max_damping * length <= 80 < 0.5 * length
+    want = blockwise(tokens, positions)
+    # Eager: the model measures its parameters itself.
+    np.testing.assert_allclose(auto(tokens, positions), want, rtol=1e-4, atol=1e-4)
+    # Jitted: the damping is read on the host before compiling.
+    assert auto.follow_damping() == pytest.approx(0.5, rel=1e-3)
+    got = _apply(auto, tokens)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_far_apart_positions_choose_a_kernel_for_their_span():
+    """64 positions spanning 5031, damping 0.02 (the default bound): finite and equal to blockwise.
+
+    The jump falls between two blocks of the blockwise kernel (block_size 32),
+    which measures positions from each block's first.
+    """
+    positions = jnp.concatenate([jnp.arange(32), 5000 + jnp.arange(32)]).astype(jnp.int32)
+    tokens = _tokens(length=64)
+    auto, blockwise = _damped_model("auto", 0.02, 64), _damped_model("blockwise", 0.02, 64)
+    got = auto(tokens, positions)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, blockwise(tokens, positions), rtol=1e-4, atol=1e-4)
+
+
+def test_positions_that_go_back_down_within_a_row_are_refused():
+    model = _damped_model("einsum", 0.02, 64)
+    packed = jnp.concatenate([5000 + jnp.arange(40), jnp.arange(24)]).astype(jnp.int32)
+    with pytest.raises(ValueError, match="packed sequences are not supported"):
+        model(_tokens(length=64), packed)

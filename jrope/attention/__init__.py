@@ -29,6 +29,7 @@ from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
 from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
 from jrope.attention.splash import splash_attention_causal
+from jrope.encodings import check_positions
 
 __all__ = [
     "KERNELS",
@@ -36,6 +37,7 @@ __all__ = [
     "attention_precision",
     "blockwise_attention",
     "causal_attention",
+    "check_positions",
     "choose_kernel",
     "matmul_precision",
 ]
@@ -62,7 +64,9 @@ def causal_attention(
       q: [B, T, N, H]; k, v: [B, S, N, H], T <= S, in the compute dtype.
       enc: a jrope encoding (map_queries, map_keys, logit_bias, has_bias).
       params: the encoding's parameters for this layer.
-      positions: int32 [S] or [B, S], the key positions (queries: the last T).
+      positions: int32 [S] or [B, S], the key positions (queries: the last T),
+        nondecreasing in each row and within int32 (check_positions refuses
+        concrete ones that are not; under jit that is the caller's care).
       kernel: one of KERNELS, as choose_kernel returns it.
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
@@ -75,6 +79,7 @@ def causal_attention(
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
     if kernel not in KERNELS:
         raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {KERNELS}.")
+    check_positions(positions)
     q_positions = positions[..., key_length - length :]
     if kernel == "blockwise":
         return blockwise_attention(

@@ -7,10 +7,11 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
   1. blockwise where one map origin would overflow: every kernel but the
      blockwise one maps all S keys (and the queries) from one origin, the
      window's midpoint, so a damped encoding's factors reach e^{gamma S / 2}
-     and the products of masked (future) pairs e^{gamma S}. Float32 and
-     bfloat16 overflow past e^{88.7}; with gamma at most model.max_damping
-     (the learned damping is unbounded, so this is the bound the config
-     plans for), one origin is used only while max_damping * S <= 80, which
+     and the products of masked (future) pairs e^{gamma S}, S the span of
+     the positions plus one. Float32 and bfloat16 overflow past e^{88.7};
+     with gamma at most the larger of model.max_damping (the bound the
+     config plans for) and the damping measured in the parameters when the
+     caller gives it, one origin is used only while gamma * S <= 80, which
      leaves e^{8.7} ~ 6000 for |q||k|. The blockwise kernel measures
      positions from each query block and its factors stay below
      e^{gamma * block_size}.
@@ -53,6 +54,8 @@ def choose_kernel(
     length: int,
     num_queries: int | None = None,
     backend: str | None = None,
+    span: int | None = None,
+    damping: float | None = None,
 ) -> str:
     """The kernel (one of KERNELS) for attention of `num_queries` queries over `length` keys.
 
@@ -60,6 +63,12 @@ def choose_kernel(
     num_queries: the queries are the last of the keys (default: all of them;
       1 for the last-position readout).
     backend: 'cpu', 'gpu' or 'tpu' (default: JAX's default backend).
+    span: max - min of the key positions of any row (default length - 1,
+      contiguous positions); one map origin must cover span + 1 positions.
+    damping: the largest damping of the parameters being run, measured on the
+      host (jrope.encodings.largest_damping); the bound planned for is the
+      larger of it and model.max_damping. A single-origin kernel asked for
+      explicitly is refused where the measured damping would overflow it.
 
     Raises:
       ValueError: the requested kernel cannot run this encoding here; the
@@ -70,24 +79,48 @@ def choose_kernel(
     impl = model_cfg.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
+    extent = single_origin_extent(length, span)
+    bound = damping_bound(model_cfg, damping)
     if impl == "auto":
-        return _auto_kernel(model_cfg, encoding, length, num_queries, backend)
+        return _auto_kernel(model_cfg, encoding, extent, bound, num_queries, length, backend)
+    if (
+        impl != "blockwise"
+        and damping is not None
+        and not single_origin_is_safe(encoding, damping, extent)
+    ):
+        raise ValueError(
+            f"attention_impl={impl!r} maps {extent} positions from one origin, and a damping of "
+            f"{damping:.4g} overflows float32 there (damping * positions > "
+            f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); use 'blockwise' or 'auto'."
+        )
     if impl == "xla" and encoding.has_bias:
         raise ValueError(
             "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
         )
     if impl in ("cudnn", "splash"):
-        problem = fused_kernel_problem(impl, model_cfg, encoding, length, num_queries, backend)
+        problem = fused_kernel_problem(
+            impl, model_cfg, encoding, length, num_queries, backend, extent=extent, bound=bound
+        )
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
     return impl
 
 
-def single_origin_is_safe(model_cfg: ModelConfig, encoding: Any, length: int) -> bool:
-    """Whether mapping `length` keys from one origin keeps every damping factor finite."""
+def single_origin_extent(length: int, span: int | None) -> int:
+    """How many positions one map origin covers: span + 1 of the key positions, at least length."""
+    return length if span is None else max(length, span + 1)
+
+
+def damping_bound(model_cfg: ModelConfig, damping: float | None) -> float:
+    """The damping a kernel must survive: model.max_damping, or the measured one where larger."""
+    return model_cfg.max_damping if damping is None else max(model_cfg.max_damping, damping)
+
+
+def single_origin_is_safe(encoding: Any, damping: float, extent: int) -> bool:
+    """Whether mapping `extent` positions from one origin keeps every factor finite at `damping`."""
     if not encoding.cfg.learn_gamma:
         return True
-    return model_cfg.max_damping * length <= SINGLE_ORIGIN_EXPONENT_LIMIT
+    return damping * extent <= SINGLE_ORIGIN_EXPONENT_LIMIT
 
 
 def fused_kernel_problem(
@@ -97,18 +130,28 @@ def fused_kernel_problem(
     length: int,
     num_queries: int,
     backend: str,
+    *,
+    extent: int | None = None,
+    bound: float | None = None,
 ) -> str | None:
-    """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can)."""
+    """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can).
+
+    extent, bound: the positions one origin covers and the damping to survive
+    (default: length and model.max_damping; see choose_kernel).
+    """
+    extent = length if extent is None else extent
+    bound = model_cfg.max_damping if bound is None else bound
     wanted = next(platform for platform, fused in _FUSED_KERNEL.items() if fused == kernel)
     if backend != wanted:
         return f"it runs on {wanted.upper()} only and this run is on {backend}"
     if num_queries != length:
         return f"it attends full sequences, not the last {num_queries} of {length} positions"
-    if not single_origin_is_safe(model_cfg, encoding, length):
+    if not single_origin_is_safe(encoding, bound, extent):
         return (
-            f"one map origin over {length} keys may overflow float32 for a damping up to "
-            f"model.max_damping={model_cfg.max_damping} (max_damping * length > "
-            f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); the blockwise kernel keeps the factors bounded"
+            f"one map origin over {extent} positions may overflow float32 for a damping up to "
+            f"{bound:.4g} (model.max_damping={model_cfg.max_damping} or the measured one; "
+            f"damping * positions > {SINGLE_ORIGIN_EXPONENT_LIMIT:g}); the blockwise kernel "
+            "keeps the factors bounded"
         )
     if encoding.keeps_float32:
         return (
@@ -151,12 +194,20 @@ def _cudnn_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | 
 
 
 def _auto_kernel(
-    model_cfg: ModelConfig, encoding: Any, length: int, num_queries: int, backend: str
+    model_cfg: ModelConfig,
+    encoding: Any,
+    extent: int,
+    bound: float,
+    num_queries: int,
+    length: int,
+    backend: str,
 ) -> str:
-    if not single_origin_is_safe(model_cfg, encoding, length):
+    if not single_origin_is_safe(encoding, bound, extent):
         return "blockwise"
     fused = _FUSED_KERNEL.get(backend)
-    if fused and not fused_kernel_problem(fused, model_cfg, encoding, length, num_queries, backend):
+    if fused and not fused_kernel_problem(
+        fused, model_cfg, encoding, length, num_queries, backend, extent=extent, bound=bound
+    ):
         return fused
     if length >= model_cfg.blockwise_min_length:
         return "blockwise"

@@ -53,11 +53,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrope.attention.cached import cached_attention
-from jrope.encodings import Encoding
+from jrope.encodings import Encoding, check_positions
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
 from jrope.model.transformer import Transformer
 
-# Position of a slot that holds no key: after every query position, so never visible.
+# Position of a slot that holds no key: after every query position, so never visible
+# (prefill refuses offsets whose positions would reach it).
 EMPTY = int(np.iinfo(np.int32).max)
 # Logical axes of the cached keys, values and per-slot positions.
 KEY_AXES = (BATCH, HEADS, HEAD_DIM, LENGTH)
@@ -237,6 +238,7 @@ def prefill(
             f"need max_length >= the padded prompt length {prompt_length} and rebase_bound >= 1, "
             f"got max_length={max_length}, rebase_bound={rebase_bound}."
         )
+    _check_offsets(offsets, max_length)
     lengths = jnp.asarray(lengths, jnp.int32)
     offsets = jnp.asarray(offsets, jnp.int32)
     positions = offsets[:, None] + jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [B, P]
@@ -270,6 +272,26 @@ def prefill(
         rebase_bound=rebase_bound,
     )
     return last, cache
+
+
+def _check_offsets(offsets, max_length: int) -> None:
+    """Refuses concrete offsets whose slots would reach EMPTY (traced ones are the caller's care).
+
+    A key at position EMPTY would be indistinguishable from an empty slot, and
+    a query there would see the empty slots; positions past int32 would wrap.
+    """
+    if isinstance(offsets, jax.core.Tracer):
+        return
+    offsets = np.asarray(offsets)
+    check_positions(offsets.reshape(-1, 1), "offsets")
+    last = int(offsets.max(initial=0)) + max_length - 1
+    if last >= EMPTY:
+        raise ValueError(
+            f"offsets up to {int(offsets.max())} with max_length {max_length} reach position "
+            f"{last}, but the cache marks empty slots with {EMPTY}: every position must stay "
+            f"below it; lower the offsets (translation-invariant encodings depend only on "
+            "differences) or max_length."
+        )
 
 
 def rebase(model: Transformer, cache: KVCache) -> KVCache:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jrope import attention
@@ -83,6 +84,9 @@ class CausalSelfAttention(nnx.Module):
         self.cfg = cfg
         self.encoding = encoding
         self.projection = projection
+        # The largest damping of this layer's parameters as last measured on the host
+        # (Transformer.follow_damping); None: plan for model.max_damping alone.
+        self.measured_damping: float | None = None
         d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
         # One [D, 3, N, H] kernel: a single matmul yields q, k and v already in
         # the [B, T, N, H] layout attention wants (no reshape or transpose).
@@ -135,13 +139,34 @@ class CausalSelfAttention(nnx.Module):
                 params=pe_params,
                 positions=positions,
                 kernel=attention.choose_kernel(
-                    self.cfg, self.encoding, length=k.shape[1], num_queries=q.shape[1]
+                    self.cfg,
+                    self.encoding,
+                    length=k.shape[1],
+                    num_queries=q.shape[1],
+                    span=_concrete_span(positions),
+                    damping=self._damping(pe_params),
                 ),
                 block_size=self.cfg.block_size,
                 precision=attention_precision,
             )
         with jax.named_scope("out_projection"):
             return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
+
+    def _damping(self, pe_params: dict[str, jax.Array]) -> float | None:
+        """The damping the kernel must survive: measured now where the parameters are concrete."""
+        if any(isinstance(value, jax.core.Tracer) for value in pe_params.values()):
+            return self.measured_damping
+        return self.encoding.largest_damping(pe_params)
+
+
+def _concrete_span(positions: jax.Array) -> int | None:
+    """max - min of concrete positions over every row (None under jit: assumed contiguous)."""
+    if isinstance(positions, jax.core.Tracer):
+        return None
+    attention.check_positions(positions)
+    # numpy, not jnp: inside a trace jnp would stage even a constant's arithmetic.
+    positions = np.asarray(positions, np.int64)
+    return int(np.max(positions[..., -1] - positions[..., 0]))
 
 
 class MLPBlock(nnx.Module):
@@ -291,6 +316,25 @@ class Transformer(nnx.Module):
         """tokens int32 [B, T] or signals [B, T, C_in], positions int32 [T] or [B, T] ->
         logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode)."""
         return self.decode(self.embed(inputs), positions, dropout_key=dropout_key, cache=cache)
+
+    def follow_damping(self) -> float:
+        """Reads every layer's largest damping on the host and plans the kernels for it.
+
+        Call it on a model with concrete parameters (outside jit) before
+        compiling an evaluation or decoding step: each attention layer then
+        chooses its kernel for the larger of model.max_damping and its
+        measured damping, so a single-origin kernel is never given a damping
+        that overflows it. Without it, a traced model plans for
+        model.max_damping alone (an eager call measures by itself).
+        Returns the largest damping over the layers (0.0: undamped).
+        """
+        largest = 0.0
+        for block in self.blocks:
+            attn = block.attn
+            pe_params = {name: param[...] for name, param in attn.pe_params.items()}
+            attn.measured_damping = attn.encoding.largest_damping(pe_params)
+            largest = max(largest, attn.measured_damping)
+        return largest
 
     def embed(self, inputs: jax.Array) -> jax.Array:
         """tokens int32 [B, T] (or signals [B, T, C_in]) -> [B, T, D] in the compute dtype."""
