@@ -201,3 +201,40 @@ def test_a_short_run_shows_progress_and_results_on_one_screen(tmp_path):
     assert "python eval.py" in result.stdout and "python -m jrope.compare" in result.stdout
     # No checkpoint nobody asked for (every 8 steps, and the last).
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["16", "8"]
+
+
+# (entry point after `python`, flags its --help must list: its own and those of the modules it uses)
+HELP_CASES = [
+    (["train.py"], ["--config", "--workdir", "--coordinator_address", "--verbose"]),
+    (["eval.py"], ["--config", "--workdir", "--num_processes", "--log_level"]),
+    (["sample.py"], ["--workdir", "--prompt", "--num_tokens", "--top_p", "--verbose"]),
+    (["-m", "jrope.compare"], ["--methods", "--seeds", "--workdir", "--multiprocess"]),
+    (["-m", "jrope.data.wikitext"], ["--dataset", "--data_dir", "--manual_dir"]),
+    (["-m", "jrope.data.audio"], ["--archive", "--wav_dir", "--out_dir", "--max_files"]),
+]
+
+
+@pytest.mark.slow
+def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
+    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+
+    def run(case):
+        command, _ = case
+        return run_command([*command, "--help"], env), run_command([*command, "--helpfull"], env)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(run, HELP_CASES))
+    for (command, expected), (short, full) in zip(HELP_CASES, results, strict=True):
+        assert short.returncode == 0, (command, short.stdout + short.stderr)
+        for flag in expected:
+            assert re.search(rf"^  {flag}[:=]|^  --\[no\]{flag[2:]}:", short.stdout, re.M), (
+                command,
+                flag,
+                short.stdout,
+            )
+        # The libraries' flags (absl's logging here): --helpfull only.
+        assert "--[no]logtostderr" not in short.stdout, command
+        assert full.returncode == 0 and "--[no]logtostderr" in full.stdout, command
+    sample_help = results[2][0].stdout
+    # The usage example keeps its line break and continuation, as a shell takes it.
+    assert "jordan_exact_scaled/0 \\\n        --prompt=" in sample_help
