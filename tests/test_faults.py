@@ -1,0 +1,369 @@
+"""Runs that survive, part three: faults and bad inputs that once lost or mislabelled results.
+
+Concurrent evaluations keep their rows; the last good checkpoint is one saved with no update
+being skipped; memory is checked for every evaluation and sampling setting before step 1; a
+resume refuses settings that change what its results mean; a checkpoint without digests is
+refused like a damaged one; Ctrl-C and SIGTERM end in one line with their status; command-line
+mistakes are one message each.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers.tiny_config import tiny_config, tiny_text_config_dict
+from helpers.train_process import (
+    RUN_CONFIG,
+    log_tail,
+    run_command,
+    start_training,
+    subprocess_env,
+    wait_for_step,
+)
+
+from jrope.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    GenerationRequestError,
+    TrainingPreempted,
+    UsageError,
+    WorkdirBusy,
+)
+from jrope.experiments import text_generation
+from jrope.experiments.compare import comparison_axes
+from jrope.model.generation import GenerationSettings, SamplingSettings
+from jrope.train import checkpoints, checks, evaluation, runtime
+from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, config_differences
+from jrope.train.config import TrainConfig
+from jrope.train.setup import set_up_run
+from jrope.train.trainer import PreemptionWatch
+
+GIB = 2**30
+TINY = f"--config={RUN_CONFIG}"
+
+
+# 1. Concurrent evaluations.
+
+
+def test_an_evaluation_waits_for_another_and_training_is_refused_meanwhile(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    entered = threading.Event()
+    with WorkdirLock(workdir, role="evaluation"):
+        with pytest.raises(WorkdirBusy, match="Another evaluation is using"):
+            WorkdirLock(workdir, role="training").__enter__()
+
+        def second_evaluation():
+            with WorkdirLock(workdir, role="evaluation"):
+                entered.set()
+
+        waiting = threading.Thread(target=second_evaluation)
+        waiting.start()
+        time.sleep(0.5)
+        assert not entered.is_set()  # it waits while the first holds the lock
+    waiting.join(timeout=10)
+    assert entered.is_set()
+    assert "Waiting for the evaluation by process" in capsys.readouterr().out
+
+
+def test_an_evaluation_during_training_is_refused_naming_the_latest_step(tmp_path):
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints" / "8").mkdir(parents=True)
+    (workdir / "checkpoints" / "8" / "_CHECKPOINT_METADATA").write_text("{}")
+    with WorkdirLock(str(workdir), role="training"):
+        with pytest.raises(WorkdirBusy) as busy:
+            WorkdirLock(str(workdir), role="evaluation").__enter__()
+    assert "A training run is using" in str(busy.value)
+    assert busy.value.exit_status == 6
+
+
+def test_a_lock_file_that_is_a_directory_is_named_with_the_fix(tmp_path):
+    (tmp_path / LOCK_FILE).mkdir()
+    with pytest.raises(UsageError, match=r"run\.lock is a directory.*rmdir"):
+        WorkdirLock(str(tmp_path)).__enter__()
+
+
+def _row(length, loss, distance=None):
+    return {
+        "method": "rope",
+        "seed": 0,
+        "step": 12,
+        "length": length,
+        "distance": distance,
+        "num_sequences": 4,
+        "loss": loss,
+        "accuracy": 0.5,
+        "bits_per_byte": float("nan"),
+        "r2": float("nan"),
+    }
+
+
+def test_a_second_evaluation_merges_its_lengths_into_the_step_folder(tmp_path):
+    out_dir = evaluation.results_dir(str(tmp_path), 12)
+    evaluation.write_results_atomically(
+        [_row(256, 1.0), _row(512, 2.0)], out_dir, task="classification"
+    )
+    earlier = evaluation.read_results(out_dir)
+    merged = evaluation.merge_rows(earlier, [_row(512, 3.0), _row(1024, 4.0)])
+    evaluation.write_results_atomically(merged, out_dir, task="classification")
+    rows = evaluation.read_results(out_dir)
+    assert [(row["length"], row["loss"]) for row in rows] == [(256, 1.0), (512, 3.0), (1024, 4.0)]
+    assert sorted(os.listdir(tmp_path)) == ["eval_step12"]  # no second folder, no staging left
+    assert "| 1024 |" in (out_dir / "eval.md").read_text()
+
+
+# 2. The last good checkpoint.
+
+
+def _small_state(value: float):
+    return {"step": jnp.array(0, jnp.int32), "params": {"w": jnp.full((4,), value, jnp.float32)}}
+
+
+def test_a_checkpoint_saved_while_skipping_is_never_the_last_good_one(tmp_path):
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=10, config_json={}
+    )
+    checkpointer.save(1, _small_state(1.0), progress={"skipped_steps": 0, "skipped_in_a_row": 0})
+    for step in (2, 3):
+        progress = {"skipped_steps": step - 1, "skipped_in_a_row": step - 1}
+        checkpointer.save(step, _small_state(1.0), progress=progress)
+    checkpointer.wait_until_finished()
+    described = checkpoints.describe_last_good(checkpointer)
+    assert described.startswith(f"step 1 at {tmp_path / 'checkpoints' / '1'}")
+    assert re.search(r"mv \S+/checkpoints/2 \S+/checkpoints/3 ", described)
+    checkpointer.close()
+
+    only_skipping = Checkpointer(
+        str(tmp_path / "other"), every_steps=1, max_to_keep=10, config_json={}
+    )
+    only_skipping.save(6, _small_state(1.0), progress={"skipped_steps": 5, "skipped_in_a_row": 5})
+    assert checkpoints.describe_last_good(only_skipping).startswith("none in")
+    only_skipping.close()
+
+
+# 4. What a resume may change.
+
+
+def test_a_resume_refuses_settings_that_change_the_results_and_names_them():
+    saved = tiny_config().to_json_dict()
+
+    def differences(purpose="resume", **overrides):
+        return config_differences(saved, tiny_config(**overrides).to_json_dict(), purpose=purpose)
+
+    for key, value in [
+        ("seed", 1),
+        ("data.temperature", 0.5),
+        ("batch_size", 16),
+        ("opt.learning_rate", 1e-5),
+        ("opt.weight_decay", 0.5),
+    ]:
+        refused, _ = differences(**{key: value})
+        assert any(line.startswith(f"{key} is ") for line in refused), (key, refused)
+    refused, changed = differences(
+        **{"eval.lengths": (16, 32), "log.every_steps": 5, "checkpoint.every_steps": 7}
+    )
+    assert refused == [] and len(changed) == 3
+    assert differences(num_steps=10) == ([], ["num_steps is 2 there, 10 now"])  # constant lr
+    refused, _ = differences(num_steps=10, **{"opt.schedule": "cosine"})
+    assert any("schedule spans num_steps" in line for line in refused)
+    accepted = {"opt.learning_rate": 1e-5, "checkpoint.accept_changes": "opt.learning_rate"}
+    assert differences(**accepted)[0] == []
+    # An evaluation may use other optimiser settings, never another seed (its rows' label).
+    assert differences("evaluate", **{"opt.learning_rate": 1e-5})[0] == []
+    assert "seed is 0 there, 1 now" in differences("evaluate", seed=1)[0]
+
+
+# 5. A checkpoint without digests.
+
+
+def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
+    cfg = tiny_config(**{"mesh.data": -1})
+    run = set_up_run(cfg)
+    checkpointer = Checkpointer.for_run(cfg, str(tmp_path))
+    checkpointer.save(2, run.init_state(), force=True)
+    checkpointer.wait_until_finished()
+    digests = tmp_path / "checkpoints" / "2" / checkpoints.DIGESTS_ITEM
+    for path in sorted(digests.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    digests.rmdir()
+    with pytest.raises(CorruptCheckpointError) as refused:
+        checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, 2)
+    assert "has no digests" in str(refused.value)
+    assert "--config.checkpoint.accept_missing_digests=True" in str(refused.value)
+    assert refused.value.exit_status == 4
+    accepting = tiny_config(**{"mesh.data": -1, "checkpoint.accept_missing_digests": True})
+    state = checkpoints.restore_compatible(accepting, checkpointer, run.layout.abstract, 2)
+    assert int(state["step"]) == 0
+    checkpointer.close()
+
+
+# 3. Memory before step 1.
+
+
+def test_an_evaluation_length_that_does_not_fit_is_refused_with_the_longest_that_does(tmp_path):
+    one_gib = checks.RunEnvironment(
+        num_devices=1, process_count=1, platform="cpu", memory_bytes=GIB
+    )
+    config = tiny_config(**{"eval.lengths": (16, 1_000_000), "mesh.data": 1})
+    with pytest.raises(ConfigError) as refused:
+        checks.check_training_run(config, str(tmp_path / "run"), one_gib)
+    problem = str(refused.value)
+    longest = int(re.search(r"the longest length that fits is (\d+)", problem).group(1))
+    assert "eval.lengths: one evaluation forward at length 1000000" in problem
+    # The length named fits, one more does not.
+    source = checks.check_training_run(tiny_config(), str(tmp_path / "ok"), one_gib).source
+    outputs = source.vocab_size
+
+    def needed(length):
+        return checks.forward_bytes(config, 4, length, outputs, "blockwise")
+
+    assert needed(longest) <= GIB / 2 < needed(longest + 1)
+
+
+def test_sample_num_tokens_is_checked_against_positions_and_memory(tmp_path):
+    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sampling = SamplingSettings(0.0, 0, 1.0, 0)
+    prompt = [np.arange(10)]
+    with pytest.raises(GenerationRequestError, match=r"--num_tokens=10000000000 .* int32") as big:
+        settings = GenerationSettings(num_tokens=10**10, sampling=sampling)
+        text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
+    # Blamed on --num_tokens, with a count that fits: the last position is 2**31 - 2.
+    assert str(big.value).startswith("--num_tokens=")
+    assert f"at most {2**31 - 2 - 10} new tokens fit" in str(big.value)
+    settings = GenerationSettings(num_tokens=10**8, sampling=sampling)
+    with pytest.raises(GenerationRequestError) as memory:
+        text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
+    most = int(re.search(r"at most (\d+) new tokens fit", str(memory.value)).group(1))
+    fitting = GenerationSettings(num_tokens=most, sampling=sampling)
+    text_generation.check_request(cfg, fitting, prompt, 16 * GIB, mesh)  # no error
+
+
+# 6. Signals and command-line mistakes.
+
+
+def test_ctrl_c_in_the_loop_asks_for_a_save_and_ends_with_130():
+    with PreemptionWatch() as watch:
+        assert not watch.reached(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert watch.reached(2) and watch.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C does not wait for the save
+            os.kill(os.getpid(), signal.SIGINT)
+    stopped = TrainingPreempted(2, "/w/checkpoints/2", signal.SIGINT)
+    assert stopped.exit_status == 130 and str(stopped).startswith("Interrupted (Ctrl-C) at step 2")
+    assert TrainingPreempted(2, "/w/checkpoints/2").exit_status == 143
+
+
+def test_sigterm_outside_the_loop_names_what_it_stopped():
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        runtime._stop_on_sigterm()
+        with pytest.raises(runtime.Stopped), runtime.activity("the evaluation of step 12"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        with runtime.activity("the evaluation of step 12"):
+            assert runtime.stop_message(signal.SIGTERM) == (
+                "Stopped by SIGTERM during the evaluation of step 12."
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize(
+    "methods, seeds, problem",
+    [
+        (["rope"], [], "--seeds is empty"),
+        (["rope"], ["0", "0"], "--seeds lists 0 more than once"),
+        (["rope", "rope"], ["0"], "--methods lists rope more than once"),
+        ([], ["0"], "--methods is required"),
+    ],
+)
+def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, problem):
+    with pytest.raises(UsageError, match=problem):
+        comparison_axes(methods, seeds)
+
+
+def test_a_negative_seed_is_a_config_problem():
+    with pytest.raises(ConfigError, match=r"seed must be an integer in 0 \.\. 2\*\*32 - 1, got -1"):
+        tiny_config(seed=-1)
+
+
+@pytest.mark.slow
+def test_command_line_mistakes_end_in_one_line_with_their_status(tmp_path):
+    env = subprocess_env(1, str(tmp_path / "cache"))
+    bad_config = tmp_path / "raises.py"
+    bad_config.write_text("def get_config():\n    settings = {}\n    return settings['foo']\n")
+    result = run_command(["eval.py", f"--config={bad_config}", f"--workdir={tmp_path}"], env)
+    assert result.returncode == 2, result.stderr
+    assert f"The config file {bad_config} raised KeyError: 'foo', line 3" in result.stderr
+    result = run_command(
+        ["-m", "jrope.compare", TINY, "--methods=rope", "--seeds=", f"--workdir={tmp_path}/c"], env
+    )
+    assert result.returncode == 2 and "--seeds is empty" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "c" / "comparison.csv").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_current_step_and_sigterm_in_the_final_evaluation_says_so(tmp_path):
+    env = subprocess_env(1, str(tmp_path / "cache"))
+    workdir = tmp_path / "run"
+    process = start_training(workdir, env)
+    wait_for_step(workdir, 3, process)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, log_tail(process)
+    log = log_tail(process, lines=10_000)
+    assert re.search(r"Interrupted \(Ctrl-C\) at step (\d+): checkpoint saved", log), log
+    assert "Traceback" not in log
+
+    # The final evaluation at a long length takes seconds: SIGTERM arrives during it.
+    long_eval = ["--config.eval.lengths=(8,4096)", "--config.eval.num_sequences=64"]
+    process = start_training(workdir, env, *long_eval, log_path=f"{workdir}.2.log")
+    deadline = time.monotonic() + 240
+    while "Evaluating step 60" not in log_tail(process, lines=10_000):
+        assert process.poll() is None and time.monotonic() < deadline, log_tail(process)
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 143, log_tail(process)
+    log = log_tail(process, lines=10_000)
+    assert "Stopped by SIGTERM during the final evaluation of step 60" in log, log
+    assert not (workdir / "eval_step60").exists()
+
+
+@pytest.mark.slow
+def test_the_named_last_good_checkpoint_resumes_and_a_changed_seed_is_refused(tmp_path):
+    env = subprocess_env(1, str(tmp_path / "cache"))
+    workdir = tmp_path / "run"
+    diverging = [
+        "--config.opt.learning_rate=1e38",
+        "--config.opt.nonfinite=skip",
+        "--config.opt.max_consecutive_skips=4",
+        "--config.checkpoint.every_steps=1",
+        "--config.checkpoint.max_to_keep=10",
+    ]
+    result = run_command(["train.py", TINY, f"--workdir={workdir}", *diverging], env)
+    assert result.returncode == 5, result.stderr
+    named = re.search(
+        r"Last good checkpoint: step (\d+) at \S+ \(.*?(mkdir -p .*?/)\)", result.stderr
+    )
+    assert named, result.stderr
+    good = int(named.group(1))
+    subprocess.run(named.group(2), shell=True, check=True)  # the message's own command
+    assert max(int(name) for name in os.listdir(workdir / "checkpoints")) == good
+
+    resumed = ["--config.opt.learning_rate=1e-3", "--config.opt.nonfinite=skip"]
+    result = run_command(["train.py", TINY, f"--workdir={workdir}", *resumed], env)
+    assert result.returncode == 4 and "opt.learning_rate is 1e+38 there" in result.stderr
+    result = run_command(
+        ["train.py", TINY, f"--workdir={workdir}", *resumed, "--config.seed=1"], env
+    )
+    assert result.returncode == 4 and "seed is 0 there, 1 now" in result.stderr
+    accept = "--config.checkpoint.accept_changes=opt.learning_rate"
+    result = run_command(["train.py", TINY, f"--workdir={workdir}", *resumed, accept], env)
+    assert result.returncode == 0, result.stderr
+    assert f"Resuming from checkpoint {workdir / 'checkpoints' / str(good)}." in result.stdout
