@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from helpers.repository import ROOT
-from helpers.tiny_config import tiny_config, tiny_config_dict
+from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 
 from jrope.errors import ConfigError
 from jrope.pe_config import pe_config_from_name
@@ -15,6 +15,7 @@ from jrope.train.config import (
     EvalConfig,
     TrainConfig,
     convert_config,
+    keys_without_effect,
     load_config_file,
     unknown_key_problems,
 )
@@ -140,3 +141,44 @@ def test_config_files_load_from_any_working_directory(tmp_path):
         "250",
         "--config.num_stpes: the config has no key 'num_stpes'; did you mean --config.num_steps?",
     ]
+
+
+def test_a_data_key_the_chosen_source_never_reads_is_refused_with_the_fix(tmp_path):
+    config = tiny_text_config_dict(tmp_path, **{"data.manual_dir": str(tmp_path)})
+    _, problems = convert_config(config)
+    assert problems == [
+        f"data.manual_dir = {str(tmp_path)!r} has no effect with data.source = 'text' (only "
+        "'wikitext103' and 'wikitext2' read it); drop --config.data.manual_dir, or set "
+        "--config.data.source=wikitext103."
+    ]
+    config = tiny_text_config_dict(tmp_path, **{"data.source": "wikitext2"})
+    _, problems = convert_config(config)
+    assert [p.split(" (")[0] for p in problems] == [
+        f"data.path = {config.data.path!r} has no effect with data.source = 'wikitext2'",
+        f"data.eval_path = {config.data.eval_path!r} has no effect with data.source = 'wikitext2'",
+    ]
+    assert all(p.endswith("or set --config.data.source=text.") for p in problems)
+
+
+def test_a_kernel_setting_the_chosen_kernel_ignores_is_named_in_a_warning(caplog):
+    config = tiny_config_dict(**{"data.jet_power": 5})
+    with caplog.at_level("WARNING"):
+        _, problems = convert_config(config)
+    assert problems == []  # configs/synthetic.py carries every kernel's settings
+    assert "data.jet_power = 5 has no effect with data.kernel = 'mixed_raw'" in caplog.text
+    caplog.clear()
+    config = tiny_config_dict(**{"data.jet_power": 5, "data.kernel": "high_jet"})
+    with caplog.at_level("WARNING"):
+        _, problems = convert_config(config)
+    assert problems == [] and "jet_power" not in caplog.text
+
+
+def test_no_shipped_config_sets_a_key_without_effect():
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if name == "base.py" or not name.endswith(".py"):  # base: sections, not an experiment
+            continue
+        config = load_config_file(os.path.join(ROOT, "configs", name))
+        if "probe" in config:
+            continue
+        cfg, problems = convert_config(config)
+        assert problems == [] and keys_without_effect(cfg.data) == ([], []), name

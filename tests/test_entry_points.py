@@ -30,6 +30,15 @@ def _text_data(tmp, train="train.txt", evaluation="short.txt"):
 # (id, arguments after `python` (format fields: {tmp}), exit status, patterns all to be found)
 BAD_INPUTS = [
     (
+        "text_path_for_wikitext",
+        ["train.py", WIKITEXT_CPU, "--workdir={tmp}/run", "--config.data.path={tmp}/train.txt"],
+        2,
+        [
+            r"data\.path = '.*train\.txt' has no effect with data\.source = 'wikitext2'",
+            r"drop --config\.data\.path, or set --config\.data\.source=text\.",
+        ],
+    ),
+    (
         "misspelt_key",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.nmae=rope"],
         2,

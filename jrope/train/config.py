@@ -283,7 +283,10 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     if built["seed"] is not None and not 0 <= built["seed"] < 2**32:
         problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
     cfg = TrainConfig(**{**dict.fromkeys(TOP_KEYS), **built})
-    return cfg, problems + _cross_section_problems(cfg)
+    refused, warned = keys_without_effect(cfg.data)
+    for warning in warned:
+        _warn_once(warning)
+    return cfg, problems + _cross_section_problems(cfg) + refused
 
 
 def _build(section: Callable, values: Any, where: str, problems: list[str]):
@@ -369,6 +372,69 @@ def _closest(key: str, known, section: str, section_keys, flag_name: str = "conf
         return f"did you mean --{flag_name}.{close[0]}?"
     where = f"section {section.rstrip('.')!r}" if section else "the config"
     return f"{where} has {', '.join(sorted(section_keys))}."
+
+
+# Data keys that only some choices read: (the choosing key, the values that read it,
+# whether setting the key anyway is refused). The text sources share one section
+# (jrope.data.text_bytes.TextDataConfig): a value there for another source is a
+# mistake. The synthetic configs carry every kernel's parameters in one shared
+# section, so a value the chosen kernel ignores is named in a warning.
+_WIKITEXT = ("wikitext103", "wikitext2")
+_FILES = ("text", "audio_tokens")
+_READ_ONLY_BY = {
+    "TextDataConfig": {
+        "path": ("source", _FILES, True),
+        "eval_path": ("source", _FILES, True),
+        "train_split": ("source", _WIKITEXT, True),
+        "eval_split": ("source", _WIKITEXT, True),
+        "data_dir": ("source", _WIKITEXT, True),
+        "manual_dir": ("source", _WIKITEXT, True),
+    },
+    "SyntheticTaskConfig": {
+        "jet_power": ("kernel", ("high_jet", "scaled_high_jet"), False),
+        "jet_decay": ("kernel", ("scaled_high_jet",), False),
+        "damping_gamma": ("kernel", ("damped_mixed",), False),
+        "damping_sin_weight": ("kernel", ("damped_mixed",), False),
+        "envelope_offset": ("kernel", ("rhythm_envelope",), False),
+        "envelope_slope": ("kernel", ("rhythm_envelope",), False),
+        "carrier_cos_weight": ("kernel", ("rhythm_envelope",), False),
+        "carrier_sin_weight": ("kernel", ("rhythm_envelope",), False),
+        "temperature": ("label_mode", ("stochastic",), False),
+    },
+}
+
+
+def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
+    """(refused, warned): a line per data key set away from its default that the chosen source,
+    kernel or label mode never reads, with the fix. `data`: a data section's dataclass, or None."""
+    refused, warned = [], []
+    if data is None:
+        return refused, warned
+    defaults = {field.name: field.default for field in dataclasses.fields(data)}
+    for key, (chooser, readers, refuse) in _READ_ONLY_BY.get(type(data).__name__, {}).items():
+        value, choice = getattr(data, key), getattr(data, chooser)
+        if choice in readers or value == defaults[key]:
+            continue
+        only = " and ".join(repr(reader) for reader in readers)
+        line = (
+            f"data.{key} = {value!r} has no effect with data.{chooser} = {choice!r} (only "
+            f"{only} read{'s' if len(readers) == 1 else ''} it)"
+        )
+        if refuse:
+            refused.append(
+                f"{line}; drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}."
+            )
+        else:
+            warned.append(f"{line}; the shared data section keeps it, unused.")
+    return refused, warned
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """A warning for each message once per process (every run of a comparison converts its config)."""
+    from absl import logging
+
+    logging.warning("%s", message)
 
 
 def _cross_section_problems(cfg: TrainConfig) -> list[str]:
