@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -133,7 +134,7 @@ def test_ridge_fit_recovers_weights_and_shrinks():
     assert np.linalg.norm(shrunk) < 0.5 * np.linalg.norm(weights)
 
 
-def test_run_writes_csv_markdown_and_plot(tmp_path):
+def test_run_writes_csv_markdown_and_plot(tmp_path, capsys):
     config = kernel_probe_config.get_config()
     config.probe.methods = ("rope", "jordan_raw_tau")
     config.probe.seeds = (0, 1)
@@ -156,6 +157,11 @@ def test_run_writes_csv_markdown_and_plot(tmp_path):
     for text in ("### phase", "### linear", "### mixed", "| jordan_raw_tau |", "T=128"):
         assert text in table
     assert (tmp_path / "kernel_probe_mixed_T128.png").stat().st_size > 10_000
+    # The console names every file written, each of which exists.
+    printed = capsys.readouterr().out.split("Probe files:\n")[-1].split()
+    assert str(tmp_path / "kernel_probe.csv") in printed
+    assert str(tmp_path / "kernel_probe_mixed_T128.png") in printed
+    assert all(os.path.exists(path) for path in printed)
 
 
 @pytest.mark.parametrize(

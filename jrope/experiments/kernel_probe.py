@@ -429,12 +429,12 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     outputs.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
     outputs.write_text(workdir / "kernel_probe.md", table)
-    for target, curves in plot_curves.items():
-        plot_fits(
-            workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png",
-            target,
-            curves,
-            probe,
-        )
+    plots = [
+        workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png" for target in plot_curves
+    ]
+    for path, (target, curves) in zip(plots, plot_curves.items(), strict=True):
+        plot_fits(path, target, curves, probe)
     print(table)
+    written = [workdir / "kernel_probe.csv", workdir / "kernel_probe.md", *plots]
+    print("Probe files:\n" + "\n".join(f"  {path}" for path in written))
     return rows
