@@ -11,7 +11,7 @@ import concurrent.futures
 import re
 
 import pytest
-from helpers.train_process import RUN_CONFIG, run_command, subprocess_env
+from helpers.train_process import RUN_CONFIG, free_port, run_command, subprocess_env
 
 TINY = f"--config={RUN_CONFIG}"
 WIKITEXT_CPU = "--config=configs/wikitext_cpu.py"
@@ -247,3 +247,40 @@ def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
     sample_help = results[2][0].stdout
     # The usage example keeps its line break and continuation, as a shell takes it.
     assert "jordan_exact_scaled/0 \\\n        --prompt=" in sample_help
+
+
+def test_native_writes_to_stdout_go_to_stderr_and_results_stay_on_stdout():
+    code = (
+        "import os; from jrope.command_line import keep_stdout_for_results; "
+        "keep_stdout_for_results(); os.write(1, b'[Gloo] connected\\n'); print('result')"
+    )
+    result = run_command(["-c", code], subprocess_env(1, ""))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "result\n"
+    assert "[Gloo] connected" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_multi_process_run_keeps_stdout_to_progress_and_results(tmp_path):
+    env = subprocess_env(2, str(tmp_path / "jax_cache"))
+    port = free_port()
+    args = [
+        "train.py",
+        TINY,
+        f"--workdir={tmp_path}/run",
+        "--config.num_steps=4",
+        "--config.log.every_steps=2",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+    ]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(
+            pool.map(lambda index: run_command([*args, f"--process_id={index}"], env), (0, 1))
+        )
+    assert [result.returncode for result in results] == [0, 0], results[0].stderr
+    first, second = results
+    assert "step 4/4" in first.stdout and "eval_step4/eval.md" in first.stdout
+    assert second.stdout == ""  # process 1 shows nothing: process 0 reports
+    # Gloo's connection lines exist, and went to stderr.
+    assert "[Gloo]" in first.stderr + second.stderr
+    assert "[Gloo]" not in first.stdout
