@@ -11,7 +11,8 @@ reported together: a misspelt method last in --methods must not cost the
 training of the others first. The run is resumable at two levels: a
 finished run (its final evaluation CSV exists) is not retrained, and an
 interrupted one resumes from its latest checkpoint. The comparison is
-written to `<workdir>/comparison.{csv,md,png}`: every row, then the mean and
+printed at the end, with where its files went, and written to
+`<workdir>/comparison.{csv,md,png}`: every row, then the mean and
 spread (sample standard deviation) over seeds per method and length, and,
 for a task evaluated at chosen distances (key-value retrieval), per method,
 length and distance.
