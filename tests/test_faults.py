@@ -264,13 +264,13 @@ def test_sigterm_outside_the_loop_names_what_it_stopped():
     previous = signal.getsignal(signal.SIGTERM)
     try:
         runtime._stop_on_sigterm()
-        with pytest.raises(runtime.Stopped), runtime.activity("the evaluation of step 12"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
-        with runtime.activity("the evaluation of step 12"):
-            assert runtime.stop_message(signal.SIGTERM) == (
-                "Stopped by SIGTERM during the evaluation of step 12."
-            )
+        with pytest.raises(runtime.Stopped) as stopped:
+            with runtime.activity("the final evaluation"), runtime.activity("an evaluation"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        assert runtime.stop_message(signal.SIGTERM, stopped.value.during) == (
+            "Stopped by SIGTERM during the final evaluation."
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -266,6 +266,8 @@ PARAMETER_SECTIONS = ("pe",)
 VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
 # Sections a resume may change: they do not change the trained model (the mesh only lays it out).
 RESUME_FREE_SECTIONS = ("eval", "log", "checkpoint", "runtime", "mesh")
+# Keys a resume may change: what to do when a step is non-finite (a finite run is the same).
+RESUME_FREE_KEYS = ("opt.nonfinite", "opt.max_consecutive_skips")
 # Keys an evaluation refuses beyond the parameter-defining ones: they label its rows.
 EVALUATION_LABEL_KEYS = ("seed", "data.seed")
 
@@ -463,7 +465,7 @@ def config_differences(
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif purpose == "evaluate":
             (incompatible if key in EVALUATION_LABEL_KEYS else changed).append(line)
-        elif section in RESUME_FREE_SECTIONS or key in accepted or section in accepted:
+        elif {key, section} & (set(RESUME_FREE_SECTIONS) | set(RESUME_FREE_KEYS) | accepted):
             changed.append(line)
         elif key == "num_steps" and current_flat.get("opt.schedule") == "constant":
             changed.append(line)  # a constant learning rate does not depend on the run's length

@@ -170,7 +170,7 @@ def _config_file_error(error: BaseException, argv: list[str], config_flag: str) 
     cause = error
     while cause.__cause__ is not None or cause.__context__ is not None:
         cause = cause.__cause__ or cause.__context__
-    if cause is error or not path:
+    if not path:
         return _first_line(error)
     config_file = os.path.abspath(path.split(":")[0])
     lines = [
@@ -178,6 +178,8 @@ def _config_file_error(error: BaseException, argv: list[str], config_flag: str) 
         for frame in traceback.extract_tb(cause.__traceback__)
         if os.path.abspath(frame.filename) == config_file
     ]
+    if cause is error and not lines:  # absl's own complaint about the flag
+        return _first_line(error)
     where = f", line {lines[-1].lineno}: {lines[-1].line}" if lines else ""
     return (
         f"The config file {path} raised {type(cause).__name__}: {_first_line(cause)}{where}. "
@@ -206,7 +208,7 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
         main(argv)
     except (KeyboardInterrupt, Stopped) as error:
         signum = error.signum if isinstance(error, Stopped) else signal.SIGINT
-        _fail(stop_message(signum), 128 + signum, error)
+        _fail(stop_message(signum, getattr(error, "during", None)), 128 + signum, error)
     except Exception as error:
         code = exit_code(error)
         if code is None:
@@ -239,28 +241,26 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-_ACTIVITIES: list[str] = []
-
-
 @contextmanager
 def activity(description: str) -> Iterator[None]:
     """Names what the command is doing, for the message of a SIGTERM or Ctrl-C that stops it.
 
     description: what is being done and what to do after a stop, e.g. "the
     evaluation of step 12 (nothing of it was written): run the same command again".
+    The stop carries it out as its `during`; of nested activities, the outermost's.
     """
-    _ACTIVITIES.append(description)
     try:
         yield
-    finally:
-        _ACTIVITIES.remove(description)
+    except (KeyboardInterrupt, Stopped) as stop:
+        stop.during = description
+        raise
 
 
-def stop_message(signum: int) -> str:
-    """The one line for a command stopped by `signum` outside the train loop."""
+def stop_message(signum: int, during: str | None = None) -> str:
+    """The one line for a command stopped by `signum` outside the train loop, during `during`."""
     what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Stopped by SIGTERM"
-    if _ACTIVITIES:
-        return f"{what} during {_ACTIVITIES[-1]}."
+    if during:
+        return f"{what} during {during}."
     return (
         f"{what}. Nothing is half-written: a run resumes from its latest checkpoint when the "
         "same command is run again."
