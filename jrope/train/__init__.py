@@ -1,1 +1,1 @@
-"""The training harness: run config and checks, state, sharding, checkpoints, trainer, evaluation, runtime."""
+"""The training harness: config, checks, setup, trainer, checkpoints, evaluation, outputs, runtime."""

@@ -172,6 +172,11 @@ class MetricsLogger:
             self._jsonl.flush()  # on a bucket: the log catches up with the checkpoint
 
     @property
+    def skip_streak_start(self) -> int | None:
+        """The first step of the updates being skipped in a row now, None when none is."""
+        return self._skipped_in_a_row[0] if self._skipped_in_a_row else None
+
+    @property
     def skip_progress(self) -> dict[str, int]:
         """Updates skipped so far and in a row up to the last step read (a checkpoint records it)."""
         return {
