@@ -134,6 +134,8 @@ def test_a_checkpoint_saved_while_skipping_is_never_the_last_good_one(tmp_path):
         progress = {"skipped_steps": step - 1, "skipped_in_a_row": step - 1}
         checkpointer.save(step, _small_state(1.0), progress=progress)
     checkpointer.wait_until_finished()
+    # Skipping from step 3 on: checkpoint 2 led straight into it.
+    assert checkpoints.describe_last_good(checkpointer, streak_start=3).startswith("step 1 at")
     described = checkpoints.describe_last_good(checkpointer)
     assert described.startswith(f"step 1 at {tmp_path / 'checkpoints' / '1'}")
     assert re.search(r"mv \S+/checkpoints/2 \S+/checkpoints/3 ", described)
@@ -339,8 +341,11 @@ def test_ctrl_c_saves_the_current_step_and_sigterm_in_the_final_evaluation_says_
 def test_the_named_last_good_checkpoint_resumes_and_a_changed_seed_is_refused(tmp_path):
     env = subprocess_env(1, str(tmp_path / "cache"))
     workdir = tmp_path / "run"
+    # The warm-up's first step takes no update (learning rate 0), its second ruins the
+    # parameters: step 3 is the first non-finite one, so checkpoint 2 is not good either.
     diverging = [
         "--config.opt.learning_rate=1e38",
+        "--config.opt.warmup_steps=4",
         "--config.opt.nonfinite=skip",
         "--config.opt.max_consecutive_skips=4",
         "--config.checkpoint.every_steps=1",
@@ -356,7 +361,12 @@ def test_the_named_last_good_checkpoint_resumes_and_a_changed_seed_is_refused(tm
     subprocess.run(named.group(2), shell=True, check=True)  # the message's own command
     assert max(int(name) for name in os.listdir(workdir / "checkpoints")) == good
 
-    resumed = ["--config.opt.learning_rate=1e-3", "--config.opt.nonfinite=skip"]
+    assert good == 1, result.stderr
+    resumed = [
+        "--config.opt.learning_rate=1e-3",
+        "--config.opt.warmup_steps=4",
+        "--config.opt.nonfinite=skip",
+    ]
     result = run_command(["train.py", TINY, f"--workdir={workdir}", *resumed], env)
     assert result.returncode == 4 and "opt.learning_rate is 1e+38 there" in result.stderr
     result = run_command(

@@ -294,23 +294,27 @@ def saved_while_skipping(checkpointer: Checkpointer, step: int) -> bool:
     return bool(progress and progress.get("skipped_in_a_row", 0) > 0)
 
 
-def describe_last_good(checkpointer: Checkpointer, skipping_now: bool = False) -> str:
+def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
     """The latest checkpoint saved with no update being skipped, and how to resume from it.
 
-    skipping_now: the run was skipping updates when this is asked (the
-    in-flight save, if any, is then not a good one either).
+    streak_start: the first step of the updates being skipped in a row now
+    (None: none). The checkpoint just before it is not good either: its very
+    next step was non-finite, so resuming there runs straight into the skips.
     """
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = finished_steps(checkpointer.directory)
-    bad = [step for step in steps if saved_while_skipping(checkpointer, step)]
+    bad = [
+        step
+        for step in steps
+        if (streak_start is not None and step >= streak_start - 1)
+        or saved_while_skipping(checkpointer, step)
+    ]
     good = [step for step in steps if step not in bad]
     if not good:
-        where = (
-            f" ({', '.join(map(str, bad))} were saved while updates were skipped)" if bad else ""
-        )
+        where = f" ({', '.join(map(str, bad))} led into or were saved during skipped updates)"
         return (
-            f"none in {checkpointer.directory}{where}; start again in a new --workdir, "
-            "or remove those checkpoints"
+            f"none in {checkpointer.directory}{where if bad else ''}; start again in a new "
+            "--workdir, or remove those checkpoints"
         )
     last = good[-1]
     later = [step for step in steps if step > last]
@@ -320,8 +324,8 @@ def describe_last_good(checkpointer: Checkpointer, skipping_now: bool = False) -
     aside = checkpointer.directory.parent / "skipped_checkpoints"
     moves = " ".join(str(checkpoint_path(checkpointer, step)) for step in later)
     return (
-        f"{text} (later checkpoint(s) {', '.join(map(str, later))} were saved while updates were "
-        f"skipped or after; to resume from step {last}, move them aside: mkdir -p {aside} && "
+        f"{text} (later checkpoint(s) {', '.join(map(str, later))} led into or were saved during "
+        f"skipped updates; to resume from step {last}, move them aside: mkdir -p {aside} && "
         f"mv {moves} {aside}/)"
     )
 

@@ -289,7 +289,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         every_steps=cfg.log.every_steps,
         num_steps=cfg.num_steps,
         tensorboard=cfg.log.tensorboard,
-        last_checkpoint=lambda: checkpoints.describe_last_good(checkpointer),
+        last_checkpoint=lambda: checkpoints.describe_last_good(
+            checkpointer, logger.skip_streak_start
+        ),
         is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=Throughput.for_run(cfg, model_io(run.source), devices),
