@@ -189,7 +189,8 @@ def test_checkpoint_of_other_parameters_is_refused_with_the_difference(
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}, **overrides), str(workdir))
     message = str(caught.value)
     assert message.startswith(
-        f"Checkpoint {workdir / 'checkpoints' / '2'} was written by a run with other parameters"
+        f"Checkpoint {workdir / 'checkpoints' / '2'} was written with other settings than this "
+        "run's, and they change what the trained model and its results mean"
     )
     assert difference in message and "nothing was deleted" in message
     assert _snapshot(workdir) == before
