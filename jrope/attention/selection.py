@@ -66,7 +66,7 @@ def choose_kernel(
     span: max - min of the key positions of any row (default length - 1,
       contiguous positions); one map origin must cover span + 1 positions.
     damping: the largest damping of the parameters being run, measured on the
-      host (jrope.encodings.largest_damping); the bound planned for is the
+      host (Encoding.largest_damping); the bound planned for is the
       larger of it and model.max_damping. A single-origin kernel asked for
       explicitly is refused where the measured damping would overflow it.
 
