@@ -196,7 +196,8 @@ def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
     _set_log_level(flags.FLAGS.log_level)
-    command_line.keep_stdout_for_results()  # Gloo's connection lines are no results
+    if _multi_process():
+        command_line.keep_stdout_for_results()  # Gloo's connection lines are no results
     if not _verbose():
         for handler in logging.getLogger().handlers:
             handler.addFilter(_hide_storage_failure_records)
@@ -265,6 +266,15 @@ def stop_message(signum: int, during: str | None = None) -> str:
         f"{what}. Nothing is half-written: a run resumes from its latest checkpoint when the "
         "same command is run again."
     )
+
+
+# jrope.train.setup's process flags: any of them set starts JAX's distributed runtime.
+_PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")
+
+
+def _multi_process() -> bool:
+    """Whether the command line asks for a multi-process run."""
+    return any(name in flags.FLAGS and flags.FLAGS[name].value for name in _PROCESS_FLAGS)
 
 
 def _set_log_level(name: str) -> None:
