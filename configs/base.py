@@ -105,6 +105,8 @@ def get_config(
     config.eval = config_dict.ConfigDict()
     config.eval.lengths = (1024, 2048, 4096, 8192)  # evaluation lengths
     config.eval.num_sequences = 32  # fixed evaluation sequences per length
+    # Seed of the evaluation sequences: the same for every run's seed and method (paired runs).
+    config.eval.seed = 0
     config.eval.batch_size = 4  # sequences per evaluation batch (memory at the longest length)
     config.eval.every_steps = 0  # evaluate during training every N steps (0: only at the end)
 

@@ -60,6 +60,8 @@ def get_config() -> config_dict.ConfigDict:
     config.checkpoint.every_steps = 500  # periodic save interval
     config.log.every_steps = 100  # progress line interval
     config.eval.lengths = (1024, 2048, 4096, 8192)  # evaluation lengths (1x .. 8x L)
-    config.eval.num_sequences = 256  # fixed sequences per length and per distance
+    # Per length and per distance: the reference's count (32 batches of 8), which it draws from
+    # the run's own generator; here fixed by eval.seed, the same for every seed and method.
+    config.eval.num_sequences = 256
     config.eval.batch_size = 8  # sequences per evaluation batch
     return config

@@ -11,7 +11,8 @@ Command:
         --config.pe.name=jordan_rope --workdir=runs/synthetic_cpu_one
 
 The paper's method list over seeds, with the comparison table
-(resumable; finished runs are kept):
+(resumable; finished runs are kept), on 256 evaluation sequences per length:
+more than the reference's 32, for a tighter estimate at CPU scale:
 
     python -m jrope.compare --config=configs/synthetic_cpu.py \
         --config.eval.num_sequences=256 --seeds=0,1,2 --workdir=runs/synthetic_cpu \

@@ -46,6 +46,6 @@ def get_config():
     config.checkpoint.every_steps = 200  # only the final state
     config.log.every_steps = 50
     config.eval.lengths = (256, 512, 1024, 2048)  # 1x .. 8x L
-    config.eval.num_sequences = 16
+    config.eval.num_sequences = 16  # the v1 config's (and the reference's) count
     config.eval.batch_size = 8
     return config

@@ -3,7 +3,10 @@
 The v1 base (configs/wikitext_scaled_exact.py) trained on the first 1% of
 the training split's lines with a smaller model: d_model 192, 4 heads,
 3 layers, MLP 2x, L = 512, batch 4, 500 steps, lr 5e-4, weight decay 0.05,
-evaluation at 512 .. 8192. Data set-up as in the base's docstring.
+evaluation at 512 .. 8192 on 2 validation windows per length, as the
+reference's configs/high_jet_wikitext103_subset_500_seeds012.yaml (2 batches
+of one window), the same for every method and seed. Data set-up as in the
+base's docstring.
 
 Command (one method and seed per run; methods as in the base):
 
@@ -34,4 +37,6 @@ def get_config():
     config.opt.weight_decay = 0.05
     config.checkpoint.every_steps = 100
     config.eval.lengths = (512, 1024, 2048, 4096, 8192)  # 1x .. 16x L
+    config.eval.num_sequences = 2  # validation windows per length, the reference's count
+    config.eval.batch_size = 2
     return config

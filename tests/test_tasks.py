@@ -77,10 +77,18 @@ def test_regression_metrics_are_mse_and_r2():
     y, w = targets[:, 2:].astype(np.float64), np.repeat(weights[:, 2:, None], 2, axis=2)
     mse = np.sum(w * (predictions - y) ** 2) / np.sum(w)
     mean = np.sum(w * y) / np.sum(w)
-    r2 = 1 - mse / (np.sum(w * (y - mean) ** 2) / np.sum(w))
+    pooled_r2 = 1 - mse / (np.sum(w * (y - mean) ** 2) / np.sum(w))
+    # Each sequence's own R^2 (its weighted error and variance about its own mean), averaged.
+    own = [
+        1
+        - np.sum(w[b] * (predictions[b] - y[b]) ** 2)
+        / np.sum(w[b] * (y[b] - np.sum(w[b] * y[b]) / np.sum(w[b])) ** 2)
+        for b in range(3)
+    ]
     assert float(metrics["loss"]) == pytest.approx(mse, rel=1e-5)
-    assert float(metrics["r2"]) == pytest.approx(r2, rel=1e-4)
-    assert set(metrics) == {"loss", "r2"}
+    assert float(metrics["r2_pooled"]) == pytest.approx(pooled_r2, rel=1e-4)
+    assert float(metrics["r2"]) == pytest.approx(np.mean(own), rel=1e-4)
+    assert set(metrics) == {"loss", "r2", "r2_pooled"}
 
 
 def test_parameter_shaping_keys_of_the_new_tasks_refuse_a_resume():
@@ -158,7 +166,10 @@ def test_signal_regression_trains_evaluates_and_resumes(tmp_path):
     with open(tmp_path / "resumed" / "eval_step4" / "eval.csv", encoding="utf-8") as f:
         written = list(csv.DictReader(f))
     assert float(written[1]["r2"]) == pytest.approx(rows[1]["r2"], rel=1e-6)
-    assert "| length | loss | r2 |" in (tmp_path / "resumed" / "eval_step4" / "eval.md").read_text()
+    assert (
+        "| length | loss | r2 | r2_pooled |"
+        in (tmp_path / "resumed" / "eval_step4" / "eval.md").read_text()
+    )
 
 
 @pytest.mark.slow

@@ -31,9 +31,11 @@ at most three candidates, so ``3 num_pairs <= T - 5`` guarantees room and is
 checked.
 
 Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, stream, step or length[, distance], sequence index)``: training,
-plain evaluation and each distance's evaluation are disjoint streams, fixed
-per seed, and the same whatever the batch size or process count.
+``(seed, stream, step, row)`` for training and ``(eval_seed, stream, length[,
+distance], sequence index)`` for evaluation: training, plain evaluation and
+each distance's evaluation are disjoint streams; the evaluation's are fixed
+by the evaluation seed whatever the run's seed and method, and every stream
+is the same whatever the batch size or process count.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jrope.data.source import ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
 
 PAD = 0
 BOS = 1
@@ -65,7 +67,8 @@ class RetrievalConfig:
     Attributes:
       source: 'retrieval' (the data section's source name).
       seq_len: training length T.
-      seed: data seed; every batch is a pure function of it.
+      seed: data seed; every training batch is a pure function of it (evaluation
+        batches are of the evaluation seed).
       num_pairs: (key, value) pairs per sequence.
       num_keys: key tokens; the pairs of a sequence have distinct keys.
       num_values: value tokens.
@@ -183,10 +186,15 @@ class RetrievalSource:
         rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.data_cfg.seq_len, None)
 
-    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed sequences of ``length``, random distances."""
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[dict]:
+        """This process's share of ``num_sequences`` fixed sequences of ``length``, random distances.
+
+        ``seed``: the evaluation seed (not the data config's).
+        """
         check_room(length, self.data_cfg.num_pairs)
-        words = (self.data_cfg.seed, _EVAL_STREAM, length)
+        words = (seed, _EVAL_STREAM, length)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, None)
 
@@ -195,7 +203,12 @@ class RetrievalSource:
         return tuple(d for d in self.data_cfg.eval_distances if d < length - 2)
 
     def distance_eval_batches(
-        self, length: int, distance: int, num_sequences: int, batch_size: int
+        self,
+        length: int,
+        distance: int,
+        num_sequences: int,
+        batch_size: int,
+        seed: int = DEFAULT_EVAL_SEED,
     ) -> Iterator[dict]:
         """Like eval_batches, with every target pair ``distance`` positions before the query's key."""
         check_room(length, self.data_cfg.num_pairs)
@@ -204,7 +217,7 @@ class RetrievalSource:
                 f"distance {distance} does not fit in length {length}: "
                 f"it must lie in [{MIN_DISTANCE}, {length - 2}]."
             )
-        words = (self.data_cfg.seed, _DISTANCE_STREAM, length, distance)
+        words = (seed, _DISTANCE_STREAM, length, distance)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, distance)
 

@@ -28,9 +28,10 @@ float64 rounding, about 1e-13 here; the tests check it against the direct
 sum); batches are float32.
 
 Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, stream, step or length, sequence index)``: the train and eval
-streams differ, evaluation data are fixed per ``(seed, length)``, and every
-row is the same whatever the batch size or process count.
+``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
+index)`` for evaluation: the streams differ, evaluation data are fixed per
+``(eval_seed, length)`` whatever the run's seed and method, and every row is
+the same whatever the batch size or process count.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jrope.data import synthetic
-from jrope.data.source import ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
 
@@ -82,7 +83,8 @@ class SignalRegressionConfig:
     Attributes:
       source: 'signal' (the data section's source name).
       seq_len: training length L; also the kernel's length scale and normalisation range.
-      seed: data seed; training and evaluation data are pure functions of it.
+      seed: data seed; the training data are a pure function of it (the evaluation
+        data of the evaluation seed).
       kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
       input_channels: C, independent noise channels, each convolved with the
         same kernel (the model's input projection and regression head have C
@@ -187,9 +189,14 @@ class SignalRegressionSource:
         rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.data_cfg.seq_len)
 
-    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``."""
-        words = (self.data_cfg.seed, _EVAL_STREAM, length)
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[dict]:
+        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
+
+        ``seed``: the evaluation seed (not the data config's).
+        """
+        words = (seed, _EVAL_STREAM, length)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
             yield self._make_batch(rngs, length)
 

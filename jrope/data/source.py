@@ -4,8 +4,8 @@ A data source is built once per process for a global batch size, and hands
 out this process's rows of every global batch:
 
     source = build_source(data_cfg, global_batch_size, process_index, process_count)
-    source.train_batch(step)                                  # one step's rows
-    source.eval_batches(length, num_sequences, batch_size)    # fixed evaluation rows
+    source.train_batch(step)                                        # one step's rows
+    source.eval_batches(length, num_sequences, batch_size, seed)    # fixed evaluation rows
 
 Each batch is a dict of numpy arrays with a leading axis of this process's
 rows: 'inputs', 'targets', and 'weights' float32 [b, T] (each position's
@@ -28,9 +28,15 @@ DistanceEvaluation; the evaluation then reports every length per distance too.
 
 Row r of a global batch belongs to process r // b (b = global / process
 count), so the processes' shares are disjoint, cover the global batch, and
-are the same whatever the process count. Batches are pure functions of the
-config's seed and the step (or the length and sequence index): a resumed run
-sees exactly the data an uninterrupted one would.
+are the same whatever the process count. Training batches are pure functions
+of the config's seed and the step: a resumed run sees exactly the data an
+uninterrupted one would. Evaluation sequences are pure functions of the
+evaluation seed (eval.seed, DEFAULT_EVAL_SEED unless set), the length and
+the sequence index, and not of the run's seed or method: every run of a
+comparison is scored on the same sequences (paired), as the paper's
+reference code does for its WikiText and audio windows. Sequence i of a
+length is the same whatever num_sequences, so fewer sequences are a prefix
+of more.
 
 `data.source` names the source; SOURCES maps each name to the module, the
 frozen config dataclass its `data` section converts to, and the source class.
@@ -50,6 +56,10 @@ Batch = dict[str, np.ndarray]
 
 TASKS = ("language_model", "classification", "regression")
 
+# The evaluation sequences' seed when eval.seed is not set: one value for every run. The
+# evaluation draws from its own streams, so it shares no data with training of any seed.
+DEFAULT_EVAL_SEED = 0
+
 
 class DataSource(Protocol):
     """What every source provides (see the module docstring)."""
@@ -60,7 +70,9 @@ class DataSource(Protocol):
 
     def train_batch(self, step: int) -> Batch: ...
 
-    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[Batch]: ...
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[Batch]: ...
 
 
 @runtime_checkable
@@ -72,7 +84,12 @@ class DistanceEvaluation(Protocol):
         ...
 
     def distance_eval_batches(
-        self, length: int, distance: int, num_sequences: int, batch_size: int
+        self,
+        length: int,
+        distance: int,
+        num_sequences: int,
+        batch_size: int,
+        seed: int = DEFAULT_EVAL_SEED,
     ) -> Iterator[Batch]:
         """Like eval_batches, every sequence with its answer `distance` positions before the end."""
         ...

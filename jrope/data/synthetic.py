@@ -32,9 +32,11 @@ longer length ``T`` uses that same constant, so the growing kernels keep
 growing beyond ``L`` (which is what makes extrapolation hard).
 
 Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, stream, step or length, sequence index)``; the train and eval
-streams differ, so evaluation data are independent of training data, fixed
-per ``(seed, length)``, and the same whatever the batch size or process count.
+``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
+index)`` for evaluation: the streams differ, so evaluation data are
+independent of training data, fixed per ``(eval_seed, length)`` whatever the
+run's seed and method (every run of a comparison sees the same sequences),
+and the same whatever the batch size or process count.
 All arithmetic is host-side numpy in float64.
 """
 
@@ -45,7 +47,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jrope.data.source import ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
 
 BIT0 = 0
 BIT1 = 1
@@ -76,7 +78,8 @@ class SyntheticTaskConfig:
       source: 'synthetic' (the data section's source name).
       seq_len: training length L (the QUERY token included); also the
         kernel's length scale and normalisation range.
-      seed: data seed; training and evaluation data are pure functions of it.
+      seed: data seed; the training data are a pure function of it (the evaluation
+        data of the evaluation seed).
       kernel: one of KERNEL_NAMES (formulas in the module docstring).
       head_dim: head dimension of the model whose rotary frequencies the
         kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
@@ -318,13 +321,16 @@ class SyntheticSource:
         rngs = self.share.train_generators(self.task_cfg.seed, _TRAIN_STREAM, step)
         return self._make_batch(rngs, self.task_cfg.seq_len)
 
-    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[dict]:
         """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
 
-        ``batch_size`` is the global evaluation batch size; sequence ``i`` is
-        the same whatever the batch size and process count.
+        ``batch_size`` is the global evaluation batch size; ``seed`` the
+        evaluation seed (not the task's). Sequence ``i`` is the same whatever
+        the batch size and process count.
         """
-        words = (self.task_cfg.seed, _EVAL_STREAM, length)
+        words = (seed, _EVAL_STREAM, length)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
             yield self._make_batch(rngs, length)
 

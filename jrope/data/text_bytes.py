@@ -22,8 +22,11 @@ Sampling (all host-side numpy; ``L = seq_len``):
              ``b = global_batch_size / process_count``: the shares are
              disjoint, cover the global batch, and resume exactly.
   evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
-             of the evaluation corpus drawn with ``(seed, 1, T, i)``: the same
-             on every restart, whatever the batch size and process count.
+             of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``
+             (jrope.data.source.DEFAULT_EVAL_SEED unless eval.seed says
+             otherwise): the same for every run's seed and method, on every
+             restart, whatever the batch size and process count; windows of
+             different lengths are drawn independently.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from etils import epath
 
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
-from jrope.data.source import ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
@@ -76,7 +79,8 @@ class TextDataConfig:
         split's first 1% of lines) or bytes ('text', 'audio_tokens').
       vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
       seq_len: training length L (the model sees L tokens, predicts L).
-      seed: data seed; every batch is a pure function of it.
+      seed: data seed; every training batch is a pure function of it (evaluation
+        windows are of the evaluation seed).
       cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
       data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
       manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
@@ -172,30 +176,38 @@ class ByteTextSource:
         """This process's rows of the global training batch of ``step``."""
         starts = [
             self._window_start(
-                (_TRAIN_STREAM, step, row), len(self.train_corpus), self.data_cfg.seq_len
+                (self.data_cfg.seed, _TRAIN_STREAM, step, row),
+                len(self.train_corpus),
+                self.data_cfg.seq_len,
             )
             for row in self.share.train_rows()
         ]
         return self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
 
-    def eval_batches(self, length: int, num_sequences: int, batch_size: int) -> Iterator[dict]:
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[dict]:
         """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens.
 
-        ``batch_size`` is the global evaluation batch size.
+        ``batch_size`` is the global evaluation batch size; ``seed`` the
+        evaluation seed (the windows do not depend on the data config's seed).
         """
         # The request is checked before the text's length.
         batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
         _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
         for indices in batches:
             starts = [
-                self._window_start((_EVAL_STREAM, length, index), len(self.eval_corpus), length)
+                self._window_start(
+                    (seed, _EVAL_STREAM, length, index), len(self.eval_corpus), length
+                )
                 for index in indices
             ]
             yield self._make_batch(self.eval_corpus, starts, length)
 
-    def _window_start(self, stream_words: tuple[int, ...], corpus_len: int, length: int) -> int:
+    @staticmethod
+    def _window_start(entropy: tuple[int, ...], corpus_len: int, length: int) -> int:
         # A window of length + 1 bytes fits at starts 0 .. corpus_len - length - 1.
-        rng = np.random.default_rng([self.data_cfg.seed, *stream_words])
+        rng = np.random.default_rng(list(entropy))
         return int(rng.integers(0, corpus_len - length))
 
     def _make_batch(self, corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:

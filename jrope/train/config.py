@@ -33,7 +33,7 @@ from typing import Any
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
-from jrope.data.source import source_spec
+from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.errors import ConfigError
 from jrope.model.config import ModelConfig
@@ -145,9 +145,13 @@ class EvalConfig(_Section):
     num_sequences: int  # per length
     batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
     every_steps: int  # evaluation during training (0 = only after the last step)
+    # The evaluation sequences' seed: the same sequences for every run seed and method.
+    seed: int = DEFAULT_EVAL_SEED
 
     def problems(self) -> list[str]:
         problems = []
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"eval.seed must be an integer in 0 .. 2**32 - 1, got {self.seed}.")
         if not self.lengths or not all(
             isinstance(length, int) and length >= 2 for length in self.lengths
         ):

@@ -4,8 +4,16 @@ What a step measures, per task, for the train step and the evaluation alike
 (so a training loss and an evaluation loss are the same quantity): token
 tasks (language modelling, classification over the first `num_classes`
 logits) sum a weighted cross-entropy and the correct predictions (nats per
-byte for language modelling); regression sums squared errors and what R^2
-needs. Sums, not means, so that batches and processes add up exactly.
+byte for language modelling); regression sums squared errors, each
+sequence's R^2 and what the pooled R^2 needs. Sums, not means, so that
+batches and processes add up exactly. Regression reports two R^2: 'r2', the
+mean over sequences of each sequence's own R^2 (the paper's reference
+reports this one), and 'r2_pooled', one R^2 of every sequence's positions
+taken together (which rewards a model for the spread between sequences).
+
+The evaluation sequences are the data source's for `eval.seed`, fixed per
+length whatever the run's seed and method, so every comparison is paired
+(jrope.data.source).
 
 `evaluate_lengths` runs a jitted forward at each length over the data
 source's fixed evaluation sequences, in small batches so that long lengths
@@ -82,10 +90,14 @@ def weighted_sums(
     }
 
 
+# A sequence whose targets are constant has no variance to explain: its R^2 divides by this.
+VARIANCE_FLOOR = 1e-12
+
+
 def squared_error_sums(
     predictions: jax.Array, targets: jax.Array, weights: jax.Array
 ) -> dict[str, jax.Array]:
-    """Weighted sums of squared errors and of the targets (for R^2).
+    """Weighted sums of squared errors, of the targets (pooled R^2) and of each sequence's R^2.
 
     Args:
       predictions: float32 [B, T', C] for the last T' <= T positions;
@@ -93,16 +105,33 @@ def squared_error_sums(
     Returns:
       float32 scalars 'loss_sum' (w (p - y)^2 summed over positions and
       channels), 'weight_sum' (w summed, times C: the loss is per element),
-      'target_sum' and 'target_square_sum' (w y and w y^2 summed).
+      'target_sum' and 'target_square_sum' (w y and w y^2 summed),
+      'sequence_r2_sum' (each sequence's R^2 summed: 1 - its weighted mean
+      squared error / its weighted variance about its own mean, over its
+      positions and channels, the variance floored at VARIANCE_FLOOR; with
+      unit weights jrope.data.signal.sequence_r2) and 'sequence_count' (the
+      sequences with a nonzero weight, the only ones counted).
     """
     first = targets.shape[1] - predictions.shape[1]
     targets, weights = targets[:, first:].astype(jnp.float32), weights[:, first:, None]
     channels = targets.shape[-1]
+    squared_errors = jnp.square(predictions - targets) * weights
+    # Per sequence [B]: weight, mean squared error and variance over positions and channels.
+    sequence_weight = jnp.sum(weights, axis=(1, 2)) * channels
+    counted = sequence_weight > 0
+    safe_weight = jnp.where(counted, sequence_weight, 1.0)
+    sequence_mse = jnp.sum(squared_errors, axis=(1, 2)) / safe_weight
+    sequence_mean = jnp.sum(targets * weights, axis=(1, 2)) / safe_weight
+    centred = jnp.square(targets - sequence_mean[:, None, None]) * weights
+    sequence_variance = jnp.sum(centred, axis=(1, 2)) / safe_weight
+    sequence_r2 = 1.0 - sequence_mse / jnp.maximum(sequence_variance, VARIANCE_FLOOR)
     return {
-        "loss_sum": jnp.sum(jnp.square(predictions - targets) * weights),
+        "loss_sum": jnp.sum(squared_errors),
         "weight_sum": jnp.sum(weights) * channels,
         "target_sum": jnp.sum(targets * weights),
         "target_square_sum": jnp.sum(jnp.square(targets) * weights),
+        "sequence_r2_sum": jnp.sum(jnp.where(counted, sequence_r2, 0.0)),
+        "sequence_count": jnp.sum(counted.astype(jnp.float32)),
     }
 
 
@@ -116,13 +145,18 @@ def task_sums(
 
 
 def metrics_from_sums(sums: dict[str, Any], task: str) -> dict[str, Any]:
-    """'loss' and 'accuracy' (token tasks) or 'loss' (MSE) and 'r2' (regression), from task_sums."""
+    """From task_sums: 'loss' and 'accuracy' (token tasks), or 'loss' (MSE), 'r2' (the mean of
+    the sequences' own R^2) and 'r2_pooled' (one R^2 over every sequence) for regression."""
     loss = sums["loss_sum"] / sums["weight_sum"]
     if task != "regression":
         return {"loss": loss, "accuracy": sums["correct_sum"] / sums["weight_sum"]}
     mean = sums["target_sum"] / sums["weight_sum"]
     variance = sums["target_square_sum"] / sums["weight_sum"] - mean * mean
-    return {"loss": loss, "r2": 1.0 - loss / variance}
+    return {
+        "loss": loss,
+        "r2": sums["sequence_r2_sum"] / sums["sequence_count"],
+        "r2_pooled": 1.0 - loss / variance,
+    }
 
 
 # distance: empty for the rows over the source's own evaluation sequences.
@@ -137,12 +171,13 @@ CSV_COLUMNS = (
     "accuracy",
     "bits_per_byte",
     "r2",
+    "r2_pooled",
 )
 # The columns of each task's markdown table, after the length: headline metric first.
 TASK_COLUMNS = {
     "language_model": ("loss", "bits_per_byte"),
     "classification": ("accuracy", "loss"),
-    "regression": ("loss", "r2"),
+    "regression": ("loss", "r2", "r2_pooled"),
 }
 RESULTS_CSV = "eval.csv"  # written last: its presence marks a whole result
 # A length still evaluating after this many seconds reports its progress, and again after as many.
@@ -208,14 +243,20 @@ def evaluate_lengths(
     rows = []
     for length in cfg.eval.lengths:
         started = time.perf_counter()
-        batches = source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)
+        batches = source.eval_batches(
+            length, cfg.eval.num_sequences, cfg.eval.batch_size, seed=cfg.eval.seed
+        )
         rows.append(_result_row(eval_step, params, batches, source, cfg, mesh, step, length, None))
         if on_length is not None:
             on_length(rows[-1], time.perf_counter() - started)
         if isinstance(source, DistanceEvaluation):
             for distance in source.eval_distances(length):
                 batches = source.distance_eval_batches(
-                    length, distance, cfg.eval.num_sequences, cfg.eval.batch_size
+                    length,
+                    distance,
+                    cfg.eval.num_sequences,
+                    cfg.eval.batch_size,
+                    seed=cfg.eval.seed,
                 )
                 rows.append(
                     _result_row(
@@ -263,6 +304,7 @@ def _result_row(
         if source.task == "language_model"
         else nan,
         "r2": metrics.get("r2", nan),
+        "r2_pooled": metrics.get("r2_pooled", nan),
     }
 
 
@@ -412,10 +454,12 @@ def read_results(out_dir: epath.PathLike) -> list[dict[str, Any]]:
     """The rows of a results folder's CSV, with their types (distance None where empty)."""
     rows = outputs.read_csv(epath.Path(out_dir) / RESULTS_CSV)
     for row in rows:
+        if "r2_pooled" not in row:  # a CSV without this column holds the pooled R^2 under r2
+            row["r2_pooled"], row["r2"] = row["r2"], "nan"
         for key in ("seed", "step", "length", "num_sequences"):
             row[key] = int(row[key])
         row["distance"] = int(row["distance"]) if row["distance"] else None
-        for key in ("loss", "accuracy", "bits_per_byte", "r2"):
+        for key in ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled"):
             row[key] = float(row[key])
     return rows
 

@@ -165,7 +165,7 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
     Batch: 'inputs', 'targets' and 'weights' [B, T] (the data-source
     contract, jrope.data.source; regression inputs and targets [B, T, C]).
     Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
-    for regression), 'accuracy' (or 'r2' for regression), 'grad_norm'
+    for regression), 'accuracy' (or 'r2' and 'r2_pooled' for regression), 'grad_norm'
     (before clipping) and 'learning_rate' of the step just taken; with
     opt.nonfinite = 'skip' also 'skipped' (`keep_previous_if_nonfinite`).
     """
