@@ -66,6 +66,7 @@ def test_the_comparison_is_shown_with_its_files(tmp_path, capsys):
             loss=1.0,
             bits_per_byte=float("nan"),
             r2=float("nan"),
+            r2_pooled=float("nan"),
         )
         for method, accuracy in (("rope", 0.5), ("jordan_rope", 0.7))
         for seed in (0, 1)

@@ -101,6 +101,7 @@ def _row(length, loss, distance=None):
         "accuracy": 0.5,
         "bits_per_byte": float("nan"),
         "r2": float("nan"),
+        "r2_pooled": float("nan"),
     }
 
 

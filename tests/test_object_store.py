@@ -103,6 +103,7 @@ def test_evaluation_results_are_written_to_the_bucket(bucket):
             "accuracy": 0.5,
             "bits_per_byte": 1.4427,
             "r2": float("nan"),
+            "r2_pooled": float("nan"),
         }
         for length in (16, 32)
     ]
@@ -129,6 +130,7 @@ def test_the_comparison_reads_and_writes_the_bucket(bucket):
             "accuracy": accuracy,
             "bits_per_byte": float("nan"),
             "r2": float("nan"),
+            "r2_pooled": float("nan"),
         }
         for seed, accuracy in enumerate([0.5, 0.7])
     ]
