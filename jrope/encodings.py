@@ -116,7 +116,7 @@ class Encoding:
     segments: tuple[JordanSegment, ...]
     # The longest window (key length) the encoding is made for: with the
     # shear it decides keeps_float32 and dot_precision.
-    max_length: int = 0
+    max_length: int
 
     @property
     def has_bias(self) -> bool:
