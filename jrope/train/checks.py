@@ -27,7 +27,7 @@ from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
-from jrope.train import outputs
+from jrope.train import damping, outputs
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config
 from jrope.train.setup import mesh_sizes
@@ -109,6 +109,8 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if cfg.model is not None and cfg.eval is not None and cfg.pe is not None:
         attention_problems = _attention_problems(cfg, env, sizes)
         problems += attention_problems
+    if not evaluation and cfg.model is not None and cfg.pe is not None:
+        problems += damping.initial_damping_problems(cfg)
     workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
     problems += workdir_problems
     if not evaluation and not workdir_problems:  # its checkpoints can be listed

@@ -217,8 +217,19 @@ class TrainConfig:
 
     @functools.cached_property
     def encoding(self) -> Encoding:
-        """The model's Encoding, built once."""
-        return make_encoding(self.pe, num_heads=self.model.num_heads, head_dim=self.model.head_dim)
+        """The model's Encoding, built once, for the longest window it sees (training or evaluation)."""
+        return make_encoding(
+            self.pe,
+            num_heads=self.model.num_heads,
+            head_dim=self.model.head_dim,
+            max_length=max([self.pe.train_context, *self._valid_eval_lengths]),
+        )
+
+    @property
+    def _valid_eval_lengths(self) -> list[int]:
+        """eval.lengths where they are integers (the eval section reports any others)."""
+        lengths = self.eval.lengths if self.eval is not None else ()
+        return [length for length in lengths if isinstance(length, int)]
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> TrainConfig:

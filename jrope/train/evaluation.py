@@ -52,11 +52,10 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope.attention import choose_kernel
 from jrope.data.files import is_uri
 from jrope.data.source import DistanceEvaluation
-from jrope.errors import NonFiniteEvaluationError
-from jrope.train import checkpoints, checks, outputs, runtime, setup
+from jrope.errors import NonFiniteEvaluationError, UsageError
+from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
@@ -187,15 +186,19 @@ PROGRESS_INTERVAL_S = 30.0
 class EvalStep:
     """step(params, batch) -> weighted sums; compiled once per evaluation length.
 
-    Lengths whose attention runs blockwise compile with other XLA options
-    than the rest (jrope.train.runtime): `for_length` gives the jitted
-    function a length uses, and a call picks it by the batch's length.
+    Before the first batch of new params, their damping is read on the host
+    (jrope.train.damping.follow): past model.max_damping the model's layers
+    plan their kernels for it, so a window one map origin cannot carry runs
+    the blockwise kernel, and the step compiles for that model. Lengths whose
+    attention runs blockwise compile with other XLA options than the rest
+    (jrope.train.runtime): `for_length` gives the jitted function a length
+    uses, and a call picks it by the batch's length.
     """
 
     def __init__(self, run: RunSetup):
-        graphdef, task, num_classes = run.layout.graphdef, run.source.task, run.source.num_classes
+        task, num_classes = run.source.task, run.source.num_classes
 
-        def eval_sums(params, batch):
+        def eval_sums(graphdef, params, batch):
             inputs = batch["inputs"]
             positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)
             outputs = model_from_params(graphdef, params)(inputs, positions)
@@ -203,9 +206,14 @@ class EvalStep:
 
         self._cfg = run.cfg
         self._platform = run.mesh.devices.flat[0].platform
+        self._planned_graphdef = self._graphdef = run.layout.graphdef
+        self._followed_params = None
+        # The damping of the params last followed (None: none yet).
+        self.measured: damping.MeasuredDamping | None = None
         self._jitted = {
             blockwise: jax.jit(
                 eval_sums,
+                static_argnums=0,
                 compiler_options=step_compiler_options(
                     blockwise=blockwise, platform=self._platform
                 ),
@@ -213,15 +221,34 @@ class EvalStep:
             for blockwise in (False, True)
         }
 
+    def follow(self, params) -> damping.MeasuredDamping:
+        """Reads the damping of `params` and compiles for it (said on the console past the bound)."""
+        if params is not self._followed_params:
+            self._graphdef, self.measured = damping.follow(
+                self._cfg, self._planned_graphdef, params
+            )
+            self._followed_params = params
+            if self.measured.passed:
+                say(
+                    f"  {self.measured.describe()}: evaluating with kernels planned for it "
+                    "(the blockwise kernel where one map origin would overflow float32)."
+                )
+        return self.measured
+
     def for_length(self, length: int):
-        """The jitted step for batches of `length` tokens."""
-        kernel = choose_kernel(
-            self._cfg.model, self._cfg.encoding, length=length, backend=self._platform
-        )
+        """The jitted step for batches of `length` tokens (of the params last followed)."""
+        try:
+            kernel = damping.kernel(self._cfg, length, self._platform, self.measured)
+        except ValueError as err:
+            raise UsageError(
+                f"Evaluation at length {length}: {err} Set --config.model.attention_impl=auto "
+                "(or blockwise) to evaluate this model."
+            ) from err
         return self._jitted[kernel == "blockwise"]
 
     def __call__(self, params, batch):
-        return self.for_length(batch["inputs"].shape[1])(params, batch)
+        self.follow(params)
+        return self.for_length(batch["inputs"].shape[1])(self._graphdef, params, batch)
 
 
 def evaluate_lengths(
@@ -343,7 +370,7 @@ def evaluate_and_report(
         rows = evaluate_lengths(
             eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show
         )
-        check_evaluation(rows, step, checkpoint)
+        check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
         out_dir = results_dir(workdir, step)
         earlier = read_results(out_dir) if (out_dir / RESULTS_CSV).exists() else []
         merged = merge_rows(earlier, rows)
@@ -516,15 +543,23 @@ def markdown_table(rows: Sequence[dict[str, Any]], *, task: str) -> str:
     return text
 
 
-def check_evaluation(rows: Sequence[Mapping[str, Any]], step: int, checkpoint: str) -> None:
+def check_evaluation(
+    rows: Sequence[Mapping[str, Any]],
+    step: int,
+    checkpoint: str,
+    measured: damping.MeasuredDamping | None = None,
+) -> None:
     """NonFiniteEvaluationError naming the lengths whose loss is NaN or infinite, if any.
 
-    rows: evaluation rows ('length', 'loss'); checkpoint: where the evaluated model is.
+    rows: evaluation rows ('length', 'loss'); checkpoint: where the evaluated
+    model is; measured: its damping (EvalStep.measured), named first where it
+    passed model.max_damping.
     """
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
         raise NonFiniteEvaluationError(
             f"The evaluation of step {step} ({checkpoint}) gave a non-finite loss at length "
-            f"{', '.join(bad)}; no results were written. The model has diverged: train again "
-            "from an earlier checkpoint with a lower opt.learning_rate."
+            f"{', '.join(bad)}; no results were written. {damping.diagnosis(measured)}"
+            + ("The model has diverged: " if not damping.diagnosis(measured) else "Otherwise: ")
+            + "train again from an earlier checkpoint with a lower opt.learning_rate."
         )

@@ -49,6 +49,7 @@ from jrope.data.source import DataSource, build_source
 from jrope.errors import UsageError
 from jrope.model import Transformer
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
+from jrope.train import runtime
 from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
 
 # Mesh axes.
@@ -204,14 +205,21 @@ def model_io(source: DataSource) -> dict[str, int | None]:
     return dict(vocab_size=source.vocab_size)
 
 
-def _new_model(cfg: TrainConfig, io: dict[str, int | None]) -> Transformer:
-    return Transformer(cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed))
+def _new_model(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Transformer:
+    """The model on `mesh`'s platform, with that platform's projection (runtime.model_projection)."""
+    projection = runtime.model_projection(mesh.devices.flat[0].platform)
+    return Transformer(
+        cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed), projection=projection
+    )
 
 
 def _new_state(
-    cfg: TrainConfig, io: dict[str, int | None], optimizer: optax.GradientTransformation
+    cfg: TrainConfig,
+    io: dict[str, int | None],
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
 ) -> dict[str, Any]:
-    params = nnx.state(_new_model(cfg, io), nnx.Param)
+    params = nnx.state(_new_model(cfg, io, mesh), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
@@ -222,8 +230,8 @@ def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Sta
     """
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     with jax.set_mesh(mesh):
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io)), nnx.Param)
-        abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer))
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io, mesh)), nnx.Param)
+        abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer, mesh))
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
     return StateLayout(
         graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer
@@ -236,7 +244,7 @@ def init_state(
     """A freshly initialised train state, created directly in its shards (io: model_io)."""
     with jax.set_mesh(mesh):
         return jax.jit(
-            lambda: _new_state(cfg, io, layout.optimizer), out_shardings=layout.shardings
+            lambda: _new_state(cfg, io, layout.optimizer, mesh), out_shardings=layout.shardings
         )()
 
 

@@ -43,6 +43,7 @@ Shape legend: B batch, T length.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -56,9 +57,8 @@ import optax
 from etils import epath
 from jax.experimental import multihost_utils
 
-from jrope.attention import choose_kernel
-from jrope.errors import RunIOError, TrainingPreempted
-from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
+from jrope.errors import NonFiniteLossError, RunIOError, TrainingPreempted
+from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import (
@@ -155,8 +155,16 @@ TrainStep = Callable[
 ]
 
 
-def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = None) -> TrainStep:
+def make_train_step(
+    run: RunSetup,
+    *,
+    compiler_options: dict[str, Any] | None = None,
+    measured: damping.MeasuredDamping | None = None,
+) -> TrainStep:
     """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
+
+    measured: the damping its layers plan for where it passed model.max_damping
+    (jrope.train.damping.follow gives the run's graphdef for it).
 
     Compiled with jrope.train.runtime (on CPU, without XLA's library
     fusions unless the attention is blockwise); `compiler_options` replaces
@@ -204,9 +212,7 @@ def make_train_step(run: RunSetup, *, compiler_options: dict[str, Any] | None = 
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
-        kernel = choose_kernel(
-            cfg.model, cfg.encoding, length=cfg.pe.train_context, backend=platform
-        )
+        kernel = damping.kernel(cfg, cfg.pe.train_context, platform, measured)
         compiler_options = step_compiler_options(blockwise=kernel == "blockwise", platform=platform)
     return jax.jit(
         train_step,
@@ -341,10 +347,16 @@ def _train_steps(
 ) -> dict[str, Any]:
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     cfg, source, mesh = run.cfg, run.source, run.mesh
-    train_step = make_train_step(run)
+    kernels = TrainKernel(run, state["params"])
     trace = runtime.StepTrace(workdir, cfg.runtime)
-    with jax.set_mesh(mesh), PreemptionWatch() as preemption, contextlib.closing(trace):
+    with (
+        jax.set_mesh(mesh),
+        PreemptionWatch() as preemption,
+        contextlib.closing(trace),
+        kernels.diagnosing(),
+    ):
         for step in range(start, cfg.num_steps):
+            train_step = kernels.step
             local_batch = source.train_batch(step)
             batch = setup.global_batch(local_batch, cfg.mesh.rules, mesh)
             if step == start:
@@ -365,6 +377,7 @@ def _train_steps(
                 checkpointer.save(
                     done, state, force=is_last or preempted, progress=logger.skip_progress
                 )
+                kernels.follow(state["params"], done)
             if preempted:
                 checkpointer.wait_until_finished()
                 logger.close()
@@ -374,6 +387,66 @@ def _train_steps(
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
                 evaluate(state, done)
     return state
+
+
+class TrainKernel:
+    """The train step, kept on a kernel that survives the damping of the parameters.
+
+    At the start and at every checkpoint `follow` reads the damping on the host
+    (jrope.train.damping). Past model.max_damping it is said on the console;
+    where one map origin over the training length would then overflow float32,
+    the step changes to the blockwise kernel, recompiling once (a larger damping
+    keeps it there). `diagnosing` names a passed bound in a non-finite loss's
+    message.
+    """
+
+    def __init__(self, run: RunSetup, params: Any):
+        self._run = run
+        self._platform = run.mesh.devices.flat[0].platform
+        self.measured: damping.MeasuredDamping | None = None
+        self._kernel = damping.kernel(run.cfg, run.cfg.pe.train_context, self._platform, None)
+        self.step = make_train_step(run)
+        self.follow(params, None)
+
+    def follow(self, params: Any, step: int | None) -> None:
+        """Reads the damping of `params` (after `step`; None: the starting state)."""
+        cfg = self._run.cfg
+        announced = self.measured is not None and self.measured.passed
+        graphdef, measured = damping.follow(cfg, self._run.layout.graphdef, params)
+        self.measured = measured
+        if not measured.passed:
+            return
+        at = "The starting state" if step is None else f"Step {step}"
+        kernel = damping.kernel(cfg, cfg.pe.train_context, self._platform, measured)
+        if kernel == self._kernel:
+            if not announced:
+                say(
+                    f"{at}: {measured.describe()}; evaluations plan their kernels for it, "
+                    f"and the train step's {kernel!r} kernel stays safe at length "
+                    f"{cfg.pe.train_context}."
+                )
+            return
+        say(
+            f"{at}: {measured.describe()}; one map origin over {cfg.pe.train_context} positions "
+            f"would overflow float32, so the train step changes from the {self._kernel!r} to the "
+            f"{kernel!r} kernel (compiling it once more)."
+        )
+        layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
+        self.step = make_train_step(
+            dataclasses.replace(self._run, layout=layout), measured=measured
+        )
+        self._kernel = kernel
+
+    @contextlib.contextmanager
+    def diagnosing(self):
+        """Re-raises a NonFiniteLossError with the passed bound named first, where it was."""
+        try:
+            yield
+        except NonFiniteLossError as error:
+            note = damping.diagnosis(self.measured)
+            if not note:
+                raise
+            raise type(error)(f"{note}{error}") from error
 
 
 def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
