@@ -1,43 +1,9 @@
-"""What a run writes and shows: console lines, metrics files, TensorBoard, throughput, results.
+"""What a run writes and shows: console lines, the metrics log and TensorBoard, throughput and
+MFU, the start record, result files (CSV, markdown, PNG), the next commands, bucket checks.
 
-Console (`say`): the program's output, not log records: stdout, process 0
-only, whatever the log level (jrope.train.runtime hides library records).
-
-Metrics (`MetricsLogger`): the device never waits for the host to log.
-`push` keeps the metrics of the step just dispatched and reads those of the
-previous one, so the host reads one step late and the device queue never
-drains. Every step's loss and gradient norm are checked for NaN/Inf; a
-non-finite value stops the run naming the step, the metric and the last good
-checkpoint, unless the step skipped its update (opt.nonfinite = 'skip',
-jrope.train.trainer), until opt.max_consecutive_skips come in a row. Every
-log.every_steps steps the progress line (loss, accuracy, steps/s, tokens/s,
-MFU where the device's peak is known, time left) goes to the console and the
-metrics to `metrics.jsonl` (NaN and infinities as the strings "nan", "inf",
-"-inf", which float() reads back) and TensorBoard. A resumed run first drops
-the records of what it will do again, so every step is logged once.
-
-Files go through etils.epath: a workdir may be local or `gs://...`. An
-object cannot be appended to, so there a log is kept in memory and rewritten
-at most every UPLOAD_INTERVAL_S and on every flush; `EpathEventFile` takes
-tensorboardX's gs:// prefix over so event files land the same way. Result
-files (CSV rows, markdown tables, PNG plots) are rendered in memory and
-written in one call. `uri_problem` asks a bucket once within
-STORAGE_TIMEOUT_S, so a run fails at once, naming the bucket, when it
-cannot be used (offline, gcsfs would retry for over a minute).
-
-MFU = the model FLOPs of a step (counted from the config) x steps/s / the
-devices' published dense matmul peak, looked up by `device.device_kind` for
-the compute dtype (float32 matmuls run as bfloat16 passes on TPUs and as TF32
-on NVIDIA GPUs since Ampere); CPUs and unknown kinds get tokens/s only.
-
-`starts.jsonl` gets one record per start of a training run (time, host,
-command line, step, the jrope version and, from a git checkout, its commit
-and whether the tree had uncommitted changes, library versions, devices, the
-resolved config), never rewritten, so it also tells when settings changed on
-a resume.
-
-`next_commands`: what to run after a run, as commands that can be pasted:
-the run's own overrides and process flags, each flag once.
+Files go through etils.epath, so a workdir may be local or `gs://...`. An object cannot be
+appended to: there a log is kept in memory and rewritten whole (`_BucketObject`), and result
+files are rendered in memory and written in one call.
 """
 
 from __future__ import annotations
@@ -57,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,7 +32,8 @@ import jax
 import numpy as np
 from absl import logging
 from etils import epath
-from tensorboardX import record_writer
+from tensorboardX import SummaryWriter, record_writer
+from tensorboardX.summary import hparams as hparams_summary
 
 from jrope.data.files import is_uri, write_atomically
 from jrope.data.source import source_spec
@@ -74,7 +42,7 @@ from jrope.train.config import TrainConfig
 
 
 def say(message: str, end: str = "\n") -> None:
-    """Print `message` on stdout (process 0 only), flushed at once."""
+    """The program's output (not a log record): stdout, process 0 only, flushed at once."""
     if jax.process_index() == 0:
         print(message, end=end, flush=True)
 
@@ -93,6 +61,7 @@ def duration(seconds: float) -> str:
 # Metrics whose finiteness decides a step (names of the train step's metrics).
 CHECKED_METRICS = ("loss", "grad_norm")
 SKIPPED_METRIC = "skipped"
+METRICS_FILE = "metrics.jsonl"
 
 
 def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
@@ -103,24 +72,18 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
     return None
 
 
-METRICS_FILE = "metrics.jsonl"
-
-
 class MetricsLogger:
-    """Logs every `every_steps`-th step; checks every step.
+    """Checks every step's metrics; logs every `every_steps`-th step and the last.
 
-    Args:
-      workdir: directory for `metrics.jsonl` and `tensorboard/` (local, or a
-        bucket).
-      every_steps: logging interval.
-      num_steps: total steps of the run (for the time left).
-      tensorboard: whether to write TensorBoard event files.
-      last_checkpoint: callable returning a description of the last saved
-        checkpoint, quoted when the loss goes non-finite.
-      is_writer: only one process writes files (all processes check finiteness).
-      start_step: the step this start resumes from (0: a fresh run).
-      throughput: turns the step rate into tokens/s and MFU (None: steps/s only).
-      max_consecutive_skips: skipped steps in a row that stop the run.
+    The device never waits for the host: `push` keeps the metrics of the step just dispatched
+    and reads the previous step's, so the device queue never drains. A non-finite loss or
+    gradient norm stops the run naming the step and `last_checkpoint()`, unless the step
+    skipped its update (opt.nonfinite = 'skip', jrope.train.trainer) and fewer than
+    `max_consecutive_skips` came in a row. A logged step's progress line (loss, accuracy,
+    steps/s, and from `throughput` tokens/s and MFU, time left) goes to the console, its
+    metrics to `<workdir>/metrics.jsonl` (NaN and infinities as "nan", "inf", "-inf", which
+    float() reads back) and TensorBoard, from the `is_writer` process only. A start resumed
+    at `start_step` first drops the records it will write again, so every step is logged once.
     """
 
     def __init__(
@@ -145,15 +108,14 @@ class MetricsLogger:
         self._interval_start: tuple[int, float] | None = None
         self._skipped_steps = 0
         self._skipped_in_a_row: list[int] = []
-        self._jsonl = None
-        self._tensorboard = None
+        self._jsonl = self._tensorboard = None
         if is_writer:
             self._jsonl = JsonLinesLog(
                 epath.Path(workdir) / METRICS_FILE,
                 keep=lambda line: _keeps_record(line, start_step, num_steps),
             )
             if tensorboard:
-                self._tensorboard = tensorboard_writer(epath.Path(workdir) / "tensorboard")
+                self._tensorboard = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
 
     def push(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
         """Record the (still computing) metrics of `step`; read and log the previous step's."""
@@ -178,7 +140,7 @@ class MetricsLogger:
 
     @property
     def skip_progress(self) -> dict[str, int]:
-        """Updates skipped so far and in a row up to the last step read (a checkpoint records it)."""
+        """Updates skipped so far and in a row up to the last step read (checkpoints record it)."""
         return {
             "skipped_steps": self._skipped_steps,
             "skipped_in_a_row": len(self._skipped_in_a_row),
@@ -192,8 +154,6 @@ class MetricsLogger:
         """The run's settings for TensorBoard's hparams view (values other than numbers as text)."""
         if self._tensorboard is None:
             return
-        from tensorboardX.summary import hparams as hparams_summary
-
         values = {
             key: value if isinstance(value, (bool, int, float, str)) else str(value)
             for key, value in hparams.items()
@@ -217,9 +177,9 @@ class MetricsLogger:
             values["skipped_steps"] = self._skipped_steps
         elif bad is not None:
             raise NonFiniteLossError(
-                f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: {self._last_checkpoint()}. "
-                "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint "
-                "(or set opt.nonfinite='skip' to drop such steps)."
+                f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
+                f"{self._last_checkpoint()}. Lower opt.learning_rate or use float32 compute, then "
+                "resume from that checkpoint (or set opt.nonfinite='skip' to drop such steps)."
             )
         if step % self._every_steps and step != self._num_steps:
             return
@@ -254,19 +214,13 @@ class MetricsLogger:
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
             record = {"step": step, "time": time.time(), **scalars}
-            safe = {key: _json_number(value) for key, value in record.items()}
-            self._jsonl.write(json.dumps(safe, allow_nan=False))
+            # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
+            record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
+            self._jsonl.write(json.dumps(record, allow_nan=False))
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
-
-
-def _json_number(value: Any) -> Any:
-    """NaN and infinities as the strings "nan", "inf", "-inf" (JSON has no such numbers)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
@@ -308,113 +262,80 @@ def _si(value: float) -> str:
 
 # Longest time between two rewrites of an object in a bucket while a run logs.
 UPLOAD_INTERVAL_S = 30.0
-# Object-store prefixes whose TensorBoard event files go through epath.
-_EVENT_FILE_PREFIXES = ("gs",)
+
+
+class _BucketObject:
+    """A file-like object in a bucket, written whole from memory: at most every
+    UPLOAD_INTERVAL_S on `flush` (the first time at once unless `uploaded_at` says otherwise),
+    always on `upload` and `close`."""
+
+    def __init__(self, path: epath.PathLike, data: bytes = b"", uploaded_at: float = -math.inf):
+        self._path = epath.Path(path)
+        self._data = io.BytesIO(data)
+        self._data.seek(0, io.SEEK_END)
+        self._uploaded_at = uploaded_at
+
+    def write(self, data: bytes) -> None:
+        self._data.write(data)
+
+    def flush(self) -> None:
+        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
+            self.upload()
+
+    def upload(self) -> None:
+        self._path.write_bytes(self._data.getvalue())
+        self._uploaded_at = time.monotonic()
+
+    close = upload
+
+
+# tensorboardX opens its gs:// event files through epath, as _BucketObjects (no folders to make).
+record_writer.register_writer_factory(
+    "gs", types.SimpleNamespace(open=_BucketObject, directory_check=lambda path: None)
+)
 
 
 class JsonLinesLog:
-    """A text log of one line per record at `path` (continued when it exists).
-
-    Args:
-      path: the log file; its folder is created if missing.
-      keep: which of the lines already there to keep (a resumed run drops the
-        records it will write again); None keeps them all.
-    """
+    """A log of one line per record at `path` (its folder made), continued when it exists;
+    `keep` chooses which of the lines already there stay (None: all)."""
 
     def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
         self._path = epath.Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = None
-        self._buffer = None
         history = self._path.read_text() if self._path.exists() else ""
         kept = "".join(line for line in history.splitlines(True) if keep is None or keep(line))
-        if is_uri(self._path):
-            self._buffer = io.StringIO(kept)  # a resumed run keeps its history
-            self._buffer.seek(0, io.SEEK_END)
-            self._uploaded_at = time.monotonic()
+        if is_uri(self._path):  # uploaded an interval after the first line, not line by line
+            self._file = _BucketObject(self._path, kept.encode(), uploaded_at=time.monotonic())
             return
         if kept != history:
-            write_atomically(str(self._path), [kept.encode("utf-8")])
-        self._file = self._path.open("a")
+            write_atomically(str(self._path), [kept.encode()])
+        self._file = self._path.open("ab")
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""
-        if self._file is not None:
-            try:
-                self._file.write(line + "\n")
-                self._file.flush()
-            except OSError as error:  # a file object's errors do not name the file
-                raise OSError(error.errno, error.strerror, str(self._path)) from error
-            return
-        self._buffer.write(line + "\n")
-        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
-            self.flush()
+        try:
+            self._file.write(f"{line}\n".encode())
+            self._file.flush()
+        except OSError as error:  # a file object's errors do not name the file
+            raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
 
     def flush(self) -> None:
-        """Everything written so far is in the file (rewritten whole on an object store)."""
-        if self._file is not None:
+        """Everything written so far is in the file (uploaded whole to a bucket)."""
+        if isinstance(self._file, _BucketObject):
+            self._file.upload()
+        else:
             self._file.flush()
-            return
-        self._path.write_text(self._buffer.getvalue())
-        self._uploaded_at = time.monotonic()
 
     def close(self) -> None:
         self.flush()
-        if self._file is not None:
-            self._file.close()
+        self._file.close()
 
 
-class EpathEventFile:
-    """One TensorBoard event file on an object store, written through epath.
-
-    tensorboardX hands it the framed records; they are kept in memory and the
-    object is rewritten whole (at most every UPLOAD_INTERVAL_S seconds on
-    tensorboardX's periodic flushes, always on close).
-    """
-
-    def __init__(self, path: str):
-        self._path = epath.Path(path)
-        self._records = io.BytesIO()
-        self._uploaded_at = -float("inf")
-
-    def write(self, data: bytes) -> None:
-        self._records.write(data)
-
-    def flush(self) -> None:
-        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
-            self._upload()
-
-    def close(self) -> None:
-        self._upload()
-
-    def _upload(self) -> None:
-        self._path.write_bytes(self._records.getvalue())
-        self._uploaded_at = time.monotonic()
-
-
-class _EpathEventFiles:
-    """tensorboardX's writer factory interface: opens event files, needs no folders made."""
-
-    def open(self, path: str) -> EpathEventFile:
-        return EpathEventFile(path)
-
-    def directory_check(self, path: str) -> None:
-        del path  # object stores have no folders to create
-
-
-for _prefix in _EVENT_FILE_PREFIXES:
-    record_writer.register_writer_factory(_prefix, _EpathEventFiles())
-
-
-def tensorboard_writer(logdir: epath.PathLike):
-    """A tensorboardX SummaryWriter for `logdir` (local, or an object store through epath)."""
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter(str(logdir))
-
-
+# MFU = model FLOPs of a step x steps/s / the devices' published dense matmul peak, by
+# device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), FLOP/s per device:
+# float32 matmuls run as bfloat16 passes on TPUs, as TF32 on NVIDIA GPUs since Ampere. CPUs and
+# other kinds get tokens/s only.
 _T = 1e12
-# device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), FLOP/s per device.
 PEAK_FLOPS = {
     "TPU v2": (22.5 * _T, 22.5 * _T),  # 45 TFLOP/s per chip, 2 devices per chip
     "TPU v3": (61.5 * _T, 61.5 * _T),  # 123 per chip, 2 devices per chip
@@ -447,16 +368,11 @@ def peak_flops_per_sec(devices: Sequence[jax.Device], compute_dtype: str) -> flo
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-    """What turns a step rate into tokens/s and MFU.
+    """What turns a step rate into tokens/s and MFU."""
 
-    tokens_per_step: global batch x training length.
-    model_flops_per_step: the count of `model_flops_per_step` for the config.
-    peak_flops_per_sec: all devices together; None when unknown (no MFU).
-    """
-
-    tokens_per_step: int
-    model_flops_per_step: float
-    peak_flops_per_sec: float | None
+    tokens_per_step: int  # global batch x training length
+    model_flops_per_step: float  # model_flops_per_step(cfg)["total"]
+    peak_flops_per_sec: float | None  # all devices together; None when unknown (no MFU)
 
     @classmethod
     def for_run(
@@ -484,46 +400,24 @@ def model_flops_per_step(
     input_channels: int | None = None,
     output_channels: int | None = None,
 ) -> dict[str, float]:
-    """Model FLOPs of one train step (forward + backward) of `cfg`'s Transformer.
+    """Model FLOPs of one train step of `cfg`'s Transformer: {'dense', 'attention', 'total'}.
 
-    A multiply-add is 2 FLOPs; the backward pass is counted as twice the
-    forward (an input and a weight gradient per matmul), so a step is 3x the
-    forward. Only matmuls count: norms, GELU, softmax, the encoding's
-    rotations, the loss and the optimizer are left out (standard MFU
-    accounting), and rematerialised forward passes are not counted again.
+    Matmuls only, as in standard MFU accounting (norms, GELU, softmax, the encoding's
+    rotations, the loss, the optimizer and rematerialised passes left out); a multiply-add is
+    2 FLOPs and the backward pass twice the forward, so a step is 3x the forward. With
+    B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio * D, a block whose Q
+    queries are the last Q of S = T key positions does, forward:
 
-    Shapes: B = cfg.batch_size, T = cfg.pe.train_context (the training
-    window), D = d_model, N heads of H = D / N, F = mlp_ratio * D, V = the
-    vocabulary. A block whose Q queries are the last Q of S key positions
-    does, forward:
+      dense      2 B D^2 (Q + 2 S) + 2 B Q D^2 + 4 B Q D F  (q, k, v, out projections, MLP)
+      attention  4 B D P  (scores, weighted values on P = Q S - Q (Q - 1) / 2 visible pairs)
 
-      dense      2 B D^2 (Q + 2 S)     q projection on Q rows, k and v on S rows
-                 2 B Q D^2             output projection
-                 4 B Q D F             MLP up and down
-      attention  4 B D P               q.k scores and probabilities.v over the
-                                       P = Q S - Q (Q - 1) / 2 causally visible
-                                       (query, key) pairs, each 2 H FLOPs per head
+    Q = T except in the last block under readout 'last' (Q = 1). The tied readout adds
+    2 B Q D V (the embedding is a gather); a signal model has instead an input projection,
+    2 B T C_in D, and a regression head, 2 B Q D C_out. Under readout 'all' the dense part is
+    6 x (matmul parameters) x tokens.
 
-    Every block has Q = S = T (P = T (T + 1) / 2, the causal half of T x T)
-    except the last one with readout 'last' (jrope.model.transformer), which has Q = 1
-    (its one query sees all S = T keys: P = T). The tied readout is
-    2 B Q D V forward with Q the last block's Q; the input embedding is a
-    gather (0 FLOPs; its gradient is a scatter-add, also not counted). A
-    signal model (the regression task: input_channels C_in and
-    output_channels C_out instead of a vocabulary) has an input projection,
-    2 B T C_in D, and a regression head, 2 B Q D C_out, in their place.
-
-    With Q = S = T in every block (readout 'all') the dense part is the usual
-    6 x (matmul parameters) x tokens: 6 B T (layers (4 D^2 + 2 D F) + D V).
-
-    Args:
-      cfg: the train config (its model, pe.train_context and batch_size).
-      vocab_size: V; default: the data config's vocab_size, else the data
-        source class's (the synthetic task's 3).
-      input_channels, output_channels: a signal model's (jrope.train.setup.model_io);
-        given, they replace the vocabulary.
-    Returns:
-      {'dense': ..., 'attention': ..., 'total': ...} in FLOPs per step.
+    vocab_size: V; default: the data config's, else its source's (the synthetic task's 3).
+    input_channels, output_channels: a signal model's (jrope.train.setup.model_io).
     """
     signal = input_channels is not None
     if vocab_size is None and not signal:
@@ -552,7 +446,10 @@ _VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
 def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
-    """The record of this start (see the module docstring)."""
+    """This start's line of starts.jsonl, which is never rewritten, so it also tells when
+    settings changed on a resume: time, host, command line, step, the code's version (from a
+    git checkout: its commit, and whether tracked files had uncommitted changes), library
+    versions, devices, the resolved config."""
     devices = jax.devices()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -562,7 +459,10 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
         "cwd": os.getcwd(),
         "start_step": start_step,
         "jrope": code_version(),
-        "versions": {"python": platform.python_version(), **_package_versions()},
+        "versions": {
+            "python": platform.python_version(),
+            **{name: _version(name) for name in _VERSIONED},
+        },
         "devices": {
             "platform": devices[0].platform,
             "kind": devices[0].device_kind,
@@ -582,22 +482,20 @@ def append_start_record(workdir: str, record: dict[str, Any]) -> epath.Path:
 
 
 def code_version() -> dict[str, Any]:
-    """{'version': jrope's}, plus 'commit' and 'clean' (no uncommitted changes to tracked files)
-    when the imported jrope lies in a git checkout."""
-    record: dict[str, Any] = {"version": _jrope_version()}
+    """{'version': jrope's}, plus 'commit' and 'clean' when jrope is imported from a checkout."""
+    record: dict[str, Any] = {"version": _version("jrope")}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         commit = _git(root, "rev-parse", "HEAD")
         changes = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):  # not a checkout, or no git
         return record
-    record.update(commit=commit, clean=not changes)
-    return record
+    return {**record, "commit": commit, "clean": not changes}
 
 
-def _jrope_version() -> str:
+def _version(package: str) -> str:
     try:
-        return importlib.metadata.version("jrope")
+        return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
@@ -607,16 +505,6 @@ def _git(root: str, *args: str) -> str:
         ["git", "-C", root, *args], capture_output=True, text=True, timeout=10, check=True
     )
     return done.stdout.strip()
-
-
-def _package_versions() -> dict[str, str]:
-    versions = {}
-    for name in _VERSIONED:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
@@ -679,7 +567,7 @@ def plot_against_length(
     ylabel: str,
     size: tuple[float, float] = (6, 4),
 ) -> None:
-    """One curve per label: values (with error bars when spreads are given) against evaluation length.
+    """One curve per label: values (error bars where spreads are given) against evaluation length.
 
     curves: label -> (lengths, values, spreads or None). The length axis is log2.
     """
@@ -698,21 +586,17 @@ def plot_against_length(
     save_figure(fig, path)
 
 
-# How long a bucket may take to answer before the run is stopped.
+# How long a bucket may take to answer before the run stops (offline, gcsfs retries for minutes).
 STORAGE_TIMEOUT_S = 30.0
 # URI schemes etils.epath reads and writes (through fsspec: gcsfs, s3fs, adlfs).
 SUPPORTED_SCHEMES = ("gs", "s3", "az")
-# The extra that installs each scheme's filesystem.
-_EXTRAS = {"gs": "pip install 'jrope[gcs]' (or: pip install gcsfs)"}
 
 
 def uri_problem(
     uri: str, what: str, *, must_exist: bool = False, timeout_s: float = STORAGE_TIMEOUT_S
 ) -> str | None:
-    """Why `uri` cannot be used (None: its bucket answered), e.g. for what='--workdir'.
-
-    must_exist: the object or folder itself must be there (data), not only its bucket.
-    """
+    """Why `uri` cannot be used, e.g. for what='--workdir'; None when its bucket answered
+    within `timeout_s` and, with `must_exist` (data), the object or folder itself is there."""
     parts = urlsplit(uri)
     bucket = f"{parts.scheme}://{parts.netloc}"
     if parts.scheme not in SUPPORTED_SCHEMES or not parts.netloc:
@@ -720,27 +604,30 @@ def uri_problem(
             f"{what} {uri}: not a local path and not a bucket URI jrope can use "
             f"({', '.join(s + '://bucket/...' for s in SUPPORTED_SCHEMES)}); fix the path."
         )
-    target = uri if must_exist else bucket
     answer: dict = {}
 
     def ask() -> None:
         try:
-            answer["exists"] = epath.Path(target).exists()
+            answer["exists"] = epath.Path(uri if must_exist else bucket).exists()
         except BaseException as error:  # noqa: BLE001  (any failure is reported, named)
             answer["error"] = error
 
     thread = threading.Thread(target=ask, name=f"probe {bucket}", daemon=True)
     thread.start()
     thread.join(timeout_s)
+    error = answer.get("error")
     if thread.is_alive():
         return (
             f"{what} {uri}: bucket {bucket} did not answer within {timeout_s:g} s; check the "
             "network and the credentials (gcloud auth application-default login), or use a "
             "local path."
         )
-    error = answer.get("error")
     if isinstance(error, ImportError):
-        install = _EXTRAS.get(parts.scheme, f"install fsspec's {parts.scheme} filesystem")
+        install = (
+            "pip install 'jrope[gcs]' (or: pip install gcsfs)"
+            if parts.scheme == "gs"
+            else f"install fsspec's {parts.scheme} filesystem"
+        )
         return f"{what} {uri}: reading {parts.scheme}:// needs its filesystem: {install}."
     if error is not None:
         cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
@@ -748,14 +635,14 @@ def uri_problem(
             f"{what} {uri}: cannot reach bucket {bucket} ({type(error).__name__}: {cause}); "
             "check the bucket name, the network and the credentials."
         )
-    if not answer["exists"]:
-        if must_exist:
-            return f"{what} {uri} does not exist in bucket {bucket}; fix the path."
-        return (
-            f"{what} {uri}: bucket {bucket} does not exist or these credentials cannot see it; "
-            f"create it (gcloud storage buckets create {bucket}) or fix the name."
-        )
-    return None
+    if answer["exists"]:
+        return None
+    if must_exist:
+        return f"{what} {uri} does not exist in bucket {bucket}; fix the path."
+    return (
+        f"{what} {uri}: bucket {bucket} does not exist or these credentials cannot see it; "
+        f"create it (gcloud storage buckets create {bucket}) or fix the name."
+    )
 
 
 # Flags that tell a command where to work or what to compare: each next command sets its own.
@@ -763,36 +650,25 @@ _OWN_FLAGS = ("workdir", "methods", "seeds")
 
 
 def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
-    """What to run after a training run, as commands to paste (POSIX shell quoting).
-
-    argv: the run's command line (sys.argv); method: its pe.name; lengths:
-    the lengths it was evaluated at. The evaluation reads the run's config
-    from its checkpoint, so it takes the process and logging flags only, and
-    the next longer length; the comparison takes the config file, every
-    override but pe.name and seed (which it varies), the same flags, and a
-    workdir beside the run's.
-    """
+    """What to run after a training run (argv, of pe.name `method`, evaluated at `lengths`), as
+    commands to paste. The evaluation reads the config from the checkpoint: it takes the run's
+    process and logging flags and one more, longer length. The comparison takes the config
+    file, the overrides but pe.name and seed (which it varies), the same flags, and a workdir
+    beside the run's."""
     config_file, overrides, other_flags = _split_command_line(argv[1:])
     longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = [
-        "python",
-        "eval.py",
-        f"--workdir={workdir}",
-        *other_flags,
-        f"--config.eval.lengths=({longer})",
-    ]
-    methods = ["rope", method if method != "rope" else "jordan_rope"]
-    varied = ("pe.name", "seed")
+    evaluate = ["python", "eval.py", f"--workdir={workdir}", *other_flags]
+    evaluate.append(f"--config.eval.lengths=({longer})")
     compare = [
         "python",
         "-m",
         "jrope.compare",
         *([config_file] if config_file else []),
-        *(arg for key, arg in overrides if key not in varied),
+        *(arg for key, arg in overrides if key not in ("pe.name", "seed")),
         *other_flags,
-        f"--methods={','.join(methods)}",
+        f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}",
         "--seeds=0,1",
-        f"--workdir={comparison_workdir(workdir)}",
+        f"--workdir={workdir.rstrip('/') or workdir}_compare",
     ]
     return (
         f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
@@ -801,18 +677,12 @@ def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Seque
 
 
 def tensorboard_command(workdir: str) -> str:
-    """The command that shows the run's curves, with what to install where TensorBoard is missing
-    (the tpu, cuda12 and gcs extras do not bring it; the dev extra does)."""
+    """The command that shows the run's curves, naming what to install where TensorBoard is
+    missing (the tpu, cuda12 and gcs extras do not bring it)."""
     command = f"tensorboard --logdir={shlex.quote(workdir)}"
     if importlib.util.find_spec("tensorboard") is None:
         command += "  (TensorBoard is not installed here: pip install tensorboard)"
     return command
-
-
-def comparison_workdir(workdir: str) -> str:
-    """A folder beside `workdir` for a comparison: runs/quickstart -> runs/quickstart_compare."""
-    trimmed = workdir.rstrip("/") or workdir
-    return f"{trimmed}_compare"
 
 
 def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
