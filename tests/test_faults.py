@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.tiny_config import tiny_config, tiny_text_config_dict
+from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 from helpers.train_process import (
     RUN_CONFIG,
     log_tail,
@@ -292,9 +292,12 @@ def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, pr
         comparison_axes(methods, seeds)
 
 
-def test_a_negative_seed_is_a_config_problem():
-    with pytest.raises(ConfigError, match=r"seed must be an integer in 0 \.\. 2\*\*32 - 1, got -1"):
-        tiny_config(seed=-1)
+def test_a_negative_seed_is_one_config_problem(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        checks.check_training_run(
+            tiny_config_dict(seed=-1, **{"mesh.data": -1}), str(tmp_path / "run")
+        )
+    assert refused.value.problems == ("seed must be an integer in 0 .. 2**32 - 1, got -1.",)
 
 
 @pytest.mark.slow

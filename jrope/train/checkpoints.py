@@ -609,7 +609,7 @@ class WorkdirLock:
                 "step itself), or stop it first."
             )
         return (
-            f"Another {holding if holding != 'run' else 'run'} is using {workdir}: "
+            f"Another {'evaluation' if holding == 'evaluation' else 'run'} is using {workdir}: "
             f"{describe_holder(holder)} holds {self.path}. Wait for it to end (or stop it), or "
             "choose another --workdir."
         )

@@ -115,7 +115,10 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     problems += workdir_problems
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
         problems += _steps_problems(cfg, workdir)
-    source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
+    problems += _data_seed_problems(cfg)
+    source, data_problems = None, []
+    if _valid_seed(getattr(cfg.data, "seed", 0)):  # numpy refuses any other
+        source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
     if source is not None and None not in (cfg.model, cfg.pe) and not attention_problems:
         problems += _forward_memory_problems(cfg, env, sizes, _outputs_per_position(source))
     if source is not None and cfg.model is not None:
@@ -127,6 +130,18 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if data_problems:
         raise DataError(data_problems)
     return CheckedRun(cfg, source)
+
+
+def _valid_seed(seed: Any) -> bool:
+    return isinstance(seed, int) and 0 <= seed < 2**32
+
+
+def _data_seed_problems(cfg: TrainConfig) -> list[str]:
+    """data.seed outside what numpy takes (the run's own seed is the config's check)."""
+    seed = getattr(cfg.data, "seed", 0)
+    if _valid_seed(seed) or seed == cfg.seed:
+        return []
+    return [f"data.seed must be an integer in 0 .. 2**32 - 1, got {seed}."]
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]) -> list[str]:
@@ -261,7 +276,7 @@ def _forward_memory_problems(
         lower_batch = (
             f" or at most {fewer * env.process_count} rows at once (--config.eval.batch_size)"
             if fewer
-            else " (one sequence at a time does not fit either)"
+            else f" (at length {length} not even one sequence at a time fits)"
         )
         return [
             f"eval.lengths: one evaluation forward at length {length} ({rows} rows, "
