@@ -402,22 +402,17 @@ def model_flops_per_step(
 ) -> dict[str, float]:
     """Model FLOPs of one train step of `cfg`'s Transformer: {'dense', 'attention', 'total'}.
 
-    Matmuls only, as in standard MFU accounting (norms, GELU, softmax, the encoding's
-    rotations, the loss, the optimizer and rematerialised passes left out); a multiply-add is
-    2 FLOPs and the backward pass twice the forward, so a step is 3x the forward. With
-    B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio * D, a block whose Q
-    queries are the last Q of S = T key positions does, forward:
+    Matmuls only (standard MFU accounting), a multiply-add as 2 FLOPs, the backward pass as
+    twice the forward. With B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio D,
+    a block whose Q queries are the last Q of T key positions does, forward:
 
-      dense      2 B D^2 (Q + 2 S) + 2 B Q D^2 + 4 B Q D F  (q, k, v, out projections, MLP)
-      attention  4 B D P  (scores, weighted values on P = Q S - Q (Q - 1) / 2 visible pairs)
+      dense      2 B D^2 (Q + 2 T) + 2 B Q D^2 + 4 B Q D F  (q, k, v, out projections, MLP)
+      attention  4 B D P  (scores, weighted values on P = Q T - Q (Q - 1) / 2 visible pairs)
 
     Q = T except in the last block under readout 'last' (Q = 1). The tied readout adds
     2 B Q D V (the embedding is a gather); a signal model has instead an input projection,
-    2 B T C_in D, and a regression head, 2 B Q D C_out. Under readout 'all' the dense part is
-    6 x (matmul parameters) x tokens.
-
-    vocab_size: V; default: the data config's, else its source's (the synthetic task's 3).
-    input_channels, output_channels: a signal model's (jrope.train.setup.model_io).
+    2 B T C_in D, and a regression head, 2 B Q D C_out. vocab_size (V) defaults to the data
+    config's, else its source's; input_channels and output_channels make a signal model's count.
     """
     signal = input_channels is not None
     if vocab_size is None and not signal:
@@ -528,9 +523,9 @@ def write_text(path: epath.PathLike, text: str) -> None:
     path.write_text(text)
 
 
-def format_cell(value: Any, digits: int = 4) -> str:
-    """Floats with `digits` decimals, anything else as str."""
-    return f"{value:.{digits}f}" if isinstance(value, (float, np.floating)) else str(value)
+def format_cell(value: Any) -> str:
+    """Floats with 4 decimals, anything else as str."""
+    return f"{value:.4f}" if isinstance(value, (float, np.floating)) else str(value)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -545,9 +540,7 @@ def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return importlib.import_module("matplotlib.pyplot")
 
 
 def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
@@ -565,14 +558,13 @@ def plot_against_length(
     curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float] | None]],
     *,
     ylabel: str,
-    size: tuple[float, float] = (6, 4),
 ) -> None:
     """One curve per label: values (error bars where spreads are given) against evaluation length.
 
     curves: label -> (lengths, values, spreads or None). The length axis is log2.
     """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=size)
+    fig, ax = plt.subplots(figsize=(6, 4))
     all_lengths = sorted({length for lengths, _, _ in curves.values() for length in lengths})
     for label, (lengths, values, spreads) in curves.items():
         ax.errorbar(lengths, values, yerr=spreads, marker="o", capsize=3, label=label)
@@ -659,17 +651,10 @@ def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Seque
     longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
     evaluate = ["python", "eval.py", f"--workdir={workdir}", *other_flags]
     evaluate.append(f"--config.eval.lengths=({longer})")
-    compare = [
-        "python",
-        "-m",
-        "jrope.compare",
-        *([config_file] if config_file else []),
-        *(arg for key, arg in overrides if key not in ("pe.name", "seed")),
-        *other_flags,
-        f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}",
-        "--seeds=0,1",
-        f"--workdir={workdir.rstrip('/') or workdir}_compare",
-    ]
+    compare = ["python", "-m", "jrope.compare", *([config_file] if config_file else [])]
+    compare += [arg for key, arg in overrides if key not in ("pe.name", "seed")]
+    compare += [*other_flags, f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}"]
+    compare += ["--seeds=0,1", f"--workdir={workdir.rstrip('/') or workdir}_compare"]
     return (
         f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
         f"or compare encodings over seeds:\n  {shlex.join(compare)}"
@@ -691,29 +676,22 @@ def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str
     joined = []
     for arg in args:
         # `--name value` (absl accepts it): the value joins its flag. Flags take no positionals.
-        if (
-            joined
-            and not arg.startswith("-")
-            and joined[-1].startswith("-")
-            and "=" not in joined[-1]
-        ):
+        waiting = joined and joined[-1].startswith("-") and "=" not in joined[-1]
+        if waiting and not arg.startswith("-"):
             joined[-1] = f"{joined[-1]}={arg}"
         else:
             joined.append(arg)
-    config_file, overrides, others = None, {}, {}
+    latest: dict[str, str] = {}  # name -> its last argument, in the order of last occurrence
     for arg in joined:
         name = arg.lstrip("-").split("=", 1)[0]
-        key = name.removeprefix("no") if name.startswith("noconfig.") else name
-        if key.startswith("config."):
-            overrides.pop(key, None)
-            overrides[key] = arg
-        elif name == "config":
-            config_file = arg
-        elif name not in _OWN_FLAGS:
-            others.pop(name, None)
-            others[name] = arg
-    return (
-        config_file,
-        [(key.removeprefix("config."), arg) for key, arg in overrides.items()],
-        list(others.values()),
-    )
+        if name.startswith("noconfig."):  # absl's negated boolean: the override of config.x
+            name = name.removeprefix("no")
+        latest.pop(name, None)
+        latest[name] = arg
+    overrides, flags = [], []
+    for name, arg in latest.items():
+        if name.startswith("config."):
+            overrides.append((name.removeprefix("config."), arg))
+        elif name not in ("config", *_OWN_FLAGS):
+            flags.append(arg)
+    return latest.get("config"), overrides, flags
