@@ -14,11 +14,19 @@ gamma up to model.max_damping. The harness holds the parameters to it:
   one origin cannot carry runs the blockwise kernel, exact at any length;
 - a non-finite loss or evaluation names a passed bound before anything else
   (`diagnosis`).
+
+The blockwise kernel measures positions from each query block's first, so its
+factors reach e^{gamma (b - 1)} for blocks of b = model.block_size: it is
+exact at any length, but only for a damping within the same limit over one
+block. The refusal asks for a block size that carries the damping, and past
+it `follow` runs the layer in blocks that do (`blockwise_block_size`; the
+result is the same, the blocks only change the order of the sums).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -32,6 +40,9 @@ from jrope.errors import UsageError
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params
 
+# Relative slack of the initial damping against model.max_damping (float32 rounding).
+INITIAL_TOLERANCE = 1e-5
+
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredDamping:
@@ -39,12 +50,15 @@ class MeasuredDamping:
 
     per_layer: each layer's largest gamma (0.0: undamped); layer, head: where
     the largest one is (counted from 0); bound: model.max_damping.
+    block_size: the smallest block of the blockwise kernel `follow` chose.
     """
 
     per_layer: tuple[float, ...]
     layer: int
     head: int
     bound: float
+    # The blocks the blockwise kernel runs in for this damping (set by `follow`).
+    block_size: int | None = None
 
     @property
     def largest(self) -> float:
@@ -65,22 +79,54 @@ class MeasuredDamping:
 
 
 def initial_damping_problems(cfg: TrainConfig) -> list[str]:
-    """The refusal of an encoding that starts above model.max_damping, with the fix (or none)."""
+    """The refusal of a damping the kernels cannot carry from step 1 on, with the fix (or none).
+
+    An encoding that starts above model.max_damping, and a model.max_damping
+    that overflows the blockwise kernel's blocks of model.block_size.
+    """
     try:
         encoding = cfg.encoding
     except ValueError:
         return []  # the encoding's own problem is reported by the config
+    limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+    block_size = cfg.model.block_size
     initial = encoding.largest_damping(encoding.init_params())
-    if initial <= cfg.model.max_damping:
-        return []
-    return [
-        f"pe.init_gamma: {cfg.pe.name} starts with damping gamma = {initial:.4g}, above "
-        f"model.max_damping = {cfg.model.max_damping:g}, the largest damping the attention "
-        f"kernels plan for (one map origin overflows float32 past gamma * length = "
-        f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); raise --config.model.max_damping to at least "
-        f"{initial:.4g} (windows longer than {SINGLE_ORIGIN_EXPONENT_LIMIT / initial:.0f} "
-        "positions then run the blockwise kernel, exact at any length), or lower pe.init_gamma."
-    ]
+    # The softplus round trip of pe.init_gamma may land a float32 ulp above it.
+    if initial > cfg.model.max_damping * (1.0 + INITIAL_TOLERANCE):
+        fix = f"raise --config.model.max_damping to at least {initial:.4g}"
+        if encoding.cfg.learn_gamma and initial * (block_size - 1) > limit:
+            fix += (
+                " and lower --config.model.block_size to at most "
+                f"{blockwise_block_size(block_size, initial)}"
+            )
+        return [
+            f"pe.init_gamma: {cfg.pe.name} starts with damping gamma = {initial:.4g}, above "
+            f"model.max_damping = {cfg.model.max_damping:g}, the largest damping the attention "
+            f"kernels plan for (one map origin overflows float32 past gamma * length = "
+            f"{limit:g}); {fix} (windows longer than {limit / initial:.0f} positions then run "
+            "the blockwise kernel, exact at any length), or lower pe.init_gamma."
+        ]
+    if encoding.cfg.learn_gamma and cfg.model.max_damping * (block_size - 1) > limit:
+        return [
+            f"model.max_damping = {cfg.model.max_damping:g} with model.block_size = {block_size}: "
+            f"the blockwise kernel's factors reach e^(max_damping * (block_size - 1)), past "
+            f"float32's range beyond e^{limit:g}; set --config.model.block_size to at most "
+            f"{blockwise_block_size(block_size, cfg.model.max_damping)} or lower "
+            "model.max_damping."
+        ]
+    return []
+
+
+def blockwise_block_size(block_size: int, gamma: float) -> int:
+    """The largest block <= block_size whose factors e^{gamma (b - 1)} stay within the limit.
+
+    A power of two where block_size is too large for gamma; block_size where it is not
+    (or where gamma is not finite: no block carries it).
+    """
+    limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+    if not math.isfinite(gamma) or gamma * (block_size - 1) <= limit:
+        return block_size
+    return 2 ** int(math.floor(math.log2(limit / gamma + 1.0)))
 
 
 def measure(cfg: TrainConfig, params: Any) -> MeasuredDamping:
@@ -102,15 +148,23 @@ def follow(cfg: TrainConfig, graphdef: Any, params: Any) -> tuple[Any, MeasuredD
 
     Within model.max_damping: `graphdef` itself (nothing recompiles). Past it:
     the graphdef of the model after Transformer.follow_damping, whose layers
-    choose their kernels for their measured damping.
+    choose their kernels for their measured damping, each running the
+    blockwise kernel in blocks that carry it (`blockwise_block_size`).
     """
     measured = measure(cfg, params)
     if not measured.passed:
         return graphdef, measured
     model = model_from_params(graphdef, _with_host_pe_params(params))
     model.follow_damping()
+    block_sizes = []
+    for block in model.blocks:
+        attn = block.attn
+        size = blockwise_block_size(attn.cfg.block_size, attn.measured_damping)
+        if size != attn.cfg.block_size:
+            attn.cfg = dataclasses.replace(attn.cfg, block_size=size)
+        block_sizes.append(attn.cfg.block_size)
     followed, _ = nnx.split(model, nnx.Param)
-    return followed, measured
+    return followed, dataclasses.replace(measured, block_size=min(block_sizes))
 
 
 def kernel(cfg: TrainConfig, length: int, platform: str, measured: MeasuredDamping | None) -> str:

@@ -231,7 +231,8 @@ class EvalStep:
             if self.measured.passed:
                 say(
                     f"  {self.measured.describe()}: evaluating with kernels planned for it "
-                    "(the blockwise kernel where one map origin would overflow float32)."
+                    "(the blockwise kernel, in blocks of "
+                    f"{self.measured.block_size}, where one map origin would overflow float32)."
                 )
         return self.measured
 

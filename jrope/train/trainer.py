@@ -394,9 +394,11 @@ class TrainKernel:
 
     At the start and at every checkpoint `follow` reads the damping on the host
     (jrope.train.damping). Past model.max_damping it is said on the console;
-    where one map origin over the training length would then overflow float32,
-    the step changes to the blockwise kernel, recompiling once (a larger damping
-    keeps it there). `diagnosing` names a passed bound in a non-finite loss's
+    where the step's kernel would then overflow float32 at the training length
+    (one map origin over it, or the blockwise kernel's blocks), the step changes
+    to the blockwise kernel in blocks that carry the damping, recompiling (once
+    for a single-origin kernel: a larger damping keeps the blockwise one, whose
+    blocks shrink only by powers of two). `diagnosing` names a passed bound in a non-finite loss's
     message.
     """
 
@@ -404,7 +406,10 @@ class TrainKernel:
         self._run = run
         self._platform = run.mesh.devices.flat[0].platform
         self.measured: damping.MeasuredDamping | None = None
-        self._kernel = damping.kernel(run.cfg, run.cfg.pe.train_context, self._platform, None)
+        self._kernel = (
+            damping.kernel(run.cfg, run.cfg.pe.train_context, self._platform, None),
+            run.cfg.model.block_size,
+        )
         self.step = make_train_step(run)
         self.follow(params, None)
 
@@ -417,25 +422,34 @@ class TrainKernel:
         if not measured.passed:
             return
         at = "The starting state" if step is None else f"Step {step}"
-        kernel = damping.kernel(cfg, cfg.pe.train_context, self._platform, measured)
+        kernel = (
+            damping.kernel(cfg, cfg.pe.train_context, self._platform, measured),
+            measured.block_size,
+        )
         if kernel == self._kernel:
             if not announced:
                 say(
                     f"{at}: {measured.describe()}; evaluations plan their kernels for it, "
-                    f"and the train step's {kernel!r} kernel stays safe at length "
+                    f"and the train step's {kernel[0]!r} kernel stays safe at length "
                     f"{cfg.pe.train_context}."
                 )
             return
         say(
-            f"{at}: {measured.describe()}; one map origin over {cfg.pe.train_context} positions "
-            f"would overflow float32, so the train step changes from the {self._kernel!r} to the "
-            f"{kernel!r} kernel (compiling it once more)."
+            f"{at}: {measured.describe()}; the train step's {self._describe(self._kernel)} would "
+            f"overflow float32 at length {cfg.pe.train_context}, so it changes to the "
+            f"{self._describe(kernel)} (compiling it once more)."
         )
         layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
         self.step = make_train_step(
             dataclasses.replace(self._run, layout=layout), measured=measured
         )
         self._kernel = kernel
+
+    @staticmethod
+    def _describe(kernel: tuple[str, int]) -> str:
+        name, block_size = kernel
+        blocks = f" in blocks of {block_size}" if name == "blockwise" else ""
+        return f"{name!r} kernel{blocks}"
 
     @contextlib.contextmanager
     def diagnosing(self):

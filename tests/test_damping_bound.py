@@ -1,0 +1,180 @@
+"""The damping bound in the harness: model.max_damping held against the parameters being run.
+
+A damping past the bound starts a run (refused with the fix) or is learned
+(evaluations and the train step follow the measured damping to a kernel that
+survives it), and a non-finite result names it before the learning rate.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jrope.errors import ConfigError, NonFiniteEvaluationError, NonFiniteLossError, UsageError
+from jrope.train import checks, damping, evaluation, trainer
+from jrope.train.config import TrainConfig
+from jrope.train.setup import model_from_params, set_up_run
+from tests.helpers.tiny_config import tiny_config, tiny_config_dict
+
+# A head that learned a decay length of two tokens: one origin over 512 positions
+# reaches e^256, far past float32, while the blockwise kernel stays exact.
+LEARNED_GAMMA = 0.5
+DAMPED_LAYER, DAMPED_HEAD = 1, 1
+
+
+def _with_gamma(cfg: TrainConfig, params, gamma: float, layer: int, head: int):
+    """params with one head's damping gamma set (its raw parameter through the softplus)."""
+    raw = math.log(math.expm1(gamma - cfg.pe.gamma_min))
+
+    def set_head(path, leaf):
+        keys = [getattr(key, "key", getattr(key, "idx", None)) for key in path]
+        if keys[:3] == ["blocks", layer, "attn"] and "gamma_raw" in keys:
+            return leaf.at[head].set(raw)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(set_head, params)
+
+
+def test_initial_damping_above_the_bound_is_refused_with_the_fix(tmp_path):
+    config = tiny_config_dict(**{"pe.init_gamma": 0.5, "mesh.data": -1})
+    with pytest.raises(ConfigError) as refused:
+        checks.check_training_run(config, str(tmp_path / "run"))
+    message = str(refused.value)
+    assert "model.max_damping = 0.02" in message
+    assert "--config.model.max_damping to at least 0.5" in message
+    # 0.5 * 511 is past float32 in the blockwise kernel's blocks too: the fix says so.
+    assert "lower --config.model.block_size to at most 128" in message
+    # The fix is accepted: the same run passes the checks with the bound raised.
+    fixed = tiny_config_dict(
+        **{
+            "pe.init_gamma": 0.5,
+            "model.max_damping": 0.5,
+            "model.block_size": 128,
+            "mesh.data": -1,
+        }
+    )
+    checks.check_training_run(fixed, str(tmp_path / "fixed"))
+
+
+def test_measure_names_the_layer_and_head_of_the_largest_damping():
+    cfg = tiny_config()
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    params = run.init_state()["params"]
+    within = damping.measure(cfg, params)
+    assert not within.passed and within.largest == pytest.approx(cfg.pe.init_gamma, rel=1e-3)
+    measured = damping.measure(
+        cfg, _with_gamma(cfg, params, LEARNED_GAMMA, DAMPED_LAYER, DAMPED_HEAD)
+    )
+    assert measured.passed
+    assert (measured.layer, measured.head) == (DAMPED_LAYER, DAMPED_HEAD)
+    assert measured.largest == pytest.approx(LEARNED_GAMMA, rel=1e-4)
+    assert measured.per_layer[0] == pytest.approx(cfg.pe.init_gamma, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_learned_damping_past_the_bound_evaluates_as_the_blockwise_kernel():
+    lengths = {"eval.lengths": (256, 512), "eval.num_sequences": 4}
+    cfg = tiny_config(**lengths)
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    params = _with_gamma(cfg, run.init_state()["params"], LEARNED_GAMMA, DAMPED_LAYER, DAMPED_HEAD)
+    step = evaluation.EvalStep(run)
+    rows = evaluation.evaluate_lengths(step, params, run.source, cfg, run.mesh, step=0)
+    assert step.measured.passed and step.measured.block_size == 128
+    # 0.5 * 127 < 80: the blocks that carry the damping (the harness's choice).
+    blockwise_cfg = tiny_config(
+        **lengths, **{"model.attention_impl": "blockwise", "model.block_size": 128}
+    )
+    blockwise_run = set_up_run(blockwise_cfg, devices=jax.devices()[:1])
+    expected = evaluation.evaluate_lengths(
+        evaluation.EvalStep(blockwise_run), params, run.source, cfg, run.mesh, step=0
+    )
+    for row, want in zip(rows, expected, strict=True):
+        assert math.isfinite(row["loss"]), row
+        np.testing.assert_allclose(row["loss"], want["loss"], rtol=1e-5)
+        assert row["accuracy"] == want["accuracy"]
+    # The kernel 'auto' planned for model.max_damping alone overflows at 512: the
+    # check above could fail.
+    batch = next(iter(run.source.eval_batches(512, 4, 4, seed=cfg.eval.seed)))
+    planned = jax.jit(
+        lambda p, b: model_from_params(run.layout.graphdef, p)(b["inputs"], jnp.arange(512))
+    )
+    with jax.set_mesh(run.mesh):
+        assert not np.all(np.isfinite(np.asarray(planned(params, batch))))
+
+
+@pytest.mark.slow
+def test_train_step_changes_to_a_safe_kernel_once_the_damping_passes(capsys):
+    cfg = tiny_config()
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    state = run.init_state()
+    # gamma * 16 = 96 > 80: one origin over the training window would overflow.
+    params = _with_gamma(cfg, state["params"], 6.0, DAMPED_LAYER, DAMPED_HEAD)
+    kernels = trainer.TrainKernel(run, state["params"])
+    planned_step = kernels.step
+    kernels.follow(params, 2)
+    said = capsys.readouterr().out
+    assert "Step 2: layer 1, head 1 has damping gamma = 6" in said
+    assert "changes to the 'blockwise' kernel in blocks of 8" in said
+    assert kernels.step is not planned_step
+    batch = {name: jnp.asarray(value) for name, value in run.source.train_batch(0).items()}
+    kept_params = jax.tree.map(jnp.copy, params)  # the steps donate their state
+    larger = _with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, DAMPED_HEAD)
+    larger = jax.tree.map(jnp.copy, larger)
+    with jax.set_mesh(run.mesh):
+        _, metrics = kernels.step({**state, "params": params}, batch)
+    blockwise_run = set_up_run(
+        tiny_config(**{"model.attention_impl": "blockwise", "model.block_size": 8}),
+        devices=jax.devices()[:1],
+    )
+    blockwise_state = blockwise_run.init_state()
+    with jax.set_mesh(blockwise_run.mesh):
+        _, expected = trainer.make_train_step(blockwise_run)(
+            {**blockwise_state, "params": kept_params}, batch
+        )
+    assert math.isfinite(float(metrics["loss"]))
+    np.testing.assert_allclose(float(metrics["loss"]), float(expected["loss"]), rtol=1e-5)
+    # A larger damping keeps the blockwise step: no second compilation.
+    kept = kernels.step
+    kernels.follow(larger, 4)
+    assert kernels.step is kept
+
+
+def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate():
+    rows = [{"length": 512, "loss": float("nan")}]
+    passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
+    with pytest.raises(NonFiniteEvaluationError) as diagnosed:
+        evaluation.check_evaluation(rows, 20, "ckpt/20", passed)
+    message = str(diagnosed.value)
+    assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
+    assert message.index("damping") < message.index("opt.learning_rate")
+    assert "The model has diverged" not in message
+    within = damping.MeasuredDamping((0.01, 0.015), layer=1, head=0, bound=0.02)
+    with pytest.raises(NonFiniteEvaluationError) as diverged:
+        evaluation.check_evaluation(rows, 20, "ckpt/20", within)
+    assert "The model has diverged" in str(diverged.value)
+    assert "damping" not in str(diverged.value)
+
+
+def test_a_non_finite_loss_names_a_passed_bound():
+    kernels = trainer.TrainKernel.__new__(trainer.TrainKernel)
+    kernels.measured = damping.MeasuredDamping((0.3,), layer=0, head=1, bound=0.02)
+    with pytest.raises(NonFiniteLossError) as diagnosed, kernels.diagnosing():
+        raise NonFiniteLossError("loss is nan at step 7; Lower opt.learning_rate ...")
+    message = str(diagnosed.value)
+    assert message.startswith("The damping passed its bound: layer 0, head 1")
+    assert "loss is nan at step 7" in message
+
+
+@pytest.mark.parametrize(("backend", "fused"), [("tpu", "splash"), ("gpu", "cudnn")])
+def test_fused_kernels_obey_the_measured_damping(backend, fused):
+    cfg = tiny_config(**{"model.compute_dtype": "bfloat16"})
+    passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
+    assert damping.kernel(cfg, 512, backend, passed) == "blockwise"
+    explicit = tiny_config(**{"model.compute_dtype": "bfloat16", "model.attention_impl": fused})
+    with pytest.raises(UsageError) as refused:
+        damping.kernel(explicit, 512, backend, passed)
+    message = str(refused.value)
+    assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
+    assert f"attention_impl={fused!r}" in message
