@@ -558,13 +558,14 @@ def plot_against_length(
     curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float] | None]],
     *,
     ylabel: str,
+    size: tuple[float, float] = (6, 4),
 ) -> None:
     """One curve per label: values (error bars where spreads are given) against evaluation length.
 
     curves: label -> (lengths, values, spreads or None). The length axis is log2.
     """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=size)
     all_lengths = sorted({length for lengths, _, _ in curves.values() for length in lengths})
     for label, (lengths, values, spreads) in curves.items():
         ax.errorbar(lengths, values, yerr=spreads, marker="o", capsize=3, label=label)
