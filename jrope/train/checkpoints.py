@@ -1,46 +1,25 @@
 """Checkpoints: the save, the digests of its arrays, the restore that resumes a run, the workdir lock.
 
-One orbax CheckpointManager per workdir. Each step holds four items:
-`state` (step, params, optimizer state: sharded arrays, restored straight
-into an abstract sharded target), `config` (the run's TrainConfig as JSON),
-`digests` (a fingerprint of every array) and `progress` (the updates skipped
-by opt.nonfinite='skip' so far and in a row at the save: a checkpoint saved
-in the middle of skipped updates is never named as the last good one). Data sources are pure
-functions of the step, so resuming at `step` continues the exact batch
-sequence. A step is saved when it is a multiple of checkpoint.every_steps or
-when forced (the last step, a preemption). Saves are atomic: orbax writes
-`<step>.orbax-checkpoint-tmp-<n>` and renames it once every item is written,
-so a killed save leaves a temporary directory that is reported, never listed
-as a step, never deleted. Local folders and buckets (`gs://...`) alike.
+One orbax CheckpointManager per workdir (a local folder or a bucket); each step holds `state`
+(sharded arrays, restored straight into an abstract sharded target), `config` (the run's
+TrainConfig as JSON), `digests` (a fingerprint of every array) and `progress` (updates skipped by
+opt.nonfinite='skip': a checkpoint saved amid skipped updates is never named the last good one).
+Data sources are pure functions of the step, so a resume continues the exact batch sequence.
+Saves are atomic (orbax renames `<step>.orbax-checkpoint-tmp-<n>` once written): a killed save
+leaves a temporary directory that is reported, never restored, never deleted.
 
-Resume takes the latest finished checkpoint. A resume may change only what
-does not change the trained model: the evaluation, logging, checkpoint,
-runtime and mesh settings (orbax reshards), and num_steps under a constant
-learning rate. Any other difference (seed, data, model, encoding, optimizer,
-batch) is refused with the keys that differ, unless named in
-checkpoint.accept_changes; an evaluation refuses only what changes the model
-or the labels of its rows (shapes, encoding, data source, seed). Any error
-while reading becomes a CorruptCheckpointError naming the checkpoint, and so
-does damage that reads without error (a flipped bit): every restored array's
-digest must equal the saved one, and a checkpoint without its digests is
-refused alike unless checkpoint.accept_missing_digests is set. The message
-also names the latest earlier checkpoint that restores intact.
+A restore checks the saved config (config_differences) and every array's digest: unreadable or
+damaged arrays, or missing digests (unless checkpoint.accept_missing_digests), are a
+CorruptCheckpointError naming the latest earlier checkpoint that restores intact. Digest: the
+array's bits as uint32 words x_i (16- and 8-bit types widened) and, mod 2^32, sum_i x_i and
+sum_i (2 i + 1) x_i, in one jitted pass on the devices. A flipped bit changes the first sum by
++-2^k (never 0 mod 2^32); the odd weights keep that true for the second and make it see moved
+words; integer sums do not depend on the sharding. A check against damage, not a cryptographic
+hash (benchmarks/checkpoint_digest.py).
 
-Digest of an array: its bits as uint32 words x_i (16- and 8-bit types
-widened), and modulo 2^32 the sums  sum_i x_i  and  sum_i (2 i + 1) x_i,
-computed in one jitted pass on the devices (two uint32 per array reach the
-host). One flipped bit changes the first sum by +-2^k (never 0 mod 2^32); the
-odd weights keep that true for the second and make it see moved words.
-Integer sums are exact in any order, so sharding does not change it. A check
-against damage, not a cryptographic hash (benchmarks/checkpoint_digest.py).
-
-One run per workdir: process 0 holds an advisory `flock` on
-`<workdir>/run.lock` for the run's life; the kernel releases it however the
-process ends, and the file's contents (host, pid, role of the last holder)
-tell the next run it takes over from one that did not end cleanly. A
-training run is refused while anything else holds the lock; an evaluation
-waits for another evaluation (saying so) and is refused while a training
-run holds it. Object stores have no locks: there the run says so and goes on.
+One run per workdir: process 0 holds an advisory `flock` on `<workdir>/run.lock` (released by the
+kernel however the process ends; its contents name the last holder, so the next run knows it
+takes over from one that did not end cleanly). Object stores have no locks: the run says so.
 """
 
 from __future__ import annotations
@@ -79,14 +58,8 @@ PROGRESS_ITEM = "progress"
 
 
 class Checkpointer:
-    """Periodic and final saves, latest-checkpoint restore, config and digests beside the state.
-
-    Args:
-      directory: where checkpoints live (created if missing); one subdirectory per step.
-      every_steps: a step is saved when it is a multiple of this (or forced).
-      max_to_keep: older checkpoints beyond this many are deleted.
-      config_json: the run's configuration as a JSON-serialisable dict.
-    """
+    """Saves every `every_steps` steps (or forced) into `directory`, one subdirectory per step,
+    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state."""
 
     def __init__(
         self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
@@ -94,10 +67,9 @@ class Checkpointer:
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
         self._every_steps = every_steps
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=options,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM),
         )
 
@@ -127,68 +99,39 @@ class Checkpointer:
     ) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
 
-        progress: {'skipped_steps': updates skipped so far, 'skipped_in_a_row':
-        skipped updates just before this step} (default: none skipped).
-        Returns once the arrays are copied off the device, so the caller may
-        donate `state` to the next step while the files are written.
+        progress: {'skipped_steps': updates skipped so far, 'skipped_in_a_row': skipped updates
+        just before this step} (default: none skipped). Returns once the arrays are copied off
+        the device, so the caller may donate `state` to the next step while the files are written.
         """
         if not (force or self.should_save(step)):
             return False
-        progress = dict(progress or {"skipped_steps": 0, "skipped_in_a_row": 0})
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE_ITEM: ocp.args.StandardSave(state),
-                    CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
-                    DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
-                    PROGRESS_ITEM: ocp.args.JsonSave(progress),
-                }
+        items = {
+            STATE_ITEM: ocp.args.StandardSave(state),
+            CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+            DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
+            PROGRESS_ITEM: ocp.args.JsonSave(
+                dict(progress or {"skipped_steps": 0, "skipped_in_a_row": 0})
             ),
-            force=True,
-        )
+        }
+        return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
         """The state of checkpoint `step` (default: latest), laid out like `abstract_state`.
 
-        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings:
-        every array is read straight into its shards, never gathered on one device.
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings: every array is
+        read straight into its shards, never gathered on one device.
         """
-        step = self._require_step(step)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state)})
-        )
-        return restored[STATE_ITEM]
+        return self._restore(STATE_ITEM, ocp.args.StandardRestore(abstract_state), step)
 
     def restore_config(self, step: int | None = None) -> dict[str, Any]:
         """The configuration saved with checkpoint `step` (default: latest)."""
-        return self._restore_json(CONFIG_ITEM, step)
+        return self.restore_json(CONFIG_ITEM, step)
 
-    def restore_digests(self, step: int | None = None) -> dict[str, list[int]]:
-        """The array digests saved with checkpoint `step` (default: latest)."""
-        return self._restore_json(DIGESTS_ITEM, step)
+    def restore_json(self, item: str, step: int | None = None) -> Any:
+        """The JSON item `item` (CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM) of checkpoint `step`."""
+        return self._restore(item, ocp.args.JsonRestore(), step)
 
-    def restore_progress(self, step: int | None = None) -> dict[str, int] | None:
-        """The skipped updates saved with checkpoint `step` (Checkpointer.save); None if not saved."""
-        step = self._require_step(step)
-        if not (checkpoint_path(self, step) / PROGRESS_ITEM).exists():
-            return None
-        return self._restore_json(PROGRESS_ITEM, step)
-
-    def _restore_json(self, item: str, step: int | None) -> dict[str, Any]:
-        step = self._require_step(step)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
-        )
-        return restored[item]
-
-    def wait_until_finished(self) -> None:
-        self._manager.wait_until_finished()
-
-    def close(self) -> None:
-        self._manager.close()
-
-    def _require_step(self, step: int | None) -> int:
+    def _restore(self, item: str, args: Any, step: int | None) -> Any:
         if step is None:
             step = self.latest_step()
         if step is None or step not in self._manager.all_steps():
@@ -196,45 +139,45 @@ class Checkpointer:
                 f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )
-        return step
+        return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
 
-def array_name(path: tuple) -> str:
-    """A pytree key path as 'params/blocks/0/attn/qkv/value'."""
-    return jax.tree_util.keystr(path, simple=True, separator="/")
-
-
-def _words(array: jax.Array) -> jax.Array:
-    """The array's bits as uint32 [n] (n = its size; 16- and 8-bit elements widened)."""
-    flat = array.reshape(-1)
-    if flat.dtype == jnp.bool_:
-        return flat.astype(jnp.uint32)
-    unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
-    return jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
-
-
-def _fingerprint(array: jax.Array) -> jax.Array:
-    """uint32 [2]: the plain and the odd-weighted sum of the array's words, mod 2^32."""
-    words = _words(array)
-    weights = 2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1
-    return jnp.stack([jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * weights, dtype=jnp.uint32)])
+    def close(self) -> None:
+        self._manager.close()
 
 
 @jax.jit
 def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
-    return [_fingerprint(leaf) for leaf in leaves]
+    """uint32 [2] per array: the plain and the odd-weighted sum of its words, mod 2^32."""
+    sums = []
+    for leaf in leaves:
+        flat = leaf.reshape(-1)
+        if flat.dtype == jnp.bool_:
+            words = flat.astype(jnp.uint32)
+        else:  # the bits, 16- and 8-bit elements widened
+            unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
+            words = jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
+        weights = 2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1
+        sums.append(
+            jnp.stack(
+                [jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * weights, dtype=jnp.uint32)]
+            )
+        )
+    return sums
 
 
 def state_digests(state: Any) -> dict[str, list[int]]:
-    """Array name -> [sum, weighted sum] of every array of `state` (a pytree of jax.Arrays).
+    """'params/blocks/0/attn/qkv/value' -> [sum, weighted sum] of every array of `state`.
 
     Blocks until the state is computed (it reads the values).
     """
-    paths_and_leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    fingerprints = jax.device_get(_fingerprints([leaf for _, leaf in paths_and_leaves]))
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    sums = jax.device_get(_fingerprints([leaf for _, leaf in flat]))
     return {
-        array_name(path): [int(value) for value in np.asarray(fingerprint)]
-        for (path, _), fingerprint in zip(paths_and_leaves, fingerprints, strict=False)
+        jax.tree_util.keystr(path, simple=True, separator="/"): [int(v) for v in np.asarray(pair)]
+        for (path, _), pair in zip(flat, sums, strict=True)
     }
 
 
@@ -248,33 +191,38 @@ def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> l
 # Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
 _FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
 
-# Name part of the temporary directory of a save in progress (orbax's atomic rename).
-UNFINISHED_SAVE_MARKER = ".orbax-checkpoint-tmp"
-
-# Dotted config keys that define the shapes or meaning of the saved parameters.
-PARAMETER_KEYS = (
-    "data.source",  # also the task: the tied readout or a regression head
-    "data.input_channels",  # regression: the input projection's and the head's shapes
-    "model.d_model",
-    "model.num_heads",
-    "model.num_layers",
-    "model.mlp_ratio",
-)
-# Every key under these sections defines the encoding's parameters and what they mean.
-PARAMETER_SECTIONS = ("pe",)
-# Data-section fields that set the vocabulary (the embedding's shape).
-VOCABULARY_KEYS = ("data.vocab_size", "data.num_keys", "data.num_values")
-# Sections a resume may change: they do not change the trained model (the mesh only lays it out).
-RESUME_FREE_SECTIONS = ("eval", "log", "checkpoint", "runtime", "mesh")
-# Keys a resume may change: what to do when a step is non-finite (a finite run is the same).
-RESUME_FREE_KEYS = ("opt.nonfinite", "opt.max_consecutive_skips")
+# Keys and sections that define the shapes or meaning of the saved parameters: the task (a tied
+# readout or a regression head), the input projection, the vocabulary, the sizes, the encoding.
+PARAMETER_KEYS = {
+    *("data.source", "data.input_channels", "data.vocab_size", "data.num_keys", "data.num_values"),
+    *("model.d_model", "model.num_heads", "model.num_layers", "model.mlp_ratio", "pe"),
+}
+# What a resume may change: it leaves the trained model alone (the mesh only lays it out; a
+# finite run is the same whatever opt.nonfinite says).
+RESUME_FREE = {
+    *("eval", "log", "checkpoint", "runtime", "mesh"),
+    *("opt.nonfinite", "opt.max_consecutive_skips"),
+}
 # Keys an evaluation refuses beyond the parameter-defining ones: they label its rows.
-EVALUATION_LABEL_KEYS = ("seed", "data.seed")
+EVALUATION_LABEL_KEYS = {"seed", "data.seed"}
 
 
 def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
     """The directory of checkpoint `step` (CheckpointManager's default step names: the number)."""
     return checkpointer.directory / str(step)
+
+
+def finished_steps(directory: str) -> list[int]:
+    """Steps of the finished checkpoints in a checkpoint directory (local or a bucket), ascending."""
+    return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def unfinished_saves(directory: str) -> list[str]:
+    """Names of the temporary directories of interrupted saves in a checkpoint directory."""
+    path = epath.Path(directory)
+    if not path.exists():
+        return []
+    return sorted(child.name for child in path.iterdir() if ".orbax-checkpoint-tmp" in child.name)
 
 
 def describe_latest(checkpointer: Checkpointer) -> str:
@@ -285,29 +233,27 @@ def describe_latest(checkpointer: Checkpointer) -> str:
     return f"step {latest} at {checkpoint_path(checkpointer, latest)}"
 
 
-def saved_while_skipping(checkpointer: Checkpointer, step: int) -> bool:
-    """Whether checkpoint `step` was saved while updates were being skipped (opt.nonfinite='skip')."""
-    try:
-        progress = checkpointer.restore_progress(step)
-    except Exception:  # an unreadable record: not offered as good either
-        return True
-    return bool(progress and progress.get("skipped_in_a_row", 0) > 0)
-
-
 def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
     """The latest checkpoint saved with no update being skipped, and how to resume from it.
 
-    streak_start: the first step of the updates being skipped in a row now
-    (None: none). The checkpoint just before it is not good either: its very
-    next step was non-finite, so resuming there runs straight into the skips.
+    streak_start: the first step of the updates being skipped in a row now (None: none). The
+    checkpoint just before it is not good either: its very next step was non-finite.
     """
+
+    def saved_while_skipping(step: int) -> bool:
+        if not (checkpoint_path(checkpointer, step) / PROGRESS_ITEM).exists():
+            return False
+        try:
+            return checkpointer.restore_json(PROGRESS_ITEM, step).get("skipped_in_a_row", 0) > 0
+        except Exception:  # an unreadable record: not offered as good either
+            return True
+
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = finished_steps(checkpointer.directory)
     bad = [
         step
         for step in steps
-        if (streak_start is not None and step >= streak_start - 1)
-        or saved_while_skipping(checkpointer, step)
+        if (streak_start is not None and step >= streak_start - 1) or saved_while_skipping(step)
     ]
     good = [step for step in steps if step not in bad]
     if not good:
@@ -328,19 +274,6 @@ def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = No
         f"skipped updates; to resume from step {last}, move them aside: mkdir -p {aside} && "
         f"mv {moves} {aside}/)"
     )
-
-
-def finished_steps(directory: str) -> list[int]:
-    """Steps of the finished checkpoints in a checkpoint directory (local or a bucket), ascending."""
-    return sorted(ocp.path.step.checkpoint_steps(directory))
-
-
-def unfinished_saves(directory: str) -> list[str]:
-    """Names of the temporary directories of interrupted saves in a checkpoint directory."""
-    path = epath.Path(directory)
-    if not path.exists():
-        return []
-    return sorted(child.name for child in path.iterdir() if UNFINISHED_SAVE_MARKER in child.name)
 
 
 def restore_or_initialize(
@@ -372,72 +305,68 @@ def restore_compatible(
 ) -> Any:
     """Checkpoint `step` restored into `abstract_state`, after checking its saved config against `cfg`.
 
-    purpose: 'resume' (training goes on: only settings that leave the trained
-    model alone may differ, config_differences) or 'evaluate' (only the
-    model's shape and encoding, the data source and the seed must match).
+    purpose: 'resume' or 'evaluate' (config_differences).
     Raises:
+      NoCheckpointError: `step` is not a finished checkpoint.
       IncompatibleCheckpointError: the saved config differs in a key `purpose` must keep.
-      CorruptCheckpointError: the config or the state cannot be read, or the
-        digests are missing (unless cfg.checkpoint.accept_missing_digests).
+      CorruptCheckpointError: the config or the state cannot be read, an array's digest differs,
+        or the digests are missing (unless cfg.checkpoint.accept_missing_digests).
     """
     path = checkpoint_path(checkpointer, step)
-    if step not in finished_steps(checkpointer.directory):
+    finished = finished_steps(checkpointer.directory)
+    if step not in finished:
         raise NoCheckpointError(
-            f"No finished checkpoint {path}; the finished ones are steps {finished_steps(checkpointer.directory)}."
+            f"No finished checkpoint {path}; the finished ones are steps {finished}."
         )
     try:
         saved_config = checkpointer.restore_config(step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
         raise CorruptCheckpointError(
-            _unreadable_message(checkpointer, abstract_state, step, "its saved config", err)
+            _unreadable(checkpointer, abstract_state, step, "its saved config", err)
         ) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
         raise IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
-    if not (path / DIGESTS_ITEM).exists():
-        if not cfg.checkpoint.accept_missing_digests:
-            raise CorruptCheckpointError(
-                f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage "
-                "to its arrays could not be seen: it is refused like a damaged one. Nothing was "
-                f"deleted. {_fallback(checkpointer, abstract_state, step)} To restore it unchecked "
-                "anyway, add --config.checkpoint.accept_missing_digests=True."
-            )
+    checked = (path / DIGESTS_ITEM).exists()
+    if not checked and not cfg.checkpoint.accept_missing_digests:
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage to "
+            "its arrays could not be seen: it is refused like a damaged one. Nothing was deleted. "
+            f"{_fallback(checkpointer, abstract_state, step)} To restore it unchecked anyway, add "
+            "--config.checkpoint.accept_missing_digests=True."
+        )
+    if not checked:
         say(
             f"Restoring {path} unchecked (no digests; checkpoint.accept_missing_digests): a NaN "
             "later may come from damage, not from the learning rate."
         )
-        try:
-            return checkpointer.restore(abstract_state, step)
-        except Exception as err:
-            raise CorruptCheckpointError(
-                _unreadable_message(checkpointer, abstract_state, step, "its state", err)
-            ) from err
     try:
-        state, damaged = _restore_and_compare(checkpointer, abstract_state, step)
+        state, damaged = _restore_and_compare(checkpointer, abstract_state, step, checked=checked)
     except Exception as err:
         raise CorruptCheckpointError(
-            _unreadable_message(checkpointer, abstract_state, step, "its state", err)
+            _unreadable(checkpointer, abstract_state, step, "its state", err)
         ) from err
     if damaged:
         del state  # before earlier checkpoints are restored to find an intact one
-        shown = ", ".join(damaged[:3]) + (
-            f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
-        )
+        more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
         raise CorruptCheckpointError(
-            f"Checkpoint {path} is damaged: the contents of {shown} differ from the digests saved "
-            f"with it. Nothing was deleted. {_fallback(checkpointer, abstract_state, step)}"
+            f"Checkpoint {path} is damaged: the contents of {', '.join(damaged[:3])}{more} differ "
+            "from the digests saved with it. Nothing was deleted. "
+            f"{_fallback(checkpointer, abstract_state, step)}"
         )
     return state
 
 
 def _restore_and_compare(
-    checkpointer: Checkpointer, abstract_state: Any, step: int
+    checkpointer: Checkpointer, abstract_state: Any, step: int, *, checked: bool = True
 ) -> tuple[Any, list[str]]:
-    """(the state of checkpoint `step`, names of its arrays whose digest differs from the saved)."""
+    """(the state of checkpoint `step`, its arrays whose digest differs from the saved one)."""
     state = checkpointer.restore(abstract_state, step)
-    return state, mismatches(checkpointer.restore_digests(step), state_digests(state))
+    if not checked:
+        return state, []
+    return state, mismatches(checkpointer.restore_json(DIGESTS_ITEM, step), state_digests(state))
 
 
 def config_differences(
@@ -445,46 +374,39 @@ def config_differences(
 ) -> tuple[list[str], list[str]]:
     """Differences between two JSON config dicts as "key is <saved> there, <current> now" lines.
 
-    purpose: 'evaluate' refuses the parameter-defining keys and the seed;
-    'resume' refuses every key outside RESUME_FREE_SECTIONS (and num_steps
-    under a decaying learning rate) that current's checkpoint.accept_changes
-    does not name.
+    purpose: 'evaluate' refuses the parameter-defining keys (PARAMETER_KEYS) and the seeds;
+    'resume' refuses every key outside RESUME_FREE that current's checkpoint.accept_changes
+    ('opt.learning_rate,seed': keys or sections) does not name, and num_steps unless the learning
+    rate is constant (a schedule spans num_steps). Both refuse turning clipping on or off.
     Returns (incompatible, changed): the refused differences, and all the others.
     """
     saved_flat = flatten_dict(json.loads(json.dumps(saved)))
     current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
-    parameter_keys = set(PARAMETER_KEYS) | set(VOCABULARY_KEYS)
-    accepted = _accepted_changes(current_flat.get("checkpoint.accept_changes", ""))
+    accepted = str(current_flat.get("checkpoint.accept_changes") or "").split(",")
+    free = RESUME_FREE | {key.strip() for key in accepted if key.strip()}
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
         if before == now:
             continue
         line = f"{key} is {before!r} there, {now!r} now"
-        section = key.split(".")[0]
-        if key in parameter_keys or section in PARAMETER_SECTIONS:
+        names = {key, key.split(".")[0]}
+        if names & PARAMETER_KEYS:
             incompatible.append(line)
         elif key == "opt.clip_norm" and (before == 0) != (now == 0):
             # Clipping adds a transformation to the optimizer chain: another state structure.
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif purpose == "evaluate":
             (incompatible if key in EVALUATION_LABEL_KEYS else changed).append(line)
-        elif {key, section} & (set(RESUME_FREE_SECTIONS) | set(RESUME_FREE_KEYS) | accepted):
+        elif names & free:
             changed.append(line)
         elif key == "num_steps" and current_flat.get("opt.schedule") == "constant":
-            changed.append(line)  # a constant learning rate does not depend on the run's length
+            changed.append(line)
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
         else:
             incompatible.append(line)
     return incompatible, changed
-
-
-def _accepted_changes(text: Any) -> set[str]:
-    """checkpoint.accept_changes ('opt.learning_rate,seed') as a set of keys and sections."""
-    if isinstance(text, (list, tuple)):
-        return {str(key).strip() for key in text if str(key).strip()}
-    return {key.strip() for key in str(text or "").split(",") if key.strip()}
 
 
 def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: str) -> str:
@@ -506,10 +428,10 @@ def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: st
     )
 
 
-def _unreadable_message(
+def _unreadable(
     checkpointer: Checkpointer, abstract_state: Any, step: int, what: str, err: Exception
 ) -> str:
-    path = checkpoint_path(checkpointer, step)
+    """The message for checkpoint `step` whose `what` could not be read, naming the array."""
     root = err
     while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
         root = root.__cause__
@@ -517,9 +439,9 @@ def _unreadable_message(
     array = _FAILED_READ.search(str(root))
     where = f"array {array.group(1).replace('.', '/')}: " if array else ""
     return (
-        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
-        f"The file may be truncated or damaged; nothing was deleted. "
-        f"{_fallback(checkpointer, abstract_state, step)}"
+        f"Cannot read {what} from checkpoint {checkpoint_path(checkpointer, step)} "
+        f"({where}{type(root).__name__}: {cause}). The file may be truncated or damaged; nothing "
+        f"was deleted. {_fallback(checkpointer, abstract_state, step)}"
     )
 
 
@@ -532,12 +454,11 @@ def _fallback(checkpointer: Checkpointer, abstract_state: Any, step: int) -> str
         except Exception:  # unreadable too: try the one before
             continue
         if not damaged:
+            aside = checkpointer.directory.parent / f"damaged_checkpoint_{step}"
             return (
                 f"Checkpoint {checkpoint_path(checkpointer, earlier)} is intact (restored and "
                 f"checked): to resume from step {earlier}, move {path} out of "
-                f"{checkpointer.directory} (e.g. mv {path} "
-                f"{checkpointer.directory.parent / f'damaged_checkpoint_{step}'}) and run the same "
-                "command again."
+                f"{checkpointer.directory} (e.g. mv {path} {aside}) and run the same command again."
             )
     return "No earlier checkpoint is intact: start a new run with another --workdir."
 
@@ -548,10 +469,10 @@ LOCK_FILE = "run.lock"
 class WorkdirLock:
     """Context manager holding `<workdir>/run.lock` (a no-op when `enabled` is False).
 
-    role: 'training' (refused while anything holds the lock) or 'evaluation'
-    (waits, saying so, while another evaluation holds it; refused while a
-    training run does). enabled: only one process of a multi-process run
-    takes the lock.
+    role: 'training' (refused while anything holds the lock) or 'evaluation' (waits, saying so,
+    while another evaluation holds it; refused while a training run does). enabled: only one
+    process of a multi-process run takes the lock. previous_holder: set on entry to the details
+    of a holder that ended without releasing the lock, else None.
     """
 
     def __init__(self, workdir: str, *, enabled: bool = True, role: str = "training"):
@@ -559,7 +480,7 @@ class WorkdirLock:
         self.role = role
         self._enabled = enabled and not is_uri(workdir)
         self._file = None
-        self.previous_holder: dict | None = None  # a holder that ended without releasing it
+        self.previous_holder: dict | None = None
         if enabled and is_uri(workdir):
             logging.warning(
                 "%s is on an object store, which has no locks: make sure no other run uses this "
@@ -591,9 +512,11 @@ class WorkdirLock:
             )
             fcntl.flock(handle, fcntl.LOCK_EX)
         self.previous_holder = _read_holder(handle)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": started}
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({**_this_process(), "role": self.role}) + "\n")
+        handle.write(json.dumps({**me, "role": self.role}) + "\n")
         handle.flush()
         self._file = handle
         return self
@@ -623,14 +546,6 @@ class WorkdirLock:
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
         self._file = None
-
-
-def _this_process() -> dict:
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
 
 
 def _read_holder(handle) -> dict | None:
