@@ -2,18 +2,15 @@
 
 `configs/*.py` build an `ml_collections.ConfigDict`; `convert_config` turns it
 into the frozen `TrainConfig` in one pass and returns every problem, each
-naming its key and the fix (what needs the machine, the workdir or the data
-is checked next, in jrope.train.checks). `model` is the model's `ModelConfig`,
-`pe` the library's `PEConfig` (parsed from pe.name and the base settings its
-suffixes override), `data` the config of the source that data.source names
-(jrope.data.source.SOURCES); each section states its checks as plain
-comparisons and refuses to be built with a problem.
+naming its key and the fix (what needs the machine, the workdir or the data is
+checked next, in jrope.train.checks). `model` is the model's `ModelConfig`, `pe`
+the library's `PEConfig` (from pe.name and the base settings its suffixes
+override), `data` the config of the source that data.source names.
 
 The command line: ml_collections applies `--config.<key>=<value>` while absl
 parses, joins a tuple key given twice, and names an unknown key's last part
-only, in a traceback: the entry points call `last_override_wins`,
-`config_file_problem`, `make_importable` (a config imports `configs.base`
-from any working directory) and, when parsing fails, `unknown_key_problems`.
+only, in a traceback: hence `last_override_wins`, `config_file_problem`,
+`make_importable` and `unknown_key_problems` for the entry points.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
@@ -45,19 +43,37 @@ NONFINITE_POLICIES = ("stop", "skip")
 
 
 class _Section:
-    """A config section whose construction raises ValueError listing `problems()`, one per line."""
+    """A config section: building one with a problem raises ValueError, one line per problem.
+
+    `rules`: (key, its check as a plain comparison, what the value must be, or a tuple of
+    its choices); a section adds to `problems` what a rule cannot say.
+    """
+
+    section: typing.ClassVar[str] = ""
 
     def __post_init__(self):
         problems = self.problems()
         if problems:
             raise ValueError("\n".join(problems))
 
+    def rules(self) -> list[tuple[str, bool, str | tuple]]:
+        return []
+
     def problems(self) -> list[str]:
-        raise NotImplementedError
+        problems = []
+        for key, holds, required in self.rules():
+            value = getattr(self, key)
+            if not holds and isinstance(required, tuple):
+                problems.append(f"{self.section}.{key} = {value!r} is not one of {required}.")
+            elif not holds:
+                problems.append(f"{self.section}.{key} must be {required}, got {value}.")
+        return problems
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
+    section = "opt"
+
     learning_rate: float
     weight_decay: float
     b1: float
@@ -71,25 +87,15 @@ class OptimConfig(_Section):
     # 'skip' gives up after this many skipped steps in a row (the run is diverging).
     max_consecutive_skips: int = 10
 
-    def problems(self) -> list[str]:
-        problems = []
-        if self.schedule not in LR_SCHEDULES:
-            problems.append(f"opt.schedule = {self.schedule!r} is not one of {LR_SCHEDULES}.")
-        if self.nonfinite not in NONFINITE_POLICIES:
-            problems.append(
-                f"opt.nonfinite = {self.nonfinite!r} is not one of {NONFINITE_POLICIES}."
-            )
-        if not self.learning_rate > 0:
-            problems.append(f"opt.learning_rate must be > 0, got {self.learning_rate}.")
-        if self.warmup_steps < 0:
-            problems.append(f"opt.warmup_steps must be >= 0, got {self.warmup_steps}.")
-        if self.clip_norm < 0:
-            problems.append(f"opt.clip_norm must be >= 0 (0: no clipping), got {self.clip_norm}.")
-        if self.max_consecutive_skips < 1:
-            problems.append(
-                f"opt.max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}."
-            )
-        return problems
+    def rules(self):
+        return [
+            ("schedule", self.schedule in LR_SCHEDULES, LR_SCHEDULES),
+            ("nonfinite", self.nonfinite in NONFINITE_POLICIES, NONFINITE_POLICIES),
+            ("learning_rate", self.learning_rate > 0, "> 0"),
+            ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+            ("clip_norm", self.clip_norm >= 0, ">= 0 (0: no clipping)"),
+            ("max_consecutive_skips", self.max_consecutive_skips >= 1, ">= 1"),
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,15 +109,15 @@ class MeshConfig(_Section):
 
     def problems(self) -> list[str]:
         sizes = (self.data, self.fsdp, self.tensor)
-        if sizes.count(-1) > 1 or any(size < 1 and size != -1 for size in sizes):
-            return [
-                f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."
-            ]
-        return []
+        if sizes.count(-1) <= 1 and all(size >= 1 or size == -1 for size in sizes):
+            return []
+        return [f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."]
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig(_Section):
+    section = "checkpoint"
+
     every_steps: int  # periodic save interval (the final step is always saved)
     max_to_keep: int
     # Restore a checkpoint whose digests are missing, unchecked (jrope.train.checkpoints).
@@ -120,27 +126,28 @@ class CheckpointConfig(_Section):
     # checkpoint, runtime and mesh (e.g. 'opt.learning_rate' after a divergence).
     accept_changes: str = ""
 
-    def problems(self) -> list[str]:
+    def rules(self):
         return [
-            f"checkpoint.{key} must be >= 1, got {value}."
-            for key, value in (("every_steps", self.every_steps), ("max_to_keep", self.max_to_keep))
-            if value < 1
+            ("every_steps", self.every_steps >= 1, ">= 1"),
+            ("max_to_keep", self.max_to_keep >= 1, ">= 1"),
         ]
 
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig(_Section):
+    section = "log"
+
     every_steps: int  # progress line, JSONL and TensorBoard interval
     tensorboard: bool
 
-    def problems(self) -> list[str]:
-        if self.every_steps < 1:
-            return [f"log.every_steps must be >= 1, got {self.every_steps}."]
-        return []
+    def rules(self):
+        return [("every_steps", self.every_steps >= 1, ">= 1")]
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig(_Section):
+    section = "eval"
+
     lengths: tuple[int, ...]
     num_sequences: int  # per length
     batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
@@ -148,29 +155,31 @@ class EvalConfig(_Section):
     # The evaluation sequences' seed: the same sequences for every run seed and method.
     seed: int = DEFAULT_EVAL_SEED
 
+    def rules(self):
+        return [
+            ("seed", 0 <= self.seed < 2**32, "an integer in 0 .. 2**32 - 1"),
+            ("num_sequences", self.num_sequences >= 1, ">= 1"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("every_steps", self.every_steps >= 0, ">= 0"),
+        ]
+
     def problems(self) -> list[str]:
-        problems = []
-        if not 0 <= self.seed < 2**32:
-            problems.append(f"eval.seed must be an integer in 0 .. 2**32 - 1, got {self.seed}.")
-        if not self.lengths or not all(
-            isinstance(length, int) and length >= 2 for length in self.lengths
-        ):
+        problems = super().problems()
+        if not self.lengths or not all(isinstance(n, int) and n >= 2 for n in self.lengths):
             problems.append(
                 "eval.lengths must be a non-empty list of integer lengths >= 2, got "
                 f"{self.lengths!r}; e.g. --config.eval.lengths='(256,512)'."
             )
-        if self.num_sequences < 1:
-            problems.append(f"eval.num_sequences must be >= 1, got {self.num_sequences}.")
-        if self.batch_size < 1:
-            problems.append(f"eval.batch_size must be >= 1, got {self.batch_size}.")
-        elif self.num_sequences >= 1 and self.num_sequences % self.batch_size:
+        if (
+            self.num_sequences >= 1
+            and self.batch_size >= 1
+            and self.num_sequences % self.batch_size
+        ):
             rounded = self.num_sequences + self.batch_size - self.num_sequences % self.batch_size
             problems.append(
                 f"eval.batch_size {self.batch_size} must divide eval.num_sequences "
                 f"{self.num_sequences}; set them to e.g. {self.batch_size} and {rounded}."
             )
-        if self.every_steps < 0:
-            problems.append(f"eval.every_steps must be >= 0, got {self.every_steps}.")
         return problems
 
 
@@ -186,12 +195,12 @@ class RuntimeConfig(_Section):
     profile_to_step: int = 0
 
     def problems(self) -> list[str]:
-        if self.profile_from_step < 0 or self.profile_to_step < 0:
-            return [
-                "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
-                f"{self.profile_from_step}, {self.profile_to_step}."
-            ]
-        return []
+        if self.profile_from_step >= 0 and self.profile_to_step >= 0:
+            return []
+        return [
+            "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
+            f"{self.profile_from_step}, {self.profile_to_step}."
+        ]
 
     @property
     def profiles(self) -> bool:
@@ -218,18 +227,13 @@ class TrainConfig:
     @functools.cached_property
     def encoding(self) -> Encoding:
         """The model's Encoding, built once, for the longest window it sees (training or evaluation)."""
+        lengths = self.eval.lengths if self.eval is not None else ()  # a bad one is eval's problem
         return make_encoding(
             self.pe,
             num_heads=self.model.num_heads,
             head_dim=self.model.head_dim,
-            max_length=max([self.pe.train_context, *self._valid_eval_lengths]),
+            max_length=max([self.pe.train_context, *(n for n in lengths if isinstance(n, int))]),
         )
-
-    @property
-    def _valid_eval_lengths(self) -> list[int]:
-        """eval.lengths where they are integers (the eval section reports any others)."""
-        lengths = self.eval.lengths if self.eval is not None else ()
-        return [length for length in lengths if isinstance(length, int)]
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> TrainConfig:
@@ -244,13 +248,12 @@ class TrainConfig:
         plain = {"seed": self.seed, "num_steps": self.num_steps, "batch_size": self.batch_size}
         # The name's suffixes override the base settings idempotently: these parse back alike.
         plain["pe"] = {key: getattr(self.pe, key) for key in PE_KEYS}
-        for name in ("model", "data", "opt", "mesh", "checkpoint", "log", "eval", "runtime"):
+        for name in ("model", "data", *SECTIONS):
             plain[name] = dataclasses.asdict(getattr(self, name))
         return plain
 
 
 SECTIONS = {
-    "model": ModelConfig,
     "opt": OptimConfig,
     "mesh": MeshConfig,
     "checkpoint": CheckpointConfig,
@@ -261,33 +264,29 @@ SECTIONS = {
 SCALAR_KEYS = ("seed", "num_steps", "batch_size")
 # The pe section: the name and the base settings of pe_config_from_name.
 PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
-TOP_KEYS = (*SCALAR_KEYS, "pe", "data", *SECTIONS)
+TOP_KEYS = (*SCALAR_KEYS, "pe", "data", "model", *SECTIONS)
 
 # A key whose value could not be computed (a FieldReference expression that raised).
 _UNRESOLVED = object()
 
 
 def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
-    """(the run config, every problem); a section with a problem is None in it.
-
-    Use the TrainConfig only when the problems are empty, or to check what did
-    convert (jrope.train.checks). None when the top-level keys are wrong.
-    """
+    """(the run config, every problem); a section with a problem is None in it, and the whole
+    config None when the top-level keys are wrong. Use it only without problems, or to check
+    what did convert (jrope.train.checks)."""
     problems = []
     raw = _to_plain(config, "", problems)
     _keys_fit("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int), problems)
     if not isinstance(raw, dict) or any(key not in raw for key in TOP_KEYS):
         return None, problems
-    sections = dict(SECTIONS)
+    sections = {"model": ModelConfig, **SECTIONS}
     try:
-        data = raw["data"]
-        sections["data"] = source_spec(
-            data.get("source") if isinstance(data, dict) else None
-        ).load()[0]
+        source = raw["data"].get("source") if isinstance(raw["data"], dict) else None
+        sections["data"] = source_spec(source).load()[0]
     except ValueError as err:
         problems.append(str(err))
+    sections["pe"] = _pe_config
     built = {name: _build(section, raw[name], name, problems) for name, section in sections.items()}
-    built["pe"] = _build(_pe_config, raw["pe"], "pe", problems)
     for key in SCALAR_KEYS:
         built[key] = raw[key] if type(raw[key]) is int else None  # not a bool
     problems += [
@@ -305,19 +304,13 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
 
 
 def _build(section: Callable, values: Any, where: str, problems: list[str]):
-    """`section(**values)`, or None with one problem appended per bad key or value.
-
-    The keys, their defaults and their types are those of `section`'s signature;
-    with unknown keys, the known ones are still checked.
-    """
+    """`section(**values)` (keys, defaults and types from its signature), or None with a problem
+    appended per bad key or value; with unknown keys, the known ones are still checked."""
     parameters = inspect.signature(section).parameters
-    required = [
-        key for key, parameter in parameters.items() if parameter.default is parameter.empty
-    ]
+    required = [key for key, param in parameters.items() if param.default is param.empty]
     before = len(problems)
-    if not _keys_fit(
-        f"{where}.", values, parameters, required, typing.get_type_hints(section), problems
-    ):
+    types = typing.get_type_hints(section)
+    if not _keys_fit(f"{where}.", values, parameters, required, types, problems):
         return None
     try:
         built = section(**{key: value for key, value in values.items() if key in parameters})
@@ -336,46 +329,45 @@ def _pe_config(**settings) -> PEConfig:
         return pe_config_from_name(**settings)
     except UnknownEncodingName as err:
         raise ValueError(
-            f"pe.name = {settings['name']!r} is not a known encoding ({_first_line(err)}); "
+            f"pe.name = {settings['name']!r} is not a known encoding ({first_line(err)}); "
             f"use e.g. {', '.join(PAPER_METHODS[:7])} (all forms: jrope.ACCEPTED_NAMES)."
         ) from None
     except ValueError as err:
-        raise ValueError(f"pe settings: {_first_line(err)}; fix that pe.* value.") from None
+        raise ValueError(f"pe settings: {first_line(err)}; fix that pe.* value.") from None
+
+
+# What a value of each annotated type may be (a bool is not a number here), and its name.
+_ACCEPTED = {int: int, float: (int, float), str: str, bool: bool}
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
 
 
 def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[str]) -> bool:
-    """Whether `values` can be built: a section with the required keys, of the annotated types
-    (int, float, str, bool, tuple). Appends one problem per unknown, missing or bad key."""
+    """Whether `values` is a section with the required keys, of the annotated types (`_ACCEPTED`,
+    tuple): appends one problem per unknown, missing or mistyped key."""
     if values is _UNRESOLVED:
         return False  # the key that could not be computed is a problem already
     if not isinstance(values, dict):
-        problems.append(
-            f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."
-        )
+        where = prefix.rstrip(".") or "the config"
+        problems.append(f"{where} must be a ConfigDict, got {values!r}.")
         return False
-    problems += [
-        f"{prefix}{key}: no such key; {_closest(prefix + key, [prefix + k for k in known], prefix, known)}"
-        for key in values
-        if key not in known
-    ]
+    for key in values:
+        if key not in known:
+            hint = _closest(prefix + key, [prefix + k for k in known], prefix, known)
+            problems.append(f"{prefix}{key}: no such key; {hint}")
     blocking = [
         f"{prefix}{key} is missing; set it in the config file."
         for key in required
         if key not in values
     ]
-    type_names = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
     for key, value in values.items():
         hint = types.get(key)
-        fits = {
-            int: isinstance(value, int) and not isinstance(value, bool),
-            float: isinstance(value, (int, float)) and not isinstance(value, bool),
-            str: isinstance(value, str),
-            bool: isinstance(value, bool),
-        }.get(hint, typing.get_origin(hint) is not tuple or isinstance(value, tuple))
+        if hint in _ACCEPTED:
+            fits = isinstance(value, _ACCEPTED[hint]) and (hint is bool or type(value) is not bool)
+        else:
+            fits = typing.get_origin(hint) is not tuple or isinstance(value, tuple)
         if not fits and value is not _UNRESOLVED:
-            blocking.append(
-                f"{prefix}{key} must be {type_names.get(hint, 'a tuple')}, got {value!r}."
-            )
+            name = _TYPE_NAMES.get(hint, "a tuple")
+            blocking.append(f"{prefix}{key} must be {name}, got {value!r}.")
     problems += blocking
     return not blocking and _UNRESOLVED not in values.values()
 
@@ -395,26 +387,22 @@ def _closest(key: str, known, section: str, section_keys, flag_name: str = "conf
 # mistake. The synthetic configs carry every kernel's parameters in one shared
 # section, so a value the chosen kernel ignores is named in a warning.
 _WIKITEXT = ("wikitext103", "wikitext2")
-_FILES = ("text", "audio_tokens")
 _READ_ONLY_BY = {
     "TextDataConfig": {
-        "path": ("source", _FILES, True),
-        "eval_path": ("source", _FILES, True),
-        "train_split": ("source", _WIKITEXT, True),
-        "eval_split": ("source", _WIKITEXT, True),
-        "data_dir": ("source", _WIKITEXT, True),
-        "manual_dir": ("source", _WIKITEXT, True),
+        ("source", ("text", "audio_tokens"), True): ("path", "eval_path"),
+        ("source", _WIKITEXT, True): ("train_split", "eval_split", "data_dir", "manual_dir"),
     },
     "SyntheticTaskConfig": {
-        "jet_power": ("kernel", ("high_jet", "scaled_high_jet"), False),
-        "jet_decay": ("kernel", ("scaled_high_jet",), False),
-        "damping_gamma": ("kernel", ("damped_mixed",), False),
-        "damping_sin_weight": ("kernel", ("damped_mixed",), False),
-        "envelope_offset": ("kernel", ("rhythm_envelope",), False),
-        "envelope_slope": ("kernel", ("rhythm_envelope",), False),
-        "carrier_cos_weight": ("kernel", ("rhythm_envelope",), False),
-        "carrier_sin_weight": ("kernel", ("rhythm_envelope",), False),
-        "temperature": ("label_mode", ("stochastic",), False),
+        ("kernel", ("high_jet", "scaled_high_jet"), False): ("jet_power",),
+        ("kernel", ("scaled_high_jet",), False): ("jet_decay",),
+        ("kernel", ("damped_mixed",), False): ("damping_gamma", "damping_sin_weight"),
+        ("kernel", ("rhythm_envelope",), False): (
+            "envelope_offset",
+            "envelope_slope",
+            "carrier_cos_weight",
+            "carrier_sin_weight",
+        ),
+        ("label_mode", ("stochastic",), False): ("temperature",),
     },
 }
 
@@ -423,32 +411,31 @@ def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
     """(refused, warned): a line per data key set away from its default that the chosen source,
     kernel or label mode never reads, with the fix. `data`: a data section's dataclass, or None."""
     refused, warned = [], []
-    if data is None:
-        return refused, warned
-    defaults = {field.name: field.default for field in dataclasses.fields(data)}
-    for key, (chooser, readers, refuse) in _READ_ONLY_BY.get(type(data).__name__, {}).items():
-        value, choice = getattr(data, key), getattr(data, chooser)
-        if choice in readers or value == defaults[key]:
-            continue
-        only = " and ".join(repr(reader) for reader in readers)
-        line = (
-            f"data.{key} = {value!r} has no effect with data.{chooser} = {choice!r} (only "
-            f"{only} read{'s' if len(readers) == 1 else ''} it)"
-        )
-        if refuse:
-            refused.append(
-                f"{line}; drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}."
+    rules = _READ_ONLY_BY.get(type(data).__name__, {})
+    defaults = {field.name: field.default for field in dataclasses.fields(data)} if rules else {}
+    for (chooser, readers, refuse), keys in rules.items():
+        choice = getattr(data, chooser)
+        for key in keys:
+            value = getattr(data, key)
+            if choice in readers or value == defaults[key]:
+                continue
+            only = " and ".join(repr(reader) for reader in readers)
+            line = (
+                f"data.{key} = {value!r} has no effect with data.{chooser} = {choice!r} (only "
+                f"{only} read{'s' if len(readers) == 1 else ''} it)"
             )
-        else:
-            warned.append(f"{line}; the shared data section keeps it, unused.")
+            if refuse:
+                refused.append(
+                    f"{line}; drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}."
+                )
+            else:
+                warned.append(f"{line}; the shared data section keeps it, unused.")
     return refused, warned
 
 
 @functools.cache
 def _warn_once(message: str) -> None:
-    """A warning for each message once per process (every run of a comparison converts its config)."""
-    from absl import logging
-
+    """Each warning once per process (every run of a comparison converts its config)."""
     logging.warning("%s", message)
 
 
@@ -461,7 +448,7 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
         _ = cfg.encoding  # its blocks must divide the head dimension
     except ValueError as err:
         problems.append(
-            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {_first_line(err)}."
+            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {first_line(err)}."
         )
     shared = {
         "seq_len": cfg.pe.train_context,
@@ -478,7 +465,7 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
 
 
 def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
-    """A ConfigDict (or nested mapping) as nested dicts and tuples (lists become tuples), key by key.
+    """A ConfigDict (or nested mapping) as nested dicts and tuples (lists become tuples).
 
     A key derived from others (e.g. data.head_dim = d_model // num_heads) whose
     computation fails becomes _UNRESOLVED, and a problem naming it.
@@ -512,7 +499,8 @@ def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
+    """An error's first line without its full stop, for a problem that names the key."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
 
 
@@ -525,10 +513,8 @@ def _override_pattern(flag_name: str) -> re.Pattern:
 
 
 def last_override_wins(argv: Sequence[str], flag_name: str = "config") -> list[str]:
-    """`argv` with only the last `--<flag_name>.<key>=<value>` of each key kept (others unchanged).
-
-    Overrides written as two arguments (`--config.key value`) are left as they are.
-    """
+    """`argv` with only the last `--<flag_name>.<key>=<value>` of each key kept (others unchanged,
+    and so are overrides written as two arguments, `--config.key value`)."""
     matches = map(_override_pattern(flag_name).match, argv)
     keys = [match.group(1) if match and match.group(2) is not None else None for match in matches]
     return [
