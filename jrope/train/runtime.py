@@ -1,44 +1,22 @@
-"""What every command-line entry point shares, and the runtime options of a run.
+"""What every command-line entry point shares (`runtime.run(main)`), and a run's runtime options.
 
-    from jrope.train import runtime
+Errors: the project's own errors (jrope.errors) end the command with their message alone on
+stderr and their `exit_status` (the README has the table); a storage failure anywhere in an
+exception's chain ("No space left on device" inside orbax's or tensorstore's wrapping) ends it
+with status 7 and one line naming the path. `--verbose` (or JROPE_VERBOSE=1) adds the traceback;
+any other error is a bug and keeps it. Unknown config keys are named with the closest known ones.
+Library log records below `--log_level` (default warning; orbax writes about a hundred per short
+run) are hidden, and so are the libraries' own reports of a storage failure unless --verbose.
 
-    def main(argv): ...
-
-    if __name__ == "__main__":
-        runtime.run(main)
-
-Errors: the project's own errors (jrope.errors) end the command with their
-message alone on stderr and their `exit_status` (the README has the table);
-a storage failure found anywhere in an exception's chain ("No space left on
-device" inside orbax's or tensorstore's wrapping) ends it with status 7 and
-one line naming the path. `--verbose` (or JROPE_VERBOSE=1) adds the
-traceback. Any other error is a bug and keeps its traceback.
-
-Flags: a config key that does not exist is named with the closest one that
-does (jrope.train.config), for every such key at once. Library log
-records below WARNING (orbax writes about a hundred per short run) are hidden
-unless `--log_level=info` (or debug); so are the libraries' own reports of a
-storage failure unless --verbose.
-
-CPU tuning, applied only when JAX runs on its CPU backend (docs/performance.md
-has the measurements):
-- huge pages: XLA:CPU maps each step's scratch buffer afresh in 4 KiB pages
-  (44 thousand faults per synthetic step); glibc >= 2.35 backs large blocks
-  with transparent huge pages when `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
-  (about 500 faults; 0.7 to 0.8x the step time). glibc reads it only at
-  start, so `run` re-executes the process once with it set (not off Linux,
-  with THP 'never', when already set, or under a debugger).
-  JROPE_HUGE_PAGES=1 asks for it on any backend, 0 never.
-- compiler options: XLA:CPU's YNNPACK library fusions take whole arrays
-  only, writing out what XLA would fuse; without them the dense kernels'
-  steps ran as fast or faster, the blockwise kernel's slower.
-- projections: the model's projections take jrope.model.projection's
-  cpu_projection, whose backward pass XLA:CPU lays out without a transposing
-  copy (same values; the train step 1.4 to 1.6x faster, benchmarks/projection.py).
-
-Other runtime options: JAX's persistent compilation cache (local or gs://,
-set before the first compilation) and a profiler trace of a window of train
-steps into the run's TensorBoard folder.
+CPU tuning, only on JAX's CPU backend (docs/performance.md has the measurements):
+- huge pages: XLA:CPU maps each step's scratch buffer afresh in 4 KiB pages; glibc >= 2.35
+  backs large blocks with transparent huge pages when `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`,
+  read only at start, so `run` re-executes the process once with it set (not off Linux, with
+  THP 'never', when already set, or under a debugger). JROPE_HUGE_PAGES=1 asks for it on any
+  backend, 0 never.
+- compiler options: XLA:CPU's YNNPACK library fusions take whole arrays only, writing out what
+  XLA would fuse; without them the dense kernels' steps ran as fast or faster.
+- projections: cpu_projection, whose backward pass XLA:CPU lays out without a transposing copy.
 """
 
 from __future__ import annotations
@@ -74,7 +52,6 @@ from jrope.train import config as run_config
 from jrope.train.config import RuntimeConfig
 
 VERBOSE_ENV = "JROPE_VERBOSE"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def run(
@@ -82,21 +59,12 @@ def run(
 ) -> None:
     """`app.run(main)` with the project's flag parsing, log level and error reporting.
 
-    config_flag: the name of the entry point's config-file flag, whose
-    overrides are checked (an entry point without one is unaffected).
+    config_flag: the entry point's config-file flag, whose overrides are checked (if it has one).
     usage: what --help prints above the flags (default: the main module's docstring).
     """
     if not command_line.help_requested(sys.argv):
         restart_with_huge_pages()
-    _define_flags()
-    app.run(
-        functools.partial(_run_reporting_errors, main),
-        flags_parser=functools.partial(_parse_flags, config_flag=config_flag, usage=usage),
-    )
-
-
-def _define_flags() -> None:
-    """--verbose and --log_level, defined by `run` only: importing this module defines no flag."""
+    # Defined here, not at import, so that importing this module defines no flag.
     if "verbose" not in flags.FLAGS:
         flags.DEFINE_bool(
             "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
@@ -105,10 +73,13 @@ def _define_flags() -> None:
         flags.DEFINE_enum(
             "log_level",
             "warning",
-            LOG_LEVELS,
-            "Lowest level of library log records shown (JAX, orbax, absl); progress is always "
-            "shown.",
+            ("debug", "info", "warning", "error"),
+            "Lowest level of library log records shown (JAX, orbax, absl); progress always shows.",
         )
+    app.run(
+        functools.partial(_run_reporting_errors, main),
+        flags_parser=functools.partial(_parse_flags, config_flag=config_flag, usage=usage),
+    )
 
 
 def exit_code(error: BaseException) -> int | None:
@@ -120,9 +91,10 @@ def exit_code(error: BaseException) -> int | None:
 
 def message(error: BaseException) -> str:
     """What to print for one of the project's errors."""
-    if isinstance(error, RunIOError) or not find_io_failure(error):
+    failure = None if isinstance(error, RunIOError) else find_io_failure(error)
+    if failure is None:
         return str(error)
-    cause, path = find_io_failure(error)
+    cause, path = failure
     where = f" writing {path}" if path else ""
     return (
         f"Storage failure{where}: {cause}. Free space, or choose another --workdir, and run again."
@@ -130,10 +102,8 @@ def message(error: BaseException) -> str:
 
 
 def _verbose(argv: Sequence[str] = ()) -> bool:
-    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
-        return True
-    if "--verbose" in argv:  # before the flags are parsed
-        return True
+    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0") or "--verbose" in argv:
+        return True  # argv: before the flags are parsed
     return "verbose" in flags.FLAGS and flags.FLAGS["verbose"].present and flags.FLAGS.verbose
 
 
@@ -158,7 +128,10 @@ def _parse_flags(argv: list[str], *, config_flag: str, usage: str | None) -> lis
     try:
         return flags.FLAGS(argv)
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
-        problems = _unknown_keys(argv, config_flag)
+        try:
+            problems = run_config.unknown_key_problems(argv, config_flag)
+        except Exception:  # the config file itself fails to load: the error says why
+            problems = []
         text = "\n".join(problems) if problems else _config_file_error(error, argv, config_flag)
         required = re.search(r"Flag --(\w+) must have a value other than None", text)
         if required:
@@ -174,15 +147,13 @@ def _config_file_error(error: BaseException, argv: list[str], config_flag: str) 
     cause = error
     while cause.__cause__ is not None or cause.__context__ is not None:
         cause = cause.__cause__ or cause.__context__
-    if not path:
-        return _first_line(error)
-    config_file = os.path.abspath(path.split(":")[0])
+    config_file = os.path.abspath(path.split(":")[0]) if path else None
     lines = [
         frame
         for frame in traceback.extract_tb(cause.__traceback__)
         if os.path.abspath(frame.filename) == config_file
     ]
-    if cause is error and not lines:  # absl's own complaint about the flag
+    if not path or (cause is error and not lines):  # absl's own complaint about the flag
         return _first_line(error)
     where = f", line {lines[-1].lineno}: {lines[-1].line}" if lines else ""
     return (
@@ -191,17 +162,21 @@ def _config_file_error(error: BaseException, argv: list[str], config_flag: str) 
     )
 
 
-def _unknown_keys(argv: list[str], config_flag: str) -> list[str]:
-    try:
-        return run_config.unknown_key_problems(argv, config_flag)
-    except Exception:  # the config file itself fails to load: absl's error says why
-        return []
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
-    _set_log_level(flags.FLAGS.log_level)
-    if _multi_process():
-        command_line.keep_stdout_for_results()  # Gloo's connection lines are no results
+    level = flags.FLAGS.log_level  # absl's records (orbax logs through it) and Python's (JAX's)
+    absl_logging.set_verbosity(level)
+    logging.getLogger().setLevel(level.upper())
+    # jrope.train.setup's process flags: any of them starts a multi-process run, whose Gloo
+    # connection lines are no results.
+    if any(
+        name in flags.FLAGS and flags.FLAGS[name].value
+        for name in ("multiprocess", "coordinator_address", "num_processes")
+    ):
+        command_line.keep_stdout_for_results()
     if not _verbose():
         for handler in logging.getLogger().handlers:
             handler.addFilter(_hide_storage_failure_records)
@@ -223,9 +198,7 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
 
 class Stopped(BaseException):
     """SIGTERM outside the train loop (which saves its step instead): ends the command at once.
-
-    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it.
-    """
+    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -233,14 +206,10 @@ class Stopped(BaseException):
 
 
 def _stop_on_sigterm() -> None:
-    """SIGTERM raises Stopped in the main thread, so the command ends with one line that says so.
-
-    The train loop replaces the handler while it runs (jrope.train.trainer);
-    a multi-process run's coordination service replaces it with its own.
-    """
+    """SIGTERM raises Stopped in the main thread (the train loop and a multi-process run's
+    coordination service replace this handler with their own)."""
 
     def stop(signum, frame):
-        del frame
         raise Stopped(signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -250,9 +219,9 @@ def _stop_on_sigterm() -> None:
 def activity(description: str) -> Iterator[None]:
     """Names what the command is doing, for the message of a SIGTERM or Ctrl-C that stops it.
 
-    description: what is being done and what to do after a stop, e.g. "the
-    evaluation of step 12 (nothing of it was written): run the same command again".
-    The stop carries it out as its `during`; of nested activities, the outermost's.
+    description: what is being done and what to do after a stop, e.g. "the evaluation of step
+    12 (nothing of it was written): run the same command again". The stop carries it as its
+    `during`; of nested activities, the outermost's.
     """
     try:
         yield
@@ -272,21 +241,6 @@ def stop_message(signum: int, during: str | None = None) -> str:
     )
 
 
-# jrope.train.setup's process flags: any of them set starts JAX's distributed runtime.
-_PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")
-
-
-def _multi_process() -> bool:
-    """Whether the command line asks for a multi-process run."""
-    return any(name in flags.FLAGS and flags.FLAGS[name].value for name in _PROCESS_FLAGS)
-
-
-def _set_log_level(name: str) -> None:
-    """Library records below `name` hidden: absl's (orbax logs through it) and Python's (JAX's)."""
-    absl_logging.set_verbosity(name)
-    logging.getLogger().setLevel(name.upper())
-
-
 def _hide_storage_failure_records(record: logging.LogRecord) -> bool:
     """False (hide) for a library's record of a storage failure."""
     error = record.exc_info[1] if record.exc_info else Exception(record.getMessage())
@@ -298,25 +252,16 @@ def _hide_abandoned_task_records(record: logging.LogRecord) -> bool:
     return not (record.name == "asyncio" and record.getMessage().startswith("Task exception"))
 
 
+# When one array of a checkpoint cannot be read or written, orbax gives up on the others: their
+# coroutines raise again when collected, and tensorstore's callbacks (which still complete the
+# other writes) find the event loop closed. Each would print a traceback around the one message
+# that names the failure; these hooks keep them silent.
 def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
-    """sys.excepthook, silent for write callbacks that outlive a failed save's event loop.
-
-    When a checkpoint write fails, tensorstore still completes the other
-    writes of that save and prints each callback's "Event loop is closed"
-    (through this hook); the failure itself is reported once.
-    """
     if not _closed_loop(value):
         sys.__excepthook__(kind, value, traceback_)
 
 
 def _unraisablehook_without_abandoned_io_noise(unraisable) -> None:
-    """sys.unraisablehook, silent for the leftovers of a failed checkpoint read or write.
-
-    When one array of a checkpoint cannot be read (or written), orbax gives up
-    on the others: their coroutines raise again when they are collected, and
-    tensorstore's callbacks find the event loop closed. Each would print a
-    traceback before and after the one message that names the damaged array.
-    """
     if not (_closed_loop(unraisable.exc_value) or inspect.iscoroutine(unraisable.object)):
         sys.__unraisablehook__(unraisable)
 
@@ -325,16 +270,9 @@ def _closed_loop(error: BaseException | None) -> bool:
     return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
-
-
 TUNABLE = "glibc.malloc.hugetlb"
 # '0': never restart; '1': restart on any backend; unset: on the CPU backend only.
 OPT_OUT = "JROPE_HUGE_PAGES"
-_THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-_MIN_GLIBC = (2, 35)
 
 
 def environment_with_huge_pages(
@@ -346,21 +284,18 @@ def environment_with_huge_pages(
 ) -> dict[str, str] | None:
     """The environment to restart with, or None when no restart is wanted.
 
-    glibc_version: (major, minor), None for another C library; thp_mode: the
-    selected transparent huge page mode ('always', 'madvise', 'never'), None
-    when the kernel has none; cpu_run: JAX will run on its CPU backend.
+    glibc_version: (major, minor), None for another C library; thp_mode: the transparent huge
+    page mode ('always', 'madvise', 'never'; None without); cpu_run: JAX will run on its CPU.
     """
     choice = environ.get(OPT_OUT, "")
     if choice == "0" or (choice != "1" and not cpu_run):
         return None
-    if glibc_version is None or glibc_version < _MIN_GLIBC or thp_mode in (None, "never"):
+    if glibc_version is None or glibc_version < (2, 35) or thp_mode in (None, "never"):
         return None
     tunables = environ.get("GLIBC_TUNABLES", "")
     if TUNABLE in tunables:
         return None
-    updated = dict(environ)
-    updated["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"
-    return updated
+    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
 
 
 def _glibc_version() -> tuple[int, int] | None:
@@ -375,7 +310,7 @@ def _glibc_version() -> tuple[int, int] | None:
 def _thp_mode() -> str | None:
     """The bracketed choice of the kernel's mode file, e.g. 'always [madvise] never' -> 'madvise'."""
     try:
-        with open(_THP_MODE_FILE) as mode_file:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode_file:
             text = mode_file.read()
     except OSError:
         return None
@@ -384,11 +319,8 @@ def _thp_mode() -> str | None:
 
 
 def runs_on_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether JAX will pick its CPU backend, found out without starting JAX.
-
-    JAX_PLATFORMS decides when set (its first entry); otherwise JAX takes an
-    accelerator whenever one of its backends is installed.
-    """
+    """Whether JAX will pick its CPU backend, found out without starting JAX: JAX_PLATFORMS's
+    first entry when set, else whether no accelerator backend is installed."""
     platforms = environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
@@ -405,21 +337,16 @@ def _accelerator_backend_installed() -> bool:
     return plugins is not None and any(pkgutil.iter_modules(plugins.submodule_search_locations))
 
 
-def _debugger_attached() -> bool:
-    """A tracing debugger (pdb, an IDE's) is attached; an exec would drop it."""
-    if sys.gettrace() is not None:
-        return True
-    monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
-    return monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
-
-
 def restart_with_huge_pages() -> None:
     """Replaces this process by itself with glibc's huge-page option set, when it helps.
 
-    Call it first in a command-line entry point: the command line (sys.orig_argv,
-    so `python -m` keeps working) is run again; never returns when it restarts.
+    Call it first in a command-line entry point: the command line (sys.orig_argv, so
+    `python -m` keeps working) is run again; never returns when it restarts.
     """
-    if not sys.platform.startswith("linux") or _debugger_attached():
+    if not sys.platform.startswith("linux") or sys.gettrace() is not None:
+        return  # an exec would drop a tracing debugger (pdb, an IDE's)
+    monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
+    if monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None:
         return
     environ = environment_with_huge_pages(
         os.environ, _glibc_version(), _thp_mode(), cpu_run=runs_on_cpu(os.environ)
@@ -436,19 +363,15 @@ def huge_pages_requested() -> bool:
     return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")
 
 
-# An empty list of library-fusion kinds: XLA's own fused loops and dot thunks only.
-_WITHOUT_LIBRARY_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-def step_compiler_options(*, blockwise: bool, platform: str | None = None) -> dict[str, Any]:
+def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, Any]:
     """Options for `jax.jit(..., compiler_options=...)` of a train or evaluation step.
 
     blockwise: whether the step's attention runs the blockwise kernel (jrope.attention.blockwise).
-    platform: the devices' platform ('cpu', 'gpu', 'tpu'); default: JAX's default backend.
+    platform: the devices' platform ('cpu', 'gpu', 'tpu').
     """
-    platform = platform or jax.default_backend()
     if platform == "cpu" and not blockwise:
-        return dict(_WITHOUT_LIBRARY_FUSIONS)
+        # An empty list of library-fusion kinds: XLA's own fused loops and dot thunks only.
+        return {"xla_cpu_experimental_ynn_fusion_type": ""}
     return {}
 
 
@@ -458,7 +381,8 @@ def model_projection(platform: str) -> ProjectionFn:
 
 
 def enable_compilation_cache(cache_dir: str) -> None:
-    """Use `cache_dir` (local or gs://...) as JAX's persistent compilation cache; '' leaves it off."""
+    """Use `cache_dir` (local, gs://; '' leaves it off) as JAX's persistent compilation cache.
+    Call it before the first compilation."""
     if not cache_dir:
         return
     location = str(resolved(cache_dir))
@@ -468,7 +392,7 @@ def enable_compilation_cache(cache_dir: str) -> None:
 
 # Failures of the storage itself, not of the program: the fix is outside it.
 IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
-_STRERRORS = {os.strerror(code): code for code in IO_ERRNOS}
+_STRERRORS = [os.strerror(code) for code in IO_ERRNOS]
 # A path in a library's message, quoted (tensorstore: 'Error writing local file "/w/..."').
 _QUOTED_PATH = re.compile(r"""["']((?:/|gs://)[^"']+)["']""")
 
@@ -492,12 +416,8 @@ def find_io_failure(error: BaseException) -> tuple[str, str | None] | None:
 
 
 class StepTrace:
-    """Starts and stops the profiler around the configured steps of a training loop.
-
-    Args:
-      workdir: the run's workdir (local or a bucket).
-      runtime: the config's runtime section (the step window).
-    """
+    """A profiler trace of the steps runtime.profile_from_step <= step < profile_to_step, written
+    to `<workdir>/tensorboard` (through a local staging folder for a bucket)."""
 
     def __init__(self, workdir: epath.PathLike, runtime: RuntimeConfig):
         self._destination = epath.Path(workdir) / "tensorboard"
@@ -512,10 +432,7 @@ class StepTrace:
             return
         if is_uri(self._destination):
             self._staging = tempfile.TemporaryDirectory(prefix="jrope-profile-")
-            log_dir = self._staging.name
-        else:
-            log_dir = str(self._destination)
-        jax.profiler.start_trace(log_dir)
+        jax.profiler.start_trace(self._staging.name if self._staging else str(self._destination))
         self._active = True
         absl_logging.info("Profiling train steps %d to %d.", step, stop - 1)
 
@@ -532,16 +449,12 @@ class StepTrace:
         self._active = False
         jax.profiler.stop_trace()
         if self._staging is not None:
-            _copy_tree(pathlib.Path(self._staging.name), self._destination)
+            staged = pathlib.Path(self._staging.name)
+            for path in staged.rglob("*"):
+                if path.is_file():
+                    target = self._destination / str(path.relative_to(staged))
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(path.read_bytes())
             self._staging.cleanup()
             self._staging = None
         absl_logging.info("Profile written to %s/plugins/profile.", self._destination)
-
-
-def _copy_tree(source: pathlib.Path, destination: epath.Path) -> None:
-    """Every file under the local folder `source` to the same relative path under `destination`."""
-    for path in source.rglob("*"):
-        if path.is_file():
-            target = destination / str(path.relative_to(source))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
