@@ -1,15 +1,12 @@
 """The checks before step 1 that need the machine, the workdir or the data.
 
-They cost milliseconds; a mistake found after compiling (or after hours of
-training, at the final long-length evaluation) costs that time. One pass, after
-the config's own checks (jrope.train.config): the mesh against the devices,
-the batch against the data-parallel size and the process count, the attention
-memory at the evaluation lengths, the workdir (writable, or a bucket that
-answers; with a checkpoint to evaluate, none beyond num_steps to train) and the
-data: the source is built (this process's share) and hands out one evaluation
-batch per length, which finds absent data and a text too short for a length.
-Every problem is raised in one ConfigError, one line each naming the key and
-the fix (a DataError when all are the data's); the built source is returned.
+They cost milliseconds; a mistake found after compiling (or hours later, at the
+final long-length evaluation) costs that time. After the config's own checks
+(jrope.train.config), one pass: the mesh against the devices, the batch against
+the data-parallel size and the process count, the memory at the evaluation
+lengths, the workdir, and the data, built (this process's share) and asked for
+one evaluation batch per length. Every problem is raised in one ConfigError, a
+line each naming the key and the fix (a DataError when all are the data's).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.train import damping, outputs
 from jrope.train.checkpoints import finished_steps
-from jrope.train.config import TrainConfig, convert_config
+from jrope.train.config import TrainConfig, convert_config, first_line
 from jrope.train.setup import mesh_sizes
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
@@ -44,12 +41,10 @@ _GIB = 2.0**30
 class RunEnvironment:
     """What the checks need to know about the machine.
 
-    num_devices: devices of all processes together.
-    process_count: JAX processes of the run.
-    platform: 'cpu', 'gpu' or 'tpu'.
-    memory_bytes: memory one attention tensor competes for: the host's
-      available RAM on CPU (all CPU devices share it), one device's memory
-      limit on accelerators; None when unknown (the memory check is skipped).
+    num_devices: devices of all processes; platform: 'cpu', 'gpu' or 'tpu';
+    memory_bytes: what one attention tensor competes for: the host's available
+    RAM on CPU (its devices share it), one device's memory limit on
+    accelerators; None when unknown (no memory check).
     """
 
     num_devices: int
@@ -78,10 +73,8 @@ class CheckedRun:
 def check_training_run(
     config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
 ) -> CheckedRun:
-    """Raise ConfigError (DataError) listing every problem that would stop or spoil a training run.
-
-    config: a TrainConfig, or the ConfigDict to convert in the same pass.
-    """
+    """Raise ConfigError (DataError) listing every problem that would stop or spoil a training
+    run; `config`: a TrainConfig, or the ConfigDict to convert in the same pass."""
     return _check_run(config, workdir, env, evaluation=False)
 
 
@@ -105,22 +98,29 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
             problems.append(str(err))
     if sizes is not None and cfg.batch_size is not None:
         problems += _batch_problems(cfg, env, sizes)
-    attention_problems = []
-    if cfg.model is not None and cfg.eval is not None and cfg.pe is not None:
-        attention_problems = _attention_problems(cfg, env, sizes)
-        problems += attention_problems
+    model_ok = cfg.model is not None and cfg.pe is not None and _encoding_builds(cfg)
+    attention_problems = (
+        _attention_problems(cfg, env, sizes) if model_ok and cfg.eval is not None else []
+    )
+    problems += attention_problems
     if not evaluation and cfg.model is not None and cfg.pe is not None:
         problems += damping.initial_damping_problems(cfg)
     workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
     problems += workdir_problems
     if not evaluation and not workdir_problems:  # its checkpoints can be listed
         problems += _steps_problems(cfg, workdir)
-    problems += _data_seed_problems(cfg)
+    # numpy takes no other data seed (the run's own seed is the config's check).
+    data_seed = getattr(cfg.data, "seed", 0)
+    seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32
+    if not seed_ok and data_seed != cfg.seed:
+        problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
     source, data_problems = None, []
-    if _valid_seed(getattr(cfg.data, "seed", 0)):  # numpy refuses any other
+    if seed_ok:
         source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
-    if source is not None and None not in (cfg.model, cfg.pe) and not attention_problems:
-        problems += _forward_memory_problems(cfg, env, sizes, _outputs_per_position(source))
+    if source is not None and model_ok and not attention_problems:
+        regression = source.task == "regression"
+        outputs_per_position = source.output_channels if regression else source.vocab_size
+        problems += _forward_memory_problems(cfg, env, sizes, outputs_per_position)
     if source is not None and cfg.model is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
@@ -132,16 +132,12 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     return CheckedRun(cfg, source)
 
 
-def _valid_seed(seed: Any) -> bool:
-    return isinstance(seed, int) and 0 <= seed < 2**32
-
-
-def _data_seed_problems(cfg: TrainConfig) -> list[str]:
-    """data.seed outside what numpy takes (the run's own seed is the config's check)."""
-    seed = getattr(cfg.data, "seed", 0)
-    if _valid_seed(seed) or seed == cfg.seed:
-        return []
-    return [f"data.seed must be an integer in 0 .. 2**32 - 1, got {seed}."]
+def _encoding_builds(cfg: TrainConfig) -> bool:
+    try:
+        cfg.encoding  # noqa: B018 (its own problem is reported by the config)
+    except ValueError:
+        return False
+    return True
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]) -> list[str]:
@@ -177,22 +173,16 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
 
 def _attention_problems(cfg: TrainConfig, env: RunEnvironment, sizes) -> list[str]:
     """The attention path at each evaluation length: valid, and its logits fit in memory."""
+    impl_key = f"model.attention_impl = {cfg.model.attention_impl!r}"
     try:
-        encoding = cfg.encoding
-    except ValueError:
-        return []  # the encoding's own problem is reported by the config
-    try:
-        choose_kernel(cfg.model, encoding, length=cfg.pe.train_context, backend=env.platform)
+        choose_kernel(cfg.model, cfg.encoding, length=cfg.pe.train_context, backend=env.platform)
     except ValueError as err:
-        return [f"model.attention_impl = {cfg.model.attention_impl!r}: {_first_line(err)}"]
+        return [f"{impl_key}: {first_line(err)}"]
     for length in sorted(set(cfg.eval.lengths)):
         try:
-            impl = choose_kernel(cfg.model, encoding, length=length, backend=env.platform)
+            impl = choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
         except ValueError as err:
-            return [
-                f"model.attention_impl = {cfg.model.attention_impl!r} at eval length {length}: "
-                f"{_first_line(err)}"
-            ]
+            return [f"{impl_key} at eval length {length}: {first_line(err)}"]
         if impl in MEMORY_LINEAR_KERNELS or env.memory_bytes is None:
             continue
         rows, heads = _rows_and_heads_per_memory(cfg, env, sizes)
@@ -245,21 +235,11 @@ def largest_fitting(fits: Callable[[int], bool], largest: int) -> int:
     return low
 
 
-def _outputs_per_position(source: DataSource) -> int:
-    if source.task == "regression":
-        return source.output_channels
-    return source.vocab_size
-
-
 def _forward_memory_problems(
     cfg: TrainConfig, env: RunEnvironment, sizes, outputs: int
 ) -> list[str]:
     """Each evaluation length's whole forward (eval.batch_size rows) against the memory."""
     if env.memory_bytes is None:
-        return []
-    try:
-        cfg.encoding  # noqa: B018 (its own problem is reported by the config)
-    except ValueError:
         return []
     budget = PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes
     rows, _ = _rows_and_heads_per_memory(cfg, env, sizes)
@@ -288,7 +268,7 @@ def _forward_memory_problems(
 
 
 def _rows_and_heads_per_memory(cfg: TrainConfig, env: RunEnvironment, sizes) -> tuple[int, int]:
-    """Evaluation rows and heads whose logits share one memory pool (RunEnvironment.memory_bytes)."""
+    """Evaluation rows and heads whose logits share one pool of `memory_bytes`."""
     if env.platform == "cpu" or sizes is None:
         # All of a process's CPU devices share the host's RAM.
         return max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
@@ -305,35 +285,33 @@ def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
 
 
 def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
+    """The workdir is writable (or a bucket that answers) and, for an evaluation, holds a
+    finished checkpoint."""
     if is_uri(workdir):
+        path, checkpoints = workdir, f"{workdir.rstrip('/')}/checkpoints"
         problem = outputs.uri_problem(workdir, "--workdir")
-        if problem is None and needs_checkpoint:
-            problem = _checkpoint_problem(workdir, f"{workdir.rstrip('/')}/checkpoints")
-        return [problem] if problem else []
-    path = os.path.abspath(os.path.expanduser(workdir))
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return [
-            f"--workdir {path}: {existing} is a file, not a directory; choose another --workdir."
-        ]
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return [
-            f"--workdir {path} is not writable ({existing} denies writing); choose a writable "
-            "--workdir."
-        ]
-    problem = needs_checkpoint and _checkpoint_problem(path, os.path.join(path, "checkpoints"))
+    else:
+        path = os.path.abspath(os.path.expanduser(workdir))
+        checkpoints, existing = os.path.join(path, "checkpoints"), path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        problem = None
+        if not os.path.isdir(existing):
+            problem = (
+                f"--workdir {path}: {existing} is a file, not a directory; choose another "
+                "--workdir."
+            )
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problem = (
+                f"--workdir {path} is not writable ({existing} denies writing); choose a "
+                "writable --workdir."
+            )
+    if problem is None and needs_checkpoint and not finished_steps(checkpoints):
+        problem = (
+            f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
+            f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
+        )
     return [problem] if problem else []
-
-
-def _checkpoint_problem(workdir: str, checkpoints: str) -> str | None:
-    if finished_steps(checkpoints):
-        return None
-    return (
-        f"--workdir {workdir} holds no finished checkpoint in {checkpoints}; train first "
-        f"(python train.py --config=... --workdir={workdir}) or point --workdir at a trained run."
-    )
 
 
 def _steps_problems(cfg: TrainConfig, workdir: str) -> list[str]:
@@ -369,7 +347,7 @@ def _data_problems(
         try:
             next(iter(source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)))
         except ValueError as err:
-            problems.append(f"eval.lengths: at length {length}, {_first_line(err)}.")
+            problems.append(f"eval.lengths: at length {length}, {first_line(err)}.")
     return source, problems
 
 
@@ -417,16 +395,10 @@ def _host_available_memory() -> int | None:
         return None
 
 
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
 def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:
-    """The config's problem with this batch, if any: readout='last' needs zero weights elsewhere.
-
-    With readout='last' the loss sees the last position only.
-    (A NaN weight is left to the non-finite check: it is a broken batch, not a weighting.)
-    """
+    """The config's problem with this batch, if any: readout='last' (the loss sees the last
+    position only) needs zero weights elsewhere. A NaN weight is left to the non-finite
+    check: it is a broken batch, not a weighting."""
     if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
         return (
             "model.readout = 'last' computes logits at the last position only, but this data "
