@@ -160,11 +160,11 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
             unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
             words = jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
         weights = 2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1
-        sums.append(
-            jnp.stack(
-                [jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * weights, dtype=jnp.uint32)]
-            )
+        plain, weighted = (
+            jnp.sum(words, dtype=jnp.uint32),
+            jnp.sum(words * weights, dtype=jnp.uint32),
         )
+        sums.append(jnp.stack([plain, weighted]))
     return sums
 
 
@@ -313,6 +313,11 @@ def restore_compatible(
         or the digests are missing (unless cfg.checkpoint.accept_missing_digests).
     """
     path = checkpoint_path(checkpointer, step)
+
+    def corrupt(problem: str, then: str = "") -> CorruptCheckpointError:
+        fallback = _fallback(checkpointer, abstract_state, step)
+        return CorruptCheckpointError(f"{problem} {fallback}{then}")
+
     finished = finished_steps(checkpointer.directory)
     if step not in finished:
         raise NoCheckpointError(
@@ -321,9 +326,7 @@ def restore_compatible(
     try:
         saved_config = checkpointer.restore_config(step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
-        raise CorruptCheckpointError(
-            _unreadable(checkpointer, abstract_state, step, "its saved config", err)
-        ) from err
+        raise corrupt(_unreadable(path, "its saved config", err)) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
         raise IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
@@ -331,11 +334,10 @@ def restore_compatible(
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
     checked = (path / DIGESTS_ITEM).exists()
     if not checked and not cfg.checkpoint.accept_missing_digests:
-        raise CorruptCheckpointError(
+        raise corrupt(
             f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage to "
-            "its arrays could not be seen: it is refused like a damaged one. Nothing was deleted. "
-            f"{_fallback(checkpointer, abstract_state, step)} To restore it unchecked anyway, add "
-            "--config.checkpoint.accept_missing_digests=True."
+            "its arrays could not be seen: it is refused like a damaged one. Nothing was deleted.",
+            " To restore it unchecked anyway, add --config.checkpoint.accept_missing_digests=True.",
         )
     if not checked:
         say(
@@ -345,16 +347,13 @@ def restore_compatible(
     try:
         state, damaged = _restore_and_compare(checkpointer, abstract_state, step, checked=checked)
     except Exception as err:
-        raise CorruptCheckpointError(
-            _unreadable(checkpointer, abstract_state, step, "its state", err)
-        ) from err
+        raise corrupt(_unreadable(path, "its state", err)) from err
     if damaged:
         del state  # before earlier checkpoints are restored to find an intact one
         more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
-        raise CorruptCheckpointError(
+        raise corrupt(
             f"Checkpoint {path} is damaged: the contents of {', '.join(damaged[:3])}{more} differ "
-            "from the digests saved with it. Nothing was deleted. "
-            f"{_fallback(checkpointer, abstract_state, step)}"
+            "from the digests saved with it. Nothing was deleted."
         )
     return state
 
@@ -398,10 +397,10 @@ def config_differences(
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif purpose == "evaluate":
             (incompatible if key in EVALUATION_LABEL_KEYS else changed).append(line)
-        elif names & free:
-            changed.append(line)
-        elif key == "num_steps" and current_flat.get("opt.schedule") == "constant":
-            changed.append(line)
+        elif names & free or (
+            key == "num_steps" and current_flat.get("opt.schedule") == "constant"
+        ):
+            changed.append(line)  # a constant learning rate does not depend on the run's length
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
         else:
@@ -428,10 +427,8 @@ def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: st
     )
 
 
-def _unreadable(
-    checkpointer: Checkpointer, abstract_state: Any, step: int, what: str, err: Exception
-) -> str:
-    """The message for checkpoint `step` whose `what` could not be read, naming the array."""
+def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
+    """Checkpoint `path`'s `what` could not be read: the error, naming the array where it can."""
     root = err
     while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
         root = root.__cause__
@@ -439,9 +436,8 @@ def _unreadable(
     array = _FAILED_READ.search(str(root))
     where = f"array {array.group(1).replace('.', '/')}: " if array else ""
     return (
-        f"Cannot read {what} from checkpoint {checkpoint_path(checkpointer, step)} "
-        f"({where}{type(root).__name__}: {cause}). The file may be truncated or damaged; nothing "
-        f"was deleted. {_fallback(checkpointer, abstract_state, step)}"
+        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
+        "The file may be truncated or damaged; nothing was deleted."
     )
 
 
@@ -514,10 +510,7 @@ class WorkdirLock:
         self.previous_holder = _read_holder(handle)
         started = time.strftime("%Y-%m-%d %H:%M:%S")
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": started}
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({**me, "role": self.role}) + "\n")
-        handle.flush()
+        _rewrite(handle, json.dumps({**me, "role": self.role}) + "\n")
         self._file = handle
         return self
 
@@ -540,12 +533,17 @@ class WorkdirLock:
     def __exit__(self, *exc_info) -> None:
         if self._file is None:
             return
-        self._file.seek(0)
-        self._file.truncate()  # an empty file: released cleanly
-        self._file.flush()
+        _rewrite(self._file, "")  # an empty file: released cleanly
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
         self._file = None
+
+
+def _rewrite(handle, text: str) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(text)
+    handle.flush()
 
 
 def _read_holder(handle) -> dict | None:

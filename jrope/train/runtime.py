@@ -217,12 +217,9 @@ def _stop_on_sigterm() -> None:
 
 @contextmanager
 def activity(description: str) -> Iterator[None]:
-    """Names what the command is doing, for the message of a SIGTERM or Ctrl-C that stops it.
-
-    description: what is being done and what to do after a stop, e.g. "the evaluation of step
-    12 (nothing of it was written): run the same command again". The stop carries it as its
-    `during`; of nested activities, the outermost's.
-    """
+    """Names what the command is doing for the message of a SIGTERM or Ctrl-C that stops it, e.g.
+    "the evaluation of step 12 (nothing of it was written): run the same command again". The stop
+    carries it as its `during` (of nested activities, the outermost's)."""
     try:
         yield
     except (KeyboardInterrupt, Stopped) as stop:
@@ -329,9 +326,7 @@ def runs_on_cpu(environ: Mapping[str, str]) -> bool:
 
 def _accelerator_backend_installed() -> bool:
     """libtpu (jax[tpu]) or a PJRT plugin (jax[cuda12], ROCm) is importable."""
-    if importlib.util.find_spec("libtpu") is not None:
-        return True
-    if importlib.metadata.entry_points(group="jax_plugins"):
+    if importlib.util.find_spec("libtpu") or importlib.metadata.entry_points(group="jax_plugins"):
         return True
     plugins = importlib.util.find_spec("jax_plugins")
     return plugins is not None and any(pkgutil.iter_modules(plugins.submodule_search_locations))
@@ -340,8 +335,7 @@ def _accelerator_backend_installed() -> bool:
 def restart_with_huge_pages() -> None:
     """Replaces this process by itself with glibc's huge-page option set, when it helps.
 
-    Call it first in a command-line entry point: the command line (sys.orig_argv, so
-    `python -m` keeps working) is run again; never returns when it restarts.
+    Call it first in an entry point: it runs sys.orig_argv again (so `python -m` keeps working).
     """
     if not sys.platform.startswith("linux") or sys.gettrace() is not None:
         return  # an exec would drop a tracing debugger (pdb, an IDE's)
@@ -364,11 +358,8 @@ def huge_pages_requested() -> bool:
 
 
 def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, Any]:
-    """Options for `jax.jit(..., compiler_options=...)` of a train or evaluation step.
-
-    blockwise: whether the step's attention runs the blockwise kernel (jrope.attention.blockwise).
-    platform: the devices' platform ('cpu', 'gpu', 'tpu').
-    """
+    """`jax.jit`'s compiler_options for a train or evaluation step on devices of `platform`
+    ('cpu', 'gpu', 'tpu') whose attention runs the blockwise kernel or not."""
     if platform == "cpu" and not blockwise:
         # An empty list of library-fusion kinds: XLA's own fused loops and dot thunks only.
         return {"xla_cpu_experimental_ynn_fusion_type": ""}
