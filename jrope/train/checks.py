@@ -105,10 +105,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     problems += attention_problems
     if not evaluation and cfg.model is not None and cfg.pe is not None:
         problems += damping.initial_damping_problems(cfg)
-    workdir_problems = _workdir_problems(workdir, needs_checkpoint=evaluation)
-    problems += workdir_problems
-    if not evaluation and not workdir_problems:  # its checkpoints can be listed
-        problems += _steps_problems(cfg, workdir)
+    problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
     # numpy takes no other data seed (the run's own seed is the config's check).
     data_seed = getattr(cfg.data, "seed", 0)
     seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32
@@ -116,7 +113,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
         problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
     source, data_problems = None, []
     if seed_ok:
-        source, data_problems = _data_problems(cfg, env, ("eval_path",) if evaluation else None)
+        source, data_problems = _data_problems(cfg, env, evaluation=evaluation)
     if source is not None and model_ok and not attention_problems:
         regression = source.task == "regression"
         outputs_per_position = source.output_channels if regression else source.vocab_size
@@ -284,9 +281,9 @@ def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
     return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
-    """The workdir is writable (or a bucket that answers) and, for an evaluation, holds a
-    finished checkpoint."""
+def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> list[str]:
+    """The workdir is writable (or a bucket that answers) and holds a finished checkpoint to
+    evaluate, or none beyond num_steps to train (a training run must not end before it)."""
     if is_uri(workdir):
         path, checkpoints = workdir, f"{workdir.rstrip('/')}/checkpoints"
         problem = outputs.uri_problem(workdir, "--workdir")
@@ -306,36 +303,32 @@ def _workdir_problems(workdir: str, *, needs_checkpoint: bool) -> list[str]:
                 f"--workdir {path} is not writable ({existing} denies writing); choose a "
                 "writable --workdir."
             )
-    if problem is None and needs_checkpoint and not finished_steps(checkpoints):
-        problem = (
+    if problem:
+        return [problem]
+    steps = finished_steps(checkpoints)
+    if evaluation and not steps:
+        return [
             f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
             f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
-        )
-    return [problem] if problem else []
-
-
-def _steps_problems(cfg: TrainConfig, workdir: str) -> list[str]:
-    """A training run must not end before the workdir's latest checkpoint."""
-    steps = finished_steps(f"{workdir.rstrip('/')}/checkpoints")
-    if cfg.num_steps is None or not steps or steps[-1] <= cfg.num_steps:
-        return []
-    return [
-        f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
-        f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
-        "(or more) to see or continue it, evaluate it with eval.py, or choose another --workdir."
-    ]
+        ]
+    if not evaluation and cfg.num_steps is not None and steps and steps[-1] > cfg.num_steps:
+        return [
+            f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
+            f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
+            "(or more) to see or continue it, evaluate it with eval.py, or choose another "
+            "--workdir."
+        ]
+    return []
 
 
 def _data_problems(
-    cfg: TrainConfig, env: RunEnvironment, text_fields: tuple[str, ...] | None
+    cfg: TrainConfig, env: RunEnvironment, *, evaluation: bool
 ) -> tuple[DataSource | None, list[str]]:
-    """(the data source, the data's problems): built, then one evaluation batch per length.
-
-    text_fields: the local text paths the run reads (default: path and eval_path).
-    """
+    """(the data source, the data's problems): built, then one evaluation batch per length."""
     if cfg.data is None or cfg.batch_size is None or cfg.eval is None:
         return None, []
-    problems = _text_path_problems(cfg, text_fields or ("path", "eval_path"))
+    # The local text files the run reads: an evaluation reads no training text.
+    problems = _text_path_problems(cfg, ("eval_path",) if evaluation else ("path", "eval_path"))
     if problems or cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count:
         return None, problems  # the batch problems are reported already
     try:
