@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from jrope.attention.selection import ATTENTION_IMPLS
 
@@ -15,12 +16,40 @@ REMAT_POLICIES = ("none", "full", "dots_saveable")
 READOUTS = ("all", "last")
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Decoder-only Transformer shape and numerics (the vocabulary comes from the data).
+class ConfigSection:
+    """A frozen config section: building one with a problem raises ValueError, a line each.
 
-    Every check raises ValueError naming the `model.` key and the fix.
+    `rules`: (key, its check as a plain comparison, what the value must be, or a tuple of
+    its choices); a section adds to `problems` what a rule cannot say (e.g. two keys).
     """
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+
+    def rules(self) -> list[tuple[str, bool, str | tuple]]:
+        return []
+
+    def problems(self) -> list[str]:
+        """Every problem of this section, one line each naming its key (empty when valid)."""
+        problems = []
+        for key, holds, required in self.rules():
+            value = getattr(self, key)
+            if not holds and isinstance(required, tuple):
+                problems.append(f"{self.section}.{key} = {value!r} is not one of {required}.")
+            elif not holds:
+                problems.append(f"{self.section}.{key} must be {required}, got {value}.")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(ConfigSection):
+    """Decoder-only Transformer shape and numerics (the vocabulary comes from the data)."""
+
+    section = "model"
 
     d_model: int
     num_heads: int
@@ -47,43 +76,35 @@ class ModelConfig:
     # (jrope.attention.selection); longer windows go blockwise.
     max_damping: float = 0.02
 
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise ValueError("\n".join(problems))
+    def rules(self):
+        return [
+            ("d_model", self.d_model >= 1, ">= 1"),
+            ("num_heads", self.num_heads >= 1, ">= 1"),
+            ("num_layers", self.num_layers >= 1, ">= 1"),
+            ("mlp_ratio", self.mlp_ratio >= 1, ">= 1"),
+            ("blockwise_min_length", self.blockwise_min_length >= 1, ">= 1"),
+            ("block_size", self.block_size >= 1, ">= 1"),
+            ("compute_dtype", self.compute_dtype in COMPUTE_DTYPES, COMPUTE_DTYPES),
+            ("attention_impl", self.attention_impl in ATTENTION_IMPLS, ATTENTION_IMPLS),
+            ("remat", self.remat in REMAT_POLICIES, REMAT_POLICIES),
+            ("readout", self.readout in READOUTS, READOUTS),
+            (
+                "attention_precision",
+                self.attention_precision in ATTENTION_PRECISIONS,
+                ATTENTION_PRECISIONS,
+            ),
+            ("matmul_precision", self.matmul_precision in MATMUL_PRECISIONS, MATMUL_PRECISIONS),
+            ("dropout_rate", 0.0 <= self.dropout_rate < 1.0, "in [0, 1)"),
+            ("max_damping", self.max_damping > 0.0, "> 0"),
+        ]
 
     def problems(self) -> list[str]:
-        """Every problem of this section, one line each (empty when valid)."""
-        problems = []
-        for name in (
-            "d_model",
-            "num_heads",
-            "num_layers",
-            "mlp_ratio",
-            "blockwise_min_length",
-            "block_size",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"model.{name} must be >= 1, got {getattr(self, name)}.")
+        problems = super().problems()
         if self.num_heads >= 1 and self.d_model % self.num_heads:
             problems.append(
                 f"model: d_model {self.d_model} must be a multiple of num_heads "
                 f"{self.num_heads}; change one of them."
             )
-        for name, choices in (
-            ("compute_dtype", COMPUTE_DTYPES),
-            ("attention_impl", ATTENTION_IMPLS),
-            ("remat", REMAT_POLICIES),
-            ("readout", READOUTS),
-            ("attention_precision", ATTENTION_PRECISIONS),
-            ("matmul_precision", MATMUL_PRECISIONS),
-        ):
-            if getattr(self, name) not in choices:
-                problems.append(f"model.{name} = {getattr(self, name)!r} is not one of {choices}.")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            problems.append(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}.")
-        if not self.max_damping > 0.0:
-            problems.append(f"model.max_damping must be > 0, got {self.max_damping}.")
         return problems
 
     @property

@@ -34,7 +34,7 @@ from ml_collections.config_flags import config_flags
 from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.errors import ConfigError
-from jrope.model.config import ModelConfig
+from jrope.model.config import ConfigSection, ModelConfig
 from jrope.pe_config import PAPER_METHODS, PEConfig, UnknownEncodingName, pe_config_from_name
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -42,36 +42,8 @@ LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
-class _Section:
-    """A config section: building one with a problem raises ValueError, one line per problem.
-
-    `rules`: (key, its check as a plain comparison, what the value must be, or a tuple of
-    its choices); a section adds to `problems` what a rule cannot say.
-    """
-
-    section: typing.ClassVar[str] = ""
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise ValueError("\n".join(problems))
-
-    def rules(self) -> list[tuple[str, bool, str | tuple]]:
-        return []
-
-    def problems(self) -> list[str]:
-        problems = []
-        for key, holds, required in self.rules():
-            value = getattr(self, key)
-            if not holds and isinstance(required, tuple):
-                problems.append(f"{self.section}.{key} = {value!r} is not one of {required}.")
-            elif not holds:
-                problems.append(f"{self.section}.{key} must be {required}, got {value}.")
-        return problems
-
-
 @dataclasses.dataclass(frozen=True)
-class OptimConfig(_Section):
+class OptimConfig(ConfigSection):
     section = "opt"
 
     learning_rate: float
@@ -99,7 +71,7 @@ class OptimConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig(_Section):
+class MeshConfig(ConfigSection):
     """Device mesh sizes (one may be -1: all remaining devices) and logical-to-mesh rules."""
 
     data: int
@@ -115,7 +87,7 @@ class MeshConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointConfig(_Section):
+class CheckpointConfig(ConfigSection):
     section = "checkpoint"
 
     every_steps: int  # periodic save interval (the final step is always saved)
@@ -134,7 +106,7 @@ class CheckpointConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class LogConfig(_Section):
+class LogConfig(ConfigSection):
     section = "log"
 
     every_steps: int  # progress line, JSONL and TensorBoard interval
@@ -145,7 +117,7 @@ class LogConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig(_Section):
+class EvalConfig(ConfigSection):
     section = "eval"
 
     lengths: tuple[int, ...]
@@ -184,7 +156,7 @@ class EvalConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RuntimeConfig(_Section):
+class RuntimeConfig(ConfigSection):
     """Process runtime: the persistent compilation cache and a profiler trace."""
 
     # JAX's persistent compilation cache (a local folder or gs://...); '' = off.
@@ -226,7 +198,7 @@ class TrainConfig:
 
     @functools.cached_property
     def encoding(self) -> Encoding:
-        """The model's Encoding, built once, for the longest window it sees (training or evaluation)."""
+        """The model's Encoding, built once, for the longest window it trains or evaluates on."""
         lengths = self.eval.lengths if self.eval is not None else ()  # a bad one is eval's problem
         return make_encoding(
             self.pe,
@@ -425,9 +397,8 @@ def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
                 f"{only} read{'s' if len(readers) == 1 else ''} it)"
             )
             if refuse:
-                refused.append(
-                    f"{line}; drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}."
-                )
+                fix = f"drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}"
+                refused.append(f"{line}; {fix}.")
             else:
                 warned.append(f"{line}; the shared data section keeps it, unused.")
     return refused, warned
@@ -557,7 +528,7 @@ def make_importable(path: str | None) -> None:
 
 
 def load_config_file(path: str) -> config_dict.ConfigDict:
-    """The ConfigDict of a config file (`configs/x.py`, or `configs/x.py:ARG`), from any directory."""
+    """The ConfigDict of a config file (`configs/x.py` or `configs/x.py:ARG`), from any folder."""
     make_importable(path)
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)
 
