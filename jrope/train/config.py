@@ -1,16 +1,14 @@
 """The run config: a frozen dataclass per section, the one parser, and the command-line overrides.
 
-`configs/*.py` build an `ml_collections.ConfigDict`; `convert_config` turns it
-into the frozen `TrainConfig` in one pass and returns every problem, each
-naming its key and the fix (what needs the machine, the workdir or the data is
-checked next, in jrope.train.checks). `model` is the model's `ModelConfig`, `pe`
-the library's `PEConfig` (from pe.name and the base settings its suffixes
-override), `data` the config of the source that data.source names.
+`convert_config` turns the `ConfigDict` of `configs/*.py` into the frozen
+`TrainConfig` in one pass and returns every problem, each naming its key and
+the fix (jrope.train.checks then checks what needs the machine, workdir or
+data). `model` is the model's `ModelConfig`, `pe` the library's `PEConfig`
+(from pe.name), `data` the config of the source that data.source names.
 
 The command line: ml_collections applies `--config.<key>=<value>` while absl
 parses, joins a tuple key given twice, and names an unknown key's last part
-only, in a traceback: hence `last_override_wins`, `config_file_problem`,
-`make_importable` and `unknown_key_problems` for the entry points.
+only, in a traceback; the entry points correct that with the functions below.
 """
 
 from __future__ import annotations
@@ -142,15 +140,11 @@ class EvalConfig(ConfigSection):
                 "eval.lengths must be a non-empty list of integer lengths >= 2, got "
                 f"{self.lengths!r}; e.g. --config.eval.lengths='(256,512)'."
             )
-        if (
-            self.num_sequences >= 1
-            and self.batch_size >= 1
-            and self.num_sequences % self.batch_size
-        ):
-            rounded = self.num_sequences + self.batch_size - self.num_sequences % self.batch_size
+        sequences, batch = self.num_sequences, self.batch_size
+        if sequences >= 1 and batch >= 1 and sequences % batch:
             problems.append(
-                f"eval.batch_size {self.batch_size} must divide eval.num_sequences "
-                f"{self.num_sequences}; set them to e.g. {self.batch_size} and {rounded}."
+                f"eval.batch_size {batch} must divide eval.num_sequences {sequences}; set them to "
+                f"e.g. {batch} and {sequences + batch - sequences % batch}."
             )
         return problems
 
