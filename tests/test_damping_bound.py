@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from jrope.errors import ConfigError, NonFiniteEvaluationError, NonFiniteLossError, UsageError
+from jrope.experiments.text_generation import TextRun
+from jrope.model.generation import GenerationSettings
 from jrope.train import checks, damping, evaluation, trainer
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params, set_up_run
-from tests.helpers.tiny_config import tiny_config, tiny_config_dict
+from tests.helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 
 # A head that learned a decay length of two tokens: one origin over 512 positions
 # reaches e^256, far past float32, while the blockwise kernel stays exact.
@@ -178,3 +180,17 @@ def test_fused_kernels_obey_the_measured_damping(backend, fused):
     message = str(refused.value)
     assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
     assert f"attention_impl={fused!r}" in message
+
+
+def test_decoding_moves_the_cache_origin_often_enough_for_the_damping(tmp_path, caplog):
+    assert damping.rebase_bound(1024, 0.01) == 1024  # e^10.24: the cache keeps its bound
+    assert damping.rebase_bound(1024, 0.5) == 160  # e^512 would overflow: e^80 at most
+    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    params = _with_gamma(cfg, run.init_state()["params"], LEARNED_GAMMA, 0, DAMPED_HEAD)
+    text_run = TextRun(cfg, 0, run.layout.graphdef, params, run.mesh)
+    with caplog.at_level("WARNING"):
+        generated = text_run.generate(["= Section"], GenerationSettings(num_tokens=4))
+    assert len(generated) == 1
+    assert "layer 0, head 1 has damping gamma = 0.5" in caplog.text
+    assert "rebase_bound 160" in caplog.text

@@ -32,7 +32,7 @@ from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
 from jrope.model import kv_cache
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import checks, setup
+from jrope.train import checks, damping, setup
 from jrope.train.checkpoints import (
     Checkpointer,
     checkpoint_path,
@@ -71,9 +71,28 @@ class TextRun:
         if memory_bytes == -1:
             memory_bytes = checks.RunEnvironment.detect().memory_bytes
         check_request(self.cfg, settings, encoded, memory_bytes, self.mesh)
-        generator = Generator(self.graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
+        graphdef, settings = self._follow_damping(settings)
+        generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)
         return [decode_tokens(row, vocab_size) for row in rows]
+
+    def _follow_damping(self, settings: GenerationSettings) -> tuple[Any, GenerationSettings]:
+        """The graphdef and settings that carry the parameters' damping (jrope.train.damping).
+
+        Past model.max_damping the prompt's forward plans its kernels for the
+        measured damping, and the cache moves its origin before its key factors
+        e^(gamma * rebase_bound) would overflow float32.
+        """
+        graphdef, measured = damping.follow(self.cfg, self.graphdef, self.params)
+        if not measured.passed:
+            return graphdef, settings
+        rebase_bound = damping.rebase_bound(settings.rebase_bound, measured.largest)
+        logging.warning(
+            "%s: generating with kernels planned for it and rebase_bound %d.",
+            measured.describe(),
+            rebase_bound,
+        )
+        return graphdef, dataclasses.replace(settings, rebase_bound=rebase_bound)
 
     def byte_token(self, byte: int) -> int:
         """The token of a byte value (0..255) in this run's vocabulary."""

@@ -7,11 +7,12 @@ gamma up to model.max_damping. The harness holds the parameters to it:
 
 - before step 1, an encoding whose initial damping is above model.max_damping
   is refused with the fix (`initial_damping_problems`);
-- before an evaluation step is compiled, and at every checkpoint of a
-  training run, the damping of the parameters is read on the host
+- before an evaluation or decoding step is compiled, and at every checkpoint
+  of a training run, the damping of the parameters is read on the host
   (`measure`); past the bound, the model's layers plan their kernels for
   their measured damping (`follow`: Transformer.follow_damping), so a window
-  one origin cannot carry runs the blockwise kernel, exact at any length;
+  one origin cannot carry runs the blockwise kernel, exact at any length, and
+  a KV cache moves its origin often enough (`rebase_bound`);
 - a non-finite loss or evaluation names a passed bound before anything else
   (`diagnosis`).
 
@@ -40,8 +41,9 @@ from jrope.errors import UsageError
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params
 
-# Relative slack of the initial damping against model.max_damping (float32 rounding).
-INITIAL_TOLERANCE = 1e-5
+# Relative slack of a damping against model.max_damping: float32 rounding (the softplus
+# round trip of pe.init_gamma lands an ulp above it) is not a damping past the bound.
+ROUNDING_TOLERANCE = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,7 @@ class MeasuredDamping:
     @property
     def passed(self) -> bool:
         """Whether the damping is above model.max_damping (not finite counts as above)."""
-        return not self.largest <= self.bound
+        return not self.largest <= self.bound * (1.0 + ROUNDING_TOLERANCE)
 
     def describe(self) -> str:
         """'layer L, head H has damping gamma = g, above model.max_damping = m'."""
@@ -91,8 +93,7 @@ def initial_damping_problems(cfg: TrainConfig) -> list[str]:
     limit = SINGLE_ORIGIN_EXPONENT_LIMIT
     block_size = cfg.model.block_size
     initial = encoding.largest_damping(encoding.init_params())
-    # The softplus round trip of pe.init_gamma may land a float32 ulp above it.
-    if initial > cfg.model.max_damping * (1.0 + INITIAL_TOLERANCE):
+    if initial > cfg.model.max_damping * (1.0 + ROUNDING_TOLERANCE):
         fix = f"raise --config.model.max_damping to at least {initial:.4g}"
         if encoding.cfg.learn_gamma and initial * (block_size - 1) > limit:
             fix += (
@@ -182,6 +183,14 @@ def kernel(cfg: TrainConfig, length: int, platform: str, measured: MeasuredDampi
         if damping is None:
             raise
         raise UsageError(f"{measured.describe()}: {err}") from err
+
+
+def rebase_bound(bound: int, gamma: float) -> int:
+    """The KV cache's rebase_bound, lowered where e^(gamma * bound) would pass the limit."""
+    limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+    if not math.isfinite(gamma) or gamma * bound <= limit:
+        return bound
+    return max(1, int(limit / gamma))
 
 
 def diagnosis(measured: MeasuredDamping | None) -> str:
