@@ -116,11 +116,8 @@ class Checkpointer:
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
-        """The state of checkpoint `step` (default: latest), laid out like `abstract_state`.
-
-        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings: every array is
-        read straight into its shards, never gathered on one device.
-        """
+        """The state of checkpoint `step` (default: latest), each array read straight into the
+        shards of `abstract_state` (a pytree of sharded `jax.ShapeDtypeStruct`)."""
         return self._restore(STATE_ITEM, ocp.args.StandardRestore(abstract_state), step)
 
     def restore_config(self, step: int | None = None) -> dict[str, Any]:
@@ -169,10 +166,8 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
 
 
 def state_digests(state: Any) -> dict[str, list[int]]:
-    """'params/blocks/0/attn/qkv/value' -> [sum, weighted sum] of every array of `state`.
-
-    Blocks until the state is computed (it reads the values).
-    """
+    """'params/blocks/0/attn/qkv/value' -> [sum, weighted sum] of every array of `state` (blocks
+    until the state is computed)."""
     flat = jax.tree_util.tree_flatten_with_path(state)[0]
     sums = jax.device_get(_fingerprints([leaf for _, leaf in flat]))
     return {
