@@ -39,25 +39,37 @@ def _with_gamma(cfg: TrainConfig, params, gamma: float, layer: int, head: int):
     return jax.tree_util.tree_map_with_path(set_head, params)
 
 
-def test_initial_damping_above_the_bound_is_refused_with_the_fix(tmp_path):
-    config = tiny_config_dict(**{"pe.init_gamma": 0.5, "mesh.data": -1})
+def test_a_bound_the_blockwise_blocks_cannot_carry_is_refused_with_the_fix(tmp_path):
+    config = tiny_config_dict(**{"model.max_damping": 0.5, "mesh.data": -1})
     with pytest.raises(ConfigError) as refused:
         checks.check_training_run(config, str(tmp_path / "run"))
-    message = str(refused.value)
-    assert "model.max_damping = 0.02" in message
-    assert "--config.model.max_damping to at least 0.5" in message
-    # 0.5 * 511 is past float32 in the blockwise kernel's blocks too: the fix says so.
-    assert "lower --config.model.block_size to at most 128" in message
-    # The fix is accepted: the same run passes the checks with the bound raised.
-    fixed = tiny_config_dict(
+    # 0.5 * 511 is past float32 in blocks of 512; 0.5 * 127 is not.
+    assert "set --config.model.block_size to at most 128" in str(refused.value)
+    fixed = tiny_config_dict(**{"model.max_damping": 0.5, "model.block_size": 128, "mesh.data": -1})
+    checks.check_training_run(fixed, str(tmp_path / "fixed"))
+
+
+@pytest.mark.slow
+def test_an_encoding_starting_past_the_bound_is_followed_from_step_1(tmp_path, capsys):
+    """The issue's command at the tiny scale: pe.init_gamma=0.5, lengths 256 and 512."""
+    cfg = tiny_config(
         **{
             "pe.init_gamma": 0.5,
-            "model.max_damping": 0.5,
-            "model.block_size": 128,
+            "eval.lengths": (256, 512),
+            "eval.num_sequences": 8,
+            "eval.batch_size": 8,
             "mesh.data": -1,
         }
     )
-    checks.check_training_run(fixed, str(tmp_path / "fixed"))
+    result = trainer.train_and_evaluate(cfg, str(tmp_path))
+    said = capsys.readouterr().out
+    assert "The starting state: layer 0, head 0 has damping gamma = 0.5" in said
+    assert "the attention kernels follow this damping" in said
+    # 0.5 * 16 < 80: the train step keeps its kernel; 512 is evaluated blockwise.
+    assert "the train step's 'einsum' kernel is safe at length 16" in said
+    assert "in blocks of 128, where one map origin would overflow" in said
+    assert [row["length"] for row in result["eval"]] == [256, 512]
+    assert all(math.isfinite(row["loss"]) for row in result["eval"])
 
 
 def test_measure_names_the_layer_and_head_of_the_largest_damping():

@@ -104,7 +104,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     )
     problems += attention_problems
     if not evaluation and cfg.model is not None and cfg.pe is not None:
-        problems += damping.initial_damping_problems(cfg)
+        problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
     # numpy takes no other data seed (the run's own seed is the config's check).
     data_seed = getattr(cfg.data, "seed", 0)

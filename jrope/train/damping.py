@@ -5,8 +5,10 @@ origin, which overflows float32 once gamma * positions passes
 jrope.attention.selection.SINGLE_ORIGIN_EXPONENT_LIMIT; 'auto' plans for
 gamma up to model.max_damping. The harness holds the parameters to it:
 
-- before step 1, an encoding whose initial damping is above model.max_damping
-  is refused with the fix (`initial_damping_problems`);
+- before step 1, a model.max_damping that the blockwise kernel's blocks
+  cannot carry is refused with the fix (`bound_problems`); an encoding that
+  starts above model.max_damping is followed from the start, said on the
+  console (jrope.train.trainer.TrainKernel);
 - before an evaluation or decoding step is compiled, and at every checkpoint
   of a training run, the damping of the parameters is read on the host
   (`measure`); past the bound, the model's layers plan their kernels for
@@ -19,8 +21,8 @@ gamma up to model.max_damping. The harness holds the parameters to it:
 The blockwise kernel measures positions from each query block's first, so its
 factors reach e^{gamma (b - 1)} for blocks of b = model.block_size: it is
 exact at any length, but only for a damping within the same limit over one
-block. The refusal asks for a block size that carries the damping, and past
-it `follow` runs the layer in blocks that do (`blockwise_block_size`; the
+block. The refusal asks for a block size that carries the bound, and past
+it `follow` runs the layer in blocks that carry the measured damping (`blockwise_block_size`; the
 result is the same, the blocks only change the order of the sums).
 """
 
@@ -80,34 +82,15 @@ class MeasuredDamping:
         )
 
 
-def initial_damping_problems(cfg: TrainConfig) -> list[str]:
-    """The refusal of a damping the kernels cannot carry from step 1 on, with the fix (or none).
+def bound_problems(cfg: TrainConfig) -> list[str]:
+    """The refusal of a model.max_damping the blockwise kernel's blocks cannot carry, with the fix.
 
-    An encoding that starts above model.max_damping, and a model.max_damping
-    that overflows the blockwise kernel's blocks of model.block_size.
+    An encoding that starts above model.max_damping is not refused: the
+    kernels follow its own setting from step 1 on (jrope.train.trainer.TrainKernel).
     """
-    try:
-        encoding = cfg.encoding
-    except ValueError:
-        return []  # the encoding's own problem is reported by the config
     limit = SINGLE_ORIGIN_EXPONENT_LIMIT
     block_size = cfg.model.block_size
-    initial = encoding.largest_damping(encoding.init_params())
-    if initial > cfg.model.max_damping * (1.0 + ROUNDING_TOLERANCE):
-        fix = f"raise --config.model.max_damping to at least {initial:.4g}"
-        if encoding.cfg.learn_gamma and initial * (block_size - 1) > limit:
-            fix += (
-                " and lower --config.model.block_size to at most "
-                f"{blockwise_block_size(block_size, initial)}"
-            )
-        return [
-            f"pe.init_gamma: {cfg.pe.name} starts with damping gamma = {initial:.4g}, above "
-            f"model.max_damping = {cfg.model.max_damping:g}, the largest damping the attention "
-            f"kernels plan for (one map origin overflows float32 past gamma * length = "
-            f"{limit:g}); {fix} (windows longer than {limit / initial:.0f} positions then run "
-            "the blockwise kernel, exact at any length), or lower pe.init_gamma."
-        ]
-    if encoding.cfg.learn_gamma and cfg.model.max_damping * (block_size - 1) > limit:
+    if cfg.pe.learn_gamma and cfg.model.max_damping * (block_size - 1) > limit:
         return [
             f"model.max_damping = {cfg.model.max_damping:g} with model.block_size = {block_size}: "
             f"the blockwise kernel's factors reach e^(max_damping * (block_size - 1)), past "

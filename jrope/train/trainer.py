@@ -393,24 +393,22 @@ class TrainKernel:
     """The train step, kept on a kernel that survives the damping of the parameters.
 
     At the start and at every checkpoint `follow` reads the damping on the host
-    (jrope.train.damping). Past model.max_damping it is said on the console;
-    where the step's kernel would then overflow float32 at the training length
-    (one map origin over it, or the blockwise kernel's blocks), the step changes
-    to the blockwise kernel in blocks that carry the damping, recompiling (once
+    (jrope.train.damping). Past model.max_damping (an encoding may start there:
+    the bound then follows its own setting) it is said on the console; where
+    the step's kernel would then overflow float32 at the training length (one
+    map origin over it, or the blockwise kernel's blocks), the step changes to
+    the blockwise kernel in blocks that carry the damping, recompiling (once
     for a single-origin kernel: a larger damping keeps the blockwise one, whose
-    blocks shrink only by powers of two). `diagnosing` names a passed bound in a non-finite loss's
-    message.
+    blocks shrink only by powers of two). `diagnosing` names a passed bound in
+    a non-finite loss's message.
     """
 
     def __init__(self, run: RunSetup, params: Any):
         self._run = run
         self._platform = run.mesh.devices.flat[0].platform
         self.measured: damping.MeasuredDamping | None = None
-        self._kernel = (
-            damping.kernel(run.cfg, run.cfg.pe.train_context, self._platform, None),
-            run.cfg.model.block_size,
-        )
-        self.step = make_train_step(run)
+        self._kernel = self._train_kernel(None)
+        self.step = make_train_step(run)  # jitted lazily: nothing compiles before step 1
         self.follow(params, None)
 
     def follow(self, params: Any, step: int | None) -> None:
@@ -421,32 +419,47 @@ class TrainKernel:
         self.measured = measured
         if not measured.passed:
             return
-        at = "The starting state" if step is None else f"Step {step}"
-        kernel = (
-            damping.kernel(cfg, cfg.pe.train_context, self._platform, measured),
-            measured.block_size,
-        )
+        length = cfg.pe.train_context
+        kernel = self._train_kernel(measured)
+        if step is None:
+            ran = (
+                f"the train step runs the {self._describe(kernel)} at length {length}"
+                if kernel != self._kernel
+                else f"the train step's {kernel[0]!r} kernel is safe at length {length}"
+            )
+            say(
+                f"The starting state: {measured.describe()}: the attention kernels follow this "
+                f"damping instead of the bound (evaluations plan for it; {ran})."
+            )
+        elif kernel != self._kernel:
+            say(
+                f"Step {step}: {measured.describe()}; the train step's "
+                f"{self._describe(self._kernel)} would overflow float32 at length {length}, so it "
+                f"changes to the {self._describe(kernel)} (compiling it once more)."
+            )
+        elif not announced:
+            say(
+                f"Step {step}: {measured.describe()}; evaluations plan their kernels for it, and "
+                f"the train step's {kernel[0]!r} kernel stays safe at length {length}."
+            )
         if kernel == self._kernel:
-            if not announced:
-                say(
-                    f"{at}: {measured.describe()}; evaluations plan their kernels for it, "
-                    f"and the train step's {kernel[0]!r} kernel stays safe at length "
-                    f"{cfg.pe.train_context}."
-                )
             return
-        say(
-            f"{at}: {measured.describe()}; the train step's {self._describe(self._kernel)} would "
-            f"overflow float32 at length {cfg.pe.train_context}, so it changes to the "
-            f"{self._describe(kernel)} (compiling it once more)."
-        )
         layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
         self.step = make_train_step(
             dataclasses.replace(self._run, layout=layout), measured=measured
         )
         self._kernel = kernel
 
+    def _train_kernel(self, measured: damping.MeasuredDamping | None) -> tuple[str, int | None]:
+        """(kernel, block size where blockwise) of the train step planned for `measured`."""
+        cfg = self._run.cfg
+        name = damping.kernel(cfg, cfg.pe.train_context, self._platform, measured)
+        if name != "blockwise":
+            return name, None
+        return name, cfg.model.block_size if measured is None else measured.block_size
+
     @staticmethod
-    def _describe(kernel: tuple[str, int]) -> str:
+    def _describe(kernel: tuple[str, int | None]) -> str:
         name, block_size = kernel
         blocks = f" in blocks of {block_size}" if name == "blockwise" else ""
         return f"{name!r} kernel{blocks}"
