@@ -468,12 +468,11 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
     }
 
 
-def append_start_record(workdir: str, record: dict[str, Any]) -> epath.Path:
-    """Append `record` as one line of `<workdir>/starts.jsonl`; returns the file's path."""
-    path = epath.Path(workdir) / RECORD_FILE
-    earlier = path.read_text() if path.exists() else ""
-    path.write_text(earlier + json.dumps(record) + "\n")  # whole-file writes work on object stores
-    return path
+def append_start_record(workdir: str, record: dict[str, Any]) -> None:
+    """Append `record` as one line of `<workdir>/starts.jsonl` (local, or a bucket)."""
+    log = JsonLinesLog(epath.Path(workdir) / RECORD_FILE)
+    log.write(json.dumps(record))
+    log.close()
 
 
 def code_version() -> dict[str, Any]:
