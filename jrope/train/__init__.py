@@ -1,1 +1,2 @@
-"""The training harness: config, checks, setup, trainer, checkpoints, evaluation, outputs, runtime."""
+"""The training harness: config, checks, setup, trainer, checkpoints, evaluation, damping,
+outputs, runtime."""
