@@ -206,3 +206,11 @@ def test_decoding_moves_the_cache_origin_often_enough_for_the_damping(tmp_path, 
     assert len(generated) == 1
     assert "layer 0, head 1 has damping gamma = 0.5" in caplog.text
     assert "rebase_bound 160" in caplog.text
+
+
+def test_an_encoding_without_parameters_measures_no_damping():
+    cfg = tiny_config(**{"pe.name": "rope"})
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    graphdef, measured = damping.follow(cfg, run.layout.graphdef, run.init_state()["params"])
+    assert measured.per_layer == (0.0, 0.0) and not measured.passed
+    assert graphdef is run.layout.graphdef  # nothing recompiles

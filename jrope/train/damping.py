@@ -190,7 +190,9 @@ def diagnosis(measured: MeasuredDamping | None) -> str:
 
 def _pe_paths(params: Any) -> list[Any]:
     """The blocks' encoding parameter dicts of an nnx.State of the Transformer's params."""
-    return [block["attn"]["pe_params"] for _, block in sorted(params["blocks"].items())]
+    layers = [block["attn"] for _, block in sorted(params["blocks"].items())]
+    # An encoding without parameters (RoPE, none) leaves no pe_params in the state.
+    return [attn["pe_params"] if "pe_params" in attn else {} for attn in layers]
 
 
 def _host_pe_params(params: Any) -> list[dict[str, np.ndarray]]:
