@@ -170,6 +170,12 @@ def check_request(
     prompt = max(len(tokens) for tokens in prompts)
     # The last new token's position is offset + prompt + num_tokens - 1; kv_cache.EMPTY is reserved.
     most_positions = kv_cache.EMPTY - 1 - prompt - settings.position_offset
+    if most_positions < 1:
+        raise GenerationRequestError(
+            f"--position_offset={settings.position_offset} leaves no int32 position for a new "
+            f"token after a prompt of {prompt} bytes; use an offset of at most "
+            f"{kv_cache.EMPTY - 2 - prompt - settings.num_tokens}."
+        )
     if settings.num_tokens > most_positions:
         raise GenerationRequestError(
             f"--num_tokens={settings.num_tokens} after a prompt of {prompt} bytes at "
