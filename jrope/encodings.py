@@ -168,14 +168,18 @@ class Encoding:
         """The largest damping gamma of one layer's parameters, a host-side float (0: undamped).
 
         params: this encoding's parameter dict (init_params' keys), concrete
-        arrays (call it outside jit). It is what a single-origin attention
-        kernel must survive (jrope.attention.choose_kernel's damping).
+        arrays; a trace that closes over them (a model captured by jax.jit)
+        is fine, tracers are not. It is what a single-origin attention kernel
+        must survive (jrope.attention.choose_kernel's damping).
         """
-        gammas = [
-            np.max(np.asarray(segment.physical_params(params)["gamma"]))
-            for segment in self.segments
-            if segment.learn_gamma
-        ]
+        # Inside a trace jnp would stage even concrete parameters' arithmetic
+        # and hand back tracers; evaluate it eagerly instead.
+        with jax.ensure_compile_time_eval():
+            gammas = [
+                np.max(np.asarray(segment.physical_params(params)["gamma"]))
+                for segment in self.segments
+                if segment.learn_gamma
+            ]
         return float(max(gammas, default=0.0))
 
     def init_params(self) -> dict[str, jax.Array]:
