@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from jrope.model.kv_cache import LayerCache
 
 NORM_EPS = 1e-6
+# A power of two that brings float32's largest values (3.4e38) to squares float32 holds.
+OVERFLOW_ROW_FACTOR = 2.0**-100
 
 _REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "full": None,  # save nothing: recompute the whole block in the backward pass
@@ -65,7 +67,13 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> same shape and dtype; statistics in float32."""
         x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + NORM_EPS)
+        mean_square = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        # Entries past ~1.8e19 square to inf, and rsqrt(inf) = 0 would zero a finite row: such
+        # rows are scaled by 2^-100 first (exact; other rows by 1.0), so they normalize instead.
+        factor = jnp.where(jnp.isfinite(mean_square), 1.0, OVERFLOW_ROW_FACTOR)
+        scaled = x32 * factor
+        mean_square = jnp.mean(jnp.square(scaled), axis=-1, keepdims=True)
+        normed = scaled * jax.lax.rsqrt(mean_square + NORM_EPS * jnp.square(factor))
         scale = self.scale[...].reshape((1,) * (x.ndim - 1) + (-1,))
         return (normed * scale).astype(x.dtype)
 
