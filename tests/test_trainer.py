@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from helpers.tiny_config import tiny_config
 
 import jrope
 from jrope.data.synthetic import SyntheticSource
-from jrope.errors import NonFiniteLossError
+from jrope.errors import NonFiniteLossError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import evaluation, setup
 from jrope.train.checks import readout_problem
 from jrope.train.evaluation import evaluate_checkpoint, weighted_sums
@@ -316,3 +317,46 @@ def test_skipped_steps_are_counted_in_the_logs(tmp_path):
     assert [record["train/skipped_steps"] for record in records] == [0, 0, 1, 1]
     # NaN is written as a string: metrics.jsonl stays valid JSON.
     assert records[2]["train/loss"] == "nan" and "train/skipped" not in records[2]
+
+
+def _nan_batches_from_third_step(monkeypatch, sigterm_at_step=None):
+    """Bad input from step 3 on; `sigterm_at_step`: SIGTERM arrives while that step is fed."""
+    clean_batch = SyntheticSource.train_batch
+
+    def train_batch(self, step):
+        batch = clean_batch(self, step)
+        if step + 1 == sigterm_at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if step >= BAD_STEP_INDEX:
+            batch["weights"] = np.full_like(batch["weights"], np.nan)
+        return batch
+
+    monkeypatch.setattr(SyntheticSource, "train_batch", train_batch)
+
+
+@pytest.mark.slow
+def test_a_streak_of_skips_goes_on_counting_across_a_resume(tmp_path, monkeypatch):
+    # Steps 3 on are non-finite; 3 in a row stop the run: at step 5, interrupted or not.
+    cfg = tiny_config(
+        num_steps=8,
+        **{"mesh.data": -1, "opt.nonfinite": "skip", "opt.max_consecutive_skips": 3},
+    )
+    _nan_batches_from_third_step(monkeypatch)
+    with pytest.raises(SkippedTooManySteps) as straight:
+        train_and_evaluate(cfg, str(tmp_path / "straight"))
+    _nan_batches_from_third_step(monkeypatch, sigterm_at_step=4)
+    with pytest.raises(TrainingPreempted) as preempted:
+        train_and_evaluate(cfg, str(tmp_path / "resumed"))
+    assert preempted.value.step == 4  # saved amid the streak: steps 3 and 4 skipped
+    _nan_batches_from_third_step(monkeypatch)
+    with pytest.raises(SkippedTooManySteps) as resumed:
+        train_and_evaluate(cfg, str(tmp_path / "resumed"))
+    assert str(straight.value).startswith("Steps 3 to 5 were all skipped")
+    assert str(resumed.value).replace("resumed", "straight") == str(straight.value)
+
+    def skipped_counts(workdir):
+        with open(workdir / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f]
+        return [(r["step"], r["train/skipped_steps"]) for r in records if "train/loss" in r]
+
+    assert skipped_counts(tmp_path / "resumed") == skipped_counts(tmp_path / "straight")

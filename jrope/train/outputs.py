@@ -98,6 +98,7 @@ class MetricsLogger:
         start_step: int = 0,
         throughput: Throughput | None = None,
         max_consecutive_skips: int = 10,
+        skip_progress: Mapping[str, int] | None = None,
     ):
         self._every_steps = every_steps
         self._num_steps = num_steps
@@ -106,8 +107,10 @@ class MetricsLogger:
         self._max_consecutive_skips = max_consecutive_skips
         self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
         self._interval_start: tuple[int, float] | None = None
-        self._skipped_steps = 0
-        self._skipped_in_a_row: list[int] = []
+        progress = skip_progress or {}  # the resumed checkpoint's: a streak goes on counting
+        self._skipped_steps = progress.get("skipped_steps", 0)
+        in_a_row = progress.get("skipped_in_a_row", 0)
+        self._skipped_in_a_row = list(range(start_step - in_a_row + 1, start_step + 1))
         self._jsonl = self._tensorboard = None
         if is_writer:
             self._jsonl = JsonLinesLog(

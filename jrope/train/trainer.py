@@ -302,6 +302,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         start_step=start,
         throughput=Throughput.for_run(cfg, model_io(run.source), devices),
         max_consecutive_skips=cfg.opt.max_consecutive_skips,
+        skip_progress=checkpointer.restore_json(checkpoints.PROGRESS_ITEM, start)
+        if start
+        else None,
     )
     if start == 0:
         logger.write_hparams(
