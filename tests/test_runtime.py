@@ -113,7 +113,8 @@ CONFIG = "--config=tests/helpers/subprocess_run_config.py"
     ],
 )
 def test_each_kind_of_error_has_its_exit_status(error, status):
-    assert runtime.exit_code(error) == status
+    reported = runtime.exit_status(error)
+    assert (reported[0] if reported else None) == status
 
 
 def test_a_storage_failure_is_found_in_a_wrapped_library_error():
@@ -133,8 +134,9 @@ def test_a_storage_failure_is_found_in_a_wrapped_library_error():
         "No space left on device",
         "/w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab",
     )
-    assert runtime.exit_code(error) == 7
-    assert runtime.message(error).startswith(
+    status, message = runtime.exit_status(error)
+    assert status == 7
+    assert message.startswith(
         "Storage failure writing /w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab: "
         "No space left on device."
     )
@@ -146,9 +148,9 @@ def test_library_records_of_a_storage_failure_are_hidden():
         return logging.LogRecord("absl", logging.ERROR, "f.py", 1, message, (), exc_info)
 
     disk_full = OSError(errno.ENOSPC, "No space left on device")
-    assert not runtime._hide_storage_failure_records(record("Save thread failed", disk_full))
-    assert not runtime._hide_storage_failure_records(record("write: File too large [27]"))
-    assert runtime._hide_storage_failure_records(record("Save thread failed", ValueError("bug")))
+    assert not runtime._shown_record(record("Save thread failed", disk_full))
+    assert not runtime._shown_record(record("write: File too large [27]"))
+    assert runtime._shown_record(record("Save thread failed", ValueError("bug")))
 
 
 def test_the_last_of_repeated_overrides_wins():
@@ -234,10 +236,10 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
     def record(name, text):
         return logging.LogRecord(name, logging.ERROR, __file__, 1, text, (), None)
 
-    hide = runtime._hide_abandoned_task_records
-    assert not hide(record("asyncio", "Task exception was never retrieved"))
-    assert hide(record("asyncio", "Unclosed client session"))
-    assert hide(record("jrope", "Task exception"))
+    shown = runtime._shown_record
+    assert not shown(record("asyncio", "Task exception was never retrieved"))
+    assert shown(record("asyncio", "Unclosed client session"))
+    assert shown(record("jrope", "Task exception"))
 
 
 def test_a_process_id_outside_the_processes_is_a_usage_error():

@@ -1,25 +1,8 @@
-"""What every command-line entry point shares (`runtime.run(main)`), and a run's runtime options.
-
-Errors: the project's own errors (jrope.errors) end the command with their message alone on
-stderr and their `exit_status` (the README has the table); a storage failure anywhere in an
-exception's chain ("No space left on device" inside orbax's or tensorstore's wrapping) ends it
-with status 7 and one line naming the path. `--verbose` (or JROPE_VERBOSE=1) adds the traceback;
-any other error is a bug and keeps it. Unknown config keys are named with the closest known ones.
-Library log records below `--log_level` (default warning; orbax writes about a hundred per short
-run) are hidden, and so are the libraries' own reports of a storage failure unless --verbose.
-
-CPU tuning, only on JAX's CPU backend (docs/performance.md has the measurements):
-- huge pages: XLA:CPU maps each step's scratch buffer afresh in 4 KiB pages; glibc >= 2.35
-  backs large blocks with transparent huge pages when `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`,
-  read only at start, so `run` re-executes the process once with it set (not off Linux, with
-  THP 'never', when already set, or under a debugger). JROPE_HUGE_PAGES=1 asks for it on any
-  backend, 0 never.
-- compiler options: XLA:CPU's YNNPACK library fusions take whole arrays only, writing out what
-  XLA would fuse; without them the dense kernels' steps ran as fast or faster.
-- projections: cpu_projection, whose backward pass XLA:CPU lays out without a transposing copy.
+"""What every entry point shares (`runtime.run(main)`: flags, log level, exit statuses, signals)
+and a run's runtime options: the CPU-only tuning (`restart_with_huge_pages`,
+`step_compiler_options`, `model_projection`; docs/performance.md measures it), the compilation
+cache and the profiler trace. docs/runs.md has the table of exit statuses.
 """
-
-from __future__ import annotations
 
 import errno
 import functools
@@ -37,6 +20,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from platform import libc_ver
 from typing import Any
 
 import jax
@@ -52,24 +36,18 @@ from jrope.train import config as run_config
 from jrope.train.config import RuntimeConfig
 
 VERBOSE_ENV = "JROPE_VERBOSE"
+_PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")  # setup's flags
 
 
-def run(
-    main: Callable[[list[str]], None], *, config_flag: str = "config", usage: str | None = None
-) -> None:
-    """`app.run(main)` with the project's flag parsing, log level and error reporting.
-
-    config_flag: the entry point's config-file flag, whose overrides are checked (if it has one).
-    usage: what --help prints above the flags (default: the main module's docstring).
-    """
+def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
+    """`app.run(main)` with the project's flag parsing, log level and error reporting; `usage` is
+    what --help prints above the flags (default: the main module's docstring)."""
     if not command_line.help_requested(sys.argv):
         restart_with_huge_pages()
-    # Defined here, not at import, so that importing this module defines no flag.
-    if "verbose" not in flags.FLAGS:
+    if "verbose" not in flags.FLAGS:  # defined here: importing this module defines no flag
         flags.DEFINE_bool(
             "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
         )
-    if "log_level" not in flags.FLAGS:
         flags.DEFINE_enum(
             "log_level",
             "warning",
@@ -78,27 +56,20 @@ def run(
         )
     app.run(
         functools.partial(_run_reporting_errors, main),
-        flags_parser=functools.partial(_parse_flags, config_flag=config_flag, usage=usage),
+        flags_parser=functools.partial(_parse_flags, usage=usage),
     )
 
 
-def exit_code(error: BaseException) -> int | None:
-    """The exit status of one of the project's errors; None for any other (a bug)."""
-    if isinstance(error, JropeError):
-        return error.exit_status
-    return RunIOError.exit_status if find_io_failure(error) else None
-
-
-def message(error: BaseException) -> str:
-    """What to print for one of the project's errors."""
+def exit_status(error: BaseException) -> tuple[int, str] | None:
+    """(exit status, message alone) for one of the project's errors or a storage failure anywhere
+    in `error`'s chain (orbax's wrapping of a full disk); None for any other error (a bug)."""
     failure = None if isinstance(error, RunIOError) else find_io_failure(error)
     if failure is None:
-        return str(error)
-    cause, path = failure
-    where = f" writing {path}" if path else ""
-    return (
-        f"Storage failure{where}: {cause}. Free space, or choose another --workdir, and run again."
-    )
+        return (error.exit_status, str(error)) if isinstance(error, JropeError) else None
+    status = error.exit_status if isinstance(error, JropeError) else RunIOError.exit_status
+    where = f" writing {failure[1]}" if failure[1] else ""
+    advice = "Free space, or choose another --workdir, and run again."
+    return status, f"Storage failure{where}: {failure[0]}. {advice}"
 
 
 def _verbose(argv: Sequence[str] = ()) -> bool:
@@ -115,44 +86,39 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str], *, config_flag: str, usage: str | None) -> list[str]:
+def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
     """absl's parsing of argv, with repeated config overrides resolved and mistakes explained."""
     if command_line.help_requested(argv):
         command_line.parse_flags(argv, usage)  # prints the help and exits 0
     # ml_collections reads the overrides from sys.argv itself: it must see the same list.
-    argv = sys.argv = run_config.last_override_wins(argv, config_flag)
-    missing_file = run_config.config_file_problem(argv, config_flag)
+    argv = sys.argv = run_config.last_override_wins(argv)
+    missing_file = run_config.config_file_problem(argv)
     if missing_file:
         _fail(missing_file, ConfigError.exit_status, FileNotFoundError(missing_file), argv)
-    run_config.make_importable(run_config.config_argument(argv, config_flag))
+    run_config.make_importable(run_config.config_argument(argv))
     try:
         return flags.FLAGS(argv)
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
         try:
-            problems = run_config.unknown_key_problems(argv, config_flag)
+            problems = run_config.unknown_key_problems(argv)
         except Exception:  # the config file itself fails to load: the error says why
             problems = []
-        text = "\n".join(problems) if problems else _config_file_error(error, argv, config_flag)
+        text = "\n".join(problems) if problems else _config_file_error(error, argv)
         required = re.search(r"Flag --(\w+) must have a value other than None", text)
         if required:
-            text = (
-                f"--{required.group(1)} is required; give it a value (--{required.group(1)}=...)."
-            )
+            text = f"--{required[1]} is required; give it a value (--{required[1]}=...)."
         _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
 
 
-def _config_file_error(error: BaseException, argv: list[str], config_flag: str) -> str:
+def _config_file_error(error: BaseException, argv: list[str]) -> str:
     """absl's first line, or what the config file itself raised, with the file's line."""
-    path = run_config.config_argument(argv, config_flag)
+    path = run_config.config_argument(argv)
     cause = error
     while cause.__cause__ is not None or cause.__context__ is not None:
         cause = cause.__cause__ or cause.__context__
     config_file = os.path.abspath(path.split(":")[0]) if path else None
-    lines = [
-        frame
-        for frame in traceback.extract_tb(cause.__traceback__)
-        if os.path.abspath(frame.filename) == config_file
-    ]
+    frames = traceback.extract_tb(cause.__traceback__)
+    lines = [frame for frame in frames if os.path.abspath(frame.filename) == config_file]
     if not path or (cause is error and not lines):  # absl's own complaint about the flag
         return _first_line(error)
     where = f", line {lines[-1].lineno}: {lines[-1].line}" if lines else ""
@@ -170,17 +136,11 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
     level = flags.FLAGS.log_level  # absl's records (orbax logs through it) and Python's (JAX's)
     absl_logging.set_verbosity(level)
     logging.getLogger().setLevel(level.upper())
-    # jrope.train.setup's process flags: any of them starts a multi-process run, whose Gloo
-    # connection lines are no results.
-    if any(
-        name in flags.FLAGS and flags.FLAGS[name].value
-        for name in ("multiprocess", "coordinator_address", "num_processes")
-    ):
-        command_line.keep_stdout_for_results()
+    if any(flags.FLAGS[name].value for name in _PROCESS_FLAGS if name in flags.FLAGS):
+        command_line.keep_stdout_for_results()  # Gloo's connection lines are no results
     if not _verbose():
         for handler in logging.getLogger().handlers:
-            handler.addFilter(_hide_storage_failure_records)
-            handler.addFilter(_hide_abandoned_task_records)
+            handler.addFilter(_shown_record)
         sys.excepthook = _excepthook_without_closed_loop_noise
         sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
     _stop_on_sigterm()
@@ -190,15 +150,14 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
         signum = error.signum if isinstance(error, Stopped) else signal.SIGINT
         _fail(stop_message(signum, getattr(error, "during", None)), 128 + signum, error)
     except Exception as error:
-        code = exit_code(error)
-        if code is None:
+        reported = exit_status(error)
+        if reported is None:
             raise
-        _fail(message(error), code, error)
+        _fail(reported[1], reported[0], error)
 
 
 class Stopped(BaseException):
-    """SIGTERM outside the train loop (which saves its step instead): ends the command at once.
-    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+    """SIGTERM outside the train loop: a BaseException, so no `except Exception` swallows it."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -206,8 +165,7 @@ class Stopped(BaseException):
 
 
 def _stop_on_sigterm() -> None:
-    """SIGTERM raises Stopped in the main thread (the train loop and a multi-process run's
-    coordination service replace this handler with their own)."""
+    """SIGTERM raises Stopped (until the train loop or a multi-process run installs its own)."""
 
     def stop(signum, frame):
         raise Stopped(signum)
@@ -217,9 +175,7 @@ def _stop_on_sigterm() -> None:
 
 @contextmanager
 def activity(description: str) -> Iterator[None]:
-    """Names what the command is doing for the message of a SIGTERM or Ctrl-C that stops it, e.g.
-    "the evaluation of step 12 (nothing of it was written): run the same command again". The stop
-    carries it as its `during` (of nested activities, the outermost's)."""
+    """Names the activity a SIGTERM or Ctrl-C stops (its `during`; the outermost one's)."""
     try:
         yield
     except (KeyboardInterrupt, Stopped) as stop:
@@ -238,21 +194,17 @@ def stop_message(signum: int, during: str | None = None) -> str:
     )
 
 
-def _hide_storage_failure_records(record: logging.LogRecord) -> bool:
-    """False (hide) for a library's record of a storage failure."""
+def _shown_record(record: logging.LogRecord) -> bool:
+    """False for a library's record of a storage failure or of a task orbax abandoned."""
+    if record.name == "asyncio" and record.getMessage().startswith("Task exception"):
+        return False
     error = record.exc_info[1] if record.exc_info else Exception(record.getMessage())
     return error is None or find_io_failure(error) is None
 
 
-def _hide_abandoned_task_records(record: logging.LogRecord) -> bool:
-    """False (hide) for asyncio's record of a task that orbax abandoned after another failed."""
-    return not (record.name == "asyncio" and record.getMessage().startswith("Task exception"))
-
-
 # When one array of a checkpoint cannot be read or written, orbax gives up on the others: their
 # coroutines raise again when collected, and tensorstore's callbacks (which still complete the
-# other writes) find the event loop closed. Each would print a traceback around the one message
-# that names the failure; these hooks keep them silent.
+# other writes) find the event loop closed: their tracebacks would hide the one message.
 def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
     if not _closed_loop(value):
         sys.__excepthook__(kind, value, traceback_)
@@ -273,51 +225,33 @@ OPT_OUT = "JROPE_HUGE_PAGES"
 
 
 def environment_with_huge_pages(
-    environ: Mapping[str, str],
-    glibc_version: tuple[int, int] | None,
-    thp_mode: str | None,
-    *,
-    cpu_run: bool,
+    environ: Mapping[str, str], glibc: tuple[int, int] | None, thp: str | None, *, cpu_run: bool
 ) -> dict[str, str] | None:
-    """The environment to restart with, or None when no restart is wanted.
-
-    glibc_version: (major, minor), None for another C library; thp_mode: the transparent huge
-    page mode ('always', 'madvise', 'never'; None without); cpu_run: JAX will run on its CPU.
-    """
+    """The environment to restart with, or None. glibc: (major, minor), None for another C
+    library; thp: the kernel's huge-page mode ('always', 'madvise', 'never', None without one)."""
     choice = environ.get(OPT_OUT, "")
-    if choice == "0" or (choice != "1" and not cpu_run):
-        return None
-    if glibc_version is None or glibc_version < (2, 35) or thp_mode in (None, "never"):
-        return None
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if TUNABLE in tunables:
+    supported = glibc is not None and glibc >= (2, 35) and thp not in (None, "never")
+    if choice == "0" or (choice != "1" and not cpu_run) or not supported or TUNABLE in tunables:
         return None
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
 
 
 def _glibc_version() -> tuple[int, int] | None:
-    try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
-        major, minor = version.split(".")[:2]
-        return (int(major), int(minor)) if name == "glibc" else None
-    except (AttributeError, OSError, ValueError):
-        return None
+    name, version = libc_ver()
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    return (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
 
 
 def _thp_mode() -> str | None:
     """The bracketed choice of the kernel's mode file, e.g. 'always [madvise] never' -> 'madvise'."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode_file:
-            text = mode_file.read()
-    except OSError:
-        return None
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else None
+    mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
+    return chosen[1] if chosen else None
 
 
 def runs_on_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether JAX will pick its CPU backend, found out without starting JAX: JAX_PLATFORMS's
-    first entry when set, else whether no accelerator backend is installed."""
+    """Whether JAX will pick its CPU backend (JAX_PLATFORMS, else the installed ones), unstarted."""
     platforms = environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
@@ -333,23 +267,20 @@ def _accelerator_backend_installed() -> bool:
 
 
 def restart_with_huge_pages() -> None:
-    """Replaces this process by itself with glibc's huge-page option set, when it helps.
-
-    Call it first in an entry point: it runs sys.orig_argv again (so `python -m` keeps working).
-    """
-    if not sys.platform.startswith("linux") or sys.gettrace() is not None:
-        return  # an exec would drop a tracing debugger (pdb, an IDE's)
+    """Re-executes sys.orig_argv with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` when wanted (call it
+    first): XLA:CPU maps each step's scratch buffer afresh, and glibc >= 2.35 then backs it with
+    transparent huge pages. Not off Linux, nor under a debugger (an exec would drop it)."""
     monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
-    if monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None:
+    debugger = monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
+    if not sys.platform.startswith("linux") or sys.gettrace() is not None or debugger:
         return
     environ = environment_with_huge_pages(
         os.environ, _glibc_version(), _thp_mode(), cpu_run=runs_on_cpu(os.environ)
     )
-    if environ is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+    if environ is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
 
 
 def huge_pages_requested() -> bool:
@@ -358,27 +289,24 @@ def huge_pages_requested() -> bool:
 
 
 def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, Any]:
-    """`jax.jit`'s compiler_options for a train or evaluation step on devices of `platform`
-    ('cpu', 'gpu', 'tpu') whose attention runs the blockwise kernel or not."""
+    """`jax.jit`'s compiler_options for a train or evaluation step on `platform`. XLA:CPU's
+    YNNPACK library fusions write out what XLA would fuse: dense steps ran as fast without them."""
     if platform == "cpu" and not blockwise:
-        # An empty list of library-fusion kinds: XLA's own fused loops and dot thunks only.
-        return {"xla_cpu_experimental_ynn_fusion_type": ""}
+        return {"xla_cpu_experimental_ynn_fusion_type": ""}  # no library-fusion kinds
     return {}
 
 
 def model_projection(platform: str) -> ProjectionFn:
-    """The Transformer's projection on devices of `platform` ('cpu', 'gpu', 'tpu')."""
+    """The Transformer's projection: on CPU, one whose backward pass has no transposing copy."""
     return cpu_projection if platform == "cpu" else contract
 
 
 def enable_compilation_cache(cache_dir: str) -> None:
-    """Use `cache_dir` (local, gs://; '' leaves it off) as JAX's persistent compilation cache.
-    Call it before the first compilation."""
-    if not cache_dir:
-        return
-    location = str(resolved(cache_dir))
-    jax.config.update("jax_compilation_cache_dir", location)
-    absl_logging.info("Persistent compilation cache: %s", location)
+    """Use `cache_dir` (local, gs://; '' for none) as JAX's compilation cache, before compiling."""
+    if cache_dir:
+        location = str(resolved(cache_dir))
+        jax.config.update("jax_compilation_cache_dir", location)
+        absl_logging.info("Persistent compilation cache: %s", location)
 
 
 # Failures of the storage itself, not of the program: the fix is outside it.
@@ -397,10 +325,9 @@ def find_io_failure(error: BaseException) -> tuple[str, str | None] | None:
             return error.cause, error.path
         if isinstance(error, OSError) and error.errno in IO_ERRNOS:
             return os.strerror(error.errno), error.filename
-        text = str(error)
         for words in _STRERRORS:
-            if words in text:
-                path = _QUOTED_PATH.search(text)
+            if words in str(error):
+                path = _QUOTED_PATH.search(str(error))
                 return words, path.group(1) if path else None
         error = error.__cause__ or error.__context__
     return None
@@ -447,5 +374,4 @@ class StepTrace:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(path.read_bytes())
             self._staging.cleanup()
-            self._staging = None
         absl_logging.info("Profile written to %s/plugins/profile.", self._destination)
