@@ -1,9 +1,6 @@
-"""What a run writes and shows: console lines, the metrics log and TensorBoard, throughput and
-MFU, the start record, result files (CSV, markdown, PNG), the next commands, bucket checks.
-
-Files go through etils.epath, so a workdir may be local or `gs://...`. An object cannot be
-appended to: there a log is kept in memory and rewritten whole (`_BucketObject`), and result
-files are rendered in memory and written in one call.
+"""What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s, FLOPs and
+MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), next commands, bucket checks.
+Paths go through etils.epath, local or `gs://...` (where a log is rewritten whole: `_BucketObject`).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import math
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -51,11 +47,9 @@ def duration(seconds: float) -> str:
     """'4.2 s', '3 min 05 s' or '2 h 07 min'."""
     if seconds < 60:
         return f"{seconds:.1f} s"
-    minutes, seconds = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
+    minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
 
 
 # Metrics whose finiteness decides a step (names of the train step's metrics).
@@ -73,18 +67,11 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 class MetricsLogger:
-    """Checks every step's metrics; logs every `every_steps`-th step and the last.
-
-    The device never waits for the host: `push` keeps the metrics of the step just dispatched
-    and reads the previous step's, so the device queue never drains. A non-finite loss or
-    gradient norm stops the run naming the step and `last_checkpoint()`, unless the step
-    skipped its update (opt.nonfinite = 'skip', jrope.train.trainer) and fewer than
-    `max_consecutive_skips` came in a row. A logged step's progress line (loss, accuracy,
-    steps/s, and from `throughput` tokens/s and MFU, time left) goes to the console, its
-    metrics to `<workdir>/metrics.jsonl` (NaN and infinities as "nan", "inf", "-inf", which
-    float() reads back) and TensorBoard, from the `is_writer` process only. A start resumed
-    at `start_step` first drops the records it will write again, so every step is logged once.
-    """
+    """Checks every step's metrics (a non-finite one stops the run naming `last_checkpoint()`,
+    unless the step skipped its update and fewer than `max_consecutive_skips` came in a row); logs
+    every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard. `push`
+    reads the previous step's metrics, so the device queue never drains. A start resumed at
+    `start_step` first drops the records it will write again, so every step is logged once."""
 
     def __init__(
         self,
@@ -110,7 +97,8 @@ class MetricsLogger:
         progress = skip_progress or {}  # the resumed checkpoint's: a streak goes on counting
         self._skipped_steps = progress.get("skipped_steps", 0)
         in_a_row = progress.get("skipped_in_a_row", 0)
-        self._skipped_in_a_row = list(range(start_step - in_a_row + 1, start_step + 1))
+        # The steps of the updates skipped in a row up to the last step read.
+        self._streak = list(range(start_step - in_a_row + 1, start_step + 1))
         self._jsonl = self._tensorboard = None
         if is_writer:
             self._jsonl = JsonLinesLog(
@@ -139,15 +127,12 @@ class MetricsLogger:
     @property
     def skip_streak_start(self) -> int | None:
         """The first step of the updates being skipped in a row now, None when none is."""
-        return self._skipped_in_a_row[0] if self._skipped_in_a_row else None
+        return self._streak[0] if self._streak else None
 
     @property
     def skip_progress(self) -> dict[str, int]:
         """Updates skipped so far and in a row up to the last step read (checkpoints record it)."""
-        return {
-            "skipped_steps": self._skipped_steps,
-            "skipped_in_a_row": len(self._skipped_in_a_row),
-        }
+        return {"skipped_steps": self._skipped_steps, "skipped_in_a_row": len(self._streak)}
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
         """Log named scalars (e.g. evaluation results) at `step`."""
@@ -175,15 +160,30 @@ class MetricsLogger:
     def _read(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
         values = {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
         bad = first_nonfinite(values)
-        if SKIPPED_METRIC in values:
-            self._count_skip(step, values.pop(SKIPPED_METRIC) > 0, bad)
-            values["skipped_steps"] = self._skipped_steps
-        elif bad is not None:
+        fix = "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint"
+        skipped = values.pop(SKIPPED_METRIC, None)  # None: opt.nonfinite = 'stop'
+        if skipped is None and bad is not None:
             raise NonFiniteLossError(
                 f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
-                f"{self._last_checkpoint()}. Lower opt.learning_rate or use float32 compute, then "
-                "resume from that checkpoint (or set opt.nonfinite='skip' to drop such steps)."
+                f"{self._last_checkpoint()}. {fix} (or set opt.nonfinite='skip' to drop such steps)."
             )
+        if skipped == 0:
+            self._streak = []
+        elif skipped is not None:
+            self._skipped_steps += 1
+            self._streak.append(step)
+            logging.warning(
+                "Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps
+            )
+            if len(self._streak) >= self._max_consecutive_skips:
+                raise SkippedTooManySteps(
+                    f"Steps {self._streak[0]} to {step} were all skipped ({bad[0]} "
+                    f"non-finite): {len(self._streak)} in a row, "
+                    "opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
+                    f"diverging. Last good checkpoint: {self._last_checkpoint()}. {fix}."
+                )
+        if skipped is not None:
+            values["skipped_steps"] = self._skipped_steps
         if step % self._every_steps and step != self._num_steps:
             return
         start_step, start_time = self._interval_start
@@ -194,25 +194,6 @@ class MetricsLogger:
         self._interval_start = (step, now)
         say(_progress_line(step, self._num_steps, values))
         self._write(step, {f"train/{name}": value for name, value in values.items()})
-
-    def _count_skip(self, step: int, skipped: bool, bad: tuple[str, float] | None) -> None:
-        if not skipped:
-            self._skipped_in_a_row = []
-            return
-        self._skipped_steps += 1
-        self._skipped_in_a_row.append(step)
-        logging.warning(
-            "Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps
-        )
-        if len(self._skipped_in_a_row) >= self._max_consecutive_skips:
-            first, last = self._skipped_in_a_row[0], self._skipped_in_a_row[-1]
-            raise SkippedTooManySteps(
-                f"Steps {first} to {last} were all skipped ({bad[0]} non-finite): "
-                f"{len(self._skipped_in_a_row)} in a row, opt.max_consecutive_skips, so the run "
-                f"stops instead of skipping on; it is diverging. Last good checkpoint: "
-                f"{self._last_checkpoint()}. Lower opt.learning_rate or use float32 compute, then "
-                "resume from that checkpoint."
-            )
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
@@ -227,17 +208,16 @@ class MetricsLogger:
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
-    """Whether a line of an earlier start stays: whole, and not one this start writes again."""
+    """Whether a line of an earlier start stays: whole (not cut short by a kill), and not one this
+    start writes again (a later step, or the final evaluation of a run resumed at its last step)."""
     if not line.endswith("\n"):
-        return False  # a line cut short by a kill
+        return False
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
         return False
-    redone_final_evaluation = (
-        record["step"] == start_step == num_steps and "train/loss" not in record
-    )
-    return record["step"] <= start_step and not redone_final_evaluation
+    redone = record["step"] == start_step == num_steps and "train/loss" not in record
+    return record["step"] <= start_step and not redone
 
 
 def _progress_line(step: int, num_steps: int, values: Mapping[str, float]) -> str:
@@ -268,9 +248,8 @@ UPLOAD_INTERVAL_S = 30.0
 
 
 class _BucketObject:
-    """A file-like object in a bucket, written whole from memory: at most every
-    UPLOAD_INTERVAL_S on `flush` (the first time at once unless `uploaded_at` says otherwise),
-    always on `upload` and `close`."""
+    """A file-like object in a bucket, written whole from memory: on `flush` at most every
+    UPLOAD_INTERVAL_S (the first at once unless `uploaded_at` says otherwise), on `upload`."""
 
     def __init__(self, path: epath.PathLike, data: bytes = b"", uploaded_at: float = -math.inf):
         self._path = epath.Path(path)
@@ -323,42 +302,37 @@ class JsonLinesLog:
             raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
 
     def flush(self) -> None:
-        """Everything written so far is in the file (uploaded whole to a bucket)."""
+        """Everything written so far is in the file (a local file is flushed at every line)."""
         if isinstance(self._file, _BucketObject):
             self._file.upload()
-        else:
-            self._file.flush()
 
     def close(self) -> None:
         self.flush()
         self._file.close()
 
 
-# MFU = model FLOPs of a step x steps/s / the devices' published dense matmul peak, by
-# device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), FLOP/s per device:
-# float32 matmuls run as bfloat16 passes on TPUs, as TF32 on NVIDIA GPUs since Ampere. CPUs and
-# other kinds get tokens/s only.
+# device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), published dense matmul
+# FLOP/s per device: float32 runs as bfloat16 passes on TPUs, as TF32 on NVIDIA since Ampere.
 _T = 1e12
 PEAK_FLOPS = {
     "TPU v2": (22.5 * _T, 22.5 * _T),  # 45 TFLOP/s per chip, 2 devices per chip
     "TPU v3": (61.5 * _T, 61.5 * _T),  # 123 per chip, 2 devices per chip
     "TPU v4": (275 * _T, 275 * _T),
     "TPU v5 lite": (197 * _T, 197 * _T),  # v5e
-    "TPU v5": (459 * _T, 459 * _T),  # v5p
-    "TPU v5p": (459 * _T, 459 * _T),
+    **dict.fromkeys(["TPU v5", "TPU v5p"], (459 * _T, 459 * _T)),
     "TPU v6 lite": (918 * _T, 918 * _T),  # v6e (Trillium)
-    "Tesla V100-SXM2-16GB": (None, 15.7 * _T),  # no bfloat16, no TF32
-    "Tesla V100-SXM2-32GB": (None, 15.7 * _T),
-    "Tesla V100-PCIE-16GB": (None, 14 * _T),
-    "Tesla V100-PCIE-32GB": (None, 14 * _T),
-    "NVIDIA A100-SXM4-40GB": (312 * _T, 156 * _T),  # float32: TF32
-    "NVIDIA A100-SXM4-80GB": (312 * _T, 156 * _T),
-    "NVIDIA A100-PCIE-40GB": (312 * _T, 156 * _T),
+    # V100s: no bfloat16, no TF32.
+    **dict.fromkeys(["Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"], (None, 15.7 * _T)),
+    **dict.fromkeys(["Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"], (None, 14 * _T)),
+    **dict.fromkeys(
+        ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB"],
+        (312 * _T, 156 * _T),
+    ),
     "NVIDIA A100 80GB PCIe": (312 * _T, 156 * _T),
     "NVIDIA L4": (121 * _T, 60 * _T),
-    "NVIDIA H100 80GB HBM3": (989.4 * _T, 494.7 * _T),  # SXM
+    # The H100 SXM, and the H200 with its compute.
+    **dict.fromkeys(["NVIDIA H100 80GB HBM3", "NVIDIA H200"], (989.4 * _T, 494.7 * _T)),
     "NVIDIA H100 PCIe": (756.5 * _T, 378 * _T),
-    "NVIDIA H200": (989.4 * _T, 494.7 * _T),  # SXM: the H100 SXM's compute
 }
 
 
@@ -371,7 +345,7 @@ def peak_flops_per_sec(devices: Sequence[jax.Device], compute_dtype: str) -> flo
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-    """What turns a step rate into tokens/s and MFU."""
+    """What turns a step rate into tokens/s and MFU (model FLOPs x steps/s / the peak)."""
 
     tokens_per_step: int  # global batch x training length
     model_flops_per_step: float  # model_flops_per_step(cfg)["total"]
@@ -405,17 +379,17 @@ def model_flops_per_step(
 ) -> dict[str, float]:
     """Model FLOPs of one train step of `cfg`'s Transformer: {'dense', 'attention', 'total'}.
 
-    Matmuls only (standard MFU accounting), a multiply-add as 2 FLOPs, the backward pass as
-    twice the forward. With B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio D,
-    a block whose Q queries are the last Q of T key positions does, forward:
+    Matmuls only (standard MFU accounting), a multiply-add as 2 FLOPs, backward = 2 x forward.
+    With B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio D, a block whose Q
+    queries are the last Q of T key positions does, forward:
 
       dense      2 B D^2 (Q + 2 T) + 2 B Q D^2 + 4 B Q D F  (q, k, v, out projections, MLP)
       attention  4 B D P  (scores, weighted values on P = Q T - Q (Q - 1) / 2 visible pairs)
 
-    Q = T except in the last block under readout 'last' (Q = 1). The tied readout adds
-    2 B Q D V (the embedding is a gather); a signal model has instead an input projection,
-    2 B T C_in D, and a regression head, 2 B Q D C_out. vocab_size (V) defaults to the data
-    config's, else its source's; input_channels and output_channels make a signal model's count.
+    Q = T except in the last block under readout 'last' (Q = 1). The tied readout adds 2 B Q D V
+    (the embedding is a gather); a signal model (input_channels, output_channels) has instead an
+    input projection, 2 B T C_in D, and a regression head, 2 B Q D C_out. vocab_size V defaults
+    to the data config's, else its source's.
     """
     signal = input_channels is not None
     if vocab_size is None and not signal:
@@ -444,19 +418,31 @@ _VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
 def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
-    """This start's line of starts.jsonl, which is never rewritten, so it also tells when
-    settings changed on a resume: time, host, command line, step, the code's version (from a
-    git checkout: its commit, and whether tracked files had uncommitted changes), library
-    versions, devices, the resolved config."""
+    """This start's line of starts.jsonl (never rewritten, so it also tells when settings changed
+    on a resume): time, host, command line, step, the code's version (from a git checkout: its
+    commit, and whether tracked files had uncommitted changes), library versions, devices, the
+    resolved config."""
+    code: dict[str, Any] = {"version": _version("jrope")}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        commit, changes = [
+            subprocess.run(
+                ["git", "-C", root, *ask], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+            for ask in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
+        ]
+        code |= {"commit": commit, "clean": not changes}
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a checkout, or no git
     devices = jax.devices()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": socket.gethostname(),
+        "host": platform.node(),
         "pid": os.getpid(),
         "command": [sys.executable, *sys.argv],
         "cwd": os.getcwd(),
         "start_step": start_step,
-        "jrope": code_version(),
+        "jrope": code,
         "versions": {
             "python": platform.python_version(),
             **{name: _version(name) for name in _VERSIONED},
@@ -478,30 +464,11 @@ def append_start_record(workdir: str, record: dict[str, Any]) -> None:
     log.close()
 
 
-def code_version() -> dict[str, Any]:
-    """{'version': jrope's}, plus 'commit' and 'clean' when jrope is imported from a checkout."""
-    record: dict[str, Any] = {"version": _version("jrope")}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        commit = _git(root, "rev-parse", "HEAD")
-        changes = _git(root, "status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):  # not a checkout, or no git
-        return record
-    return {**record, "commit": commit, "clean": not changes}
-
-
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _git(root: str, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", root, *args], capture_output=True, text=True, timeout=10, check=True
-    )
-    return done.stdout.strip()
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
@@ -518,11 +485,11 @@ def read_csv(path: epath.PathLike) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(epath.Path(path).read_text())))
 
 
-def write_text(path: epath.PathLike, text: str) -> None:
-    """`text` as the whole file at `path` (parent folders created)."""
+def write_text(path: epath.PathLike, text: str | bytes) -> None:
+    """`text` (str, or bytes) as the whole file at `path` (parent folders created)."""
     path = epath.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
 
 
 def format_cell(value: Any) -> str:
@@ -550,22 +517,17 @@ def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     pyplot().close(fig)
-    path = epath.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+    write_text(path, buffer.getvalue())
+
+
+# A curve against evaluation length: (lengths, values, spreads as error bars or None).
+Curve = tuple[Sequence[int], Sequence[float], Sequence[float] | None]
 
 
 def plot_against_length(
-    path: epath.PathLike,
-    curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float] | None]],
-    *,
-    ylabel: str,
-    size: tuple[float, float] = (6, 4),
+    path: epath.PathLike, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)
 ) -> None:
-    """One curve per label: values (error bars where spreads are given) against evaluation length.
-
-    curves: label -> (lengths, values, spreads or None). The length axis is log2.
-    """
+    """One curve per label against evaluation length, on a log2 axis."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=size)
     all_lengths = sorted({length for lengths, _, _ in curves.values() for length in lengths})
@@ -573,8 +535,7 @@ def plot_against_length(
         ax.errorbar(lengths, values, yerr=spreads, marker="o", capsize=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(all_lengths, [str(length) for length in all_lengths])
-    ax.set_xlabel("evaluation length")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="evaluation length", ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -640,16 +601,10 @@ def uri_problem(
     )
 
 
-# Flags that tell a command where to work or what to compare: each next command sets its own.
-_OWN_FLAGS = ("workdir", "methods", "seeds")
-
-
 def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
-    """What to run after a training run (argv, of pe.name `method`, evaluated at `lengths`), as
-    commands to paste. The evaluation reads the config from the checkpoint: it takes the run's
-    process and logging flags and one more, longer length. The comparison takes the config
-    file, the overrides but pe.name and seed (which it varies), the same flags, and a workdir
-    beside the run's."""
+    """Commands to paste after a training run (argv, of pe.name `method`, evaluated at `lengths`):
+    an evaluation at one more, longer length (the config comes from the checkpoint), and a
+    comparison over seeds with the config file and every override but pe.name and seed."""
     config_file, overrides, other_flags = _split_command_line(argv[1:])
     longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
     evaluate = ["python", "eval.py", f"--workdir={workdir}", *other_flags]
@@ -665,8 +620,7 @@ def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Seque
 
 
 def tensorboard_command(workdir: str) -> str:
-    """The command that shows the run's curves, naming what to install where TensorBoard is
-    missing (the tpu, cuda12 and gcs extras do not bring it)."""
+    """The command that shows the run's curves, and what to install where TensorBoard is missing."""
     command = f"tensorboard --logdir={shlex.quote(workdir)}"
     if importlib.util.find_spec("tensorboard") is None:
         command += "  (TensorBoard is not installed here: pip install tensorboard)"
@@ -674,18 +628,15 @@ def tensorboard_command(workdir: str) -> str:
 
 
 def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
-    """(the --config=FILE argument, [(key, --config.key=value)], the other flags), each as one
-    `--name=value` argument; of a repeated flag or key, the last one is kept."""
-    joined = []
+    """(the --config=FILE argument, [(key, --config.key=value)], the flags but --config, --workdir,
+    --methods and --seeds), each as one `--name=value`; of a repeated flag or key, the last."""
+    latest: dict[str, str] = {}  # name -> its last argument, in the order of last occurrence
+    waiting = False  # the last argument was a flag without `=value`
     for arg in args:
         # `--name value` (absl accepts it): the value joins its flag. Flags take no positionals.
-        waiting = joined and joined[-1].startswith("-") and "=" not in joined[-1]
         if waiting and not arg.startswith("-"):
-            joined[-1] = f"{joined[-1]}={arg}"
-        else:
-            joined.append(arg)
-    latest: dict[str, str] = {}  # name -> its last argument, in the order of last occurrence
-    for arg in joined:
+            arg = f"{latest.popitem()[1]}={arg}"
+        waiting = arg.startswith("-") and "=" not in arg
         name = arg.lstrip("-").split("=", 1)[0]
         if name.startswith("noconfig."):  # absl's negated boolean: the override of config.x
             name = name.removeprefix("no")
@@ -695,6 +646,6 @@ def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str
     for name, arg in latest.items():
         if name.startswith("config."):
             overrides.append((name.removeprefix("config."), arg))
-        elif name not in ("config", *_OWN_FLAGS):
+        elif name not in ("config", "workdir", "methods", "seeds"):  # each next command sets these
             flags.append(arg)
     return latest.get("config"), overrides, flags
