@@ -198,3 +198,57 @@ def test_one_origin_is_finite_within_the_bound_and_overflows_beyond_it():
     # gamma * S = 200: e^{gamma S / 2} = e^100 is past float32; blockwise stays finite.
     assert not np.all(np.isfinite(_attend_with_damping("einsum", 200.0 / length, length)))
     assert np.all(np.isfinite(_attend_with_damping("blockwise", 200.0 / length, length)))
+
+
+def test_the_blockwise_blocks_and_the_cache_rebase_bound_carry_a_measured_damping():
+    # e^(0.5 * 511) is past float32; e^(0.5 * 127) is not, and 128 is a power of two.
+    assert selection.blockwise_block_size(512, 0.5) == 128
+    assert selection.blockwise_block_size(512, 0.02) == 512
+    assert selection.blockwise_block_size(512, None) == 512
+    assert selection.blockwise_block_size(512, 1e6) == 1
+    assert selection.cache_rebase_bound(1024, 0.01) == 1024  # e^10.24: the cache keeps its bound
+    assert selection.cache_rebase_bound(1024, 0.5) == 160  # e^512 would overflow: e^80 at most
+
+
+def _model_with_damping(gamma: float, **model_changes):
+    """A tiny Transformer whose every head has damping `gamma` (past model.max_damping 0.02)."""
+    from flax import nnx
+
+    from jrope.model.transformer import Transformer
+
+    cfg = tiny_config(**{f"model.{key}": value for key, value in model_changes.items()})
+    model = Transformer(cfg.model, cfg.encoding, 11, rngs=nnx.Rngs(params=0))
+    raw = np.log(np.expm1(gamma - cfg.pe.gamma_min))
+    for block in model.blocks:
+        gamma_raw = block.attn.pe_params["gamma_raw"]
+        gamma_raw[...] = jnp.full_like(gamma_raw[...], raw)
+    return model
+
+
+def _jitted_logits(model, tokens):
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, jnp.arange(t.shape[1])))
+    return np.asarray(forward(state, tokens))
+
+
+@pytest.mark.parametrize("impl", ["auto", "blockwise"])
+def test_a_model_following_its_damping_past_the_bound_is_exact_under_jit(impl):
+    gamma, length = 0.5, 512
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, length), 0, 11)
+    model = _model_with_damping(gamma, attention_impl=impl, block_size=512)
+    # Planned for model.max_damping alone, a jitted model overflows float32 at this damping:
+    # one origin over 512 positions, or blocks of 512 (e^(0.5 * 511)).
+    assert not np.all(np.isfinite(_jitted_logits(model, tokens)))
+    assert model.follow_damping() == pytest.approx(gamma, rel=1e-5)
+    followed = _jitted_logits(model, tokens)
+    # The reference: the blockwise kernel in blocks of 32, far within the damping's reach.
+    reference = _jitted_logits(
+        _model_with_damping(gamma, attention_impl="blockwise", block_size=32), tokens
+    )
+    assert np.all(np.isfinite(followed))
+    np.testing.assert_allclose(followed, reference, rtol=1e-4, atol=1e-4)
+    # An eager call measures by itself and runs in the same blocks.
+    eager = model(tokens, jnp.arange(length))
+    np.testing.assert_allclose(np.asarray(eager), reference, rtol=1e-4, atol=1e-4)

@@ -14,7 +14,8 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
      caller gives it, one origin is used only while gamma * S <= 80, which
      leaves e^{8.7} ~ 6000 for |q||k|. The blockwise kernel measures
      positions from each query block and its factors stay below
-     e^{gamma * block_size}.
+     e^{gamma * block_size}: `blockwise_block_size` gives the blocks that
+     carry a measured damping (the model's layers run in them).
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
      GPU (see fused_kernel_problem for when they do not);
   3. otherwise: blockwise from model.blockwise_min_length on
@@ -26,6 +27,7 @@ An explicit attention_impl is taken as asked, or refused with the reason.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -121,6 +123,32 @@ def single_origin_is_safe(encoding: Any, damping: float, extent: int) -> bool:
     if not encoding.cfg.learn_gamma:
         return True
     return damping * extent <= SINGLE_ORIGIN_EXPONENT_LIMIT
+
+
+def blockwise_block_size(block_size: int, damping: float | None) -> int:
+    """The blocks the blockwise kernel runs in at `damping`: block_size, or a smaller power of two.
+
+    It measures positions from each query block's first, so its factors reach
+    e^{damping (b - 1)} in blocks of b: block_size where that stays within
+    SINGLE_ORIGIN_EXPONENT_LIMIT (or where damping is None or not finite, which
+    no block carries), else the largest power of two that does.
+    """
+    limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+    if damping is None or not math.isfinite(damping) or damping * (block_size - 1) <= limit:
+        return block_size
+    return 2 ** math.floor(math.log2(limit / damping + 1.0))
+
+
+def cache_rebase_bound(rebase_bound: int, damping: float) -> int:
+    """A KV cache's rebase_bound (jrope.model.kv_cache) lowered to what `damping` allows.
+
+    The cache maps keys from an origin, so their factors reach
+    e^{damping * rebase_bound}: at most SINGLE_ORIGIN_EXPONENT_LIMIT / damping (and >= 1).
+    """
+    limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+    if not math.isfinite(damping) or damping * rebase_bound <= limit:
+        return rebase_bound
+    return max(1, int(limit / damping))
 
 
 def fused_kernel_problem(

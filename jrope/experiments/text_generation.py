@@ -27,6 +27,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from jrope.attention import choose_kernel
+from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
@@ -86,7 +87,7 @@ class TextRun:
         graphdef, measured = damping.follow(self.cfg, self.graphdef, self.params)
         if not measured.passed:
             return graphdef, settings
-        rebase_bound = damping.rebase_bound(settings.rebase_bound, measured.largest)
+        rebase_bound = cache_rebase_bound(settings.rebase_bound, measured.largest)
         logging.warning(
             "%s: generating with kernels planned for it and rebase_bound %d.",
             measured.describe(),

@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jrope import attention
+from jrope.attention.selection import blockwise_block_size
 from jrope.encodings import Encoding
 from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
 from jrope.model.config import ModelConfig
@@ -139,6 +140,7 @@ class CausalSelfAttention(nnx.Module):
             # A decode step attends over all the cache holds.
             y = cache.attend(q, self.encoding, pe_params, attention_precision)
         else:
+            damping = self._damping(pe_params)
             y = attention.causal_attention(
                 q,
                 k,
@@ -152,9 +154,9 @@ class CausalSelfAttention(nnx.Module):
                     length=k.shape[1],
                     num_queries=q.shape[1],
                     span=_concrete_span(positions),
-                    damping=self._damping(pe_params),
+                    damping=damping,
                 ),
-                block_size=self.cfg.block_size,
+                block_size=blockwise_block_size(self.cfg.block_size, damping),
                 precision=attention_precision,
             )
         with jax.named_scope("out_projection"):
@@ -331,10 +333,12 @@ class Transformer(nnx.Module):
         Call it on a model with concrete parameters (outside jit) before
         compiling an evaluation or decoding step: each attention layer then
         chooses its kernel for the larger of model.max_damping and its
-        measured damping, so a single-origin kernel is never given a damping
-        that overflows it. Without it, a traced model plans for
-        model.max_damping alone (an eager call measures by itself).
-        Returns the largest damping over the layers (0.0: undamped).
+        measured damping, and runs the blockwise kernel in blocks that carry
+        it (jrope.attention.selection.blockwise_block_size), so no kernel is
+        given a damping that overflows it, past model.max_damping too.
+        Without it, a traced model plans for model.max_damping alone (an
+        eager call measures by itself). Returns the largest damping over the
+        layers (0.0: undamped).
         """
         largest = 0.0
         for block in self.blocks:
