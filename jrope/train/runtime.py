@@ -244,7 +244,7 @@ def _glibc_version() -> tuple[int, int] | None:
 
 
 def _thp_mode() -> str | None:
-    """The bracketed choice of the kernel's mode file, e.g. 'always [madvise] never' -> 'madvise'."""
+    """The bracketed choice in the kernel's mode file: 'always [madvise] never' -> 'madvise'."""
     mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
     chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
     return chosen[1] if chosen else None

@@ -1,33 +1,16 @@
-"""The objects every run builds from its config: data source, device mesh, train-state layout.
+"""The objects every run builds from its config: data source, device mesh, train-state layout,
+and the distributed start (`define_flags`, `initialize_from_flags`).
 
     run = set_up_run(cfg)
     state = run.init_state()      # or restored into run.layout.abstract
 
-The trainer, the evaluation, the benchmarks and the tests all start here.
-
-Mesh: always the three axes `data`, `fsdp`, `tensor` (size 1 when unused), so
-one set of rules serves every device count. Parameters carry logical axis
-names (jrope.model.axes); the config's rules map each to mesh axes. A
-dimension that does not divide its mesh axes is replicated instead (the
-3-token vocabulary of the synthetic task on a 4-way axis, an evaluation
-batch of one sequence).
-
-State: a plain pytree `{'step', 'params', 'opt_state'}`; `params` is the
-model's `nnx.State` (the `graphdef` is kept apart and closed over by the
-jitted functions) and `step` counts completed optimizer steps and is also
-the data position. Initialisation is sharded from the start (`nnx.eval_shape`
-gives the abstract state, the rules its shardings, the jitted initialiser
-its `out_shardings`): no device ever holds the whole state. The optimizer
-is AdamW with global-norm clipping and optional warm-up and cosine decay;
-weight decay applies to every parameter, as in the paper's code.
-
-Several processes (one per host, or several per machine in the CPU tests):
-every process runs the same command, JAX sees all devices as one set and
-each process loads only its share of every batch. `--multiprocess` starts
-JAX's distributed runtime with detected settings (Cloud TPU pod slices,
-Slurm, Open MPI, JAX_COORDINATOR_ADDRESS); `--coordinator_address=HOST:PORT
---num_processes=P --process_id=I` give them explicitly (and imply it). It
-must run before anything touches a JAX backend.
+Mesh: always the axes (data, fsdp, tensor), size 1 when unused, so one set of rules (from the
+parameters' logical axis names, jrope.model.axes, to mesh axes) serves every device count; a
+dimension that does not divide its mesh axes is replicated. State: a pytree
+{'step', 'params', 'opt_state'}, `step` counting completed optimizer steps (also the data
+position); the `graphdef` is kept apart. It is created sharded: no device holds all of it.
+Several processes run the same command; JAX sees all devices as one set, and each process loads
+only its share of every batch.
 """
 
 from __future__ import annotations
@@ -52,20 +35,15 @@ from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
 from jrope.train import runtime
 from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
 
-# Mesh axes.
-DATA = "data"
-FSDP = "fsdp"
-TENSOR = "tensor"
-MESH_AXES = (DATA, FSDP, TENSOR)
+MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
-    """Sizes of the (data, fsdp, tensor) axes over `num_devices`, with the -1 axis filled in.
+    """Sizes of the mesh axes over `num_devices`, with the -1 axis filled in.
 
-    Raises ValueError, naming the mesh keys and the fix, when the sizes do not
-    fit the devices.
+    Raises ValueError, naming the mesh keys and the fix, when the sizes do not fit the devices.
     """
-    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=False))
+    sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=True))
     shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
     known = math.prod(size for size in sizes.values() if size != -1)
     if -1 in sizes.values():
@@ -94,22 +72,9 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     )
 
 
-def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of `abstract_tree` carrying the matching `shardings` (same structure)."""
-    return jax.tree.map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        abstract_tree,
-        shardings,
-    )
-
-
 def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:
-    """NamedShardings for a pytree holding nnx Variables (params, optimizer state, ...).
-
-    Variables with `logical_axes` metadata are split by the rules; every other
-    leaf (step counters, scalars) is replicated. Returns a tree of the same
-    structure with NamedSharding leaves, as `jax.jit(out_shardings=...)` takes.
-    """
+    """NamedShardings for a pytree of nnx Variables (same structure): a Variable with
+    `logical_axes` metadata is split by the rules, any other leaf replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def sharding_of(leaf):
@@ -132,12 +97,8 @@ def batch_sharding(global_batch_size: int, rules: Rules, mesh: Mesh) -> NamedSha
 def global_batch(
     local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh
 ) -> dict[str, jax.Array]:
-    """This process's rows -> global arrays sharded over the batch axis.
-
-    Every process passes its own contiguous share of the global batch, rows
-    in process order (the data-source contract); the global batch size is the
-    local one times the process count.
-    """
+    """This process's rows -> global arrays sharded over the batch axis. Every process passes its
+    own contiguous share, rows in process order: [B / process_count, ...] -> [B, ...]."""
     arrays = {}
     for name, local in local_batch.items():
         global_shape = (local.shape[0] * jax.process_count(),) + tuple(local.shape[1:])
@@ -162,13 +123,10 @@ def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransformation:
-    adamw = optax.adamw(
-        learning_rate=learning_rate_schedule(cfg, num_steps),
-        b1=cfg.b1,
-        b2=cfg.b2,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-    )
+    """AdamW (weight decay on every parameter, as in the paper's code), after global-norm clipping
+    unless opt.clip_norm is 0."""
+    schedule = learning_rate_schedule(cfg, num_steps)
+    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.clip_norm == 0:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
@@ -176,26 +134,17 @@ def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransforma
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
-    """What the jitted functions need to know about the train state.
+    """What the jitted functions need to know about the train state."""
 
-    graphdef: the model's structure (merged with `params` inside jit).
-    abstract: the state as ShapeDtypeStructs carrying their shardings.
-    shardings: the state's NamedShardings (same structure as the state).
-    optimizer: the optax transformation the state's `opt_state` belongs to.
-    """
-
-    graphdef: Any
-    abstract: Any
-    shardings: Any
-    optimizer: optax.GradientTransformation
+    graphdef: Any  # the model's structure, merged with `params` inside jit
+    abstract: Any  # the state as ShapeDtypeStructs carrying their shardings
+    shardings: Any  # the state's NamedShardings (same structure as the state)
+    optimizer: optax.GradientTransformation  # the transformation `opt_state` belongs to
 
 
 def model_io(source: DataSource) -> dict[str, int | None]:
-    """The Transformer's input and output sizes, as the data source declares them.
-
-    Token sources give a vocabulary; regression sources real-valued input and
-    output channels instead (jrope.data.source).
-    """
+    """The Transformer's input and output sizes as the data source declares them: a vocabulary,
+    or a regression source's real-valued input and output channels."""
     if source.task == "regression":
         return dict(
             vocab_size=None,
@@ -206,7 +155,6 @@ def model_io(source: DataSource) -> dict[str, int | None]:
 
 
 def _new_model(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Transformer:
-    """The model on `mesh`'s platform, with that platform's projection (runtime.model_projection)."""
     projection = runtime.model_projection(mesh.devices.flat[0].platform)
     return Transformer(
         cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed), projection=projection
@@ -214,10 +162,7 @@ def _new_model(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Trans
 
 
 def _new_state(
-    cfg: TrainConfig,
-    io: dict[str, int | None],
-    optimizer: optax.GradientTransformation,
-    mesh: Mesh,
+    cfg: TrainConfig, io: dict[str, int | None], optimizer: optax.GradientTransformation, mesh: Mesh
 ) -> dict[str, Any]:
     params = nnx.state(_new_model(cfg, io, mesh), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
@@ -225,27 +170,18 @@ def _new_state(
 
 def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> StateLayout:
     """Abstract shapes, shardings and graphdef of the train state, without allocating it.
-
-    io: the model's input and output sizes (model_io).
-    """
+    io: the model's input and output sizes (model_io)."""
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     with jax.set_mesh(mesh):
         graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io, mesh)), nnx.Param)
         abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer, mesh))
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
-    return StateLayout(
-        graphdef, abstract_with_shardings(abstract_state, shardings), shardings, optimizer
+    abstract = jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract_state,
+        shardings,
     )
-
-
-def init_state(
-    cfg: TrainConfig, io: dict[str, int | None], layout: StateLayout, mesh: Mesh
-) -> dict[str, Any]:
-    """A freshly initialised train state, created directly in its shards (io: model_io)."""
-    with jax.set_mesh(mesh):
-        return jax.jit(
-            lambda: _new_state(cfg, io, layout.optimizer, mesh), out_shardings=layout.shardings
-        )()
+    return StateLayout(graphdef, abstract, shardings, optimizer)
 
 
 def model_from_params(graphdef: Any, params: Any) -> Transformer:
@@ -263,43 +199,31 @@ class ProcessFlags:
     process_id: flags.FlagHolder
 
 
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ProcessFlags:
+def define_flags() -> ProcessFlags:
     """Define the process flags (once per program, in the entry point)."""
     return ProcessFlags(
         multiprocess=flags.DEFINE_bool(
             "multiprocess",
             False,
             "Start JAX's distributed runtime, detecting the cluster (Cloud TPU, Slurm, Open MPI).",
-            flag_values=flag_values,
         ),
         coordinator_address=flags.DEFINE_string(
             "coordinator_address",
             None,
             "HOST:PORT of process 0's coordinator service (reachable from every process).",
-            flag_values=flag_values,
         ),
         num_processes=flags.DEFINE_integer(
-            "num_processes",
-            None,
-            "Number of processes of the run.",
-            lower_bound=1,
-            flag_values=flag_values,
+            "num_processes", None, "Number of processes of the run.", lower_bound=1
         ),
         process_id=flags.DEFINE_integer(
-            "process_id",
-            None,
-            "This process's index, 0 .. num_processes - 1.",
-            lower_bound=0,
-            flag_values=flag_values,
+            "process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0
         ),
     )
 
 
 def initialize_from_flags(process_flags: ProcessFlags) -> None:
-    """Start the distributed runtime when the flags ask for it, then log this process's devices.
-
-    Single-process runs only log.
-    """
+    """Start the distributed runtime when the flags ask for it (before anything touches a JAX
+    backend), then log this process's devices."""
     explicit = {
         "coordinator_address": process_flags.coordinator_address.value,
         "num_processes": process_flags.num_processes.value,
@@ -321,12 +245,8 @@ def initialize(
     num_processes: int | None = None,
     process_id: int | None = None,
 ) -> None:
-    """`jax.distributed.initialize` with CPU collectives enabled.
-
-    Unset arguments are detected by JAX (Cloud TPU metadata, Slurm, Open
-    MPI, JAX_COORDINATOR_ADDRESS). On CPU, cross-process collectives need an
-    implementation; gloo ships with jaxlib. Accelerator backends ignore it.
-    """
+    """`jax.distributed.initialize` (unset arguments detected by JAX: Cloud TPU, Slurm, Open MPI,
+    JAX_COORDINATOR_ADDRESS), with gloo for cross-process collectives on CPU."""
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
         raise UsageError(
             f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
@@ -335,13 +255,6 @@ def initialize(
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
-    )
-    logging.info(
-        "Distributed runtime up: process %d of %d, %d local and %d global devices.",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_device_count(),
-        jax.device_count(),
     )
 
 
@@ -356,7 +269,12 @@ class RunSetup:
 
     def init_state(self) -> dict[str, Any]:
         """A freshly initialised train state, created directly in its shards."""
-        return init_state(self.cfg, model_io(self.source), self.layout, self.mesh)
+        io = model_io(self.source)
+        with jax.set_mesh(self.mesh):
+            return jax.jit(
+                lambda: _new_state(self.cfg, io, self.layout.optimizer, self.mesh),
+                out_shardings=self.layout.shardings,
+            )()
 
 
 def set_up_run(
@@ -369,16 +287,12 @@ def set_up_run(
 ) -> RunSetup:
     """Builds the source, the mesh over `devices` (default: all) and the state layout.
 
-    process_index, process_count: this process's place (default: JAX's), for
-    building another process's share of the data.
-    source: this process's data source when already built (by the run's checks).
+    process_index, process_count: this process's place (default: JAX's), for building another
+    process's share of the data. source: this process's source when already built (by the checks).
     """
     if source is None:
-        source = build_source(
-            cfg.data,
-            cfg.batch_size,
-            jax.process_index() if process_index is None else process_index,
-            jax.process_count() if process_count is None else process_count,
-        )
+        index = jax.process_index() if process_index is None else process_index
+        count = jax.process_count() if process_count is None else process_count
+        source = build_source(cfg.data, cfg.batch_size, index, count)
     mesh = make_mesh(cfg.mesh, devices)
     return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))
