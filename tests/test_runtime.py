@@ -1,6 +1,8 @@
 """jrope.train.runtime: exit statuses and messages, flag mistakes, the CPU tuning, cache and profiler."""
 
 import errno
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import subprocess
@@ -285,10 +287,11 @@ def test_the_backend_is_read_from_jax_platforms_or_the_installed_backends(monkey
     assert runtime.runs_on_cpu({"JAX_PLATFORMS": "cpu"})
     assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "tpu"})
     assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "cuda,cpu"})
-    monkeypatch.setattr(runtime, "_accelerator_backend_installed", lambda: True)
-    assert not runtime.runs_on_cpu({})
-    monkeypatch.setattr(runtime, "_accelerator_backend_installed", lambda: False)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert runtime.runs_on_cpu({})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: name == "libtpu" or None)
+    assert not runtime.runs_on_cpu({})
 
 
 def test_the_installed_backends_agree_with_jax():
@@ -297,9 +300,9 @@ def test_the_installed_backends_agree_with_jax():
 
     accelerators = [d for d in jax.devices() if d.platform != "cpu"]
     if accelerators:
-        assert runtime._accelerator_backend_installed()
+        assert not runtime.runs_on_cpu({})
     elif not os.environ.get("JAX_PLATFORMS"):
-        assert not runtime._accelerator_backend_installed()
+        assert runtime.runs_on_cpu({})
 
 
 def _run_entry_point(prelude: str = "") -> list[str]:
@@ -328,9 +331,7 @@ def _run_entry_point(prelude: str = "") -> list[str]:
 def test_restart_keeps_the_process_and_command_line():
     """`python -c` restarts once, as the same process, with the option set (where supported)."""
     lines = _run_entry_point()
-    supported = runtime.environment_with_huge_pages(
-        {}, runtime._glibc_version(), runtime._thp_mode(), cpu_run=True
-    )
+    supported = runtime.environment_with_huge_pages({}, *runtime._host_support(), cpu_run=True)
     if sys.platform.startswith("linux") and supported is not None:
         pids = [line for line in lines if line.startswith("pid")]
         assert len(pids) == 2 and pids[0] == pids[1], lines

@@ -1,8 +1,6 @@
-"""What every entry point shares (`runtime.run(main)`: flags, log level, exit statuses, signals)
-and a run's runtime options: the CPU-only tuning (`restart_with_huge_pages`,
-`step_compiler_options`, `model_projection`; docs/performance.md measures it), the compilation
-cache and the profiler trace. docs/runs.md has the table of exit statuses.
-"""
+"""What every entry point shares (`run(main)`: flags, log level, exit statuses as in docs/runs.md,
+signals) and the runtime options: CPU-only tuning (`restart_with_huge_pages`,
+`step_compiler_options`, `model_projection`), the compilation cache and the profiler trace."""
 
 import errno
 import functools
@@ -21,7 +19,6 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from platform import libc_ver
-from typing import Any
 
 import jax
 from absl import app, flags
@@ -54,15 +51,12 @@ def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
             ("debug", "info", "warning", "error"),
             "Lowest level of library log records shown (JAX, orbax, absl); progress always shows.",
         )
-    app.run(
-        functools.partial(_run_reporting_errors, main),
-        flags_parser=functools.partial(_parse_flags, usage=usage),
-    )
+    parse_flags = functools.partial(_parse_flags, usage=usage)
+    app.run(functools.partial(_run_reporting_errors, main), flags_parser=parse_flags)
 
 
 def exit_status(error: BaseException) -> tuple[int, str] | None:
-    """(exit status, message alone) for one of the project's errors or a storage failure anywhere
-    in `error`'s chain (orbax's wrapping of a full disk); None for any other error (a bug)."""
+    """(exit status, message) of a project error or of a storage failure in its chain, else None."""
     failure = None if isinstance(error, RunIOError) else find_io_failure(error)
     if failure is None:
         return (error.exit_status, str(error)) if isinstance(error, JropeError) else None
@@ -159,16 +153,14 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
 class Stopped(BaseException):
     """SIGTERM outside the train loop: a BaseException, so no `except Exception` swallows it."""
 
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    signum = signal.SIGTERM
 
 
 def _stop_on_sigterm() -> None:
     """SIGTERM raises Stopped (until the train loop or a multi-process run installs its own)."""
 
     def stop(signum, frame):
-        raise Stopped(signum)
+        raise Stopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
 
@@ -202,9 +194,8 @@ def _shown_record(record: logging.LogRecord) -> bool:
     return error is None or find_io_failure(error) is None
 
 
-# When one array of a checkpoint cannot be read or written, orbax gives up on the others: their
-# coroutines raise again when collected, and tensorstore's callbacks (which still complete the
-# other writes) find the event loop closed: their tracebacks would hide the one message.
+# After one array of a checkpoint fails, orbax abandons the others: their coroutines raise when
+# collected and tensorstore's callbacks find the event loop closed, tracebacks hiding the message.
 def _excepthook_without_closed_loop_noise(kind, value, traceback_) -> None:
     if not _closed_loop(value):
         sys.__excepthook__(kind, value, traceback_)
@@ -237,45 +228,38 @@ def environment_with_huge_pages(
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
 
 
-def _glibc_version() -> tuple[int, int] | None:
+def _host_support() -> tuple[tuple[int, int] | None, str | None]:
+    """This host's glibc version and huge-page mode ('always [madvise] never' -> 'madvise')."""
     name, version = libc_ver()
     numbers = re.match(r"(\d+)\.(\d+)", version)
-    return (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
-
-
-def _thp_mode() -> str | None:
-    """The bracketed choice in the kernel's mode file: 'always [madvise] never' -> 'madvise'."""
     mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
     chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
-    return chosen[1] if chosen else None
+    glibc = (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
+    return glibc, chosen[1] if chosen else None
 
 
 def runs_on_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether JAX will pick its CPU backend (JAX_PLATFORMS, else the installed ones), unstarted."""
+    """Whether JAX will pick its CPU backend, without starting it: JAX_PLATFORMS's first entry,
+    else whether neither libtpu (jax[tpu]) nor a PJRT plugin (jax[cuda12], ROCm) is installed."""
     platforms = environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
-    return not _accelerator_backend_installed()
-
-
-def _accelerator_backend_installed() -> bool:
-    """libtpu (jax[tpu]) or a PJRT plugin (jax[cuda12], ROCm) is importable."""
     if importlib.util.find_spec("libtpu") or importlib.metadata.entry_points(group="jax_plugins"):
-        return True
+        return False
     plugins = importlib.util.find_spec("jax_plugins")
-    return plugins is not None and any(pkgutil.iter_modules(plugins.submodule_search_locations))
+    return plugins is None or not any(pkgutil.iter_modules(plugins.submodule_search_locations))
 
 
 def restart_with_huge_pages() -> None:
-    """Re-executes sys.orig_argv with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` when wanted (call it
-    first): XLA:CPU maps each step's scratch buffer afresh, and glibc >= 2.35 then backs it with
-    transparent huge pages. Not off Linux, nor under a debugger (an exec would drop it)."""
+    """Re-executes sys.orig_argv, when wanted, with glibc's huge-page tunable (read only at start;
+    call this first): XLA:CPU maps each step's scratch buffer afresh, which glibc >= 2.35 then
+    backs with transparent huge pages. Not off Linux, nor under a debugger (an exec drops it)."""
     monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
     debugger = monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
     if not sys.platform.startswith("linux") or sys.gettrace() is not None or debugger:
         return
     environ = environment_with_huge_pages(
-        os.environ, _glibc_version(), _thp_mode(), cpu_run=runs_on_cpu(os.environ)
+        os.environ, *_host_support(), cpu_run=runs_on_cpu(os.environ)
     )
     if environ is not None:
         sys.stdout.flush()
@@ -288,7 +272,7 @@ def huge_pages_requested() -> bool:
     return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")
 
 
-def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, Any]:
+def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, str]:
     """`jax.jit`'s compiler_options for a train or evaluation step on `platform`. XLA:CPU's
     YNNPACK library fusions write out what XLA would fuse: dense steps ran as fast without them."""
     if platform == "cpu" and not blockwise:
@@ -311,7 +295,6 @@ def enable_compilation_cache(cache_dir: str) -> None:
 
 # Failures of the storage itself, not of the program: the fix is outside it.
 IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
-_STRERRORS = [os.strerror(code) for code in IO_ERRNOS]
 # A path in a library's message, quoted (tensorstore: 'Error writing local file "/w/..."').
 _QUOTED_PATH = re.compile(r"""["']((?:/|gs://)[^"']+)["']""")
 
@@ -325,7 +308,7 @@ def find_io_failure(error: BaseException) -> tuple[str, str | None] | None:
             return error.cause, error.path
         if isinstance(error, OSError) and error.errno in IO_ERRNOS:
             return os.strerror(error.errno), error.filename
-        for words in _STRERRORS:
+        for words in map(os.strerror, IO_ERRNOS):
             if words in str(error):
                 path = _QUOTED_PATH.search(str(error))
                 return words, path.group(1) if path else None
@@ -339,24 +322,23 @@ class StepTrace:
 
     def __init__(self, workdir: epath.PathLike, runtime: RuntimeConfig):
         self._destination = epath.Path(workdir) / "tensorboard"
-        self._window = (runtime.profile_from_step, runtime.profile_to_step)
+        self._steps = range(runtime.profile_from_step, runtime.profile_to_step)
         self._staging: tempfile.TemporaryDirectory | None = None
         self._active = False
 
     def before_step(self, step: int) -> None:
         """Call before dispatching train step `step`."""
-        start, stop = self._window
-        if self._active or not start <= step < stop:
+        if self._active or step not in self._steps:
             return
         if is_uri(self._destination):
             self._staging = tempfile.TemporaryDirectory(prefix="jrope-profile-")
         jax.profiler.start_trace(self._staging.name if self._staging else str(self._destination))
         self._active = True
-        absl_logging.info("Profiling train steps %d to %d.", step, stop - 1)
+        absl_logging.info("Profiling train steps %d to %d.", step, self._steps.stop - 1)
 
-    def after_step(self, step: int, state: Any) -> None:
+    def after_step(self, step: int, state: object) -> None:
         """Call after dispatching train step `step`, with the state it returned."""
-        if self._active and step + 1 >= self._window[1]:
+        if self._active and step + 1 >= self._steps.stop:
             jax.block_until_ready(state)
             self.close()
 
@@ -368,10 +350,9 @@ class StepTrace:
         jax.profiler.stop_trace()
         if self._staging is not None:
             staged = pathlib.Path(self._staging.name)
-            for path in staged.rglob("*"):
-                if path.is_file():
-                    target = self._destination / str(path.relative_to(staged))
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(path.read_bytes())
+            for path in filter(pathlib.Path.is_file, staged.rglob("*")):
+                target = self._destination / str(path.relative_to(staged))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
             self._staging.cleanup()
         absl_logging.info("Profile written to %s/plugins/profile.", self._destination)
