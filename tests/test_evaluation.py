@@ -199,3 +199,77 @@ def test_paper_configs_evaluate_on_the_reference_counts_of_fixed_sequences(name,
 def test_eval_seed_out_of_range_is_refused():
     with pytest.raises(ConfigError, match=r"eval.seed must be an integer in 0 .. 2\*\*32 - 1"):
         tiny_config(**{"eval.seed": -1})
+
+
+def test_a_long_length_reports_its_progress_with_the_time_left(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(evaluation, "PROGRESS_INTERVAL_S", 0.0)  # every batch counts as long
+    cfg = _config("synthetic", tmp_path, **{"eval.num_sequences": 12, "eval.batch_size": 4})
+    _evaluate_recording(cfg)
+    progress = [line for line in capsys.readouterr().out.splitlines() if "sequences in" in line]
+    # Two lines per length, after 4 and 8 of 12 sequences; none once a length is done.
+    assert [line.split(":")[0].strip() for line in progress] == ["length 16"] * 2 + [
+        "length 32"
+    ] * 2
+    assert [line.split(": ")[1].split(" sequences")[0] for line in progress] == [
+        "4 of 12",
+        "8 of 12",
+    ] * 2
+    assert all(line.endswith(" left") and "about " in line for line in progress)
+
+
+def _result_row(length, num_sequences, distance=None):
+    nan = float("nan")
+    return dict(
+        method="rope",
+        seed=0,
+        step=4,
+        length=length,
+        distance=distance,
+        num_sequences=num_sequences,
+        loss=0.5,
+        accuracy=0.25,
+        bits_per_byte=nan,
+        r2=nan,
+        r2_pooled=nan,
+    )
+
+
+def _table_cells(table: str, header_start: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with `header_start` (header first)."""
+    lines = table.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = [lines[first]] + lines[first + 2 : end]  # without the |---| line
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_the_written_table_gives_each_row_its_own_sequence_count_after_a_merge(tmp_path, capsys):
+    one_count = [_result_row(16, 4), _result_row(32, 4)]
+    evaluation.write_results(one_count, tmp_path / "one", task="classification")
+    table = (tmp_path / "one" / "eval.md").read_text()
+    assert table.startswith("method: rope, seed: 0, step: 4, 4 sequences per length\n")
+    assert "num_sequences" not in table
+    # A second evaluation with 8 sequences replaces length 32 and adds 64 and a distance row.
+    merged = evaluation.merge_rows(
+        one_count, [_result_row(32, 8), _result_row(64, 8), _result_row(64, 8, distance=10)]
+    )
+    out_dir = tmp_path / "merged"
+    evaluation.write_results(merged, out_dir, task="classification")
+    table = (out_dir / "eval.md").read_text()
+    assert "sequences per length" not in table
+    cells = _table_cells(table, "| length | accuracy")
+    assert cells[0] == ["length", "accuracy", "loss", "num_sequences"]
+    assert [(row[0], row[-1]) for row in cells[1:]] == [
+        ("16", "4"),
+        ("32", "8"),
+        ("64", "8"),
+        ("mean", ""),
+    ]
+    at_distance = _table_cells(table, "| length | distance")
+    assert at_distance == [
+        ["length", "distance", "accuracy", "loss", "num_sequences"],
+        ["64", "10", "0.2500", "0.5000", "8"],
+    ]
+    # The console shows the table as written.
+    evaluation.show_results(merged, out_dir, task="classification")
+    assert table in capsys.readouterr().out
