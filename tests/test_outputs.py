@@ -38,6 +38,13 @@ def test_tokens_per_second_and_mfu_from_the_step_rate():
     assert "mfu" not in Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("cpu")]).rates(10.0)
 
 
+def test_durations_are_shown_in_seconds_minutes_or_hours():
+    assert outputs.duration(4.21) == "4.2 s"
+    assert outputs.duration(185.4) == "3 min 05 s"
+    assert outputs.duration(3599.7) == "1 h 00 min"  # rounded to the second first
+    assert outputs.duration(2 * 3600 + 7 * 60 + 20) == "2 h 07 min"
+
+
 def _metrics(loss):
     return {"loss": np.float32(loss), "accuracy": np.float32(0.5), "grad_norm": np.float32(1.0)}
 

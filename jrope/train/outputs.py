@@ -1,6 +1,5 @@
 """What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s, FLOPs and
 MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), next commands, bucket checks.
-Paths go through etils.epath, local or `gs://...` (where a log is rewritten whole: `_BucketObject`).
 """
 
 from __future__ import annotations
@@ -418,10 +417,9 @@ _VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
 def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
-    """This start's line of starts.jsonl (never rewritten, so it also tells when settings changed
-    on a resume): time, host, command line, step, the code's version (from a git checkout: its
-    commit, and whether tracked files had uncommitted changes), library versions, devices, the
-    resolved config."""
+    """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
+    resume): time, host, command line, step, jrope's version (from a git checkout also its commit
+    and whether tracked files had no uncommitted change), library versions, devices, config."""
     code: dict[str, Any] = {"version": _version("jrope")}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
@@ -506,9 +504,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    importlib.import_module("matplotlib").use("Agg")
     return importlib.import_module("matplotlib.pyplot")
 
 
@@ -579,11 +575,9 @@ def uri_problem(
             "local path."
         )
     if isinstance(error, ImportError):
-        install = (
-            "pip install 'jrope[gcs]' (or: pip install gcsfs)"
-            if parts.scheme == "gs"
-            else f"install fsspec's {parts.scheme} filesystem"
-        )
+        install = f"install fsspec's {parts.scheme} filesystem"
+        if parts.scheme == "gs":
+            install = "pip install 'jrope[gcs]' (or: pip install gcsfs)"
         return f"{what} {uri}: reading {parts.scheme}:// needs its filesystem: {install}."
     if error is not None:
         cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
@@ -601,24 +595,6 @@ def uri_problem(
     )
 
 
-def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
-    """Commands to paste after a training run (argv, of pe.name `method`, evaluated at `lengths`):
-    an evaluation at one more, longer length (the config comes from the checkpoint), and a
-    comparison over seeds with the config file and every override but pe.name and seed."""
-    config_file, overrides, other_flags = _split_command_line(argv[1:])
-    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = ["python", "eval.py", f"--workdir={workdir}", *other_flags]
-    evaluate.append(f"--config.eval.lengths=({longer})")
-    compare = ["python", "-m", "jrope.compare", *([config_file] if config_file else [])]
-    compare += [arg for key, arg in overrides if key not in ("pe.name", "seed")]
-    compare += [*other_flags, f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}"]
-    compare += ["--seeds=0,1", f"--workdir={workdir.rstrip('/') or workdir}_compare"]
-    return (
-        f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
-        f"or compare encodings over seeds:\n  {shlex.join(compare)}"
-    )
-
-
 def tensorboard_command(workdir: str) -> str:
     """The command that shows the run's curves, and what to install where TensorBoard is missing."""
     command = f"tensorboard --logdir={shlex.quote(workdir)}"
@@ -627,12 +603,14 @@ def tensorboard_command(workdir: str) -> str:
     return command
 
 
-def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
-    """(the --config=FILE argument, [(key, --config.key=value)], the flags but --config, --workdir,
-    --methods and --seeds), each as one `--name=value`; of a repeated flag or key, the last."""
+def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
+    """Commands to paste after a training run (argv, of pe.name `method`, evaluated at `lengths`):
+    an evaluation at one more, longer length (the config comes from the checkpoint), and a
+    comparison over seeds with the config file and every override but pe.name and seed. Both keep
+    the run's other flags, each once (the last one given)."""
     latest: dict[str, str] = {}  # name -> its last argument, in the order of last occurrence
     waiting = False  # the last argument was a flag without `=value`
-    for arg in args:
+    for arg in argv[1:]:
         # `--name value` (absl accepts it): the value joins its flag. Flags take no positionals.
         if waiting and not arg.startswith("-"):
             arg = f"{latest.popitem()[1]}={arg}"
@@ -642,10 +620,20 @@ def _split_command_line(args: Sequence[str]) -> tuple[str | None, list[tuple[str
             name = name.removeprefix("no")
         latest.pop(name, None)
         latest[name] = arg
-    overrides, flags = [], []
+    flags, overrides = [], []  # overrides: those the comparison keeps
     for name, arg in latest.items():
-        if name.startswith("config."):
-            overrides.append((name.removeprefix("config."), arg))
-        elif name not in ("config", "workdir", "methods", "seeds"):  # each next command sets these
+        if name.split(".")[0] not in ("config", "workdir", "methods", "seeds"):  # set below
             flags.append(arg)
-    return latest.get("config"), overrides, flags
+        elif name.startswith("config.") and name not in ("config.pe.name", "config.seed"):
+            overrides.append(arg)
+    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
+    evaluate = ["python", "eval.py", f"--workdir={workdir}", *flags]
+    evaluate.append(f"--config.eval.lengths=({longer})")
+    compare = ["python", "-m", "jrope.compare", *([latest["config"]] if "config" in latest else [])]
+    other = method if method != "rope" else "jordan_rope"
+    compare += [*overrides, *flags, f"--methods=rope,{other}", "--seeds=0,1"]
+    compare.append(f"--workdir={workdir.rstrip('/') or workdir}_compare")
+    return (
+        f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
+        f"or compare encodings over seeds:\n  {shlex.join(compare)}"
+    )
