@@ -107,6 +107,8 @@ def test_a_key_that_cannot_be_computed_is_named_with_the_keys_it_depends_on():
 def test_sections_check_themselves_when_built_directly():
     with pytest.raises(ValueError, match=r"eval\.batch_size 3 must divide eval\.num_sequences 4"):
         EvalConfig(lengths=(16,), num_sequences=4, batch_size=3, every_steps=0)
+    with pytest.raises(ValueError, match=r"^eval\.max_hours must be > 0, got 0\.$"):
+        EvalConfig(lengths=(16,), num_sequences=4, batch_size=4, every_steps=0, max_hours=0)
     model = tiny_config().model  # the model's own config, usable without the harness
     with pytest.raises(ValueError, match=r"model: d_model 32 must be a multiple of num_heads 3"):
         dataclasses.replace(model, num_heads=3)

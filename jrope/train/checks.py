@@ -1,23 +1,23 @@
 """The checks before step 1 that need the machine, the workdir or the data.
 
-They cost milliseconds; a mistake found after compiling (or hours later, at the
-final long-length evaluation) costs that time. After the config's own checks
-(jrope.train.config), one pass: the mesh against the devices, the batch against
-the data-parallel size and the process count, the memory at the evaluation
-lengths, the workdir, and the data, built (this process's share) and asked for
-one evaluation batch per length. Every problem is raised in one ConfigError, a
-line each naming the key and the fix (a DataError when all are the data's).
+After the config's own checks (jrope.train.config), one pass: the mesh against the devices, the
+batches against the data-parallel size and the processes, the evaluation's memory and time, the
+workdir, and the data (built, and asked for one evaluation batch per length). Every problem is
+raised in one ConfigError, a line each naming the key and the fix (DataError: all the data's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jrope.attention import choose_kernel
@@ -27,7 +27,7 @@ from jrope.errors import ConfigError, DataError
 from jrope.train import damping, outputs
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config, first_line
-from jrope.train.setup import mesh_sizes
+from jrope.train.setup import mesh_sizes, model_io
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
 # softmax at once: it must fit in half of the memory available.
@@ -39,27 +39,48 @@ _GIB = 2.0**30
 
 @dataclasses.dataclass(frozen=True)
 class RunEnvironment:
-    """What the checks need to know about the machine.
+    """What the checks know of the machine; None: unknown (that check is skipped).
 
-    num_devices: devices of all processes; platform: 'cpu', 'gpu' or 'tpu';
-    memory_bytes: what one attention tensor competes for: the host's available
-    RAM on CPU (its devices share it), one device's memory limit on
-    accelerators; None when unknown (no memory check).
+    memory_bytes: what one attention tensor competes for: the host's available RAM on CPU (its
+    devices share it), one device's memory limit on accelerators. flops_per_sec: the measured
+    matmul rate of all devices together in the model's compute dtype (measured_flops_per_sec).
     """
 
     num_devices: int
     process_count: int
-    platform: str
+    platform: str  # 'cpu', 'gpu' or 'tpu'
     memory_bytes: int | None
+    flops_per_sec: float | None = None
 
     @classmethod
-    def detect(cls) -> RunEnvironment:
+    def detect(cls, compute_dtype: str | None = None) -> RunEnvironment:
+        """This machine; its rate is measured only for a compute_dtype."""
         platform = jax.default_backend()
         if platform == "cpu":
             memory = _host_available_memory()
         else:
             memory = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-        return cls(jax.device_count(), jax.process_count(), platform, memory)
+        rate = None
+        if compute_dtype is not None:  # CPU devices share their host's cores
+            units = jax.process_count() if platform == "cpu" else jax.device_count()
+            rate = measured_flops_per_sec(compute_dtype) * units
+        return cls(jax.device_count(), jax.process_count(), platform, memory, rate)
+
+
+@functools.cache
+def measured_flops_per_sec(compute_dtype: str) -> float:
+    """FLOP/s of one square matmul on the default device, the best of three timed calls (the
+    fastest that the model's matmuls, smaller and interleaved with other work, could run)."""
+    size = 1024 if jax.default_backend() == "cpu" else 8192  # milliseconds either way
+    matrix = jnp.ones((size, size), compute_dtype)
+    matmul = jax.jit(jnp.matmul)
+    matmul(matrix, matrix).block_until_ready()  # compiles
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        matmul(matrix, matrix).block_until_ready()
+        seconds.append(time.perf_counter() - start)
+    return 2 * size**3 / min(seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +110,9 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     cfg, problems = (config, []) if isinstance(config, TrainConfig) else convert_config(config)
     if cfg is None:  # the config's top-level keys are wrong: nothing to check further
         raise ConfigError(problems)
-    env = RunEnvironment.detect() if env is None else env
+    model_ok = cfg.model is not None and cfg.pe is not None and _encoding_builds(cfg)
+    if env is None:
+        env = RunEnvironment.detect(cfg.model.compute_dtype if model_ok else None)
     sizes = None
     if cfg.mesh is not None:
         try:
@@ -98,11 +121,6 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
             problems.append(str(err))
     if sizes is not None and cfg.batch_size is not None:
         problems += _batch_problems(cfg, env, sizes)
-    model_ok = cfg.model is not None and cfg.pe is not None and _encoding_builds(cfg)
-    attention_problems = (
-        _attention_problems(cfg, env, sizes) if model_ok and cfg.eval is not None else []
-    )
-    problems += attention_problems
     if not evaluation and cfg.model is not None and cfg.pe is not None:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
@@ -111,13 +129,11 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32
     if not seed_ok and data_seed != cfg.seed:
         problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
-    source, data_problems = None, []
-    if seed_ok:
-        source, data_problems = _data_problems(cfg, env, evaluation=evaluation)
-    if source is not None and model_ok and not attention_problems:
-        regression = source.task == "regression"
-        outputs_per_position = source.output_channels if regression else source.vocab_size
-        problems += _forward_memory_problems(cfg, env, sizes, outputs_per_position)
+    source, data_problems = _data_problems(cfg, env, evaluation) if seed_ok else (None, [])
+    if model_ok and cfg.eval is not None:
+        io = None if source is None else model_io(source)  # the forward's size needs the data's
+        problems += _memory_problems(cfg, env, sizes, io)
+        problems += _time_problems(cfg, env, io) if io else []
     if source is not None and cfg.model is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
@@ -168,33 +184,89 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
     return problems
 
 
-def _attention_problems(cfg: TrainConfig, env: RunEnvironment, sizes) -> list[str]:
-    """The attention path at each evaluation length: valid, and its logits fit in memory."""
+def _memory_problems(cfg: TrainConfig, env: RunEnvironment, sizes, io) -> list[str]:
+    """Each evaluation length's attention kernel, its plain logits and (io: the model's sizes,
+    model_io, once the data are known) its whole forward against half the memory; the first
+    length that does not fit (longer ones only need more)."""
     impl_key = f"model.attention_impl = {cfg.model.attention_impl!r}"
+
+    def kernel(length: int) -> str:
+        return choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
+
     try:
-        choose_kernel(cfg.model, cfg.encoding, length=cfg.pe.train_context, backend=env.platform)
+        kernel(cfg.pe.train_context)
     except ValueError as err:
         return [f"{impl_key}: {first_line(err)}"]
+    rows, heads = _rows_and_heads_per_memory(cfg, env, sizes)
+    budget = PLAIN_ATTENTION_MEMORY_FRACTION * (env.memory_bytes or math.inf)
+    available = f"more than half of the {(env.memory_bytes or 0) / _GIB:.1f} GiB available"
+
+    def needed(rows: int, length: int) -> int:
+        outputs_per_position = io.get("output_channels") or io["vocab_size"]
+        return forward_bytes(cfg, rows, length, outputs_per_position, kernel(length))
+
+    forward_problem = []
     for length in sorted(set(cfg.eval.lengths)):
         try:
-            impl = choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
+            impl = kernel(length)
         except ValueError as err:
             return [f"{impl_key} at eval length {length}: {first_line(err)}"]
-        if impl in MEMORY_LINEAR_KERNELS or env.memory_bytes is None:
-            continue
-        rows, heads = _rows_and_heads_per_memory(cfg, env, sizes)
-        needed = rows * heads * length * length * 4
-        if needed > PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes:
+        logits = rows * heads * length * length * 4
+        if impl not in MEMORY_LINEAR_KERNELS and logits > budget:
             return [
                 f"eval.lengths: the plain '{impl}' attention at length {length} needs "
-                f"{needed / _GIB:.1f} GiB for one layer's float32 logits [{rows} rows, {heads} "
-                f"heads, {length}, {length}], more than half of the "
-                f"{env.memory_bytes / _GIB:.1f} GiB available; set "
+                f"{logits / _GIB:.1f} GiB for one layer's float32 logits [{rows} rows, {heads} "
+                f"heads, {length}, {length}], {available}; set "
                 f"--config.model.attention_impl=blockwise (memory linear in length, "
                 f"model.block_size={cfg.model.block_size}) or "
                 f"--config.model.blockwise_min_length={length}, or lower eval.batch_size."
-            ]  # longer lengths only need more
-    return []
+            ]
+        if io is None or forward_problem or needed(rows, length) <= budget:
+            continue
+        longest = largest_fitting(lambda n: needed(rows, n) <= budget, length)
+        fewer = largest_fitting(lambda n, length=length: needed(n, length) <= budget, rows)
+        lower_batch = (
+            f" or at most {fewer * env.process_count} rows at once (--config.eval.batch_size)"
+            if fewer
+            else f" (at length {length} not even one sequence at a time fits)"
+        )
+        forward_problem.append(
+            f"eval.lengths: one evaluation forward at length {length} ({rows} rows, "
+            f"eval.batch_size) needs about {needed(rows, length) / _GIB:.1f} GiB of activations, "
+            f"{available}; the longest length that fits is {longest}{lower_batch}."
+        )
+    return forward_problem
+
+
+def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | None]) -> list[str]:
+    """The final evaluation's shortest time, its forward FLOPs (outputs.model_flops_per_step) at
+    the measured matmul rate, against eval.max_hours."""
+    if env.flops_per_sec is None:
+        return []
+    lengths = tuple(sorted(set(cfg.eval.lengths)))
+    flops_per_sequence = 0.0
+    for length in lengths:
+        one = dataclasses.replace(
+            cfg, batch_size=1, pe=dataclasses.replace(cfg.pe, train_context=length)
+        )
+        flops_per_sequence += outputs.model_flops_per_step(one, **io)["total"] / 3  # no backward
+    sequences, batch, hours = cfg.eval.num_sequences, cfg.eval.batch_size, cfg.eval.max_hours
+    seconds = sequences * flops_per_sequence / env.flops_per_sec
+    if seconds <= hours * 3600:
+        return []
+    most = int(hours * 3600 * env.flops_per_sec / flops_per_sequence) // batch * batch
+    fix = (
+        f"set --config.eval.num_sequences={most} (the most that fits) or fewer"
+        if most
+        else f"not even one batch of eval.batch_size = {batch} fits: lower it, or the lengths"
+    )
+    return [
+        f"eval.num_sequences = {sequences}: the final evaluation ({sequences} sequences at each "
+        f"of the lengths {lengths}, {sequences * flops_per_sequence:.3g} forward FLOPs) takes at "
+        f"least {seconds / 3600:.3g} hours at this machine's measured matmul rate of "
+        f"{env.flops_per_sec:.3g} FLOP/s, more than eval.max_hours = {hours}; {fix}, or raise "
+        "--config.eval.max_hours."
+    ]
 
 
 # Float32 [rows, length, d_model]-sized tensors alive at once in one block of a forward
@@ -206,13 +278,10 @@ _LOGIT_TENSORS = 2
 
 
 def forward_bytes(cfg: TrainConfig, rows: int, length: int, outputs: int, kernel: str) -> int:
-    """Bytes of the activations of one forward of `rows` sequences of `length` (an estimate).
-
-    outputs: the model's outputs per position (vocabulary, or regression
-    channels); kernel: the attention kernel at this length (jrope.attention).
-    Float32 throughout; blockwise kernels hold [rows, heads, length, block]
-    scores, the plain ones [rows, heads, length, length] and their softmax.
-    """
+    """Bytes of the float32 activations of one forward of `rows` sequences of `length` (an
+    estimate); outputs: per position (vocabulary, or regression channels); kernel: the
+    attention kernel at this length, whose scores are [rows, heads, length, block] if blockwise
+    and [rows, heads, length, length] with their softmax otherwise."""
     model = cfg.model
     read_out = 1 if model.readout == "last" else length
     stream = rows * length * model.d_model * (_STREAM_TENSORS + _MLP_TENSORS * model.mlp_ratio)
@@ -230,38 +299,6 @@ def largest_fitting(fits: Callable[[int], bool], largest: int) -> int:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
-
-
-def _forward_memory_problems(
-    cfg: TrainConfig, env: RunEnvironment, sizes, outputs: int
-) -> list[str]:
-    """Each evaluation length's whole forward (eval.batch_size rows) against the memory."""
-    if env.memory_bytes is None:
-        return []
-    budget = PLAIN_ATTENTION_MEMORY_FRACTION * env.memory_bytes
-    rows, _ = _rows_and_heads_per_memory(cfg, env, sizes)
-
-    def needed(rows: int, length: int) -> int:
-        kernel = choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
-        return forward_bytes(cfg, rows, length, outputs, kernel)
-
-    for length in sorted(set(cfg.eval.lengths)):
-        if needed(rows, length) <= budget:
-            continue
-        longest = largest_fitting(lambda n: needed(rows, n) <= budget, length)
-        fewer = largest_fitting(lambda n, length=length: needed(n, length) <= budget, rows)
-        lower_batch = (
-            f" or at most {fewer * env.process_count} rows at once (--config.eval.batch_size)"
-            if fewer
-            else f" (at length {length} not even one sequence at a time fits)"
-        )
-        return [
-            f"eval.lengths: one evaluation forward at length {length} ({rows} rows, "
-            f"eval.batch_size) needs about {needed(rows, length) / _GIB:.1f} GiB of activations, "
-            f"more than half of the {env.memory_bytes / _GIB:.1f} GiB available; the longest "
-            f"length that fits is {longest}{lower_batch}."
-        ]  # longer lengths only need more
-    return []
 
 
 def _rows_and_heads_per_memory(cfg: TrainConfig, env: RunEnvironment, sizes) -> tuple[int, int]:
@@ -322,7 +359,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
 
 
 def _data_problems(
-    cfg: TrainConfig, env: RunEnvironment, *, evaluation: bool
+    cfg: TrainConfig, env: RunEnvironment, evaluation: bool
 ) -> tuple[DataSource | None, list[str]]:
     """(the data source, the data's problems): built, then one evaluation batch per length."""
     if cfg.data is None or cfg.batch_size is None or cfg.eval is None:

@@ -1,14 +1,9 @@
 """The run config: a frozen dataclass per section, the one parser, and the command-line overrides.
 
-`convert_config` turns the `ConfigDict` of `configs/*.py` into the frozen
-`TrainConfig` in one pass and returns every problem, each naming its key and
-the fix (jrope.train.checks then checks what needs the machine, workdir or
-data). `model` is the model's `ModelConfig`, `pe` the library's `PEConfig`
-(from pe.name), `data` the config of the source that data.source names.
-
-The command line: ml_collections applies `--config.<key>=<value>` while absl
-parses, joins a tuple key given twice, and names an unknown key's last part
-only, in a traceback; the entry points correct that with the functions below.
+`convert_config` turns a `configs/*.py` ConfigDict into the frozen `TrainConfig` and returns every
+problem, each naming its key and the fix (jrope.train.checks checks the rest before step 1). The
+command-line helpers below correct what ml_collections does with `--config.<key>=<value>`: a key
+given twice is joined, an unknown key is named by its last part only, in a traceback.
 """
 
 from __future__ import annotations
@@ -124,6 +119,8 @@ class EvalConfig(ConfigSection):
     every_steps: int  # evaluation during training (0 = only after the last step)
     # The evaluation sequences' seed: the same sequences for every run seed and method.
     seed: int = DEFAULT_EVAL_SEED
+    # The final evaluation is refused before step 1 when even its fastest time exceeds this.
+    max_hours: float = 24.0
 
     def rules(self):
         return [
@@ -131,6 +128,7 @@ class EvalConfig(ConfigSection):
             ("num_sequences", self.num_sequences >= 1, ">= 1"),
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("every_steps", self.every_steps >= 0, ">= 0"),
+            ("max_hours", self.max_hours > 0, "> 0"),
         ]
 
     def problems(self) -> list[str]:
@@ -211,7 +209,7 @@ class TrainConfig:
 
     def to_json_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready nested dict that `from_config_dict` accepts back."""
-        plain = {"seed": self.seed, "num_steps": self.num_steps, "batch_size": self.batch_size}
+        plain = {key: getattr(self, key) for key in SCALAR_KEYS}
         # The name's suffixes override the base settings idempotently: these parse back alike.
         plain["pe"] = {key: getattr(self.pe, key) for key in PE_KEYS}
         for name in ("model", "data", *SECTIONS):
@@ -231,15 +229,13 @@ SCALAR_KEYS = ("seed", "num_steps", "batch_size")
 # The pe section: the name and the base settings of pe_config_from_name.
 PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
 TOP_KEYS = (*SCALAR_KEYS, "pe", "data", "model", *SECTIONS)
-
 # A key whose value could not be computed (a FieldReference expression that raised).
 _UNRESOLVED = object()
 
 
 def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
-    """(the run config, every problem); a section with a problem is None in it, and the whole
-    config None when the top-level keys are wrong. Use it only without problems, or to check
-    what did convert (jrope.train.checks)."""
+    """(the run config, every problem): a section with a problem is None in it, the whole config
+    None when the top-level keys are wrong; jrope.train.checks checks what did convert."""
     problems = []
     raw = _to_plain(config, "", problems)
     _keys_fit("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int), problems)
@@ -281,9 +277,8 @@ def _build(section: Callable, values: Any, where: str, problems: list[str]):
     try:
         built = section(**{key: value for key, value in values.items() if key in parameters})
     except (ValueError, TypeError) as err:
-        problems += [
-            line if line.startswith(where) else f"{where}: {line}" for line in str(err).splitlines()
-        ]
+        lines = str(err).splitlines()
+        problems += [line if line.startswith(where) else f"{where}: {line}" for line in lines]
         return None
     return built if len(problems) == before else None
 
@@ -313,18 +308,16 @@ def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[s
     if values is _UNRESOLVED:
         return False  # the key that could not be computed is a problem already
     if not isinstance(values, dict):
-        where = prefix.rstrip(".") or "the config"
-        problems.append(f"{where} must be a ConfigDict, got {values!r}.")
+        problems.append(
+            f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."
+        )
         return False
     for key in values:
         if key not in known:
             hint = _closest(prefix + key, [prefix + k for k in known], prefix, known)
             problems.append(f"{prefix}{key}: no such key; {hint}")
-    blocking = [
-        f"{prefix}{key} is missing; set it in the config file."
-        for key in required
-        if key not in values
-    ]
+    missing = [key for key in required if key not in values]
+    blocking = [f"{prefix}{key} is missing; set it in the config file." for key in missing]
     for key, value in values.items():
         hint = types.get(key)
         if hint in _ACCEPTED:
@@ -332,26 +325,26 @@ def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[s
         else:
             fits = typing.get_origin(hint) is not tuple or isinstance(value, tuple)
         if not fits and value is not _UNRESOLVED:
-            name = _TYPE_NAMES.get(hint, "a tuple")
-            blocking.append(f"{prefix}{key} must be {name}, got {value!r}.")
+            blocking.append(
+                f"{prefix}{key} must be {_TYPE_NAMES.get(hint, 'a tuple')}, got {value!r}."
+            )
     problems += blocking
     return not blocking and _UNRESOLVED not in values.values()
 
 
-def _closest(key: str, known, section: str, section_keys, flag_name: str = "config") -> str:
+def _closest(key: str, known, section: str, section_keys) -> str:
     """'did you mean --config.<the closest known key>?', else the keys of the section it is in."""
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     if close:
-        return f"did you mean --{flag_name}.{close[0]}?"
+        return f"did you mean --config.{close[0]}?"
     where = f"section {section.rstrip('.')!r}" if section else "the config"
     return f"{where} has {', '.join(sorted(section_keys))}."
 
 
-# Data keys that only some choices read: (the choosing key, the values that read it,
-# whether setting the key anyway is refused). The text sources share one section
-# (jrope.data.text_bytes.TextDataConfig): a value there for another source is a
-# mistake. The synthetic configs carry every kernel's parameters in one shared
-# section, so a value the chosen kernel ignores is named in a warning.
+# Data keys that only some choices read: (the choosing key, the values that read it, whether
+# setting the key anyway is refused). The text sources share one section, so a value there for
+# another source is a mistake; the synthetic configs carry every kernel's parameters in one
+# section, so a value the chosen kernel ignores is only named in a warning.
 _WIKITEXT = ("wikitext103", "wikitext2")
 _READ_ONLY_BY = {
     "TextDataConfig": {
@@ -430,11 +423,8 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
 
 
 def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
-    """A ConfigDict (or nested mapping) as nested dicts and tuples (lists become tuples).
-
-    A key derived from others (e.g. data.head_dim = d_model // num_heads) whose
-    computation fails becomes _UNRESOLVED, and a problem naming it.
-    """
+    """A ConfigDict (or nested mapping) as nested dicts and tuples; a key derived from others
+    (e.g. data.head_dim = d_model // num_heads) that fails to compute becomes _UNRESOLVED."""
     if isinstance(config, (list, tuple)):
         return tuple(_to_plain(item, prefix, problems) for item in config)
     if not hasattr(config, "keys"):
@@ -469,18 +459,14 @@ def first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
 
 
-# The command line.
+# The command line: --config.a.b=v, -config.a.b=v, --noconfig.a.b (a boolean set to False).
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)(=.*)?$", re.DOTALL)
 
 
-def _override_pattern(flag_name: str) -> re.Pattern:
-    # --config.a.b=v, -config.a.b=v, --noconfig.a.b (a boolean set to False)
-    return re.compile(rf"^--?(?:no)?{re.escape(flag_name)}\.([^=]+)(=.*)?$", re.DOTALL)
-
-
-def last_override_wins(argv: Sequence[str], flag_name: str = "config") -> list[str]:
-    """`argv` with only the last `--<flag_name>.<key>=<value>` of each key kept (others unchanged,
+def last_override_wins(argv: Sequence[str]) -> list[str]:
+    """`argv` with only the last `--config.<key>=<value>` of each key kept (others unchanged,
     and so are overrides written as two arguments, `--config.key value`)."""
-    matches = map(_override_pattern(flag_name).match, argv)
+    matches = map(_OVERRIDE.match, argv)
     keys = [match.group(1) if match and match.group(2) is not None else None for match in matches]
     return [
         arg
@@ -500,14 +486,14 @@ def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | Non
     return None
 
 
-def config_file_problem(argv: Sequence[str], flag_name: str = "config") -> str | None:
+def config_file_problem(argv: Sequence[str]) -> str | None:
     """A line saying that the config file named in argv does not exist, else None."""
-    path = config_argument(argv, flag_name)
+    path = config_argument(argv)
     if path is None or os.path.isfile(path.split(":", 1)[0]):
         return None
     return (
-        f"--{flag_name}={path}: no such file (looked from {os.getcwd()}); name an experiment "
-        f"config, e.g. --{flag_name}=configs/quickstart.py (all of them are in configs/)."
+        f"--config={path}: no such file (looked from {os.getcwd()}); name an experiment config, "
+        "e.g. --config=configs/quickstart.py (all of them are in configs/)."
     )
 
 
@@ -527,29 +513,29 @@ def load_config_file(path: str) -> config_dict.ConfigDict:
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)
 
 
-def unknown_key_problems(argv: Sequence[str], flag_name: str = "config") -> list[str]:
+def unknown_key_problems(argv: Sequence[str]) -> list[str]:
     """One line per override whose key the config file lacks, with the closest key; [] if none."""
-    path = config_argument(argv, flag_name)
-    if path is None or config_file_problem(argv, flag_name):
+    path = config_argument(argv)
+    if path is None or config_file_problem(argv):
         return []
     config = load_config_file(path)
     known = list(_dotted_keys(config))
     problems = []
-    for key in [match.group(1) for match in map(_override_pattern(flag_name).match, argv) if match]:
+    for key in [match.group(1) for match in map(_OVERRIDE.match, argv) if match]:
         if key in known:
             continue
         parts = key.split(".")
         above = [".".join(parts[:depth]) for depth in range(1, len(parts))]
         deepest = ([dotted for dotted in above if dotted in known] or [""])[-1]
         node = functools.reduce(operator.getitem, filter(None, deepest.split(".")), config)
-        if not isinstance(node, config_dict.ConfigDict):
-            problems.append(
-                f"--{flag_name}.{key}: {deepest} is a value, not a section; "
-                f"set it with --{flag_name}.{deepest}=..."
-            )
+        if isinstance(node, config_dict.ConfigDict):
+            hint = _closest(key, known, deepest, node.keys())
+            problems.append(f"--config.{key}: the config has no key {key!r}; {hint}")
         else:
-            hint = _closest(key, known, deepest, node.keys(), flag_name)
-            problems.append(f"--{flag_name}.{key}: the config has no key {key!r}; {hint}")
+            problems.append(
+                f"--config.{key}: {deepest} is a value, not a section; set it with "
+                f"--config.{deepest}=..."
+            )
     return problems
 
 
