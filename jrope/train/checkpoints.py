@@ -1,25 +1,14 @@
-"""Checkpoints: the save, the digests of its arrays, the restore that resumes a run, the workdir lock.
+"""Checkpoints: the save, its digests, the restore that resumes a run, the workdir lock.
 
-One orbax CheckpointManager per workdir (a local folder or a bucket); each step holds `state`
-(sharded arrays, restored straight into an abstract sharded target), `config` (the run's
-TrainConfig as JSON), `digests` (a fingerprint of every array) and `progress` (updates skipped by
-opt.nonfinite='skip': a checkpoint saved amid skipped updates is never named the last good one).
-Data sources are pure functions of the step, so a resume continues the exact batch sequence.
-Saves are atomic (orbax renames `<step>.orbax-checkpoint-tmp-<n>` once written): a killed save
-leaves a temporary directory that is reported, never restored, never deleted.
-
-A restore checks the saved config (config_differences) and every array's digest: unreadable or
-damaged arrays, or missing digests (unless checkpoint.accept_missing_digests), are a
-CorruptCheckpointError naming the latest earlier checkpoint that restores intact. Digest: the
-array's bits as uint32 words x_i (16- and 8-bit types widened) and, mod 2^32, sum_i x_i and
-sum_i (2 i + 1) x_i, in one jitted pass on the devices. A flipped bit changes the first sum by
-+-2^k (never 0 mod 2^32); the odd weights keep that true for the second and make it see moved
-words; integer sums do not depend on the sharding. A check against damage, not a cryptographic
-hash (benchmarks/checkpoint_digest.py).
-
-One run per workdir: process 0 holds an advisory `flock` on `<workdir>/run.lock` (released by the
-kernel however the process ends; its contents name the last holder, so the next run knows it
-takes over from one that did not end cleanly). Object stores have no locks: the run says so.
+Each step of `<workdir>/checkpoints` (local or a bucket) holds `state` (sharded arrays), `config`
+(the TrainConfig as JSON), `digests` and `progress` (updates skipped by opt.nonfinite='skip': a
+resume counts on from it; a checkpoint saved amid skipped updates is never the last good one).
+Orbax saves are atomic: a killed save leaves a `<step>.orbax-checkpoint-tmp-<n>` directory,
+reported, never restored or deleted. A digest is, mod 2^32, sum_i x_i and sum_i (2 i + 1) x_i of
+the array's bits as uint32 words x_i: a flipped bit changes the first by +-2^k (never 0 mod 2^32),
+the odd weights keep that true for the second and make it see moved words, and integer sums do not
+depend on the sharding (against damage, not a cryptographic hash). One run per workdir: process 0
+holds a `flock` on `<workdir>/run.lock`, which the kernel releases however the process ends.
 """
 
 from __future__ import annotations
@@ -40,14 +29,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from jrope import errors
 from jrope.data.files import is_uri, resolved
-from jrope.errors import (
-    CorruptCheckpointError,
-    IncompatibleCheckpointError,
-    NoCheckpointError,
-    UsageError,
-    WorkdirBusy,
-)
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import say
 
@@ -90,18 +73,12 @@ class Checkpointer:
         return step % self._every_steps == 0
 
     def save(
-        self,
-        step: int,
-        state: Any,
-        *,
-        force: bool = False,
-        progress: Mapping[str, int] | None = None,
+        self, step: int, state: Any, *, force: bool = False, progress: Mapping | None = None
     ) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
 
-        progress: {'skipped_steps': updates skipped so far, 'skipped_in_a_row': skipped updates
-        just before this step} (default: none skipped). Returns once the arrays are copied off
-        the device, so the caller may donate `state` to the next step while the files are written.
+        progress: {'skipped_steps': so far, 'skipped_in_a_row': up to `step`} (default: none).
+        Returns once the arrays are off the device: the caller may donate `state`.
         """
         if not (force or self.should_save(step)):
             return False
@@ -116,8 +93,7 @@ class Checkpointer:
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
-        """The state of checkpoint `step` (default: latest), each array read straight into the
-        shards of `abstract_state` (a pytree of sharded `jax.ShapeDtypeStruct`)."""
+        """Checkpoint `step` (default: latest) read straight into `abstract_state`'s shardings."""
         return self._restore(STATE_ITEM, ocp.args.StandardRestore(abstract_state), step)
 
     def restore_config(self, step: int | None = None) -> dict[str, Any]:
@@ -129,14 +105,17 @@ class Checkpointer:
         return self._restore(item, ocp.args.JsonRestore(), step)
 
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
-        if step is None:
-            step = self.latest_step()
+        step = self.latest_step() if step is None else step
         if step is None or step not in self._manager.all_steps():
-            raise NoCheckpointError(
+            raise errors.NoCheckpointError(
                 f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
                 "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
             )
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
+
+    def damaged_arrays(self, state: Any, step: int) -> list[str]:
+        """Arrays of `state` (restored from checkpoint `step`) whose digest is not the saved one."""
+        return mismatches(self.restore_json(DIGESTS_ITEM, step), state_digests(state))
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -152,22 +131,18 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
     for leaf in leaves:
         flat = leaf.reshape(-1)
         if flat.dtype == jnp.bool_:
-            words = flat.astype(jnp.uint32)
-        else:  # the bits, 16- and 8-bit elements widened
-            unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
-            words = jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
-        weights = 2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1
-        plain, weighted = (
-            jnp.sum(words, dtype=jnp.uint32),
-            jnp.sum(words * weights, dtype=jnp.uint32),
-        )
-        sums.append(jnp.stack([plain, weighted]))
+            flat = flat.astype(jnp.uint8)
+        unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
+        words = jax.lax.bitcast_convert_type(flat, unsigned).astype(
+            jnp.uint32
+        )  # 16, 8 bits widened
+        weighted = words * (2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1)
+        sums.append(jnp.stack([words.sum(dtype=jnp.uint32), weighted.sum(dtype=jnp.uint32)]))
     return sums
 
 
 def state_digests(state: Any) -> dict[str, list[int]]:
-    """'params/blocks/0/attn/qkv/value' -> [sum, weighted sum] of every array of `state` (blocks
-    until the state is computed)."""
+    """'params/blocks/0/attn/qkv/value' -> [sum, weighted sum] of each array (waits for `state`)."""
     flat = jax.tree_util.tree_flatten_with_path(state)[0]
     sums = jax.device_get(_fingerprints([leaf for _, leaf in flat]))
     return {
@@ -186,8 +161,7 @@ def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> l
 # Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
 _FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
 
-# Keys and sections that define the shapes or meaning of the saved parameters: the task (a tied
-# readout or a regression head), the input projection, the vocabulary, the sizes, the encoding.
+# Keys and sections that define the shapes or meaning of the saved parameters.
 PARAMETER_KEYS = {
     *("data.source", "data.input_channels", "data.vocab_size", "data.num_keys", "data.num_values"),
     *("model.d_model", "model.num_heads", "model.num_layers", "model.mlp_ratio", "pe"),
@@ -208,7 +182,7 @@ def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
 
 
 def finished_steps(directory: str) -> list[int]:
-    """Steps of the finished checkpoints in a checkpoint directory (local or a bucket), ascending."""
+    """Steps of the finished checkpoints in `directory` (local or a bucket), ascending."""
     return sorted(ocp.path.step.checkpoint_steps(directory))
 
 
@@ -231,11 +205,13 @@ def describe_latest(checkpointer: Checkpointer) -> str:
 def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
     """The latest checkpoint saved with no update being skipped, and how to resume from it.
 
-    streak_start: the first step of the updates being skipped in a row now (None: none). The
-    checkpoint just before it is not good either: its very next step was non-finite.
+    streak_start: the first step of the updates being skipped in a row now (None: none); the
+    checkpoint just before it is not good either (its very next step was non-finite).
     """
 
-    def saved_while_skipping(step: int) -> bool:
+    def bad(step: int) -> bool:
+        if streak_start is not None and step >= streak_start - 1:
+            return True
         if not (checkpoint_path(checkpointer, step) / PROGRESS_ITEM).exists():
             return False
         try:
@@ -245,29 +221,23 @@ def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = No
 
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = finished_steps(checkpointer.directory)
-    bad = [
-        step
-        for step in steps
-        if (streak_start is not None and step >= streak_start - 1) or saved_while_skipping(step)
-    ]
-    good = [step for step in steps if step not in bad]
-    if not good:
-        where = f" ({', '.join(map(str, bad))} led into or were saved during skipped updates)"
+    good = [step for step in steps if not bad(step)]
+    last = good[-1] if good else None
+    later = [step for step in steps if last is None or step > last]
+    why = f"{', '.join(map(str, later))} led into or were saved during skipped updates"
+    if last is None:
         return (
-            f"none in {checkpointer.directory}{where if bad else ''}; start again in a new "
+            f"none in {checkpointer.directory}{f' ({why})' if later else ''}; start again in a new "
             "--workdir, or remove those checkpoints"
         )
-    last = good[-1]
-    later = [step for step in steps if step > last]
     text = f"step {last} at {checkpoint_path(checkpointer, last)}"
     if not later:
         return text
     aside = checkpointer.directory.parent / "skipped_checkpoints"
     moves = " ".join(str(checkpoint_path(checkpointer, step)) for step in later)
     return (
-        f"{text} (later checkpoint(s) {', '.join(map(str, later))} led into or were saved during "
-        f"skipped updates; to resume from step {last}, move them aside: mkdir -p {aside} && "
-        f"mv {moves} {aside}/)"
+        f"{text} (later checkpoint(s) {why}; to resume from step {last}, move them aside: "
+        f"mkdir -p {aside} && mv {moves} {aside}/)"
     )
 
 
@@ -275,13 +245,10 @@ def restore_or_initialize(
     cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, initialize: Callable[[], Any]
 ) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
-    leftovers = unfinished_saves(checkpointer.directory)
-    if leftovers:
+    if leftovers := unfinished_saves(checkpointer.directory):
         logging.warning(
-            "Ignoring unfinished checkpoint writes %s in %s (left by a run stopped mid-save; "
-            "never restored, safe to delete).",
-            leftovers,
-            checkpointer.directory,
+            f"Ignoring unfinished checkpoint writes {leftovers} in {checkpointer.directory} (left "
+            "by a run stopped mid-save; never restored, safe to delete)."
         )
     step = checkpointer.latest_step()
     if step is None:
@@ -298,24 +265,21 @@ def restore_compatible(
     *,
     purpose: str = "resume",
 ) -> Any:
-    """Checkpoint `step` restored into `abstract_state`, after checking its saved config against `cfg`.
+    """Checkpoint `step` restored into `abstract_state`, once its saved config fits `cfg`.
 
-    purpose: 'resume' or 'evaluate' (config_differences).
-    Raises:
-      NoCheckpointError: `step` is not a finished checkpoint.
-      IncompatibleCheckpointError: the saved config differs in a key `purpose` must keep.
-      CorruptCheckpointError: the config or the state cannot be read, an array's digest differs,
-        or the digests are missing (unless cfg.checkpoint.accept_missing_digests).
+    purpose: 'resume' or 'evaluate' (config_differences). Raises NoCheckpointError,
+    IncompatibleCheckpointError, or CorruptCheckpointError (unreadable, damaged, or no digests
+    unless cfg.checkpoint.accept_missing_digests).
     """
     path = checkpoint_path(checkpointer, step)
 
-    def corrupt(problem: str, then: str = "") -> CorruptCheckpointError:
+    def corrupt(problem: str, then: str = "") -> errors.CorruptCheckpointError:
         fallback = _fallback(checkpointer, abstract_state, step)
-        return CorruptCheckpointError(f"{problem} {fallback}{then}")
+        return errors.CorruptCheckpointError(f"{problem} {fallback}{then}")
 
     finished = finished_steps(checkpointer.directory)
     if step not in finished:
-        raise NoCheckpointError(
+        raise errors.NoCheckpointError(
             f"No finished checkpoint {path}; the finished ones are steps {finished}."
         )
     try:
@@ -324,7 +288,7 @@ def restore_compatible(
         raise corrupt(_unreadable(path, "its saved config", err)) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
-        raise IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
+        raise errors.IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
     checked = (path / DIGESTS_ITEM).exists()
@@ -340,7 +304,8 @@ def restore_compatible(
             "later may come from damage, not from the learning rate."
         )
     try:
-        state, damaged = _restore_and_compare(checkpointer, abstract_state, step, checked=checked)
+        state = checkpointer.restore(abstract_state, step)
+        damaged = checkpointer.damaged_arrays(state, step) if checked else []
     except Exception as err:
         raise corrupt(_unreadable(path, "its state", err)) from err
     if damaged:
@@ -353,26 +318,15 @@ def restore_compatible(
     return state
 
 
-def _restore_and_compare(
-    checkpointer: Checkpointer, abstract_state: Any, step: int, *, checked: bool = True
-) -> tuple[Any, list[str]]:
-    """(the state of checkpoint `step`, its arrays whose digest differs from the saved one)."""
-    state = checkpointer.restore(abstract_state, step)
-    if not checked:
-        return state, []
-    return state, mismatches(checkpointer.restore_json(DIGESTS_ITEM, step), state_digests(state))
-
-
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
-    """Differences between two JSON config dicts as "key is <saved> there, <current> now" lines.
+    """Differences of two JSON config dicts as "key is <saved> there, <current> now" lines.
 
-    purpose: 'evaluate' refuses the parameter-defining keys (PARAMETER_KEYS) and the seeds;
-    'resume' refuses every key outside RESUME_FREE that current's checkpoint.accept_changes
-    ('opt.learning_rate,seed': keys or sections) does not name, and num_steps unless the learning
-    rate is constant (a schedule spans num_steps). Both refuse turning clipping on or off.
-    Returns (incompatible, changed): the refused differences, and all the others.
+    purpose: 'evaluate' refuses PARAMETER_KEYS and the seeds; 'resume' refuses every key outside
+    RESUME_FREE and current's checkpoint.accept_changes ('opt.learning_rate,seed': keys or
+    sections), and num_steps unless the learning rate is constant (a schedule spans num_steps).
+    Both refuse turning clipping on or off. Returns (incompatible, changed): refused, and the rest.
     """
     saved_flat = flatten_dict(json.loads(json.dumps(saved)))
     current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
@@ -441,7 +395,8 @@ def _fallback(checkpointer: Checkpointer, abstract_state: Any, step: int) -> str
     path = checkpoint_path(checkpointer, step)
     for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
         try:
-            _, damaged = _restore_and_compare(checkpointer, abstract_state, earlier)
+            state = checkpointer.restore(abstract_state, earlier)
+            damaged = checkpointer.damaged_arrays(state, earlier)
         except Exception:  # unreadable too: try the one before
             continue
         if not damaged:
@@ -458,12 +413,11 @@ LOCK_FILE = "run.lock"
 
 
 class WorkdirLock:
-    """Context manager holding `<workdir>/run.lock` (a no-op when `enabled` is False).
+    """Context manager holding `<workdir>/run.lock` (a no-op when not `enabled`: other processes).
 
-    role: 'training' (refused while anything holds the lock) or 'evaluation' (waits, saying so,
-    while another evaluation holds it; refused while a training run does). enabled: only one
-    process of a multi-process run takes the lock. previous_holder: set on entry to the details
-    of a holder that ended without releasing the lock, else None.
+    role: 'training' (refused while anything holds the lock) or 'evaluation' (waits for another
+    evaluation, refused during training). previous_holder: set on entry to the details of a holder
+    that ended without releasing the lock, else None. Object stores have no locks: said once.
     """
 
     def __init__(self, workdir: str, *, enabled: bool = True, role: str = "training"):
@@ -474,9 +428,8 @@ class WorkdirLock:
         self.previous_holder: dict | None = None
         if enabled and is_uri(workdir):
             logging.warning(
-                "%s is on an object store, which has no locks: make sure no other run uses this "
-                "workdir while this one runs.",
-                workdir,
+                f"{workdir} is on an object store, which has no locks: make sure no other run "
+                "uses this workdir while this one runs."
             )
 
     def __enter__(self) -> WorkdirLock:
@@ -485,7 +438,7 @@ class WorkdirLock:
         workdir = os.path.dirname(self.path)
         os.makedirs(workdir, exist_ok=True)
         if os.path.isdir(self.path):
-            raise UsageError(
+            raise errors.UsageError(
                 f"--workdir {workdir}: {self.path} is a directory, where the run keeps its lock "
                 f"file. Remove it (rmdir {self.path}, if it is empty) or choose another --workdir."
             )
@@ -496,7 +449,7 @@ class WorkdirLock:
             holder = _read_holder(handle)
             if self.role != "evaluation" or (holder or {}).get("role") != "evaluation":
                 handle.close()
-                raise WorkdirBusy(self._busy_message(workdir, holder)) from None
+                raise errors.WorkdirBusy(self._busy_message(workdir, holder)) from None
             say(
                 f"Waiting for the evaluation by {describe_holder(holder)} on {workdir} to end "
                 "(one evaluation at a time writes a workdir's results) ..."
@@ -554,7 +507,5 @@ def describe_holder(holder: dict | None) -> str:
     """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
     if holder is None:
         return "a process that wrote no details"
-    return (
-        f"process {holder.get('pid', '?')} on {holder.get('host', '?')} "
-        f"(started {holder.get('started', '?')})"
-    )
+    pid, host, started = (holder.get(key, "?") for key in ("pid", "host", "started"))
+    return f"process {pid} on {host} (started {started})"

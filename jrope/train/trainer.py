@@ -1,43 +1,15 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
-`make_train_step` builds one pure `train_step(state, batch) -> (state,
-metrics)`, jitted once with the state's shardings in and out and the state
-donated. `train_and_evaluate` is the whole run: every check in one pass
-(jrope.train.checks), the workdir's lock, data source, mesh, sharded
-initialisation or automatic resume from the latest checkpoint (checked
-against its digests), the start record, the loop with periodic checkpoints
-and evaluations, a final checkpoint and evaluation, and on the console the
-compile time, the progress, the results and where every output went. A
-finished run is not run again and its results are never rewritten. A storage
-failure (disk full) ends the run with a RunIOError naming the path, the
-cause and the last good checkpoint.
-
-The step is a pure function of (state, batch): the data are a pure function
-of the step, and dropout's randomness is the seed folded with the step, so a
-resumed run reproduces an uninterrupted one.
-
-Non-finite steps (`opt.nonfinite`): 'stop' (default) lets the host read every
-step's metrics one step late (jrope.train.outputs) and raise
-NonFiniteLossError naming the step, the metric and the last good checkpoint;
-the pending step is read before every save, so no checkpoint holds a state
-made by a non-finite step. 'skip' keeps the previous parameters and optimizer
-state inside the jitted step (a select on a device-side flag: no host round
-trip, no recompilation); the step counter still advances, so the data move
-on exactly as in an uninterrupted run, and the metric 'skipped' marks such
-steps until opt.max_consecutive_skips come in a row.
-
-Preemption: schedulers send SIGTERM before they take a machine, and a person
-at the console presses Ctrl-C (SIGINT). The loop asks
-`PreemptionWatch.reached(step)` once per step; on True it saves that step,
-waits for the write and raises TrainingPreempted (status 143, or 130 for
-Ctrl-C); the next start resumes there. One process: the handler only sets a
-flag (a handler runs between two bytecodes, possibly inside a JAX call or a
-checkpoint write); a second Ctrl-C stops at once (jrope.train.runtime). Several: JAX's
-coordination service catches SIGTERM on every host and agrees on a step all
-reach (`multihost_utils.reached_preemption_sync_point`); no Python handler is
-installed then, it would replace the service's own.
-
-Shape legend: B batch, T length.
+`make_train_step` jits one pure `train_step(state, batch) -> (state, metrics)`, the state donated;
+`train_and_evaluate` is the whole run. The data are a pure function of the step and dropout's key
+is the seed folded with the step, so a resumed run reproduces an uninterrupted one.
+Non-finite steps (`opt.nonfinite`): 'stop' reads each step's metrics one step late, and the
+pending step before every save, so no checkpoint holds a state made by a non-finite step; 'skip'
+keeps the previous parameters and optimizer state inside the jitted step (a select on a device
+flag: no host round trip) while the step counter and so the data advance.
+Preemption (SIGTERM, Ctrl-C): the handler only sets a flag (it may run inside a JAX call); the
+loop saves the step and raises TrainingPreempted. Several processes agree on the step through
+JAX's coordination service, which catches SIGTERM itself. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
@@ -61,43 +33,23 @@ from jrope.errors import NonFiniteLossError, RunIOError, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig, flatten_dict
-from jrope.train.outputs import (
-    CHECKED_METRICS,
-    METRICS_FILE,
-    SKIPPED_METRIC,
-    MetricsLogger,
-    Throughput,
-    duration,
-    say,
-)
-from jrope.train.runtime import step_compiler_options
-from jrope.train.setup import (
-    RunSetup,
-    learning_rate_schedule,
-    model_from_params,
-    model_io,
-    set_up_run,
-)
+from jrope.train.outputs import MetricsLogger, say
+from jrope.train.setup import RunSetup
 
 
 class PreemptionWatch:
-    """Context manager answering, once per step, whether to checkpoint and stop.
-
-    Use as `with PreemptionWatch() as watch: ... if watch.reached(step): ...`.
-    Every process must call `reached` at every step, from the same first step.
-    """
+    """Context manager answering, once per step, whether to checkpoint and stop (every process
+    must call `reached` at every step, from the same first step)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.signum: int | None = None  # the signal that asked to stop
         self._previous_handlers: dict[int, Any] = {}
-        self._multiprocess = False
+        self._multiprocess = jax.process_count() > 1
 
     def __enter__(self) -> PreemptionWatch:
-        self._multiprocess = jax.process_count() > 1
-        # signal.signal works only in the main thread; elsewhere (a library
-        # caller's worker thread) the signals keep their default action.
+        # signal.signal works only in the main thread; elsewhere the signals keep their action.
         if not self._multiprocess and threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
@@ -110,13 +62,11 @@ class PreemptionWatch:
 
     def reached(self, step: int) -> bool:
         """Whether `step` is the step at which to save and stop."""
-        if self._multiprocess:
-            if multihost_utils.reached_preemption_sync_point(step):
-                self.signum = signal.SIGTERM
+        if self._multiprocess and multihost_utils.reached_preemption_sync_point(step):
+            self.signum = signal.SIGTERM
         return self.signum is not None
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        del frame
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the save
         self.signum = signum
@@ -125,34 +75,16 @@ class PreemptionWatch:
 def keep_previous_if_nonfinite(
     previous: dict[str, Any], updated: dict[str, Any], metrics: dict[str, jax.Array]
 ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-    """Inside jit: `updated` if the step is finite, else `previous` with the step counter advanced.
-
-    Args:
-      previous, updated: train states {'step', 'params', 'opt_state'} before and after the update.
-      metrics: the step's scalar metrics, holding CHECKED_METRICS.
-    Returns:
-      (state, metrics with SKIPPED_METRIC = 1.0 when the update was dropped).
-    """
-    finite = jnp.all(jnp.stack([jnp.isfinite(metrics[name]) for name in CHECKED_METRICS]))
-
-    def select(new: jax.Array, old: jax.Array) -> jax.Array:
-        return jnp.where(finite, new, old)
-
-    state = {
-        "step": updated["step"],
-        "params": jax.tree.map(select, updated["params"], previous["params"]),
-        "opt_state": jax.tree.map(select, updated["opt_state"], previous["opt_state"]),
-    }
-    return state, {**metrics, SKIPPED_METRIC: 1.0 - finite.astype(jnp.float32)}
+    """Inside jit: train state `updated` if CHECKED_METRICS are finite, else `previous` with the
+    step counter advanced; metrics get SKIPPED_METRIC = 1.0 when the update was dropped."""
+    finite = jnp.all(jnp.stack([jnp.isfinite(metrics[name]) for name in outputs.CHECKED_METRICS]))
+    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, previous)
+    state = {**kept, "step": updated["step"]}
+    return state, {**metrics, outputs.SKIPPED_METRIC: 1.0 - finite.astype(jnp.float32)}
 
 
-# Dropout keys come from their own stream of the seed, apart from the
-# initialisation's (nnx.Rngs folds small counters into the same seed).
+# Dropout keys: their own stream of the seed (nnx.Rngs folds small counters into the same seed).
 _DROPOUT_STREAM = 0x64726F70  # 'drop'
-
-TrainStep = Callable[
-    [dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]
-]
 
 
 def make_train_step(
@@ -160,26 +92,18 @@ def make_train_step(
     *,
     compiler_options: dict[str, Any] | None = None,
     measured: damping.MeasuredDamping | None = None,
-) -> TrainStep:
+) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
     """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
 
-    measured: the damping its layers plan for where it passed model.max_damping
-    (jrope.train.damping.follow gives the run's graphdef for it).
-
-    Compiled with jrope.train.runtime (on CPU, without XLA's library
-    fusions unless the attention is blockwise); `compiler_options` replaces
-    them ({}: XLA's defaults, as benchmarks/train_step.py compares).
-
-    Batch: 'inputs', 'targets' and 'weights' [B, T] (the data-source
-    contract, jrope.data.source; regression inputs and targets [B, T, C]).
-    Metrics: 'loss' (weighted mean cross-entropy, or the mean squared error
-    for regression), 'accuracy' (or 'r2' and 'r2_pooled' for regression), 'grad_norm'
-    (before clipping) and 'learning_rate' of the step just taken; with
-    opt.nonfinite = 'skip' also 'skipped' (`keep_previous_if_nonfinite`).
+    measured: the damping its layers plan for where it passed model.max_damping.
+    compiler_options: XLA's options ({}: its defaults); default runtime.step_compiler_options.
+    Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]).
+    Metrics: 'loss', 'accuracy' (regression: 'r2', 'r2_pooled'), 'grad_norm' (before clipping),
+    'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped'.
     """
     cfg, layout, mesh = run.cfg, run.layout, run.mesh
     task, num_classes = run.source.task, run.source.num_classes
-    schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
+    schedule = setup.learning_rate_schedule(cfg.opt, cfg.num_steps)
     optimizer = layout.optimizer
 
     def train_step(state, batch):
@@ -190,7 +114,7 @@ def make_train_step(
             dropout_key = jax.random.fold_in(stream, state["step"])
 
         def loss_fn(params):
-            model = model_from_params(layout.graphdef, params)
+            model = setup.model_from_params(layout.graphdef, params)
             outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
             sums = evaluation.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
@@ -213,7 +137,9 @@ def make_train_step(
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
         kernel = damping.kernel(cfg, cfg.pe.train_context, platform, measured)
-        compiler_options = step_compiler_options(blockwise=kernel == "blockwise", platform=platform)
+        compiler_options = runtime.step_compiler_options(
+            blockwise=kernel == "blockwise", platform=platform
+        )
     return jax.jit(
         train_step,
         in_shardings=(layout.shardings, batch_sharding),
@@ -224,23 +150,12 @@ def make_train_step(
 
 
 def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) -> dict[str, Any]:
-    """Train for `num_steps` (resuming from `workdir` if it holds checkpoints), then evaluate.
+    """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate.
 
-    config: a TrainConfig, or the ConfigDict to convert (checked in the same pass).
-    Returns the final train state and the final evaluation rows:
-    {'state': ..., 'eval': [row per length]}. A finished run (its last
-    checkpoint and final results present) is not run again: its checkpoint is
-    restored (and so checked) and its results read back, nothing written.
-
-    Raises:
-      ConfigError (DataError): the config does not fit itself, the machine,
-        the workdir or the data (before anything is built).
-      WorkdirBusy: another run holds the workdir.
-      CorruptCheckpointError, IncompatibleCheckpointError: the checkpoint to resume from.
-      TrainingPreempted: SIGTERM or SIGINT arrived; the current step was checkpointed.
-      NonFiniteLossError: a step's loss or gradient norm was NaN/Inf (opt.nonfinite =
-        'stop'), or too many steps in a row were ('skip'); NonFiniteEvaluationError.
-      RunIOError: the storage failed (disk full, ...); the last good checkpoint is named.
+    config: a TrainConfig or the ConfigDict to convert. Returns {'state': the final train state,
+    'eval': [row per length]}; a finished run is only restored (so checked) and its results read.
+    Raises jrope.errors' errors: ConfigError (before anything is built), WorkdirBusy, a
+    checkpoint's, TrainingPreempted (the step saved), NonFinite*Error, RunIOError.
     """
     checked = checks.check_training_run(config, workdir)
     cfg = checked.cfg
@@ -251,7 +166,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
                 f"Taking over {lock.path} from {describe_holder(lock.previous_holder)}, "
                 "which ended without releasing it."
             )
-        run = set_up_run(cfg, source=checked.source)
+        run = setup.set_up_run(cfg, source=checked.source)
         checkpointer = Checkpointer.for_run(cfg, workdir)
         try:
             return _run(run, checkpointer, workdir)
@@ -261,8 +176,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
                 raise
             raise RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
         finally:
-            # Also on errors: an in-flight save finishes (the last good checkpoint), none is
-            # left half-written.
+            # Also on errors: an in-flight save finishes, none is left half-written.
             checkpointer.close()
 
 
@@ -288,6 +202,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         rows = evaluation.read_results(finished)
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
+    progress = checkpointer.restore_json(checkpoints.PROGRESS_ITEM, start) if start else None
     if jax.process_index() == 0:
         outputs.append_start_record(workdir, outputs.start_record(cfg, start))
     logger = MetricsLogger(
@@ -300,11 +215,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         ),
         is_writer=jax.process_index() == 0,
         start_step=start,
-        throughput=Throughput.for_run(cfg, model_io(run.source), devices),
+        throughput=outputs.Throughput.for_run(cfg, setup.model_io(run.source), devices),
         max_consecutive_skips=cfg.opt.max_consecutive_skips,
-        skip_progress=checkpointer.restore_json(checkpoints.PROGRESS_ITEM, start)
-        if start
-        else None,
+        skip_progress=progress,
     )
     if start == 0:
         logger.write_hparams(
@@ -315,13 +228,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
 
     def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
+        path = str(checkpoints.checkpoint_path(checkpointer, step))
         rows, out_dir = evaluation.evaluate_and_report(
-            eval_step,
-            state["params"],
-            run,
-            workdir,
-            step,
-            str(checkpoints.checkpoint_path(checkpointer, step)),
+            eval_step, state["params"], run, workdir, step, path
         )
         for name, scalars in evaluation.logged_scalars(rows, run.source.task):
             logger.write_scalars(step, scalars, name)
@@ -351,25 +260,22 @@ def _train_steps(
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     cfg, source, mesh = run.cfg, run.source, run.mesh
     kernels = TrainKernel(run, state["params"])
-    trace = runtime.StepTrace(workdir, cfg.runtime)
     with (
         jax.set_mesh(mesh),
         PreemptionWatch() as preemption,
-        contextlib.closing(trace),
+        contextlib.closing(runtime.StepTrace(workdir, cfg.runtime)) as trace,
         kernels.diagnosing(),
     ):
         for step in range(start, cfg.num_steps):
-            train_step = kernels.step
-            local_batch = source.train_batch(step)
-            batch = setup.global_batch(local_batch, cfg.mesh.rules, mesh)
+            batch = setup.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
             if step == start:
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
             trace.before_step(step)
-            state, metrics = train_step(state, batch)  # returns once compiled and dispatched
+            state, metrics = kernels.step(state, batch)  # returns once compiled and dispatched
             trace.after_step(step, state)
             if step == start:
-                say(f"done in {duration(time.perf_counter() - compile_started)}.")
+                say(f"done in {outputs.duration(time.perf_counter() - compile_started)}.")
             done = step + 1
             logger.push(done, metrics)
             is_last = done == cfg.num_steps
@@ -395,15 +301,9 @@ def _train_steps(
 class TrainKernel:
     """The train step, kept on a kernel that survives the damping of the parameters.
 
-    At the start and at every checkpoint `follow` reads the damping on the host
-    (jrope.train.damping). Past model.max_damping (an encoding may start there:
-    the bound then follows its own setting) it is said on the console; where
-    the step's kernel would then overflow float32 at the training length (one
-    map origin over it, or the blockwise kernel's blocks), the step changes to
-    the blockwise kernel in blocks that carry the damping, recompiling (once
-    for a single-origin kernel: a larger damping keeps the blockwise one, whose
-    blocks shrink only by powers of two). `diagnosing` names a passed bound in
-    a non-finite loss's message.
+    `follow` reads the damping at the start and at every checkpoint; past model.max_damping, where
+    the step's kernel would overflow float32 at the training length, the step changes to the
+    blockwise kernel in blocks that carry it (recompiling; blocks only shrink by powers of two).
     """
 
     def __init__(self, run: RunSetup, params: Any):
@@ -426,9 +326,9 @@ class TrainKernel:
         kernel = self._train_kernel(measured)
         if step is None:
             ran = (
-                f"the train step runs the {self._describe(kernel)} at length {length}"
+                f"the train step runs the {kernel} at length {length}"
                 if kernel != self._kernel
-                else f"the train step's {kernel[0]!r} kernel is safe at length {length}"
+                else f"the train step's {kernel} is safe at length {length}"
             )
             say(
                 f"The starting state: {measured.describe()}: the attention kernels follow this "
@@ -436,36 +336,29 @@ class TrainKernel:
             )
         elif kernel != self._kernel:
             say(
-                f"Step {step}: {measured.describe()}; the train step's "
-                f"{self._describe(self._kernel)} would overflow float32 at length {length}, so it "
-                f"changes to the {self._describe(kernel)} (compiling it once more)."
+                f"Step {step}: {measured.describe()}; the train step's {self._kernel} would "
+                f"overflow float32 at length {length}, so it changes to the {kernel} (compiling "
+                "it once more)."
             )
         elif not announced:
             say(
                 f"Step {step}: {measured.describe()}; evaluations plan their kernels for it, and "
-                f"the train step's {kernel[0]!r} kernel stays safe at length {length}."
+                f"the train step's {kernel} stays safe at length {length}."
             )
-        if kernel == self._kernel:
-            return
-        layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
-        self.step = make_train_step(
-            dataclasses.replace(self._run, layout=layout), measured=measured
-        )
-        self._kernel = kernel
+        if kernel != self._kernel:
+            layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
+            run = dataclasses.replace(self._run, layout=layout)
+            self.step = make_train_step(run, measured=measured)
+            self._kernel = kernel
 
-    def _train_kernel(self, measured: damping.MeasuredDamping | None) -> tuple[str, int | None]:
-        """(kernel, block size where blockwise) of the train step planned for `measured`."""
+    def _train_kernel(self, measured: damping.MeasuredDamping | None) -> str:
+        """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
         cfg = self._run.cfg
         name = damping.kernel(cfg, cfg.pe.train_context, self._platform, measured)
         if name != "blockwise":
-            return name, None
-        return name, cfg.model.block_size if measured is None else measured.block_size
-
-    @staticmethod
-    def _describe(kernel: tuple[str, int | None]) -> str:
-        name, block_size = kernel
-        blocks = f" in blocks of {block_size}" if name == "blockwise" else ""
-        return f"{name!r} kernel{blocks}"
+            return f"{name!r} kernel"
+        blocks = cfg.model.block_size if measured is None else measured.block_size
+        return f"{name!r} kernel in blocks of {blocks}"
 
     @contextlib.contextmanager
     def diagnosing(self):
@@ -484,7 +377,7 @@ def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
     lines = [
         f"checkpoints/{cfg.num_steps}/  the trained state (resume; eval.py for other lengths)",
         f"{results.name}/  eval.md (above), eval.csv, eval.png",
-        f"{METRICS_FILE}  training and evaluation metrics, one JSON object per line",
+        f"{outputs.METRICS_FILE}  training and evaluation metrics, one JSON object per line",
         f"{outputs.RECORD_FILE}  config, command line, versions and devices of each start",
     ]
     if cfg.log.tensorboard:
