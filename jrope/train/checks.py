@@ -1,9 +1,6 @@
-"""The checks before step 1 that need the machine, the workdir or the data.
-
-After the config's own checks (jrope.train.config), one pass: the mesh against the devices, the
-batches against the data-parallel size and the processes, the evaluation's memory and time, the
-workdir, and the data (built, and asked for one evaluation batch per length). Every problem is
-raised in one ConfigError, a line each naming the key and the fix (DataError: all the data's).
+"""The checks before step 1 that need the machine, the workdir or the data (after the config's
+own): mesh, batches, the evaluation's memory and time, workdir, data (one evaluation batch per
+length). Every problem is raised in one ConfigError, a line each naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -12,9 +9,8 @@ import dataclasses
 import functools
 import math
 import os
-import time
-from collections.abc import Callable, Mapping
-from typing import Any
+import timeit
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +35,9 @@ _GIB = 2.0**30
 
 @dataclasses.dataclass(frozen=True)
 class RunEnvironment:
-    """What the checks know of the machine; None: unknown (that check is skipped).
-
-    memory_bytes: what one attention tensor competes for: the host's available RAM on CPU (its
-    devices share it), one device's memory limit on accelerators. flops_per_sec: the measured
-    matmul rate of all devices together in the model's compute dtype (measured_flops_per_sec).
-    """
+    """What the checks know of the machine (None: unknown, that check is skipped). memory_bytes:
+    what one attention tensor competes for: the host's available RAM on CPU (its devices share
+    it), one device's limit on accelerators; flops_per_sec: all devices' measured matmul rate."""
 
     num_devices: int
     process_count: int
@@ -75,11 +68,7 @@ def measured_flops_per_sec(compute_dtype: str) -> float:
     matrix = jnp.ones((size, size), compute_dtype)
     matmul = jax.jit(jnp.matmul)
     matmul(matrix, matrix).block_until_ready()  # compiles
-    seconds = []
-    for _ in range(3):
-        start = time.perf_counter()
-        matmul(matrix, matrix).block_until_ready()
-        seconds.append(time.perf_counter() - start)
+    seconds = timeit.repeat(lambda: matmul(matrix, matrix).block_until_ready(), number=1, repeat=3)
     return 2 * size**3 / min(seconds)
 
 
@@ -91,17 +80,13 @@ class CheckedRun:
     source: DataSource
 
 
-def check_training_run(
-    config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
-) -> CheckedRun:
-    """Raise ConfigError (DataError) listing every problem that would stop or spoil a training
-    run; `config`: a TrainConfig, or the ConfigDict to convert in the same pass."""
+def check_training_run(config, workdir: str, env: RunEnvironment | None = None) -> CheckedRun:
+    """Raise ConfigError (DataError: all the data's) listing every problem that would stop or
+    spoil a training run; `config`: a TrainConfig, or the ConfigDict to convert in this pass."""
     return _check_run(config, workdir, env, evaluation=False)
 
 
-def check_evaluation_run(
-    config: TrainConfig | Mapping[str, Any], workdir: str, env: RunEnvironment | None = None
-) -> CheckedRun:
+def check_evaluation_run(config, workdir: str, env: RunEnvironment | None = None) -> CheckedRun:
     """Raise ConfigError (DataError) listing every problem that would stop an evaluation."""
     return _check_run(config, workdir, env, evaluation=True)
 
@@ -110,7 +95,10 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     cfg, problems = (config, []) if isinstance(config, TrainConfig) else convert_config(config)
     if cfg is None:  # the config's top-level keys are wrong: nothing to check further
         raise ConfigError(problems)
-    model_ok = cfg.model is not None and cfg.pe is not None and _encoding_builds(cfg)
+    try:  # an encoding that does not build is the config's problem
+        model_ok = cfg.model is not None and cfg.pe is not None and cfg.encoding is not None
+    except ValueError:
+        model_ok = False
     if env is None:
         env = RunEnvironment.detect(cfg.model.compute_dtype if model_ok else None)
     sizes = None
@@ -145,14 +133,6 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     return CheckedRun(cfg, source)
 
 
-def _encoding_builds(cfg: TrainConfig) -> bool:
-    try:
-        cfg.encoding  # noqa: B018 (its own problem is reported by the config)
-    except ValueError:
-        return False
-    return True
-
-
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]) -> list[str]:
     batch_axes = _batch_mesh_axes(cfg)
     data_parallel = math.prod(sizes[axis] for axis in batch_axes)
@@ -164,9 +144,7 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
             f"{data_parallel} ({where}); set --config.batch_size to a multiple of "
             f"{data_parallel}, or move devices to mesh.tensor."
         )
-    batches = {"batch_size": cfg.batch_size}
-    if cfg.eval is not None:
-        batches["eval.batch_size"] = cfg.eval.batch_size
+    batches = {"batch_size": cfg.batch_size, "eval.batch_size": getattr(cfg.eval, "batch_size", 0)}
     problems += [
         f"{key} = {rows} does not split over the {env.process_count} processes (each loads its "
         f"share); set it to a multiple of {env.process_count}."
@@ -197,7 +175,13 @@ def _memory_problems(cfg: TrainConfig, env: RunEnvironment, sizes, io) -> list[s
         kernel(cfg.pe.train_context)
     except ValueError as err:
         return [f"{impl_key}: {first_line(err)}"]
-    rows, heads = _rows_and_heads_per_memory(cfg, env, sizes)
+    # The rows and heads whose logits share one pool: a process's CPU devices share its RAM.
+    rows, heads = max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
+    if env.platform != "cpu" and sizes is not None:
+        data_parallel = math.prod(sizes[axis] for axis in _batch_mesh_axes(cfg))
+        rows = cfg.eval.batch_size
+        rows = rows // data_parallel if rows % data_parallel == 0 else rows
+        heads = heads // sizes["tensor"] if heads % sizes["tensor"] == 0 else heads
     budget = PLAIN_ATTENTION_MEMORY_FRACTION * (env.memory_bytes or math.inf)
     available = f"more than half of the {(env.memory_bytes or 0) / _GIB:.1f} GiB available"
 
@@ -269,23 +253,16 @@ def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | No
     ]
 
 
-# Float32 [rows, length, d_model]-sized tensors alive at once in one block of a forward
-# (residual stream, normalised input, q, k, v, attention output), beside the MLP's two
-# [rows, length, mlp_ratio * d_model] tensors; the output logits and their log-softmax.
-_STREAM_TENSORS = 6
-_MLP_TENSORS = 2
-_LOGIT_TENSORS = 2
-
-
 def forward_bytes(cfg: TrainConfig, rows: int, length: int, outputs: int, kernel: str) -> int:
-    """Bytes of the float32 activations of one forward of `rows` sequences of `length` (an
-    estimate); outputs: per position (vocabulary, or regression channels); kernel: the
-    attention kernel at this length, whose scores are [rows, heads, length, block] if blockwise
-    and [rows, heads, length, length] with their softmax otherwise."""
+    """Bytes of float32 activations of one forward of `rows` sequences of `length` (an estimate);
+    outputs: per position; kernel: the attention kernel at this length (its scores)."""
     model = cfg.model
     read_out = 1 if model.readout == "last" else length
-    stream = rows * length * model.d_model * (_STREAM_TENSORS + _MLP_TENSORS * model.mlp_ratio)
-    logits = rows * read_out * outputs * _LOGIT_TENSORS
+    # Alive at once in a block: six [rows, length, d_model] tensors (residual stream, normalised
+    # input, q, k, v, attention output) and the MLP's two of mlp_ratio * d_model; the output
+    # logits and their log-softmax.
+    stream = rows * length * model.d_model * (6 + 2 * model.mlp_ratio)
+    logits = rows * read_out * outputs * 2
     keys = min(length, model.block_size) if kernel in MEMORY_LINEAR_KERNELS else length
     scores = 2 * rows * model.num_heads * length * keys
     batch = 3 * rows * length  # inputs, targets, weights
@@ -299,18 +276,6 @@ def largest_fitting(fits: Callable[[int], bool], largest: int) -> int:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
-
-
-def _rows_and_heads_per_memory(cfg: TrainConfig, env: RunEnvironment, sizes) -> tuple[int, int]:
-    """Evaluation rows and heads whose logits share one pool of `memory_bytes`."""
-    if env.platform == "cpu" or sizes is None:
-        # All of a process's CPU devices share the host's RAM.
-        return max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
-    data_parallel = math.prod(sizes[axis] for axis in _batch_mesh_axes(cfg))
-    rows, heads = cfg.eval.batch_size, cfg.model.num_heads
-    rows = rows // data_parallel if rows % data_parallel == 0 else rows
-    heads = heads // sizes["tensor"] if heads % sizes["tensor"] == 0 else heads
-    return rows, heads
 
 
 def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
@@ -358,9 +323,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
     return []
 
 
-def _data_problems(
-    cfg: TrainConfig, env: RunEnvironment, evaluation: bool
-) -> tuple[DataSource | None, list[str]]:
+def _data_problems(cfg: TrainConfig, env, evaluation: bool) -> tuple[DataSource | None, list]:
     """(the data source, the data's problems): built, then one evaluation batch per length."""
     if cfg.data is None or cfg.batch_size is None or cfg.eval is None:
         return None, []
@@ -412,12 +375,13 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
 
 
 def _host_available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo, else what the OS says is free, else None."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+            return next(
+                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable")
+            )
+    except (OSError, StopIteration):
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -426,9 +390,8 @@ def _host_available_memory() -> int | None:
 
 
 def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:
-    """The config's problem with this batch, if any: readout='last' (the loss sees the last
-    position only) needs zero weights elsewhere. A NaN weight is left to the non-finite
-    check: it is a broken batch, not a weighting."""
+    """readout='last' (the loss sees the last position only) needs zero weights elsewhere; a NaN
+    weight is left to the non-finite check (a broken batch, not a weighting)."""
     if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
         return (
             "model.readout = 'last' computes logits at the last position only, but this data "

@@ -49,8 +49,7 @@ class OptimConfig(ConfigSection):
     warmup_steps: int  # linear warm-up from 0 (0 = none)
     final_lr_ratio: float  # cosine: final lr = learning_rate * final_lr_ratio
     nonfinite: str = "stop"  # one of NONFINITE_POLICIES
-    # 'skip' gives up after this many skipped steps in a row (the run is diverging).
-    max_consecutive_skips: int = 10
+    max_consecutive_skips: int = 10  # 'skip' stops after this many in a row (a divergence)
 
     def rules(self):
         return [
@@ -85,8 +84,7 @@ class CheckpointConfig(ConfigSection):
 
     every_steps: int  # periodic save interval (the final step is always saved)
     max_to_keep: int
-    # Restore a checkpoint whose digests are missing, unchecked (jrope.train.checkpoints).
-    accept_missing_digests: bool = False
+    accept_missing_digests: bool = False  # restore a checkpoint without digests, unchecked
     # Keys or sections, comma-separated, that a resume may change besides eval, log,
     # checkpoint, runtime and mesh (e.g. 'opt.learning_rate' after a divergence).
     accept_changes: str = ""
@@ -117,10 +115,8 @@ class EvalConfig(ConfigSection):
     num_sequences: int  # per length
     batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
     every_steps: int  # evaluation during training (0 = only after the last step)
-    # The evaluation sequences' seed: the same sequences for every run seed and method.
-    seed: int = DEFAULT_EVAL_SEED
-    # The final evaluation is refused before step 1 when even its fastest time exceeds this.
-    max_hours: float = 24.0
+    seed: int = DEFAULT_EVAL_SEED  # the same evaluation sequences for every run seed and method
+    max_hours: float = 24.0  # the longest final evaluation (its fastest time) accepted
 
     def rules(self):
         return [
@@ -129,15 +125,15 @@ class EvalConfig(ConfigSection):
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("every_steps", self.every_steps >= 0, ">= 0"),
             ("max_hours", self.max_hours > 0, "> 0"),
+            (
+                "lengths",
+                bool(self.lengths) and all(isinstance(n, int) and n >= 2 for n in self.lengths),
+                "a non-empty list of integer lengths >= 2",
+            ),
         ]
 
     def problems(self) -> list[str]:
         problems = super().problems()
-        if not self.lengths or not all(isinstance(n, int) and n >= 2 for n in self.lengths):
-            problems.append(
-                "eval.lengths must be a non-empty list of integer lengths >= 2, got "
-                f"{self.lengths!r}; e.g. --config.eval.lengths='(256,512)'."
-            )
         sequences, batch = self.num_sequences, self.batch_size
         if sequences >= 1 and batch >= 1 and sequences % batch:
             problems.append(
@@ -151,8 +147,7 @@ class EvalConfig(ConfigSection):
 class RuntimeConfig(ConfigSection):
     """Process runtime: the persistent compilation cache and a profiler trace."""
 
-    # JAX's persistent compilation cache (a local folder or gs://...); '' = off.
-    compilation_cache_dir: str = ""
+    compilation_cache_dir: str = ""  # JAX's compilation cache (a folder or gs://...); '' = off
     # jax.profiler trace of train steps [profile_from_step, profile_to_step) (step s
     # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
     profile_from_step: int = 0
@@ -346,6 +341,7 @@ def _closest(key: str, known, section: str, section_keys) -> str:
 # another source is a mistake; the synthetic configs carry every kernel's parameters in one
 # section, so a value the chosen kernel ignores is only named in a warning.
 _WIKITEXT = ("wikitext103", "wikitext2")
+_ENVELOPE_KEYS = ("envelope_offset", "envelope_slope", "carrier_cos_weight", "carrier_sin_weight")
 _READ_ONLY_BY = {
     "TextDataConfig": {
         ("source", ("text", "audio_tokens"), True): ("path", "eval_path"),
@@ -355,12 +351,7 @@ _READ_ONLY_BY = {
         ("kernel", ("high_jet", "scaled_high_jet"), False): ("jet_power",),
         ("kernel", ("scaled_high_jet",), False): ("jet_decay",),
         ("kernel", ("damped_mixed",), False): ("damping_gamma", "damping_sin_weight"),
-        ("kernel", ("rhythm_envelope",), False): (
-            "envelope_offset",
-            "envelope_slope",
-            "carrier_cos_weight",
-            "carrier_sin_weight",
-        ),
+        ("kernel", ("rhythm_envelope",), False): _ENVELOPE_KEYS,
         ("label_mode", ("stochastic",), False): ("temperature",),
     },
 }
@@ -477,12 +468,10 @@ def last_override_wins(argv: Sequence[str]) -> list[str]:
 
 def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | None:
     """The value of `--<flag_name>=PATH` (or `--<flag_name> PATH`) in argv, else None."""
-    for index, arg in enumerate(argv):
-        if arg in (f"--{flag_name}", f"-{flag_name}") and index + 1 < len(argv):
-            return argv[index + 1]
-        for prefix in (f"--{flag_name}=", f"-{flag_name}="):
-            if arg.startswith(prefix):
-                return arg[len(prefix) :]
+    for arg, following in zip(argv, [*argv[1:], None], strict=True):
+        match = re.fullmatch(rf"--?{re.escape(flag_name)}(=.*)?", arg, re.DOTALL)
+        if match and (match[1] is not None or following is not None):
+            return following if match[1] is None else match[1][1:]
     return None
 
 
@@ -500,10 +489,8 @@ def config_file_problem(argv: Sequence[str]) -> str | None:
 def make_importable(path: str | None) -> None:
     """Put the parent of the config file's folder first on sys.path, so that the config's
     `from configs import base` resolves from any working directory (path may end in ':ARG')."""
-    if path is None:
-        return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
-    if root not in sys.path:
+    root = path and os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
+    if root and root not in sys.path:
         sys.path.insert(0, root)
 
 
