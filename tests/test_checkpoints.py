@@ -11,7 +11,14 @@ import pytest
 from helpers.tiny_config import tiny_config
 
 from jrope.errors import WorkdirBusy
-from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, mismatches, state_digests
+from jrope.train.checkpoints import (
+    CONFIG_ITEM,
+    LOCK_FILE,
+    Checkpointer,
+    WorkdirLock,
+    mismatches,
+    state_digests,
+)
 from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
 
@@ -46,7 +53,7 @@ def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
     assert embedding.addressable_shards[0].data.shape == (3, 8)
 
     # The config saved beside the state converts back to the same run config.
-    assert TrainConfig.from_config_dict(checkpointer.restore_config()) == cfg
+    assert TrainConfig.from_config_dict(checkpointer.restore_json(CONFIG_ITEM)) == cfg
     checkpointer.close()
 
 

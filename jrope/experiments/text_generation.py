@@ -35,6 +35,7 @@ from jrope.model import kv_cache
 from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import checks, damping, setup
 from jrope.train.checkpoints import (
+    CONFIG_ITEM,
     Checkpointer,
     checkpoint_path,
     finished_steps,
@@ -120,7 +121,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     try:
         step = steps[-1]
         try:
-            saved = checkpointer.restore_config(step)
+            saved = checkpointer.restore_json(CONFIG_ITEM, step)
         except Exception as err:  # orbax raises many types; all mean "unreadable"
             raise CorruptCheckpointError(
                 f"Cannot read the config saved with checkpoint {checkpoint_path(checkpointer, step)} "

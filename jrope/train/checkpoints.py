@@ -4,11 +4,8 @@ Each step of `<workdir>/checkpoints` (local or a bucket) holds `state` (sharded 
 (the TrainConfig as JSON), `digests` and `progress` (updates skipped by opt.nonfinite='skip': a
 resume counts on from it; a checkpoint saved amid skipped updates is never the last good one).
 Orbax saves are atomic: a killed save leaves a `<step>.orbax-checkpoint-tmp-<n>` directory,
-reported, never restored or deleted. A digest is, mod 2^32, sum_i x_i and sum_i (2 i + 1) x_i of
-the array's bits as uint32 words x_i: a flipped bit changes the first by +-2^k (never 0 mod 2^32),
-the odd weights keep that true for the second and make it see moved words, and integer sums do not
-depend on the sharding (against damage, not a cryptographic hash). One run per workdir: process 0
-holds a `flock` on `<workdir>/run.lock`, which the kernel releases however the process ends.
+reported, never restored or deleted. One run per workdir: process 0 holds a `flock` on
+`<workdir>/run.lock`, which the kernel releases however the process ends.
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from jrope.data.files import is_uri, resolved
 from jrope.train.config import TrainConfig, flatten_dict
 from jrope.train.outputs import say
 
+NO_SKIPS = {"skipped_steps": 0, "skipped_in_a_row": 0}
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
 DIGESTS_ITEM = "digests"
@@ -86,9 +84,7 @@ class Checkpointer:
             STATE_ITEM: ocp.args.StandardSave(state),
             CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
-            PROGRESS_ITEM: ocp.args.JsonSave(
-                dict(progress or {"skipped_steps": 0, "skipped_in_a_row": 0})
-            ),
+            PROGRESS_ITEM: ocp.args.JsonSave(dict(progress or NO_SKIPS)),
         }
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
@@ -96,12 +92,8 @@ class Checkpointer:
         """Checkpoint `step` (default: latest) read straight into `abstract_state`'s shardings."""
         return self._restore(STATE_ITEM, ocp.args.StandardRestore(abstract_state), step)
 
-    def restore_config(self, step: int | None = None) -> dict[str, Any]:
-        """The configuration saved with checkpoint `step` (default: latest)."""
-        return self.restore_json(CONFIG_ITEM, step)
-
     def restore_json(self, item: str, step: int | None = None) -> Any:
-        """The JSON item `item` (CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM) of checkpoint `step`."""
+        """JSON item `item` (CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM) of checkpoint `step`."""
         return self._restore(item, ocp.args.JsonRestore(), step)
 
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
@@ -126,7 +118,12 @@ class Checkpointer:
 
 @jax.jit
 def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
-    """uint32 [2] per array: the plain and the odd-weighted sum of its words, mod 2^32."""
+    """uint32 [2] per array: sum_i x_i and sum_i (2 i + 1) x_i mod 2^32 of its bits as uint32 words.
+
+    A flipped bit changes the first by +-2^k (never 0 mod 2^32); the odd weights keep that true for
+    the second and make it see moved words; integer sums do not depend on the sharding. A check
+    against damage, not a cryptographic hash (benchmarks/checkpoint_digest.py).
+    """
     sums = []
     for leaf in leaves:
         flat = leaf.reshape(-1)
@@ -189,9 +186,8 @@ def finished_steps(directory: str) -> list[int]:
 def unfinished_saves(directory: str) -> list[str]:
     """Names of the temporary directories of interrupted saves in a checkpoint directory."""
     path = epath.Path(directory)
-    if not path.exists():
-        return []
-    return sorted(child.name for child in path.iterdir() if ".orbax-checkpoint-tmp" in child.name)
+    names = [child.name for child in path.iterdir()] if path.exists() else []
+    return sorted(name for name in names if ".orbax-checkpoint-tmp" in name)
 
 
 def describe_latest(checkpointer: Checkpointer) -> str:
@@ -212,8 +208,6 @@ def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = No
     def bad(step: int) -> bool:
         if streak_start is not None and step >= streak_start - 1:
             return True
-        if not (checkpoint_path(checkpointer, step) / PROGRESS_ITEM).exists():
-            return False
         try:
             return checkpointer.restore_json(PROGRESS_ITEM, step).get("skipped_in_a_row", 0) > 0
         except Exception:  # an unreadable record: not offered as good either
@@ -242,7 +236,7 @@ def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = No
 
 
 def restore_or_initialize(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract_state: Any, initialize: Callable[[], Any]
+    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
 ) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
     if leftovers := unfinished_saves(checkpointer.directory):
@@ -254,18 +248,13 @@ def restore_or_initialize(
     if step is None:
         return initialize()
     say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
-    return restore_compatible(cfg, checkpointer, abstract_state, step)
+    return restore_compatible(cfg, checkpointer, abstract, step)
 
 
 def restore_compatible(
-    cfg: TrainConfig,
-    checkpointer: Checkpointer,
-    abstract_state: Any,
-    step: int,
-    *,
-    purpose: str = "resume",
+    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
-    """Checkpoint `step` restored into `abstract_state`, once its saved config fits `cfg`.
+    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`.
 
     purpose: 'resume' or 'evaluate' (config_differences). Raises NoCheckpointError,
     IncompatibleCheckpointError, or CorruptCheckpointError (unreadable, damaged, or no digests
@@ -274,7 +263,7 @@ def restore_compatible(
     path = checkpoint_path(checkpointer, step)
 
     def corrupt(problem: str, then: str = "") -> errors.CorruptCheckpointError:
-        fallback = _fallback(checkpointer, abstract_state, step)
+        fallback = _fallback(checkpointer, abstract, step)
         return errors.CorruptCheckpointError(f"{problem} {fallback}{then}")
 
     finished = finished_steps(checkpointer.directory)
@@ -283,7 +272,7 @@ def restore_compatible(
             f"No finished checkpoint {path}; the finished ones are steps {finished}."
         )
     try:
-        saved_config = checkpointer.restore_config(step)
+        saved_config = checkpointer.restore_json(CONFIG_ITEM, step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
         raise corrupt(_unreadable(path, "its saved config", err)) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
@@ -292,19 +281,16 @@ def restore_compatible(
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
     checked = (path / DIGESTS_ITEM).exists()
-    if not checked and not cfg.checkpoint.accept_missing_digests:
+    if not (checked or cfg.checkpoint.accept_missing_digests):
         raise corrupt(
             f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage to "
             "its arrays could not be seen: it is refused like a damaged one. Nothing was deleted.",
             " To restore it unchecked anyway, add --config.checkpoint.accept_missing_digests=True.",
         )
     if not checked:
-        say(
-            f"Restoring {path} unchecked (no digests; checkpoint.accept_missing_digests): a NaN "
-            "later may come from damage, not from the learning rate."
-        )
+        say(f"Restoring {path} unchecked (no digests): a NaN later may come from damage.")
     try:
-        state = checkpointer.restore(abstract_state, step)
+        state = checkpointer.restore(abstract, step)
         damaged = checkpointer.damaged_arrays(state, step) if checked else []
     except Exception as err:
         raise corrupt(_unreadable(path, "its state", err)) from err
@@ -332,6 +318,7 @@ def config_differences(
     current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
     accepted = str(current_flat.get("checkpoint.accept_changes") or "").split(",")
     free = RESUME_FREE | {key.strip() for key in accepted if key.strip()}
+    constant_rate = current_flat.get("opt.schedule") == "constant"  # whatever the run's length
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
@@ -339,17 +326,13 @@ def config_differences(
             continue
         line = f"{key} is {before!r} there, {now!r} now"
         names = {key, key.split(".")[0]}
-        if names & PARAMETER_KEYS:
+        if names & PARAMETER_KEYS or (purpose == "evaluate" and key in EVALUATION_LABEL_KEYS):
             incompatible.append(line)
         elif key == "opt.clip_norm" and (before == 0) != (now == 0):
             # Clipping adds a transformation to the optimizer chain: another state structure.
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
-        elif purpose == "evaluate":
-            (incompatible if key in EVALUATION_LABEL_KEYS else changed).append(line)
-        elif names & free or (
-            key == "num_steps" and current_flat.get("opt.schedule") == "constant"
-        ):
-            changed.append(line)  # a constant learning rate does not depend on the run's length
+        elif purpose == "evaluate" or names & free or (key == "num_steps" and constant_rate):
+            changed.append(line)
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
         else:
@@ -368,11 +351,10 @@ def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: st
     return (
         f"Checkpoint {path} was written with other settings than this run's, and they change what "
         f"the trained model and its results mean: {differences}. Resume with the checkpoint's "
-        "settings (only eval, log, checkpoint, runtime and mesh settings may change), or start a "
-        "new run with another --workdir (nothing was deleted). To resume with a changed setting "
-        "anyway (e.g. a lower learning rate after a divergence), name it: "
-        "--config.checkpoint.accept_changes=opt.learning_rate (keys or sections, comma-separated; "
-        "starts.jsonl records each start's settings)."
+        "settings (only eval, log, checkpoint, runtime and mesh settings may change) or start a "
+        "new run in another --workdir; nothing was deleted. To resume with a changed setting "
+        "anyway (e.g. a lower learning rate after a divergence), name it (keys or sections, "
+        "comma-separated): --config.checkpoint.accept_changes=opt.learning_rate."
     )
 
 
@@ -390,12 +372,12 @@ def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
     )
 
 
-def _fallback(checkpointer: Checkpointer, abstract_state: Any, step: int) -> str:
+def _fallback(checkpointer: Checkpointer, abstract: Any, step: int) -> str:
     """Which earlier checkpoint restores intact, and how to resume from it."""
     path = checkpoint_path(checkpointer, step)
     for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
         try:
-            state = checkpointer.restore(abstract_state, earlier)
+            state = checkpointer.restore(abstract, earlier)
             damaged = checkpointer.damaged_arrays(state, earlier)
         except Exception:  # unreadable too: try the one before
             continue
@@ -427,10 +409,7 @@ class WorkdirLock:
         self._file = None
         self.previous_holder: dict | None = None
         if enabled and is_uri(workdir):
-            logging.warning(
-                f"{workdir} is on an object store, which has no locks: make sure no other run "
-                "uses this workdir while this one runs."
-            )
+            logging.warning(f"{workdir} is on an object store (no locks): one run at a time.")
 
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
@@ -479,12 +458,10 @@ class WorkdirLock:
         )
 
     def __exit__(self, *exc_info) -> None:
-        if self._file is None:
-            return
-        _rewrite(self._file, "")  # an empty file: released cleanly
-        fcntl.flock(self._file, fcntl.LOCK_UN)
-        self._file.close()
-        self._file = None
+        if self._file is not None:
+            _rewrite(self._file, "")  # an empty file: released cleanly
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
 
 
 def _rewrite(handle, text: str) -> None:
