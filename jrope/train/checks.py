@@ -286,15 +286,13 @@ def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
 def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> list[str]:
     """The workdir is writable (or a bucket that answers) and holds a finished checkpoint to
     evaluate, or none beyond num_steps to train (a training run must not end before it)."""
+    path = workdir if is_uri(workdir) else os.path.abspath(os.path.expanduser(workdir))
+    checkpoints, existing, problem = f"{path.rstrip('/')}/checkpoints", path, None
     if is_uri(workdir):
-        path, checkpoints = workdir, f"{workdir.rstrip('/')}/checkpoints"
         problem = outputs.uri_problem(workdir, "--workdir")
     else:
-        path = os.path.abspath(os.path.expanduser(workdir))
-        checkpoints, existing = os.path.join(path, "checkpoints"), path
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
-        problem = None
         if not os.path.isdir(existing):
             problem = (
                 f"--workdir {path}: {existing} is a file, not a directory; choose another "

@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import operator
 import os
 import re
 import sys
@@ -261,8 +260,7 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
 
 
 def _build(section: Callable, values: Any, where: str, problems: list[str]):
-    """`section(**values)` (keys, defaults and types from its signature), or None with a problem
-    appended per bad key or value; with unknown keys, the known ones are still checked."""
+    """`section(**values)`, or None with a problem appended per bad key or value, every one."""
     parameters = inspect.signature(section).parameters
     required = [key for key, param in parameters.items() if param.default is param.empty]
     before = len(problems)
@@ -298,8 +296,7 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "Tru
 
 
 def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[str]) -> bool:
-    """Whether `values` is a section with the required keys, of the annotated types (`_ACCEPTED`,
-    tuple): appends one problem per unknown, missing or mistyped key."""
+    """Whether `values` has the required keys, of their annotated types; a problem per misfit."""
     if values is _UNRESOLVED:
         return False  # the key that could not be computed is a problem already
     if not isinstance(values, dict):
@@ -506,15 +503,14 @@ def unknown_key_problems(argv: Sequence[str]) -> list[str]:
     if path is None or config_file_problem(argv):
         return []
     config = load_config_file(path)
-    known = list(_dotted_keys(config))
+    known = dict(_dotted_keys(config))
     problems = []
     for key in [match.group(1) for match in map(_OVERRIDE.match, argv) if match]:
         if key in known:
             continue
-        parts = key.split(".")
-        above = [".".join(parts[:depth]) for depth in range(1, len(parts))]
-        deepest = ([dotted for dotted in above if dotted in known] or [""])[-1]
-        node = functools.reduce(operator.getitem, filter(None, deepest.split(".")), config)
+        above = [key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1)]
+        deepest = next((dotted for dotted in above if dotted in known), "")
+        node = known.get(deepest, config)  # the deepest part of the key that the config has
         if isinstance(node, config_dict.ConfigDict):
             hint = _closest(key, known, deepest, node.keys())
             problems.append(f"--config.{key}: the config has no key {key!r}; {hint}")
@@ -526,9 +522,9 @@ def unknown_key_problems(argv: Sequence[str]) -> list[str]:
     return problems
 
 
-def _dotted_keys(config: config_dict.ConfigDict, prefix: str = "") -> Iterator[str]:
-    """Every key of the config as a dotted path, sections and leaves alike."""
+def _dotted_keys(config: config_dict.ConfigDict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every key of the config, sections and leaves alike."""
     for key in config.keys():
-        yield f"{prefix}{key}"
+        yield f"{prefix}{key}", config[key]
         if isinstance(config[key], config_dict.ConfigDict):
             yield from _dotted_keys(config[key], f"{prefix}{key}.")
