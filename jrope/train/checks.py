@@ -239,6 +239,7 @@ def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | No
     if seconds <= hours * 3600:
         return []
     most = int(hours * 3600 * env.flops_per_sec / flops_per_sequence) // batch * batch
+    shortest = f"{seconds / 3600:.1f}" if seconds >= 360 else f"{seconds / 3600:.2g}"
     fix = (
         f"set --config.eval.num_sequences={most} (the most that fits) or fewer"
         if most
@@ -247,7 +248,7 @@ def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | No
     return [
         f"eval.num_sequences = {sequences}: the final evaluation ({sequences} sequences at each "
         f"of the lengths {lengths}, {sequences * flops_per_sequence:.3g} forward FLOPs) takes at "
-        f"least {seconds / 3600:.3g} hours at this machine's measured matmul rate of "
+        f"least {shortest} hours at this machine's measured matmul rate of "
         f"{env.flops_per_sec:.3g} FLOP/s, more than eval.max_hours = {hours}; {fix}, or raise "
         "--config.eval.max_hours."
     ]

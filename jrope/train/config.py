@@ -1,9 +1,6 @@
-"""The run config: a frozen dataclass per section, the one parser, and the command-line overrides.
-
-`convert_config` turns a `configs/*.py` ConfigDict into the frozen `TrainConfig` and returns every
-problem, each naming its key and the fix (jrope.train.checks checks the rest before step 1). The
-command-line helpers below correct what ml_collections does with `--config.<key>=<value>`: a key
-given twice is joined, an unknown key is named by its last part only, in a traceback.
+"""The run config: a frozen dataclass per section; `convert_config`, the one parser, returning every
+problem at once, each naming its key and the fix; command-line helpers that correct what
+ml_collections does with overrides (a key given twice is joined, an unknown one a traceback).
 """
 
 from __future__ import annotations
