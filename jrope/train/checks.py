@@ -355,21 +355,16 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
         if is_uri(path):
             problem = outputs.uri_problem(path, f"data.{field} =", must_exist=True)
             problems += [problem] if problem else []
-        elif os.path.exists(os.path.expanduser(path)):
-            continue
-        elif source == "text":
-            problems.append(
-                f"data.{field} = {path!r} does not exist; point --config.data.{field} at a UTF-8 "
-                "text file or a directory of them."
+        elif not os.path.exists(os.path.expanduser(path)):
+            fix = (
+                f"point --config.data.{field} at a UTF-8 text file or a directory of them"
+                if source == "text"
+                else f"prepare the audio tokens first with python -m jrope.data.audio "
+                f"--wav_dir=WAVS --out_dir={path} (WAVS: any folder of .wav files, e.g. MusicNet's "
+                "musicnet.tar.gz from https://zenodo.org/records/5120004, unpacked), or point "
+                f"--config.data.{field} at a folder that command wrote"
             )
-        else:
-            problems.append(
-                f"data.{field} = {path!r} does not exist; prepare the audio tokens first with "
-                f"python -m jrope.data.audio --wav_dir=WAVS --out_dir={path} (WAVS: any folder "
-                "of .wav files, e.g. MusicNet's musicnet.tar.gz from "
-                "https://zenodo.org/records/5120004, unpacked), or point "
-                f"--config.data.{field} at a folder that command wrote."
-            )
+            problems.append(f"data.{field} = {path!r} does not exist; {fix}.")
     return problems
 
 
