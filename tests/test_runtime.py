@@ -22,6 +22,7 @@ from jrope.errors import (
     DataError,
     GenerationRequestError,
     IncompatibleCheckpointError,
+    JropeError,
     NoCheckpointError,
     NonFiniteEvaluationError,
     NonFiniteLossError,
@@ -117,6 +118,8 @@ CONFIG = "--config=tests/helpers/subprocess_run_config.py"
 def test_each_kind_of_error_has_its_exit_status(error, status):
     reported = runtime.exit_status(error)
     assert (reported[0] if reported else None) == status
+    if isinstance(error, JropeError):
+        assert reported[1] == str(error)  # the message alone
 
 
 def test_a_storage_failure_is_found_in_a_wrapped_library_error():

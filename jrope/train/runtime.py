@@ -232,9 +232,9 @@ def _host_support() -> tuple[tuple[int, int] | None, str | None]:
     """This host's glibc version and huge-page mode ('always [madvise] never' -> 'madvise')."""
     name, version = libc_ver()
     numbers = re.match(r"(\d+)\.(\d+)", version)
+    glibc = (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
     mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
     chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
-    glibc = (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
     return glibc, chosen[1] if chosen else None
 
 
