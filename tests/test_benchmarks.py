@@ -1,7 +1,13 @@
-"""What the benchmarks build on that the rest of the suite does not reach: random bytes."""
+"""What the benchmarks build on that the rest of the suite does not reach: random bytes, and
+that every benchmark script still loads against the library and lists its flags."""
+
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
+import pytest
 from helpers.tiny_config import tiny_text_config_dict
 
 from benchmarks.random_bytes import RandomBytes
@@ -37,3 +43,26 @@ def test_random_bytes_train_a_byte_level_step_like_text(tmp_path):
             losses.append(float(jax.device_get(metrics)["loss"]))
     assert np.isfinite(losses).all()
     assert losses[1] < losses[0]
+
+
+BENCHMARKS = sorted(
+    path.name
+    for path in (pathlib.Path(__file__).parents[1] / "benchmarks").glob("*.py")
+    if path.name != "random_bytes.py"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_every_benchmark_loads_and_lists_its_flags(script):
+    repo = pathlib.Path(__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / script), "--helpfull"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output[-2000:]
+    assert f"benchmarks/{script}" in output or script in output
