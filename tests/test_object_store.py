@@ -20,6 +20,7 @@ from helpers import fake_gcs
 from tensorboardX.proto import event_pb2
 
 from configs import kernel_probe as kernel_probe_config
+from jrope.data import files
 from jrope.experiments import compare, kernel_probe
 from jrope.train import checkpoints, evaluation, outputs
 from jrope.train.outputs import MetricsLogger
@@ -84,7 +85,7 @@ def test_the_bucket_log_is_rewritten_whole_at_most_every_interval(bucket, monkey
     log = outputs.JsonLinesLog(epath.Path(RUN) / "log.jsonl")
     log.write("a")
     assert not (epath.Path(RUN) / "log.jsonl").exists()  # buffered: no upload per line
-    monkeypatch.setattr(outputs, "UPLOAD_INTERVAL_S", 0.0)
+    monkeypatch.setattr(files, "UPLOAD_INTERVAL_S", 0.0)
     log.write("b")
     assert (epath.Path(RUN) / "log.jsonl").read_text() == "a\nb\n"
     log.close()
@@ -169,22 +170,22 @@ def test_the_checkpoint_uri_reaches_orbax_unchanged(bucket, monkeypatch):
 
 
 def test_a_reachable_bucket_passes_and_a_missing_one_is_named(bucket):
-    assert outputs.uri_problem(RUN, "--workdir") is None
-    problem = outputs.uri_problem("gs://no-such-bucket/run", "--workdir")
+    assert files.uri_problem(RUN, "--workdir") is None
+    problem = files.uri_problem("gs://no-such-bucket/run", "--workdir")
     assert "bucket gs://no-such-bucket does not exist" in problem
     assert "gcloud storage buckets create gs://no-such-bucket" in problem
-    problem = outputs.uri_problem("gs://bucket/text.txt", "data.path =", must_exist=True)
+    problem = files.uri_problem("gs://bucket/text.txt", "data.path =", must_exist=True)
     assert (
         problem
         == "data.path = gs://bucket/text.txt does not exist in bucket gs://bucket; fix the path."
     )
-    assert "not a local path" in outputs.uri_problem("http://host/run", "--workdir")
+    assert "not a local path" in files.uri_problem("http://host/run", "--workdir")
 
 
 def test_a_bucket_that_does_not_answer_is_given_up_on_and_named(bucket, monkeypatch):
     monkeypatch.setattr(fake_gcs.FakeGCS, "exists", lambda self, path, **kw: time.sleep(5))
     start = time.monotonic()
-    problem = outputs.uri_problem(RUN, "--workdir", timeout_s=0.2)
+    problem = files.uri_problem(RUN, "--workdir", timeout_s=0.2)
     assert time.monotonic() - start < 2
     assert problem.startswith(
         "--workdir gs://bucket/run: bucket gs://bucket did not answer within 0.2 s"

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrope.attention import choose_kernel
+from jrope.data import files
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
@@ -290,7 +291,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
     path = workdir if is_uri(workdir) else os.path.abspath(os.path.expanduser(workdir))
     checkpoints, existing, problem = f"{path.rstrip('/')}/checkpoints", path, None
     if is_uri(workdir):
-        problem = outputs.uri_problem(workdir, "--workdir")
+        problem = files.uri_problem(workdir, "--workdir")
     else:
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
@@ -353,7 +354,7 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
     for field in path_fields:
         path = getattr(cfg.data, field)
         if is_uri(path):
-            problem = outputs.uri_problem(path, f"data.{field} =", must_exist=True)
+            problem = files.uri_problem(path, f"data.{field} =", must_exist=True)
             problems += [problem] if problem else []
         elif not os.path.exists(os.path.expanduser(path)):
             fix = (

@@ -16,12 +16,10 @@ import platform
 import shlex
 import subprocess
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import jax
 import numpy as np
@@ -30,7 +28,7 @@ from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
-from jrope.data.files import is_uri, write_atomically
+from jrope.data.files import BucketObject, is_uri, write_atomically
 from jrope.data.source import source_spec
 from jrope.errors import NonFiniteLossError, SkippedTooManySteps
 from jrope.train.config import TrainConfig
@@ -242,37 +240,9 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
-# Longest time between two rewrites of an object in a bucket while a run logs.
-UPLOAD_INTERVAL_S = 30.0
-
-
-class _BucketObject:
-    """A file-like object in a bucket, written whole from memory: on `flush` at most every
-    UPLOAD_INTERVAL_S (the first at once unless `uploaded_at` says otherwise), on `upload`."""
-
-    def __init__(self, path: epath.PathLike, data: bytes = b"", uploaded_at: float = -math.inf):
-        self._path = epath.Path(path)
-        self._data = io.BytesIO(data)
-        self._data.seek(0, io.SEEK_END)
-        self._uploaded_at = uploaded_at
-
-    def write(self, data: bytes) -> None:
-        self._data.write(data)
-
-    def flush(self) -> None:
-        if time.monotonic() - self._uploaded_at >= UPLOAD_INTERVAL_S:
-            self.upload()
-
-    def upload(self) -> None:
-        self._path.write_bytes(self._data.getvalue())
-        self._uploaded_at = time.monotonic()
-
-    close = upload
-
-
-# tensorboardX opens its gs:// event files through epath, as _BucketObjects (no folders to make).
+# tensorboardX opens its gs:// event files through epath, as BucketObjects (no folders to make).
 record_writer.register_writer_factory(
-    "gs", types.SimpleNamespace(open=_BucketObject, directory_check=lambda path: None)
+    "gs", types.SimpleNamespace(open=BucketObject, directory_check=lambda path: None)
 )
 
 
@@ -286,7 +256,7 @@ class JsonLinesLog:
         history = self._path.read_text() if self._path.exists() else ""
         kept = "".join(line for line in history.splitlines(True) if keep is None or keep(line))
         if is_uri(self._path):  # uploaded an interval after the first line, not line by line
-            self._file = _BucketObject(self._path, kept.encode(), uploaded_at=time.monotonic())
+            self._file = BucketObject(self._path, kept.encode(), uploaded_at=time.monotonic())
             return
         if kept != history:
             write_atomically(str(self._path), [kept.encode()])
@@ -302,7 +272,7 @@ class JsonLinesLog:
 
     def flush(self) -> None:
         """Everything written so far is in the file (a local file is flushed at every line)."""
-        if isinstance(self._file, _BucketObject):
+        if isinstance(self._file, BucketObject):
             self._file.upload()
 
     def close(self) -> None:
@@ -536,63 +506,6 @@ def plot_against_length(
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
-
-
-# How long a bucket may take to answer before the run stops (offline, gcsfs retries for minutes).
-STORAGE_TIMEOUT_S = 30.0
-# URI schemes etils.epath reads and writes (through fsspec: gcsfs, s3fs, adlfs).
-SUPPORTED_SCHEMES = ("gs", "s3", "az")
-
-
-def uri_problem(
-    uri: str, what: str, *, must_exist: bool = False, timeout_s: float = STORAGE_TIMEOUT_S
-) -> str | None:
-    """Why `uri` cannot be used, e.g. for what='--workdir'; None when its bucket answered
-    within `timeout_s` and, with `must_exist` (data), the object or folder itself is there."""
-    parts = urlsplit(uri)
-    bucket = f"{parts.scheme}://{parts.netloc}"
-    if parts.scheme not in SUPPORTED_SCHEMES or not parts.netloc:
-        return (
-            f"{what} {uri}: not a local path and not a bucket URI jrope can use "
-            f"({', '.join(s + '://bucket/...' for s in SUPPORTED_SCHEMES)}); fix the path."
-        )
-    answer: dict = {}
-
-    def ask() -> None:
-        try:
-            answer["exists"] = epath.Path(uri if must_exist else bucket).exists()
-        except BaseException as error:  # noqa: BLE001  (any failure is reported, named)
-            answer["error"] = error
-
-    thread = threading.Thread(target=ask, name=f"probe {bucket}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    error = answer.get("error")
-    if thread.is_alive():
-        return (
-            f"{what} {uri}: bucket {bucket} did not answer within {timeout_s:g} s; check the "
-            "network and the credentials (gcloud auth application-default login), or use a "
-            "local path."
-        )
-    if isinstance(error, ImportError):
-        install = f"install fsspec's {parts.scheme} filesystem"
-        if parts.scheme == "gs":
-            install = "pip install 'jrope[gcs]' (or: pip install gcsfs)"
-        return f"{what} {uri}: reading {parts.scheme}:// needs its filesystem: {install}."
-    if error is not None:
-        cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        return (
-            f"{what} {uri}: cannot reach bucket {bucket} ({type(error).__name__}: {cause}); "
-            "check the bucket name, the network and the credentials."
-        )
-    if answer["exists"]:
-        return None
-    if must_exist:
-        return f"{what} {uri} does not exist in bucket {bucket}; fix the path."
-    return (
-        f"{what} {uri}: bucket {bucket} does not exist or these credentials cannot see it; "
-        f"create it (gcloud storage buckets create {bucket}) or fix the name."
-    )
 
 
 def tensorboard_command(workdir: str) -> str:
