@@ -1,6 +1,5 @@
 """What every entry point shares (`run(main)`: flags, log level, exit statuses as in docs/runs.md,
-signals) and the runtime options: CPU-only tuning (`restart_with_huge_pages`,
-`step_compiler_options`, `model_projection`), the compilation cache and the profiler trace."""
+signals) and the runtime options: CPU-only tuning, the compilation cache, the profiler trace."""
 
 import errno
 import functools
@@ -30,7 +29,6 @@ from jrope.data.files import is_uri, resolved
 from jrope.errors import ConfigError, JropeError, RunIOError
 from jrope.model.projection import ProjectionFn, contract, cpu_projection
 from jrope.train import config as run_config
-from jrope.train.config import RuntimeConfig
 
 VERBOSE_ENV = "JROPE_VERBOSE"
 _PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")  # setup's flags
@@ -137,11 +135,11 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
             handler.addFilter(_shown_record)
         sys.excepthook = _excepthook_without_closed_loop_noise
         sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
-    _stop_on_sigterm()
+    signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         main(argv)
     except (KeyboardInterrupt, Stopped) as error:
-        signum = error.signum if isinstance(error, Stopped) else signal.SIGINT
+        signum = signal.SIGTERM if isinstance(error, Stopped) else signal.SIGINT
         _fail(stop_message(signum, getattr(error, "during", None)), 128 + signum, error)
     except Exception as error:
         reported = exit_status(error)
@@ -153,16 +151,10 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
 class Stopped(BaseException):
     """SIGTERM outside the train loop: a BaseException, so no `except Exception` swallows it."""
 
-    signum = signal.SIGTERM
 
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM raises Stopped (until the train loop or a multi-process run installs its own)."""
-
-    def stop(signum, frame):
-        raise Stopped(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, stop)
+def _raise_stopped(signum: int, frame: object) -> None:
+    """The SIGTERM handler until the train loop or a multi-process run installs its own."""
+    raise Stopped(signal.Signals(signum).name)
 
 
 @contextmanager
@@ -211,15 +203,13 @@ def _closed_loop(error: BaseException | None) -> bool:
 
 
 TUNABLE = "glibc.malloc.hugetlb"
-# '0': never restart; '1': restart on any backend; unset: on the CPU backend only.
-OPT_OUT = "JROPE_HUGE_PAGES"
+OPT_OUT = "JROPE_HUGE_PAGES"  # '0': never restart; '1': on any backend; unset: on CPU only
 
 
 def environment_with_huge_pages(
     environ: Mapping[str, str], glibc: tuple[int, int] | None, thp: str | None, *, cpu_run: bool
 ) -> dict[str, str] | None:
-    """The environment to restart with, or None. glibc: (major, minor), None for another C
-    library; thp: the kernel's huge-page mode ('always', 'madvise', 'never', None without one)."""
+    """The environment to restart with, or None. glibc: (major, minor); thp: the huge-page mode."""
     choice = environ.get(OPT_OUT, "")
     tunables = environ.get("GLIBC_TUNABLES", "")
     supported = glibc is not None and glibc >= (2, 35) and thp not in (None, "never")
@@ -230,17 +220,15 @@ def environment_with_huge_pages(
 
 def _host_support() -> tuple[tuple[int, int] | None, str | None]:
     """This host's glibc version and huge-page mode ('always [madvise] never' -> 'madvise')."""
-    name, version = libc_ver()
-    numbers = re.match(r"(\d+)\.(\d+)", version)
-    glibc = (int(numbers[1]), int(numbers[2])) if name == "glibc" and numbers else None
+    numbers = re.match(r"glibc (\d+)\.(\d+)", " ".join(libc_ver()))  # ('glibc', '2.36')
+    glibc = (int(numbers[1]), int(numbers[2])) if numbers else None
     mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
     chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
     return glibc, chosen[1] if chosen else None
 
 
 def runs_on_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether JAX will pick its CPU backend, without starting it: JAX_PLATFORMS's first entry,
-    else whether neither libtpu (jax[tpu]) nor a PJRT plugin (jax[cuda12], ROCm) is installed."""
+    """Whether JAX will pick its CPU backend: JAX_PLATFORMS, else no TPU or GPU backend is found."""
     platforms = environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
@@ -251,9 +239,8 @@ def runs_on_cpu(environ: Mapping[str, str]) -> bool:
 
 
 def restart_with_huge_pages() -> None:
-    """Re-executes sys.orig_argv, when wanted, with glibc's huge-page tunable (read only at start;
-    call this first): XLA:CPU maps each step's scratch buffer afresh, which glibc >= 2.35 then
-    backs with transparent huge pages. Not off Linux, nor under a debugger (an exec drops it)."""
+    """Re-executes sys.orig_argv with glibc's huge-page tunable (read only at start) when wanted,
+    for XLA:CPU's per-step scratch buffers; call it first. Not off Linux, nor under a debugger."""
     monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
     debugger = monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
     if not sys.platform.startswith("linux") or sys.gettrace() is not None or debugger:
@@ -320,7 +307,7 @@ class StepTrace:
     """A profiler trace of the steps runtime.profile_from_step <= step < profile_to_step, written
     to `<workdir>/tensorboard` (through a local staging folder for a bucket)."""
 
-    def __init__(self, workdir: epath.PathLike, runtime: RuntimeConfig):
+    def __init__(self, workdir: epath.PathLike, runtime: run_config.RuntimeConfig):
         self._destination = epath.Path(workdir) / "tensorboard"
         self._steps = range(runtime.profile_from_step, runtime.profile_to_step)
         self._staging: tempfile.TemporaryDirectory | None = None
