@@ -129,10 +129,9 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
         flat = leaf.reshape(-1)
         if flat.dtype == jnp.bool_:
             flat = flat.astype(jnp.uint8)
+        # The bits as uint32 words, 16- and 8-bit elements widened.
         unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[flat.dtype.itemsize]
-        words = jax.lax.bitcast_convert_type(flat, unsigned).astype(
-            jnp.uint32
-        )  # 16, 8 bits widened
+        words = jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
         weighted = words * (2 * jnp.arange(words.shape[0], dtype=jnp.uint32) + 1)
         sums.append(jnp.stack([words.sum(dtype=jnp.uint32), weighted.sum(dtype=jnp.uint32)]))
     return sums
