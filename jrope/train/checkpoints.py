@@ -1,10 +1,8 @@
 """Checkpoints: the save, its digests, the restore that resumes a run, the workdir lock.
 
-Each step of `<workdir>/checkpoints` (local or a bucket) holds `state` (sharded arrays), `config`
-(the TrainConfig as JSON), `digests` and `progress` (updates skipped by opt.nonfinite='skip': a
-resume counts on from it; a checkpoint saved amid skipped updates is never the last good one).
-Orbax saves are atomic: a killed save leaves a `<step>.orbax-checkpoint-tmp-<n>` directory,
-reported, never restored or deleted. One run per workdir: process 0 holds a `flock` on
+Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON), `digests` and `progress`
+(updates skipped so far and in a row). Orbax saves are atomic: a killed save leaves a
+`<step>.orbax-checkpoint-tmp-<n>` directory, never restored. Process 0 holds a `flock` on
 `<workdir>/run.lock`, which the kernel releases however the process ends.
 """
 
@@ -122,8 +120,7 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
 
     A flipped bit changes the first by +-2^k (never 0 mod 2^32); the odd weights keep that true for
     the second and make it see moved words; integer sums do not depend on the sharding. A check
-    against damage, not a cryptographic hash (benchmarks/checkpoint_digest.py).
-    """
+    against damage, not a cryptographic hash."""
     sums = []
     for leaf in leaves:
         flat = leaf.reshape(-1)
@@ -198,11 +195,8 @@ def describe_latest(checkpointer: Checkpointer) -> str:
 
 
 def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
-    """The latest checkpoint saved with no update being skipped, and how to resume from it.
-
-    streak_start: the first step of the updates being skipped in a row now (None: none); the
-    checkpoint just before it is not good either (its very next step was non-finite).
-    """
+    """The latest checkpoint saved with no update being skipped, and how to resume from it;
+    streak_start: the first step of a streak of skips now (the checkpoint just before is bad)."""
 
     def bad(step: int) -> bool:
         if streak_start is not None and step >= streak_start - 1:
@@ -253,12 +247,9 @@ def restore_or_initialize(
 def restore_compatible(
     cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
-    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`.
-
-    purpose: 'resume' or 'evaluate' (config_differences). Raises NoCheckpointError,
-    IncompatibleCheckpointError, or CorruptCheckpointError (unreadable, damaged, or no digests
-    unless cfg.checkpoint.accept_missing_digests).
-    """
+    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`
+    for `purpose` ('resume' or 'evaluate'); NoCheckpointError, IncompatibleCheckpointError, or
+    CorruptCheckpointError (unreadable, damaged, or without digests unless accepted)."""
     path = checkpoint_path(checkpointer, step)
 
     def corrupt(problem: str, then: str = "") -> errors.CorruptCheckpointError:
@@ -272,8 +263,10 @@ def restore_compatible(
         )
     try:
         saved_config = checkpointer.restore_json(CONFIG_ITEM, step)
+        if purpose == "resume":  # the trainer counts skipped updates on from it
+            checkpointer.restore_json(PROGRESS_ITEM, step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
-        raise corrupt(_unreadable(path, "its saved config", err)) from err
+        raise corrupt(_unreadable(path, "its saved config or progress", err)) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
         raise errors.IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
@@ -306,12 +299,10 @@ def restore_compatible(
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
-    """Differences of two JSON config dicts as "key is <saved> there, <current> now" lines.
+    """(refused, accepted) differences of two JSON configs, as "key is <saved> there, <current> now".
 
-    purpose: 'evaluate' refuses PARAMETER_KEYS and the seeds; 'resume' refuses every key outside
-    RESUME_FREE and current's checkpoint.accept_changes ('opt.learning_rate,seed': keys or
-    sections), and num_steps unless the learning rate is constant (a schedule spans num_steps).
-    Both refuse turning clipping on or off. Returns (incompatible, changed): refused, and the rest.
+    'evaluate' refuses PARAMETER_KEYS and the seeds; 'resume' every key outside RESUME_FREE and
+    checkpoint.accept_changes, and num_steps under a schedule. Both refuse toggling clipping.
     """
     saved_flat = flatten_dict(json.loads(json.dumps(saved)))
     current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
@@ -350,10 +341,9 @@ def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: st
     return (
         f"Checkpoint {path} was written with other settings than this run's, and they change what "
         f"the trained model and its results mean: {differences}. Resume with the checkpoint's "
-        "settings (only eval, log, checkpoint, runtime and mesh settings may change) or start a "
-        "new run in another --workdir; nothing was deleted. To resume with a changed setting "
-        "anyway (e.g. a lower learning rate after a divergence), name it (keys or sections, "
-        "comma-separated): --config.checkpoint.accept_changes=opt.learning_rate."
+        "settings (only eval, log, checkpoint, runtime and mesh may change) or use another "
+        "--workdir; nothing was deleted. To change a setting anyway (e.g. a lower learning rate "
+        "after a divergence), name it: --config.checkpoint.accept_changes=opt.learning_rate."
     )
 
 
@@ -394,12 +384,9 @@ LOCK_FILE = "run.lock"
 
 
 class WorkdirLock:
-    """Context manager holding `<workdir>/run.lock` (a no-op when not `enabled`: other processes).
-
-    role: 'training' (refused while anything holds the lock) or 'evaluation' (waits for another
-    evaluation, refused during training). previous_holder: set on entry to the details of a holder
-    that ended without releasing the lock, else None. Object stores have no locks: said once.
-    """
+    """Holds `<workdir>/run.lock` as a 'training' (refused while anything holds it) or an
+    'evaluation' (waits for another evaluation, refused during training); a no-op when not
+    `enabled` or on an object store. previous_holder: a holder that ended without releasing it."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, role: str = "training"):
         self.path = os.path.join(workdir, LOCK_FILE)

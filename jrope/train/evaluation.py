@@ -1,13 +1,11 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
-`task_sums` gives sums (the train step uses them too), so batches and
-processes add up exactly. `evaluate_lengths` runs `EvalStep` over the source's
-fixed sequences of `eval.seed` per length (and distance), printing progress
-and the time left on long ones. `evaluate_and_report` merges the rows into
-`eval_step<step>/` (newer rows win), moved in from a temporary folder CSV last
-so no folder holds half a result; a NaN loss is a failure, not a result.
-`evaluate_checkpoint` (eval.py) holds the workdir's lock as an evaluation:
-evaluations take turns, and a running training is refused, not evaluated.
+`task_sums` gives sums (the train step uses them too), so batches and processes add up exactly.
+`evaluate_lengths` runs `EvalStep` over the fixed sequences of `eval.seed` per length (and
+distance), with progress on long ones. `evaluate_and_report` merges the rows into
+`eval_step<step>/` (newer rows win), written CSV last so no folder holds half a result; a NaN loss
+is a failure. `evaluate_checkpoint` (eval.py) takes the workdir's lock: evaluations take turns,
+and a running training is refused.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """

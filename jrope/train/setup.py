@@ -1,16 +1,12 @@
-"""The objects every run builds from its config: data source, device mesh, train-state layout,
-and the distributed start (`define_flags`, `initialize_from_flags`).
+"""What every run builds from its config: data source, device mesh, train-state layout, and the
+distributed start. `run = set_up_run(cfg)`, then `run.init_state()` (or restore into
+`run.layout.abstract`).
 
-    run = set_up_run(cfg)
-    state = run.init_state()      # or restored into run.layout.abstract
-
-Mesh: always the axes (data, fsdp, tensor), size 1 when unused, so one set of rules (from the
-parameters' logical axis names, jrope.model.axes, to mesh axes) serves every device count; a
-dimension that does not divide its mesh axes is replicated. State: a pytree
-{'step', 'params', 'opt_state'}, `step` counting completed optimizer steps (also the data
-position); the `graphdef` is kept apart. It is created sharded: no device holds all of it.
-Several processes run the same command; JAX sees all devices as one set, and each process loads
-only its share of every batch.
+The mesh always has the axes (data, fsdp, tensor), size 1 when unused, so one set of rules (logical
+axis names of jrope.model.axes to mesh axes) serves every device count; a dimension that does not
+divide its mesh axes is replicated. The state {'step', 'params', 'opt_state'} is created sharded;
+`step` counts completed optimizer steps (also the data position). Each process of a multi-host run
+loads only its share of every batch.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
-`make_train_step` jits one pure `train_step(state, batch) -> (state, metrics)`, the state donated;
-`train_and_evaluate` is the whole run. The data are a pure function of the step and dropout's key
-is the seed folded with the step, so a resumed run reproduces an uninterrupted one.
-Non-finite steps (`opt.nonfinite`): 'stop' reads each step's metrics one step late, and the
-pending step before every save, so no checkpoint holds a state made by a non-finite step; 'skip'
-keeps the previous parameters and optimizer state inside the jitted step (a select on a device
-flag: no host round trip) while the step counter and so the data advance.
-Preemption (SIGTERM, Ctrl-C): the handler only sets a flag (it may run inside a JAX call); the
-loop saves the step and raises TrainingPreempted. Several processes agree on the step through
-JAX's coordination service, which catches SIGTERM itself. Shapes: B batch, T length.
+`make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
+`train_and_evaluate` is the whole run. Data and dropout keys are pure functions of the step, so a
+resumed run reproduces an uninterrupted one. `opt.nonfinite='stop'` reads each step's metrics one
+step late and before every save, so no checkpoint holds a non-finite step's state; 'skip' keeps
+the previous state inside the jitted step (a select: no host round trip) while the data advance.
+On SIGTERM or Ctrl-C the handler only sets a flag; the loop saves the step (processes agree on it
+through JAX's coordination service) and raises TrainingPreempted. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
