@@ -144,19 +144,7 @@ def test_regression_reports_the_mean_of_per_sequence_r2_and_the_pooled_r2_beside
 def test_results_files_carry_both_r2_and_read_back(tmp_path):
     nan = float("nan")
     rows = [
-        dict(
-            method="rope",
-            seed=0,
-            step=4,
-            length=length,
-            distance=None,
-            num_sequences=4,
-            loss=0.5,
-            accuracy=nan,
-            bits_per_byte=nan,
-            r2=r2,
-            r2_pooled=pooled,
-        )
+        _result_row(length, 4) | dict(accuracy=nan, r2=r2, r2_pooled=pooled)
         for length, r2, pooled in ((16, 0.61, 0.83), (32, 0.25, 0.47))
     ]
     evaluation.write_results(rows, tmp_path, task="regression")
