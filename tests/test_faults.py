@@ -237,15 +237,22 @@ def test_sample_num_tokens_is_checked_against_positions_and_memory(tmp_path):
     with pytest.raises(GenerationRequestError, match=r"--num_tokens=10000000000 .* int32") as big:
         settings = GenerationSettings(num_tokens=10**10, sampling=sampling)
         text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
-    # Blamed on --num_tokens, with a count that fits: the last position is 2**31 - 2.
+    # Blamed on --num_tokens, with a count that fits in positions (the last is 2**31 - 2) and in
+    # memory alike.
     assert str(big.value).startswith("--num_tokens=")
-    assert f"at most {2**31 - 2 - 10} new tokens fit" in str(big.value)
+    most_for_big = int(re.search(r"at most (\d+) new tokens fit", str(big.value)).group(1))
+    assert 0 < most_for_big < 2**31 - 2 - 10
     settings = GenerationSettings(num_tokens=10**8, sampling=sampling)
     with pytest.raises(GenerationRequestError) as memory:
         text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
     most = int(re.search(r"at most (\d+) new tokens fit", str(memory.value)).group(1))
+    assert most == most_for_big
     fitting = GenerationSettings(num_tokens=most, sampling=sampling)
     text_generation.check_request(cfg, fitting, prompt, 16 * GIB, mesh)  # no error
+    # Without a memory figure only the positions bound it.
+    with pytest.raises(GenerationRequestError, match=f"at most {2**31 - 2 - 10} new tokens"):
+        unbounded = GenerationSettings(num_tokens=10**10, sampling=sampling)
+        text_generation.check_request(cfg, unbounded, prompt, None, mesh)
 
 
 # 6. Signals and command-line mistakes.

@@ -178,30 +178,31 @@ def check_request(
             f"token after a prompt of {prompt} bytes; use an offset of at most "
             f"{kv_cache.EMPTY - 2 - prompt - settings.num_tokens}."
         )
+    budget = checks.PLAIN_ATTENTION_MEMORY_FRACTION * (memory_bytes or float("inf"))
+    rows, platform = len(prompts), mesh.devices.flat[0].platform
+
+    def needed(num_tokens: int) -> int:
+        return generation_bytes(cfg, rows, prompt + num_tokens, settings.use_cache, platform)
+
+    # The most new tokens that both int32 positions and the memory allow.
+    most = checks.largest_fitting(
+        lambda n: needed(n) <= budget, min(settings.num_tokens, most_positions)
+    )
     if settings.num_tokens > most_positions:
         raise GenerationRequestError(
             f"--num_tokens={settings.num_tokens} after a prompt of {prompt} bytes at "
             f"--position_offset={settings.position_offset} puts positions past the int32 range; "
-            f"at most {max(most_positions, 0)} new tokens fit there."
+            f"at most {most} new tokens fit (in positions and in memory)."
         )
-    if memory_bytes is None:
+    if most == settings.num_tokens:
         return
-    budget = checks.PLAIN_ATTENTION_MEMORY_FRACTION * memory_bytes
-    rows, platform = len(prompts), mesh.devices.flat[0].platform
-
-    def fits(num_tokens: int) -> bool:
-        length = prompt + num_tokens
-        return generation_bytes(cfg, rows, length, settings.use_cache, platform) <= budget
-
-    if fits(settings.num_tokens):
-        return
-    most = checks.largest_fitting(fits, settings.num_tokens)
-    needed = generation_bytes(cfg, rows, prompt + settings.num_tokens, settings.use_cache, platform)
+    kept = "the KV cache and a forward" if settings.use_cache else "a full forward per token"
     raise GenerationRequestError(
         f"--num_tokens={settings.num_tokens} for {rows} prompt(s) of up to {prompt} bytes needs "
-        f"about {needed / 2**30:.1f} GiB ({'the KV cache and a forward' if settings.use_cache else 'a full forward per token'}), "
-        f"more than half of the {memory_bytes / 2**30:.1f} GiB available; at most {most} new "
-        "tokens fit" + ("" if most else " (not even one: use a shorter prompt)") + "."
+        f"about {needed(settings.num_tokens) / 2**30:.1f} GiB ({kept}), more than half of the "
+        f"{memory_bytes / 2**30:.1f} GiB available; at most {most} new tokens fit"
+        + ("" if most else " (not even one: use a shorter prompt)")
+        + "."
     )
 
 

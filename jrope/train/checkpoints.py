@@ -23,10 +23,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from flax.traverse_util import flatten_dict
 
 from jrope import errors
 from jrope.data.files import is_uri, resolved
-from jrope.train.config import TrainConfig, flatten_dict
+from jrope.train.config import TrainConfig
 from jrope.train.outputs import say
 
 NO_SKIPS = {"skipped_steps": 0, "skipped_in_a_row": 0}
@@ -304,8 +305,8 @@ def config_differences(
     'evaluate' refuses PARAMETER_KEYS and the seeds; 'resume' every key outside RESUME_FREE and
     checkpoint.accept_changes, and num_steps under a schedule. Both refuse toggling clipping.
     """
-    saved_flat = flatten_dict(json.loads(json.dumps(saved)))
-    current_flat = flatten_dict(json.loads(json.dumps(current)))  # tuples -> lists, as saved
+    saved_flat = flatten_dict(json.loads(json.dumps(saved)), sep=".")
+    current_flat = flatten_dict(json.loads(json.dumps(current)), sep=".")  # tuples -> lists
     accepted = str(current_flat.get("checkpoint.accept_changes") or "").split(",")
     free = RESUME_FREE | {key.strip() for key in accepted if key.strip()}
     constant_rate = current_flat.get("opt.schedule") == "constant"  # whatever the run's length

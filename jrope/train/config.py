@@ -428,17 +428,6 @@ def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
     return plain
 
 
-def flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> {"section.key": value}."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten_dict(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def first_line(err: Exception) -> str:
     """An error's first line without its full stop, for a problem that names the key."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")

@@ -220,6 +220,7 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
         batches = source.distance_eval_batches(length, distance, count, batch_size, seed=seed)
     totals = {}
     started = last_report = time.perf_counter()
+    at = f"length {length}" + ("" if distance is None else f", distance {distance}")
     with jax.set_mesh(mesh):
         for done, local_batch in enumerate(batches, start=1):
             sums = eval_step(params, setup.global_batch(local_batch, cfg.mesh.rules, mesh))
@@ -227,14 +228,25 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
                 totals[name] = totals.get(name, 0.0) + float(value)
             # eval.batch_size divides eval.num_sequences (jrope.train.config).
             now, evaluated = time.perf_counter(), done * batch_size
-            if now - last_report >= PROGRESS_INTERVAL_S and evaluated < count:
+            if done == 1:  # the pace is measured after the first batch (and its compilation)
+                paced_from = now
+            if done > 1 and now - last_report >= PROGRESS_INTERVAL_S and evaluated < count:
                 last_report = now
-                left = (now - started) / evaluated * (count - evaluated)
-                at = f"length {length}" + ("" if distance is None else f", distance {distance}")
+                per_sequence = (now - paced_from) / (evaluated - batch_size)
+                left = per_sequence * (count - evaluated)
                 say(
                     f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
                     f"about {duration(left)} left"
                 )
+                if left > cfg.eval.max_hours * 3600:
+                    most = int(cfg.eval.max_hours * 3600 / per_sequence) // batch_size * batch_size
+                    raise UsageError(
+                        f"Evaluation at {at}: at the pace measured, eval.num_sequences = {count} "
+                        f"takes {duration(left)} more, beyond eval.max_hours; nothing of this "
+                        f"evaluation was written, the checkpoint is kept. Evaluate it (eval.py) "
+                        f"with --config.eval.num_sequences={max(most, batch_size)} or raise "
+                        "--config.eval.max_hours."
+                    )
     metrics = metrics_from_sums(totals, source.task)
     if source.task == "language_model":  # byte-level: nats per byte -> bits per byte
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)

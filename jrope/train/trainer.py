@@ -24,12 +24,13 @@ import jax
 import jax.numpy as jnp
 import optax
 from etils import epath
+from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from jrope.errors import NonFiniteLossError, RunIOError, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
-from jrope.train.config import TrainConfig, flatten_dict
+from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, say
 from jrope.train.setup import RunSetup
 
@@ -218,7 +219,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
     )
     if start == 0:
         logger.write_hparams(
-            flatten_dict(cfg.to_json_dict()),
+            traverse_util.flatten_dict(cfg.to_json_dict(), sep="."),
             ["train/loss"] + [f"eval_{length}/loss" for length in cfg.eval.lengths],
         )
     eval_step = evaluation.EvalStep(run)
