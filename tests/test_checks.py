@@ -432,3 +432,19 @@ def test_the_evaluation_time_is_checked_at_this_machines_measured_rate(tmp_path)
     # 10^15 sequences exceed a day on any machine.
     with pytest.raises(ConfigError, match=r"eval\.num_sequences = 1000000000000000: the final"):
         check_training_run(_tiny(**{"eval.num_sequences": 10**15}), str(tmp_path / "run"))
+
+
+def test_a_workdir_that_cannot_be_written_is_refused_before_step_1(tmp_path, monkeypatch):
+    # Root writes through a read-only mode: the check asks the OS, so the OS's answer is set here.
+    denied = tmp_path / "read_only"
+    denied.mkdir()
+    real_access = os.access
+
+    def access(path, mode):
+        return path != str(denied) and real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(ConfigError, match="is not writable") as refusal:
+        check_training_run(tiny_config_dict(), str(denied / "run"), EIGHT_CPUS)
+    assert refusal.value.exit_status == 2 and "choose a writable --workdir" in str(refusal.value)
+    assert not (denied / "run").exists()
