@@ -112,7 +112,7 @@ class EvalConfig(ConfigSection):
     batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
     every_steps: int  # evaluation during training (0 = only after the last step)
     seed: int = DEFAULT_EVAL_SEED  # the same evaluation sequences for every run seed and method
-    max_hours: float = 24.0  # the longest final evaluation (its fastest time) accepted
+    max_hours: float = 24.0  # the longest evaluation accepted (FLOP bound, then measured pace)
 
     def rules(self):
         return [
