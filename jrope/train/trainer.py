@@ -48,6 +48,7 @@ class PreemptionWatch:
 
     def __enter__(self) -> PreemptionWatch:
         # signal.signal works only in the main thread; elsewhere the signals keep their action.
+        # Several processes: JAX's coordination service catches SIGTERM, a handler would replace it.
         if not self._multiprocess and threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
