@@ -221,11 +221,11 @@ def generation_flops(cfg: TrainConfig, rows: int, prompt: int, num_tokens: int, 
     """
 
     def forward(length: int, readout: str) -> float:
-        model = dataclasses.replace(cfg.model, readout=readout)
-        one = dataclasses.replace(
-            cfg, batch_size=rows, model=model, pe=dataclasses.replace(cfg.pe, train_context=length)
+        read_out = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, readout=readout))
+        flops = outputs.model_flops_per_step(
+            read_out, cfg.data.vocab_size, length=length, rows=rows
         )
-        return outputs.model_flops_per_step(one, cfg.data.vocab_size)["total"] / 3  # no backward
+        return flops["total"] / 3  # no backward
 
     if cached:
         prompt_logits = 2 * rows * prompt * cfg.model.d_model * cfg.data.vocab_size

@@ -229,12 +229,10 @@ def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | No
     if env.flops_per_sec is None:
         return []
     lengths = tuple(sorted(set(cfg.eval.lengths)))
-    flops_per_sequence = 0.0
-    for length in lengths:
-        one = dataclasses.replace(
-            cfg, batch_size=1, pe=dataclasses.replace(cfg.pe, train_context=length)
-        )
-        flops_per_sequence += outputs.model_flops_per_step(one, **io)["total"] / 3  # no backward
+    flops_per_sequence = sum(
+        outputs.model_flops_per_step(cfg, **io, length=n, rows=1)["total"] / 3  # no backward
+        for n in lengths
+    )
     sequences, batch, hours = cfg.eval.num_sequences, cfg.eval.batch_size, cfg.eval.max_hours
     seconds = sequences * flops_per_sequence / env.flops_per_sec
     if seconds <= hours * 3600:

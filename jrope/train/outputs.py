@@ -345,12 +345,14 @@ def model_flops_per_step(
     *,
     input_channels: int | None = None,
     output_channels: int | None = None,
+    length: int | None = None,
+    rows: int | None = None,
 ) -> dict[str, float]:
     """Model FLOPs of one train step of `cfg`'s Transformer: {'dense', 'attention', 'total'}.
 
     Matmuls only (standard MFU accounting), a multiply-add as 2 FLOPs, backward = 2 x forward.
-    With B = batch_size, T = pe.train_context, D = d_model, F = mlp_ratio D, a block whose Q
-    queries are the last Q of T key positions does, forward:
+    With B = rows or batch_size, T = length or pe.train_context, D = d_model, F = mlp_ratio D, a
+    block whose Q queries are the last Q of T key positions does, forward:
 
       dense      2 B D^2 (Q + 2 T) + 2 B Q D^2 + 4 B Q D F  (q, k, v, out projections, MLP)
       attention  4 B D P  (scores, weighted values on P = Q T - Q (Q - 1) / 2 visible pairs)
@@ -366,7 +368,7 @@ def model_flops_per_step(
         if vocab_size is None:
             vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
     m = cfg.model
-    b, t, d, v = cfg.batch_size, cfg.pe.train_context, m.d_model, vocab_size
+    b, t, d, v = rows or cfg.batch_size, length or cfg.pe.train_context, m.d_model, vocab_size
     f = m.mlp_ratio * d
     last_queries = 1 if m.readout == "last" else t
     dense = attention = 0
