@@ -45,9 +45,6 @@ _POSITION_OFFSET = flags.DEFINE_integer(
 _REBASE_BOUND = flags.DEFINE_integer(
     "rebase_bound", 1024, "The KV cache moves its origin every this many positions.", lower_bound=1
 )
-_MAX_HOURS = flags.DEFINE_float(
-    "max_hours", 24.0, "Refuse a generation that even at the measured matmul rate takes longer."
-)
 flags.mark_flags_as_required(["workdir", "prompt"])
 
 
@@ -58,8 +55,6 @@ def main(argv):
     from jrope.experiments import text_generation
     from jrope.model.generation import GenerationSettings, SamplingSettings
 
-    if _MAX_HOURS.value <= 0:
-        raise UsageError(f"--max_hours must be > 0, got {_MAX_HOURS.value:g}; e.g. --max_hours=24.")
     try:
         sampling = SamplingSettings(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value)
     except ValueError as err:  # names the flag and its fix
@@ -73,7 +68,7 @@ def main(argv):
         rebase_bound=_REBASE_BOUND.value,
         use_cache=not _NO_CACHE.value,
     )
-    texts = run.generate(_PROMPTS.value, settings, max_hours=_MAX_HOURS.value)
+    texts = run.generate(_PROMPTS.value, settings)
     for index, text in enumerate(texts):
         if len(texts) > 1:
             print(f"=== prompt {index}: {_PROMPTS.value[index]!r}")

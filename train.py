@@ -12,8 +12,6 @@ traceback). Multi-process runs (one process per host) add --multiprocess, or
 (jrope.train.setup).
 """
 
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -36,9 +34,9 @@ def main(argv):
     from jrope.train.trainer import train_and_evaluate
 
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    rows = [row for row in result["eval"] if row["distance"] is None]
-    lengths = [row["length"] for row in rows]
-    say(next_commands(sys.argv, _WORKDIR.value, rows[0]["method"], lengths))
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    say(next_commands(_WORKDIR.value, result["eval"], config_file, overrides))
 
 
 if __name__ == "__main__":

@@ -247,5 +247,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    runtime.restart_with_huge_pages()
     app.run(main)

@@ -41,7 +41,7 @@ from flax import nnx
 from configs import wikitext_cpu
 from jrope.model import Transformer
 from jrope.model.generation import GenerationSettings, Generator, pad_prompts
-from jrope.train import runtime, setup
+from jrope.train import setup
 from jrope.train.config import TrainConfig
 
 VOCAB = 257
@@ -155,5 +155,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    runtime.restart_with_huge_pages()
     app.run(main)

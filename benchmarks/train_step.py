@@ -22,8 +22,8 @@ ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed before and after the rounds says how
 loaded the machine was (about 450 GFLOP/s when idle). The last column counts the
-process's minor page faults per timed step (see jrope/train/runtime.py;
-JROPE_HUGE_PAGES=0 runs without huge pages).
+process's minor page faults per timed step (docs/performance.md: with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 set before the command, on huge pages).
 """
 
 import functools
@@ -283,5 +283,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    runtime.restart_with_huge_pages()
     app.run(main)

@@ -109,9 +109,6 @@ def get_config(
     config.eval.seed = 0
     config.eval.batch_size = 4  # sequences per evaluation batch (memory at the longest length)
     config.eval.every_steps = 0  # evaluate during training every N steps (0: only at the end)
-    # Refuse an evaluation that takes longer: before step 1 by its FLOPs at the measured matmul
-    # rate, during it by its measured pace (docs/runs.md).
-    config.eval.max_hours = 24.0
 
     config.runtime = config_dict.ConfigDict()
     # JAX's persistent compilation cache: a local folder or gs://bucket/...; '' = off

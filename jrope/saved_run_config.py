@@ -25,6 +25,8 @@ from jrope.data.files import resolved
 
 CHECKPOINTS_FOLDER = "checkpoints"
 _CONFIG_FILE = ("config", "metadata")
+# Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
+RETIRED_KEYS = {"eval": ("max_hours",)}
 
 
 def get_config(workdir: str) -> config_dict.ConfigDict:
@@ -35,7 +37,7 @@ def get_config(workdir: str) -> config_dict.ConfigDict:
     step, path = latest_saved_config(workdir)
     if path is None:
         raise FileNotFoundError(no_saved_config_message(workdir))
-    return config_dict.ConfigDict(_with_tuples(json.loads(path.read_text())))
+    return config_dict.ConfigDict(_with_tuples(without_retired_keys(json.loads(path.read_text()))))
 
 
 def latest_saved_config(workdir: str) -> tuple[int | None, epath.Path | None]:
@@ -62,6 +64,15 @@ def no_saved_config_message(workdir: str) -> str:
         "run, or pass the experiment's config (--config=configs/<experiment>.py; a kernel probe "
         "always needs it)."
     )
+
+
+def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (JSON dict) without RETIRED_KEYS."""
+    kept = dict(saved)
+    for section, keys in RETIRED_KEYS.items():
+        if isinstance(kept.get(section), dict):
+            kept[section] = {k: v for k, v in kept[section].items() if k not in keys}
+    return kept
 
 
 def _with_tuples(value: Any) -> Any:

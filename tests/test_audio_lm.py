@@ -58,7 +58,7 @@ def test_train_command_fails_clearly_without_data(tmp_path):
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "JROPE_HUGE_PAGES": "0"},
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
         timeout=300,
     )
     assert result.returncode != 0

@@ -140,7 +140,7 @@ def test_only_the_enabled_process_locks_and_object_stores_are_not_locked(tmp_pat
         assert lock.previous_holder is None
 
 
-def test_a_damaged_progress_record_refuses_the_resume_and_names_an_intact_checkpoint(tmp_path):
+def test_a_damaged_progress_record_refuses_the_resume_and_names_an_earlier_checkpoint(tmp_path):
     cfg = tiny_config(**{"mesh.data": 1})
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
@@ -155,7 +155,7 @@ def test_a_damaged_progress_record_refuses_the_resume_and_names_an_intact_checkp
 
     with pytest.raises(CorruptCheckpointError, match="progress") as refusal:
         restore_compatible(cfg, checkpointer, run.layout.abstract, 2)
-    assert f"{tmp_path / '1'} is intact" in str(refusal.value)
+    assert f"earlier checkpoint is {tmp_path / '1'} " in str(refusal.value)
     # An evaluation reads no progress record: the same checkpoint still evaluates.
     restore_compatible(cfg, checkpointer, run.layout.abstract, 2, purpose="evaluate")
     checkpointer.close()

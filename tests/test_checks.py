@@ -1,7 +1,6 @@
 """The checks before step 1 (jrope.train.checks, after the config's own): one message per problem,
 naming the key and the fix, all at once."""
 
-import dataclasses
 import os
 import re
 import sys
@@ -392,46 +391,6 @@ def test_every_problem_of_every_section_at_once_from_the_config_dict(tmp_path):
         "pe.name",
         "batch_size",
     ]
-
-
-def test_an_evaluation_longer_than_eval_max_hours_is_refused_with_the_most_sequences_that_fit(
-    tmp_path,
-):
-    # At a fixed 1 GFLOP/s, 10^9 sequences of the tiny model take days: refused before step 1,
-    # with the most sequences (a multiple of eval.batch_size) that fit in eval.max_hours.
-    slow = dataclasses.replace(EIGHT_CPUS, flops_per_sec=1e9)
-    workdir = str(tmp_path / "run")
-    with pytest.raises(ConfigError) as refused:
-        check_training_run(_tiny(**{"eval.num_sequences": 10**9}), workdir, slow)
-    (problem,) = refused.value.problems
-    assert problem.startswith("eval.num_sequences = 1000000000: the final evaluation (1000000000")
-    assert "more than eval.max_hours = 24.0; set --config.eval.num_sequences=" in problem
-    assert problem.endswith("or fewer, or raise --config.eval.max_hours.")
-    hours = float(re.search(r"takes at least ([\d.]+) hours", problem)[1])
-    most = int(re.search(r"num_sequences=(\d+) \(the most that fits\)", problem)[1])
-    assert hours > 24 and most > 0 and most % 4 == 0
-    check_training_run(_tiny(**{"eval.num_sequences": most}), workdir, slow)
-    with pytest.raises(ConfigError, match=r"^1 problem.*\n  - eval\.num_sequences = "):
-        check_training_run(_tiny(**{"eval.num_sequences": most + 4}), workdir, slow)
-    check_training_run(
-        _tiny(**{"eval.num_sequences": 10**9, "eval.max_hours": hours}), workdir, slow
-    )
-    assert not os.path.exists(workdir)
-    # eval.py's check (check_evaluation_run) refuses it too, beside its other problems.
-    with pytest.raises(ConfigError) as refused:
-        config = _tiny(**{"eval.num_sequences": 10**9})
-        check_evaluation_run(config, str(tmp_path), slow)
-    assert [problem.split()[0] for problem in refused.value.problems] == [
-        "--workdir",
-        "eval.num_sequences",
-    ]
-
-
-def test_the_evaluation_time_is_checked_at_this_machines_measured_rate(tmp_path):
-    check_training_run(_tiny(), str(tmp_path / "run"))  # the machine's own rate, measured
-    # 10^15 sequences exceed a day on any machine.
-    with pytest.raises(ConfigError, match=r"eval\.num_sequences = 1000000000000000: the final"):
-        check_training_run(_tiny(**{"eval.num_sequences": 10**15}), str(tmp_path / "run"))
 
 
 def test_a_workdir_that_cannot_be_written_is_refused_before_step_1(tmp_path, monkeypatch):

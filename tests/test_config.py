@@ -17,7 +17,6 @@ from jrope.train.config import (
     convert_config,
     keys_without_effect,
     load_config_file,
-    unknown_key_problems,
 )
 
 
@@ -107,22 +106,9 @@ def test_a_key_that_cannot_be_computed_is_named_with_the_keys_it_depends_on():
 def test_sections_check_themselves_when_built_directly():
     with pytest.raises(ValueError, match=r"eval\.batch_size 3 must divide eval\.num_sequences 4"):
         EvalConfig(lengths=(16,), num_sequences=4, batch_size=3, every_steps=0)
-    with pytest.raises(ValueError, match=r"^eval\.max_hours must be > 0, got 0\.$"):
-        EvalConfig(lengths=(16,), num_sequences=4, batch_size=4, every_steps=0, max_hours=0)
     model = tiny_config().model  # the model's own config, usable without the harness
     with pytest.raises(ValueError, match=r"model: d_model 32 must be a multiple of num_heads 3"):
         dataclasses.replace(model, num_heads=3)
-
-
-def test_misspelt_command_line_keys_get_the_closest_key():
-    path = os.path.join(ROOT, "configs", "quickstart.py")
-    argv = ["train.py", f"--config={path}", "--config.model.num_haeds=4", "--config.log.qqqqqq=1"]
-    assert unknown_key_problems(argv) == [
-        "--config.model.num_haeds: the config has no key 'model.num_haeds'; "
-        "did you mean --config.model.num_heads?",
-        "--config.log.qqqqqq: the config has no key 'log.qqqqqq'; section 'log' has every_steps, "
-        "tensorboard.",
-    ]
 
 
 def test_config_files_load_from_any_working_directory(tmp_path):
@@ -130,19 +116,15 @@ def test_config_files_load_from_any_working_directory(tmp_path):
     path = os.path.join(ROOT, "configs", "quickstart.py")
     assert load_config_file(path).pe.name == "jordan_rope"
     script = (
-        "import sys; from jrope.train.config import load_config_file, unknown_key_problems; "
-        f"print(load_config_file({path!r}).num_steps); "
-        f"print(*unknown_key_problems(['x', '--config={path}', '--config.num_stpes=1']))"
+        "from jrope.train.config import load_config_file; "
+        f"print(load_config_file({path!r}).num_steps)"
     )
     env = {**os.environ, "PYTHONPATH": ""}  # jrope from its install, configs from nowhere
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        "250",
-        "--config.num_stpes: the config has no key 'num_stpes'; did you mean --config.num_steps?",
-    ]
+    assert result.stdout.splitlines() == ["250"]
 
 
 def test_a_data_key_the_chosen_source_never_reads_is_refused_with_the_fix(tmp_path):

@@ -202,7 +202,7 @@ def test_offline_a_gs_workdir_fails_within_a_minute_naming_the_bucket(tmp_path):
         f"--config={os.path.join(os.getcwd(), 'configs/synthetic_cpu.py')}",
         "--workdir=gs://jrope-offline-bucket/run", "--config.num_steps=1",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JROPE_HUGE_PAGES": "0"}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
     start = time.monotonic()
     result = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False

@@ -215,51 +215,27 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
     assert flops["dense"] == 6 * matmul_params * tokens
 
 
-def _pasted(command_line: str) -> list[str]:
+def test_next_commands_evaluate_longer_and_compare_with_the_config_file_and_overrides():
     import shlex
 
-    return shlex.split(command_line.strip())
-
-
-def test_next_commands_keep_the_run_s_overrides_and_flags_each_once():
-    argv = [
-        "train.py",
-        "--config=configs/wikitext_cpu.py",
-        "--config.data.source=text",
-        "--config.data.path",  # absl's two-argument form
-        "train.txt",
-        "--config.pe.name=jordan_exact_scaled",
-        "--config.eval.lengths=(8,16)",
-        "--config.seed=3",
-        "--workdir=runs/one/",
-        "--log_level=info",
-        "--config.data.source=text",
-        "--multiprocess",
+    rows = [
+        {"length": length, "distance": None, "method": "jordan_exact_scaled"} for length in (8, 16)
     ]
-    text = outputs.next_commands(argv, "runs/one/", "jordan_exact_scaled", [8, 16])
-    evaluate, compare = [_pasted(line) for line in text.splitlines() if line.startswith("  ")]
-    # The evaluation reads the config from the checkpoint: no --config, one eval.lengths.
-    assert evaluate[:2] == ["python", "eval.py"]
-    assert not [arg for arg in evaluate if arg.startswith("--config=")]
-    assert [arg for arg in evaluate if "eval.lengths" in arg] == ["--config.eval.lengths=(8,16,32)"]
-    assert {"--workdir=runs/one/", "--log_level=info", "--multiprocess"} <= set(evaluate)
-    # The comparison: the config file and the overrides it does not vary, each flag once.
-    assert compare[:3] == ["python", "-m", "jrope.compare"]
-    assert "--config=configs/wikitext_cpu.py" in compare
-    assert "--config.data.path=train.txt" in compare
-    assert compare.count("--config.data.source=text") == 1
-    assert not [arg for arg in compare if arg.startswith(("--config.pe.name", "--config.seed"))]
-    assert {"--log_level=info", "--multiprocess", "--seeds=0,1"} <= set(compare)
-    assert "--methods=rope,jordan_exact_scaled" in compare
-    names = [arg.split("=")[0] for arg in compare[3:]]
-    assert len(names) == len(set(names)), compare
-    # A sibling of the run's workdir, not a folder inside it.
-    assert "--workdir=runs/one_compare" in compare
-
-
-def test_a_rope_run_is_compared_with_jordan_rope():
-    text = outputs.next_commands(["train.py", "--config=c.py", "--workdir=w"], "w", "rope", [8])
-    assert "--methods=rope,jordan_rope" in text
+    overrides = {"data.path": "a b.txt", "pe.name": "jordan_exact_scaled", "seed": 3}
+    text = outputs.next_commands("runs/one/", rows, "configs/wikitext_cpu.py", overrides)
+    evaluate, compare = [shlex.split(line) for line in text.splitlines() if line.startswith("  ")]
+    # The evaluation reads the config from the checkpoint: no --config.
+    assert evaluate == [
+        "python", "eval.py", "--workdir=runs/one/", "--config.eval.lengths=(8,16,32)"
+    ]  # fmt: skip
+    # The comparison varies pe.name and seed, and keeps the rest.
+    assert compare == [
+        "python", "-m", "jrope.compare", "--config=configs/wikitext_cpu.py",
+        "--config.data.path=a b.txt", "--methods=rope,jordan_exact_scaled", "--seeds=0,1",
+        "--workdir=runs/one_compare",
+    ]  # fmt: skip
+    rope = [{**row, "method": "rope"} for row in rows]
+    assert "--methods=rope,jordan_rope" in outputs.next_commands("w", rope, "c.py", {})
 
 
 def test_the_tensorboard_hint_names_what_to_install_when_it_is_missing(monkeypatch):

@@ -163,7 +163,7 @@ def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(
     assert f"Cannot read its state from checkpoint {workdir / 'checkpoints' / '2'} (" in message
     assert "nothing was deleted" in message
     assert message.endswith(
-        "No earlier checkpoint is intact: start a new run with another --workdir."
+        "No earlier checkpoint has digests: start a new run with another --workdir."
     )
     assert _snapshot(workdir) == before
 

@@ -137,7 +137,7 @@ def test_finished_run_is_left_as_it_is_and_damage_is_refused_with_nothing_change
             message,
         ), message
         assert "Nothing was deleted" in message or "nothing was deleted" in message
-        assert f"Checkpoint {workdir / 'checkpoints' / '8'} is intact" in message
+        assert f"earlier checkpoint is {workdir / 'checkpoints' / '8'} " in message
         assert _contents(workdir) == before  # nothing deleted, results untouched
     assert finished["eval_step16/eval.csv"] == _contents(workdir)["eval_step16/eval.csv"]
 

@@ -1,8 +1,6 @@
 """jrope.train.runtime: exit statuses and messages, flag mistakes, the CPU tuning, cache and profiler."""
 
 import errno
-import importlib.metadata
-import importlib.util
 import logging
 import os
 import subprocess
@@ -33,10 +31,9 @@ from jrope.errors import (
     WikiTextUnavailable,
     WorkdirBusy,
 )
-from jrope.train import config, runtime, setup
+from jrope.train import runtime, setup
 from jrope.train.config import RuntimeConfig
 from jrope.train.evaluation import EvalStep
-from jrope.train.runtime import OPT_OUT, TUNABLE, environment_with_huge_pages
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import make_train_step, train_and_evaluate
 
@@ -158,36 +155,8 @@ def test_library_records_of_a_storage_failure_are_hidden():
     assert runtime._shown_record(record("Save thread failed", ValueError("bug")))
 
 
-def test_the_last_of_repeated_overrides_wins():
-    argv = ["train.py", CONFIG, "--config.eval.lengths=(8,)", "--workdir=w"]
-    argv += ["--config.eval.lengths=(16,)", "--config.pe.name=rope"]
-    assert config.last_override_wins(argv) == [
-        "train.py",
-        CONFIG,
-        "--workdir=w",
-        "--config.eval.lengths=(16,)",
-        "--config.pe.name=rope",
-    ]
-
-
-def test_unknown_keys_are_named_with_the_closest_one():
-    argv = ["train.py", CONFIG, "--config.pe.nmae=rope", "--config.pe.name=rope"]
-    argv += ["--config.opt.lerning_rate=1", "--config.pe.name.x=1", "--config.zzz=1"]
-    assert config.unknown_key_problems(argv) == [
-        "--config.pe.nmae: the config has no key 'pe.nmae'; did you mean --config.pe.name?",
-        "--config.opt.lerning_rate: the config has no key 'opt.lerning_rate'; "
-        "did you mean --config.opt.learning_rate?",
-        "--config.pe.name.x: pe.name is a value, not a section; set it with --config.pe.name=...",
-        "--config.zzz: the config has no key 'zzz'; the config has batch_size, checkpoint, "
-        "data, eval, log, mesh, model, num_steps, opt, pe, runtime, seed.",
-    ]
-    assert config.config_file_problem(argv) is None
-    assert "no such file" in config.config_file_problem(["x", "--config=nope.py"])
-
-
 def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
-    # What runtime.run sets up around main, undone afterwards; no huge-page restart of pytest.
-    monkeypatch.setenv(runtime.OPT_OUT, "0")
+    # What runtime.run sets up around main, undone afterwards.
     monkeypatch.setattr(sys, "argv", ["train.py"])
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
@@ -250,103 +219,6 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
 def test_a_process_id_outside_the_processes_is_a_usage_error():
     with pytest.raises(UsageError, match=r"number the processes 0 \.\. num_processes - 1"):
         setup.initialize(num_processes=2, process_id=2)  # before any JAX start-up
-
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_GLIBC = (2, 36)
-
-
-def test_adds_the_option_to_the_environment():
-    environ = environment_with_huge_pages({"HOME": "/x"}, _GLIBC, "madvise", cpu_run=True)
-    assert environ == {"HOME": "/x", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
-
-
-def test_keeps_other_tunables():
-    environ = environment_with_huge_pages(
-        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, _GLIBC, "always", cpu_run=True
-    )
-    assert environ["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}=1"
-
-
-def test_no_restart_when_set_unsupported_or_declined():
-    def restart(environ, glibc=_GLIBC, thp="madvise", cpu_run=True):
-        return environment_with_huge_pages(environ, glibc, thp, cpu_run=cpu_run)
-
-    assert restart({"GLIBC_TUNABLES": f"{TUNABLE}=0"}) is None
-    assert restart({OPT_OUT: "0"}) is None
-    assert restart({}, glibc=(2, 34)) is None
-    assert restart({}, glibc=None) is None
-    assert restart({}, thp="never") is None
-    assert restart({}, thp=None) is None
-
-
-def test_only_cpu_runs_restart_unless_asked():
-    assert environment_with_huge_pages({}, _GLIBC, "madvise", cpu_run=False) is None
-    asked = environment_with_huge_pages({OPT_OUT: "1"}, _GLIBC, "madvise", cpu_run=False)
-    assert asked == {OPT_OUT: "1", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
-
-
-def test_the_backend_is_read_from_jax_platforms_or_the_installed_backends(monkeypatch):
-    assert runtime.runs_on_cpu({"JAX_PLATFORMS": "cpu"})
-    assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "tpu"})
-    assert not runtime.runs_on_cpu({"JAX_PLATFORMS": "cuda,cpu"})
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert runtime.runs_on_cpu({})
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: name == "libtpu" or None)
-    assert not runtime.runs_on_cpu({})
-
-
-def test_the_installed_backends_agree_with_jax():
-    """No accelerator backend is found exactly when JAX can only start its CPU backend."""
-    import jax
-
-    accelerators = [d for d in jax.devices() if d.platform != "cpu"]
-    if accelerators:
-        assert not runtime.runs_on_cpu({})
-    elif not os.environ.get("JAX_PLATFORMS"):
-        assert runtime.runs_on_cpu({})
-
-
-def _run_entry_point(prelude: str = "") -> list[str]:
-    """Output lines of a `python -c` entry point that restarts itself, run after `prelude`."""
-    script = (
-        "import os, sys\n"
-        f"{prelude}"
-        "print('pid', os.getpid(), flush=True)\n"
-        "from jrope.train import runtime\n"
-        "runtime.restart_with_huge_pages()\n"
-        "print('tunables', os.environ.get('GLIBC_TUNABLES'))\n"
-    )
-    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=_REPO,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return result.stdout.splitlines()
-
-
-def test_restart_keeps_the_process_and_command_line():
-    """`python -c` restarts once, as the same process, with the option set (where supported)."""
-    lines = _run_entry_point()
-    supported = runtime.environment_with_huge_pages({}, *runtime._host_support(), cpu_run=True)
-    if sys.platform.startswith("linux") and supported is not None:
-        pids = [line for line in lines if line.startswith("pid")]
-        assert len(pids) == 2 and pids[0] == pids[1], lines
-        assert lines[-1] == f"tunables {TUNABLE}=1"
-    else:
-        assert lines[-1] == "tunables None"
-
-
-def test_no_restart_under_a_debugger():
-    lines = _run_entry_point(prelude="sys.settrace(lambda *args: None)\n")
-    assert len([line for line in lines if line.startswith("pid")]) == 1
-    assert lines[-1] == "tunables None"
 
 
 # How XLA:CPU names a YNNPACK library fusion in compiled HLO text.

@@ -4,9 +4,7 @@ A 2-step byte-level run on a small text file (scaled-exact Jordan-RoPE,
 the WikiText configs' encoding) gives sample.py a real workdir.
 """
 
-import dataclasses
 import os
-import re
 import subprocess
 import sys
 
@@ -15,12 +13,11 @@ import pytest
 from helpers.tiny_config import tiny_config, tiny_text_config_dict
 from helpers.train_process import REPO_ROOT, subprocess_env
 
-from jrope.errors import GenerationError, GenerationRequestError
-from jrope.experiments.text_generation import check_time, generation_flops, load_text_run
+from jrope.errors import GenerationError
+from jrope.experiments.text_generation import load_text_run
 from jrope.model.generation import GenerationSettings
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import TrainConfig
-from jrope.train.outputs import model_flops_per_step
 from jrope.train.trainer import train_and_evaluate
 
 SAMPLE_SCRIPT = os.path.join(REPO_ROOT, "sample.py")
@@ -72,40 +69,6 @@ def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir,
     no_room = _sample(text_workdir, "--prompt=x", "--position_offset=2147483646", tmp_path=tmp_path)
     assert no_room.returncode == 2, no_room.stderr
     assert "use an offset of at most" in no_room.stderr and "Traceback" not in no_room.stderr
-    too_long = _sample(text_workdir, "--prompt=x", "--max_hours=1e-12", tmp_path=tmp_path)
-    assert too_long.returncode == 2, too_long.stderr
-    assert "more than --max_hours=1e-12" in too_long.stderr and "Traceback" not in too_long.stderr
-
-
-def test_generation_flops_count_a_forward_per_token_without_the_cache(tmp_path):
-    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
-    cfg_last = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, readout="last"))
-
-    def forward(length):  # one forward over `length` positions, logits of the last one
-        one = dataclasses.replace(
-            cfg_last, batch_size=2, pe=dataclasses.replace(cfg.pe, train_context=length)
-        )
-        return model_flops_per_step(one, cfg.data.vocab_size)["total"] / 3
-
-    uncached = generation_flops(cfg, rows=2, prompt=3, num_tokens=7, cached=False)
-    assert uncached == pytest.approx(sum(forward(length) for length in range(4, 11)), rel=1e-9)
-    cached = generation_flops(cfg, rows=2, prompt=3, num_tokens=7, cached=True)
-    # Every position through every layer once: more than the one forward of the longest
-    # window with the last logits only, less than the forwards of every window.
-    assert forward(10) < cached < uncached
-
-
-def test_a_generation_longer_than_max_hours_is_refused_with_a_count_that_fits(tmp_path):
-    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
-    prompts, rate = [[1, 2, 3]], 1e6  # a slow machine: a million FLOP/s
-    settings = GenerationSettings(num_tokens=100_000)
-    check_time(cfg, settings, prompts, None, max_hours=1e-9)  # no rate: not checked
-    with pytest.raises(GenerationRequestError, match="more than --max_hours=1") as refused:
-        check_time(cfg, settings, prompts, rate, max_hours=1.0)
-    most = int(re.search(r"use --num_tokens=(\d+)", str(refused.value)).group(1))
-    check_time(cfg, GenerationSettings(num_tokens=most), prompts, rate, max_hours=1.0)
-    with pytest.raises(GenerationRequestError):
-        check_time(cfg, GenerationSettings(num_tokens=most + 1), prompts, rate, max_hours=1.0)
 
 
 def test_a_synthetic_task_workdir_is_refused(tmp_path):

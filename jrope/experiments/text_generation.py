@@ -26,6 +26,7 @@ import jax
 from absl import logging
 from jax.sharding import Mesh
 
+from jrope import saved_run_config
 from jrope.attention import choose_kernel
 from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
@@ -33,7 +34,7 @@ from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
 from jrope.model import kv_cache
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import checks, damping, outputs, setup
+from jrope.train import checks, damping, setup
 from jrope.train.checkpoints import (
     CONFIG_ITEM,
     Checkpointer,
@@ -64,20 +65,17 @@ class TextRun:
         prompts: Sequence[str],
         settings: GenerationSettings,
         environment: checks.RunEnvironment | None = None,
-        max_hours: float = 24.0,
     ) -> list[str]:
         """The text generated after each prompt (bytes decoded as UTF-8 with replacement).
 
-        environment: the machine's memory and matmul rate the generation is checked against
-        (default: measured, as jrope.train.checks does). Raises GenerationRequestError before
-        generating when --num_tokens does not fit in memory or, at that rate, in `max_hours`.
+        environment: the machine's memory the generation is checked against (default: this
+        one's). Raises GenerationRequestError before generating when --num_tokens does not fit.
         """
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
         if environment is None:
-            environment = checks.RunEnvironment.detect(self.cfg.model.compute_dtype)
+            environment = checks.RunEnvironment.detect()
         check_request(self.cfg, settings, encoded, environment.memory_bytes, self.mesh)
-        check_time(self.cfg, settings, encoded, environment.flops_per_sec, max_hours)
         graphdef, settings = self._follow_damping(settings)
         generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)
@@ -132,7 +130,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
                 f"Cannot read the config saved with checkpoint {checkpoint_path(checkpointer, step)} "
                 f"({type(err).__name__}: {err}); nothing was deleted."
             ) from err
-        cfg = TrainConfig.from_config_dict(saved)
+        cfg = TrainConfig.from_config_dict(saved_run_config.without_retired_keys(saved))
         _check_text_run(cfg, path)
         mesh = setup.make_mesh(
             decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
@@ -208,71 +206,6 @@ def check_request(
         f"{memory_bytes / 2**30:.1f} GiB available; at most {most} new tokens fit"
         + ("" if most else " (not even one: use a shorter prompt)")
         + "."
-    )
-
-
-def generation_flops(cfg: TrainConfig, rows: int, prompt: int, num_tokens: int, cached: bool):
-    """A lower bound on the matmul FLOPs of generating `num_tokens` after a `prompt`-token prompt,
-    counted as jrope.train.outputs counts a forward.
-
-    With the cache every position passes every layer once, as in one causal forward over
-    prompt + num_tokens positions, with logits for the new tokens only; without it, each new token
-    runs a forward over all positions so far, of which at the least the last one's logits.
-    """
-
-    def forward(length: int, readout: str) -> float:
-        read_out = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, readout=readout))
-        flops = outputs.model_flops_per_step(
-            read_out, cfg.data.vocab_size, length=length, rows=rows
-        )
-        return flops["total"] / 3  # no backward
-
-    if cached:
-        prompt_logits = 2 * rows * prompt * cfg.model.d_model * cfg.data.vocab_size
-        return forward(prompt + num_tokens, "all") - prompt_logits
-    # forward(p) = c + a p + b p^2 exactly (pairs of a causal window grow as p^2 / 2): sum it.
-    f1, f2, f3 = (forward(length, "last") for length in (1, 2, 3))
-    b = (f3 - 2 * f2 + f1) / 2
-    a = f2 - f1 - 3 * b
-    c = f1 - a - b
-
-    def power_sum(n: int, power: int) -> float:  # sum of p^power for p = 1 .. n
-        return (n, n * (n + 1) / 2, n * (n + 1) * (2 * n + 1) / 6)[power]
-
-    first, last = prompt + 1, prompt + num_tokens
-    return sum(
-        coefficient * (power_sum(last, power) - power_sum(first - 1, power))
-        for power, coefficient in enumerate((c, a, b))
-    )
-
-
-def check_time(
-    cfg: TrainConfig,
-    settings: GenerationSettings,
-    prompts: Sequence[Sequence[int]],
-    flops_per_sec: float | None,
-    max_hours: float,
-) -> None:
-    """GenerationRequestError when even at `flops_per_sec` (None: not checked) the generation's
-    FLOPs (generation_flops) take longer than `max_hours`, naming the most tokens that fit."""
-    if flops_per_sec is None:
-        return
-    rows, prompt = len(prompts), max(len(tokens) for tokens in prompts)
-
-    def hours(num_tokens: int) -> float:
-        flops = generation_flops(cfg, rows, prompt, num_tokens, settings.use_cache)
-        return flops / flops_per_sec / 3600
-
-    if hours(settings.num_tokens) <= max_hours:
-        return
-    most = checks.largest_fitting(lambda n: hours(n) <= max_hours, settings.num_tokens)
-    raise GenerationRequestError(
-        f"--num_tokens={settings.num_tokens} takes at least {hours(settings.num_tokens):.3g} hours "
-        f"at this machine's measured matmul rate ({flops_per_sec:.3g} FLOP/s), more than "
-        f"--max_hours={max_hours:g}; "
-        + (f"use --num_tokens={most} or fewer" if most else "not even one new token fits")
-        + ("" if settings.use_cache else " (or drop --no_cache: the cache is far faster)")
-        + ", or raise --max_hours."
     )
 
 

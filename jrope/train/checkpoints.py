@@ -254,7 +254,7 @@ def restore_compatible(
     path = checkpoint_path(checkpointer, step)
 
     def corrupt(problem: str, then: str = "") -> errors.CorruptCheckpointError:
-        fallback = _fallback(checkpointer, abstract, step)
+        fallback = _fallback(checkpointer, step)
         return errors.CorruptCheckpointError(f"{problem} {fallback}{then}")
 
     finished = finished_steps(checkpointer.directory)
@@ -288,7 +288,6 @@ def restore_compatible(
     except Exception as err:
         raise corrupt(_unreadable(path, "its state", err)) from err
     if damaged:
-        del state  # before earlier checkpoints are restored to find an intact one
         more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
         raise corrupt(
             f"Checkpoint {path} is damaged: the contents of {', '.join(damaged[:3])}{more} differ "
@@ -362,23 +361,23 @@ def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
     )
 
 
-def _fallback(checkpointer: Checkpointer, abstract: Any, step: int) -> str:
-    """Which earlier checkpoint restores intact, and how to resume from it."""
+def _fallback(checkpointer: Checkpointer, step: int) -> str:
+    """The latest earlier checkpoint with its digests (named, not restored: a resume from it checks
+    them), and how to resume from it."""
     path = checkpoint_path(checkpointer, step)
-    for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
-        try:
-            state = checkpointer.restore(abstract, earlier)
-            damaged = checkpointer.damaged_arrays(state, earlier)
-        except Exception:  # unreadable too: try the one before
-            continue
-        if not damaged:
-            aside = checkpointer.directory.parent / f"damaged_checkpoint_{step}"
-            return (
-                f"Checkpoint {checkpoint_path(checkpointer, earlier)} is intact (restored and "
-                f"checked): to resume from step {earlier}, move {path} out of "
-                f"{checkpointer.directory} (e.g. mv {path} {aside}) and run the same command again."
-            )
-    return "No earlier checkpoint is intact: start a new run with another --workdir."
+    earlier = [
+        candidate
+        for candidate in finished_steps(checkpointer.directory)
+        if candidate < step and (checkpoint_path(checkpointer, candidate) / DIGESTS_ITEM).exists()
+    ]
+    if not earlier:
+        return "No earlier checkpoint has digests: start a new run with another --workdir."
+    aside = checkpointer.directory.parent / f"damaged_checkpoint_{step}"
+    return (
+        f"The latest earlier checkpoint is {checkpoint_path(checkpointer, earlier[-1])} (its "
+        f"digests are checked when it restores): to resume from step {earlier[-1]}, move {path} "
+        f"out of {checkpointer.directory} (e.g. mv {path} {aside}) and run the same command again."
+    )
 
 
 LOCK_FILE = "run.lock"

@@ -1,19 +1,16 @@
 """The checks before step 1 that need the machine, the workdir or the data (after the config's
-own): mesh, batches, the evaluation's memory and time, workdir, data (one evaluation batch per
+own): mesh, batches, the evaluation's memory, workdir, data (one evaluation batch per
 length). Every problem is raised in one ConfigError, a line each naming the key and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
-import timeit
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jrope.attention import choose_kernel
@@ -21,7 +18,7 @@ from jrope.data import files
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
-from jrope.train import damping, outputs
+from jrope.train import damping
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, convert_config, first_line
 from jrope.train.setup import mesh_sizes, model_io
@@ -36,41 +33,24 @@ _GIB = 2.0**30
 
 @dataclasses.dataclass(frozen=True)
 class RunEnvironment:
-    """What the checks know of the machine (None: unknown, that check is skipped). memory_bytes:
-    what one attention tensor competes for: the host's available RAM on CPU (its devices share
-    it), one device's limit on accelerators; flops_per_sec: all devices' measured matmul rate."""
+    """What the checks know of the machine (memory_bytes None: unknown, that check is skipped):
+    memory_bytes is what one attention tensor competes for: the host's available RAM on CPU (its
+    devices share it), one device's limit on accelerators."""
 
     num_devices: int
     process_count: int
     platform: str  # 'cpu', 'gpu' or 'tpu'
     memory_bytes: int | None
-    flops_per_sec: float | None = None
 
     @classmethod
-    def detect(cls, compute_dtype: str | None = None) -> RunEnvironment:
-        """This machine; its rate is measured only for a compute_dtype."""
+    def detect(cls) -> RunEnvironment:
+        """This machine."""
         platform = jax.default_backend()
         if platform == "cpu":
             memory = _host_available_memory()
         else:
             memory = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-        rate = None
-        if compute_dtype is not None:  # CPU devices share their host's cores
-            units = jax.process_count() if platform == "cpu" else jax.device_count()
-            rate = measured_flops_per_sec(compute_dtype) * units
-        return cls(jax.device_count(), jax.process_count(), platform, memory, rate)
-
-
-@functools.cache
-def measured_flops_per_sec(compute_dtype: str) -> float:
-    """FLOP/s of one square matmul on the default device, the best of three timed calls (the
-    fastest that the model's matmuls, smaller and interleaved with other work, could run)."""
-    size = 1024 if jax.default_backend() == "cpu" else 8192  # milliseconds either way
-    matrix = jnp.ones((size, size), compute_dtype)
-    matmul = jax.jit(jnp.matmul)
-    matmul(matrix, matrix).block_until_ready()  # compiles
-    seconds = timeit.repeat(lambda: matmul(matrix, matrix).block_until_ready(), number=1, repeat=3)
-    return 2 * size**3 / min(seconds)
+        return cls(jax.device_count(), jax.process_count(), platform, memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +81,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     except ValueError:
         model_ok = False
     if env is None:
-        env = RunEnvironment.detect(cfg.model.compute_dtype if model_ok else None)
+        env = RunEnvironment.detect()
     sizes = None
     if cfg.mesh is not None:
         try:
@@ -122,7 +102,6 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if model_ok and cfg.eval is not None:
         io = None if source is None else model_io(source)  # the forward's size needs the data's
         problems += _memory_problems(cfg, env, sizes, io)
-        problems += _time_problems(cfg, env, io) if io else []
     if source is not None and cfg.model is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
@@ -221,36 +200,6 @@ def _memory_problems(cfg: TrainConfig, env: RunEnvironment, sizes, io) -> list[s
             f"{available}; the longest length that fits is {longest}{lower_batch}."
         )
     return forward_problem
-
-
-def _time_problems(cfg: TrainConfig, env: RunEnvironment, io: dict[str, int | None]) -> list[str]:
-    """The final evaluation's shortest time, its forward FLOPs (outputs.model_flops_per_step) at
-    the measured matmul rate, against eval.max_hours."""
-    if env.flops_per_sec is None:
-        return []
-    lengths = tuple(sorted(set(cfg.eval.lengths)))
-    flops_per_sequence = sum(
-        outputs.model_flops_per_step(cfg, **io, length=n, rows=1)["total"] / 3  # no backward
-        for n in lengths
-    )
-    sequences, batch, hours = cfg.eval.num_sequences, cfg.eval.batch_size, cfg.eval.max_hours
-    seconds = sequences * flops_per_sequence / env.flops_per_sec
-    if seconds <= hours * 3600:
-        return []
-    most = int(hours * 3600 * env.flops_per_sec / flops_per_sequence) // batch * batch
-    shortest = f"{seconds / 3600:.1f}" if seconds >= 360 else f"{seconds / 3600:.2g}"
-    fix = (
-        f"set --config.eval.num_sequences={most} (the most that fits) or fewer"
-        if most
-        else f"not even one batch of eval.batch_size = {batch} fits: lower it, or the lengths"
-    )
-    return [
-        f"eval.num_sequences = {sequences}: the final evaluation ({sequences} sequences at each "
-        f"of the lengths {lengths}, {sequences * flops_per_sequence:.3g} forward FLOPs) takes at "
-        f"least {shortest} hours at this machine's measured matmul rate of "
-        f"{env.flops_per_sec:.3g} FLOP/s, more than eval.max_hours = {hours}; {fix}, or raise "
-        "--config.eval.max_hours."
-    ]
 
 
 def forward_bytes(cfg: TrainConfig, rows: int, length: int, outputs: int, kernel: str) -> int:

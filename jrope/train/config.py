@@ -1,6 +1,5 @@
 """The run config: a frozen dataclass per section; `convert_config`, the one parser, returning every
-problem at once, each naming its key and the fix; command-line helpers that correct what
-ml_collections does with overrides (a key given twice is joined, an unknown one a traceback).
+problem at once, each naming its key and the fix; loading a config file from any folder.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import logging
@@ -112,7 +111,6 @@ class EvalConfig(ConfigSection):
     batch_size: int  # global evaluation batch (small: long lengths must fit in memory)
     every_steps: int  # evaluation during training (0 = only after the last step)
     seed: int = DEFAULT_EVAL_SEED  # the same evaluation sequences for every run seed and method
-    max_hours: float = 24.0  # the longest evaluation accepted (FLOP bound, then measured pace)
 
     def rules(self):
         return [
@@ -120,7 +118,6 @@ class EvalConfig(ConfigSection):
             ("num_sequences", self.num_sequences >= 1, ">= 1"),
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("every_steps", self.every_steps >= 0, ">= 0"),
-            ("max_hours", self.max_hours > 0, "> 0"),
             (
                 "lengths",
                 bool(self.lengths) and all(isinstance(n, int) and n >= 2 for n in self.lengths),
@@ -433,22 +430,6 @@ def first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
 
 
-# The command line: --config.a.b=v, -config.a.b=v, --noconfig.a.b (a boolean set to False).
-_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)(=.*)?$", re.DOTALL)
-
-
-def last_override_wins(argv: Sequence[str]) -> list[str]:
-    """`argv` with only the last `--config.<key>=<value>` of each key kept (others unchanged,
-    and so are overrides written as two arguments, `--config.key value`)."""
-    matches = map(_OVERRIDE.match, argv)
-    keys = [match.group(1) if match and match.group(2) is not None else None for match in matches]
-    return [
-        arg
-        for index, (arg, key) in enumerate(zip(argv, keys, strict=True))
-        if key is None or key not in keys[index + 1 :]
-    ]
-
-
 def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | None:
     """The value of `--<flag_name>=PATH` (or `--<flag_name> PATH`) in argv, else None."""
     for arg, following in zip(argv, [*argv[1:], None], strict=True):
@@ -456,17 +437,6 @@ def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | Non
         if match and (match[1] is not None or following is not None):
             return following if match[1] is None else match[1][1:]
     return None
-
-
-def config_file_problem(argv: Sequence[str]) -> str | None:
-    """A line saying that the config file named in argv does not exist, else None."""
-    path = config_argument(argv)
-    if path is None or os.path.isfile(path.split(":", 1)[0]):
-        return None
-    return (
-        f"--config={path}: no such file (looked from {os.getcwd()}); name an experiment config, "
-        "e.g. --config=configs/quickstart.py (all of them are in configs/)."
-    )
 
 
 def make_importable(path: str | None) -> None:
@@ -481,36 +451,3 @@ def load_config_file(path: str) -> config_dict.ConfigDict:
     """The ConfigDict of a config file (`configs/x.py` or `configs/x.py:ARG`), from any folder."""
     make_importable(path)
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)
-
-
-def unknown_key_problems(argv: Sequence[str]) -> list[str]:
-    """One line per override whose key the config file lacks, with the closest key; [] if none."""
-    path = config_argument(argv)
-    if path is None or config_file_problem(argv):
-        return []
-    config = load_config_file(path)
-    known = dict(_dotted_keys(config))
-    problems = []
-    for key in [match.group(1) for match in map(_OVERRIDE.match, argv) if match]:
-        if key in known:
-            continue
-        above = [key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1)]
-        deepest = next((dotted for dotted in above if dotted in known), "")
-        node = known.get(deepest, config)  # the deepest part of the key that the config has
-        if isinstance(node, config_dict.ConfigDict):
-            hint = _closest(key, known, deepest, node.keys())
-            problems.append(f"--config.{key}: the config has no key {key!r}; {hint}")
-        else:
-            problems.append(
-                f"--config.{key}: {deepest} is a value, not a section; set it with "
-                f"--config.{deepest}=..."
-            )
-    return problems
-
-
-def _dotted_keys(config: config_dict.ConfigDict, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) of every key of the config, sections and leaves alike."""
-    for key in config.keys():
-        yield f"{prefix}{key}", config[key]
-        if isinstance(config[key], config_dict.ConfigDict):
-            yield from _dotted_keys(config[key], f"{prefix}{key}.")

@@ -238,15 +238,6 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
                     f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
                     f"about {duration(left)} left"
                 )
-                if left > cfg.eval.max_hours * 3600:
-                    most = int(cfg.eval.max_hours * 3600 / per_sequence) // batch_size * batch_size
-                    raise UsageError(
-                        f"Evaluation at {at}: at the pace measured, eval.num_sequences = {count} "
-                        f"takes {duration(left)} more, beyond eval.max_hours; nothing of this "
-                        f"evaluation was written, the checkpoint is kept. Evaluate it (eval.py) "
-                        f"with --config.eval.num_sequences={max(most, batch_size)} or raise "
-                        "--config.eval.max_hours."
-                    )
     metrics = metrics_from_sums(totals, source.task)
     if source.task == "language_model":  # byte-level: nats per byte -> bits per byte
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)

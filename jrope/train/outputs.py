@@ -518,35 +518,20 @@ def tensorboard_command(workdir: str) -> str:
     return command
 
 
-def next_commands(argv: Sequence[str], workdir: str, method: str, lengths: Sequence[int]) -> str:
-    """Commands to paste after a training run (argv, of pe.name `method`, evaluated at `lengths`):
-    an evaluation at one more, longer length (the config comes from the checkpoint), and a
-    comparison over seeds with the config file and every override but pe.name and seed. Both keep
-    the run's other flags, each once (the last one given)."""
-    latest: dict[str, str] = {}  # name -> its last argument, in the order of last occurrence
-    waiting = False  # the last argument was a flag without `=value`
-    for arg in argv[1:]:
-        # `--name value` (absl accepts it): the value joins its flag. Flags take no positionals.
-        if waiting and not arg.startswith("-"):
-            arg = f"{latest.popitem()[1]}={arg}"
-        waiting = arg.startswith("-") and "=" not in arg
-        name = arg.lstrip("-").split("=", 1)[0]
-        if name.startswith("noconfig."):  # absl's negated boolean: the override of config.x
-            name = name.removeprefix("no")
-        latest.pop(name, None)
-        latest[name] = arg
-    flags, overrides = [], []  # overrides: those the comparison keeps
-    for name, arg in latest.items():
-        if name.split(".")[0] not in ("config", "workdir", "methods", "seeds"):  # set below
-            flags.append(arg)
-        elif name.startswith("config.") and name not in ("config.pe.name", "config.seed"):
-            overrides.append(arg)
+def next_commands(
+    workdir: str, rows: Sequence[Mapping[str, Any]], config_file: str, overrides: Mapping[str, Any]
+) -> str:
+    """An evaluation at one more, longer length (the config comes from the checkpoint), and a
+    comparison over seeds with the config file and its overrides but pe.name and seed.
+    rows: the run's result rows; overrides: dotted key -> value, as ml_collections parsed them."""
+    lengths = [row["length"] for row in rows if row["distance"] is None]
     longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = ["python", "eval.py", f"--workdir={workdir}", *flags]
-    evaluate.append(f"--config.eval.lengths=({longer})")
-    compare = ["python", "-m", "jrope.compare", *([latest["config"]] if "config" in latest else [])]
-    other = method if method != "rope" else "jordan_rope"
-    compare += [*overrides, *flags, f"--methods=rope,{other}", "--seeds=0,1"]
+    evaluate = ["python", "eval.py", f"--workdir={workdir}", f"--config.eval.lengths=({longer})"]
+    kept = {key: value for key, value in overrides.items() if key not in ("pe.name", "seed")}
+    method = rows[0]["method"]
+    compare = ["python", "-m", "jrope.compare", f"--config={config_file}"]
+    compare += [f"--config.{key}={value}" for key, value in kept.items()]
+    compare += [f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}", "--seeds=0,1"]
     compare.append(f"--workdir={workdir.rstrip('/') or workdir}_compare")
     return (
         f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"

@@ -3,21 +3,17 @@ signals) and the runtime options: CPU-only tuning, the compilation cache, the pr
 
 import errno
 import functools
-import importlib.metadata
-import importlib.util
 import inspect
 import logging
 import os
 import pathlib
-import pkgutil
 import re
 import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from platform import libc_ver
 
 import jax
 from absl import app, flags
@@ -37,8 +33,6 @@ _PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")  # set
 def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
     """`app.run(main)` with the project's flag parsing, log level and error reporting; `usage` is
     what --help prints above the flags (default: the main module's docstring)."""
-    if not command_line.help_requested(sys.argv):
-        restart_with_huge_pages()
     if "verbose" not in flags.FLAGS:  # defined here: importing this module defines no flag
         flags.DEFINE_bool(
             "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
@@ -79,49 +73,26 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
 
 
 def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
-    """absl's parsing of argv, with repeated config overrides resolved and mistakes explained."""
+    """absl's parsing of argv; a bad flag or config file ends with absl's (or the config file's)
+    own message on one line, status 2."""
     if command_line.help_requested(argv):
         command_line.parse_flags(argv, usage)  # prints the help and exits 0
-    # ml_collections reads the overrides from sys.argv itself: it must see the same list.
-    argv = sys.argv = run_config.last_override_wins(argv)
-    missing_file = run_config.config_file_problem(argv)
-    if missing_file:
-        _fail(missing_file, ConfigError.exit_status, FileNotFoundError(missing_file), argv)
     run_config.make_importable(run_config.config_argument(argv))
     try:
-        return flags.FLAGS(argv)
+        argv = flags.FLAGS(argv)
+        if "config" in flags.FLAGS and flags.FLAGS.config is not None:
+            flags.FLAGS.config.keys()  # ml_collections raises a config file's error only when read
+        return argv
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
-        try:
-            problems = run_config.unknown_key_problems(argv)
-        except Exception:  # the config file itself fails to load: the error says why
-            problems = []
-        text = "\n".join(problems) if problems else _config_file_error(error, argv)
-        required = re.search(r"Flag --(\w+) must have a value other than None", text)
-        if required:
-            text = f"--{required[1]} is required; give it a value (--{required[1]}=...)."
-        _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
-
-
-def _config_file_error(error: BaseException, argv: list[str]) -> str:
-    """absl's first line, or what the config file itself raised, with the file's line."""
-    path = run_config.config_argument(argv)
-    cause = error
-    while cause.__cause__ is not None or cause.__context__ is not None:
-        cause = cause.__cause__ or cause.__context__
-    config_file = os.path.abspath(path.split(":")[0]) if path else None
-    frames = traceback.extract_tb(cause.__traceback__)
-    lines = [frame for frame in frames if os.path.abspath(frame.filename) == config_file]
-    if not path or (cause is error and not lines):  # absl's own complaint about the flag
-        return _first_line(error)
-    where = f", line {lines[-1].lineno}: {lines[-1].line}" if lines else ""
-    return (
-        f"The config file {path} raised {type(cause).__name__}: {_first_line(cause)}{where}. "
-        "Fix the file (--verbose shows the traceback)."
-    )
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip() or type(error).__name__).splitlines()[0]
+        text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [repr(error)]
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # e.g. a traceback
+        _fail(
+            f"{text} (--helpshort lists the flags; see docs/runs.md)",
+            ConfigError.exit_status,
+            error,
+            argv,
+        )
 
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
@@ -202,61 +173,9 @@ def _closed_loop(error: BaseException | None) -> bool:
     return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
 
 
-TUNABLE = "glibc.malloc.hugetlb"
-OPT_OUT = "JROPE_HUGE_PAGES"  # '0': never restart; '1': on any backend; unset: on CPU only
-
-
-def environment_with_huge_pages(
-    environ: Mapping[str, str], glibc: tuple[int, int] | None, thp: str | None, *, cpu_run: bool
-) -> dict[str, str] | None:
-    """The environment to restart with, or None. glibc: (major, minor); thp: the huge-page mode."""
-    choice = environ.get(OPT_OUT, "")
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    supported = glibc is not None and glibc >= (2, 35) and thp not in (None, "never")
-    if choice == "0" or (choice != "1" and not cpu_run) or not supported or TUNABLE in tunables:
-        return None
-    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
-
-
-def _host_support() -> tuple[tuple[int, int] | None, str | None]:
-    """This host's glibc version and huge-page mode ('always [madvise] never' -> 'madvise')."""
-    numbers = re.match(r"glibc (\d+)\.(\d+)", " ".join(libc_ver()))  # ('glibc', '2.36')
-    glibc = (int(numbers[1]), int(numbers[2])) if numbers else None
-    mode_file = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    chosen = re.search(r"\[(\w+)\]", mode_file.read_text()) if mode_file.exists() else None
-    return glibc, chosen[1] if chosen else None
-
-
-def runs_on_cpu(environ: Mapping[str, str]) -> bool:
-    """Whether JAX will pick its CPU backend: JAX_PLATFORMS, else no TPU or GPU backend is found."""
-    platforms = environ.get("JAX_PLATFORMS", "").strip()
-    if platforms:
-        return platforms.split(",")[0].strip() == "cpu"
-    if importlib.util.find_spec("libtpu") or importlib.metadata.entry_points(group="jax_plugins"):
-        return False
-    plugins = importlib.util.find_spec("jax_plugins")
-    return plugins is None or not any(pkgutil.iter_modules(plugins.submodule_search_locations))
-
-
-def restart_with_huge_pages() -> None:
-    """Re-executes sys.orig_argv with glibc's huge-page tunable (read only at start) when wanted,
-    for XLA:CPU's per-step scratch buffers; call it first. Not off Linux, nor under a debugger."""
-    monitoring = getattr(sys, "monitoring", None)  # Python 3.12+ debuggers
-    debugger = monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
-    if not sys.platform.startswith("linux") or sys.gettrace() is not None or debugger:
-        return
-    environ = environment_with_huge_pages(
-        os.environ, *_host_support(), cpu_run=runs_on_cpu(os.environ)
-    )
-    if environ is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
-
-
 def huge_pages_requested() -> bool:
-    """Whether this process started with glibc's huge-page option (benchmarks report it)."""
-    return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "")
+    """Whether this process started with glibc's huge-page option (docs/performance.md)."""
+    return "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
 
 
 def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, str]:
