@@ -1,6 +1,8 @@
 """The library imports downward and lightly: what a fresh interpreter holds after each import."""
 
+import ast
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -37,3 +39,74 @@ def test_import_jrope_model_loads_no_harness_or_data():
     modules = _modules_loaded_by("import jrope.model")
     for package in ("jrope.train", "jrope.data", *HEAVY_MODULES):
         assert not _loaded(modules, package), f"import jrope.model loaded {package}"
+
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The modules of the research loop: the harness, the experiments and what both share.
+_LOOP = ("jrope.train", "jrope.experiments", "jrope.results", "jrope.saved_run_config")
+
+
+def _module_names() -> list[str]:
+    paths = (_ROOT / "jrope").rglob("*.py")
+    names = [".".join(path.relative_to(_ROOT).with_suffix("").parts) for path in paths]
+    return [name.removesuffix(".__init__") for name in names]
+
+
+def _imports(module: str) -> set[str]:
+    """The jrope modules that `module`'s source imports anywhere (type-only imports included)."""
+    path = _ROOT / module.replace(".", "/")
+    source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
+    known, found = set(_module_names()), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name in known and name != module}
+
+
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def test_the_research_loop_has_no_import_circles():
+    graph = {name: _imports(name) for name in _module_names() if _in(name, _LOOP)}
+
+    def circle_from(start: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        for following in graph.get(path[-1], ()):
+            if following == start:
+                return path
+            if following not in path and following in graph:
+                found = circle_from(start, (*path, following))
+                if found:
+                    return found
+        return None
+
+    for name in graph:
+        assert circle_from(name, (name,)) is None, circle_from(name, (name,))
+
+
+def test_the_experiments_write_results_through_the_shared_module():
+    # The kernel probe trains nothing: it needs no harness module at all.
+    assert not [name for name in _imports("jrope.experiments.kernel_probe") if "train" in name]
+    assert "jrope.results" in _imports("jrope.experiments.kernel_probe")
+    assert not _in("jrope.train", tuple(_imports("jrope.results")))
+
+
+def test_the_flop_count_module_loads_no_data_source():
+    assert "jrope.data.source" not in _imports("jrope.train.outputs")
+
+
+def test_only_the_harness_modules_that_open_workdir_paths_import_the_path_helpers():
+    importing = {
+        name
+        for name in _module_names()
+        if _in(name, ("jrope.train",)) and "jrope.data.files" in _imports(name)
+    }
+    assert importing <= {
+        "jrope.train.checks",  # a workdir or data path is writable, or a bucket answers
+        "jrope.train.checkpoints",  # the checkpoint folder and the lock
+        "jrope.train.outputs",  # the metrics log on a bucket
+        "jrope.train.runtime",  # the compilation cache and the profile folder
+    }, importing

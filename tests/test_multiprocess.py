@@ -23,7 +23,7 @@ from helpers.train_process import (
     wait_for_step,
 )
 
-from jrope.train import outputs
+from jrope import results
 
 NUM_STEPS = 16
 STEPS_FLAG = f"--config.num_steps={NUM_STEPS}"
@@ -88,7 +88,7 @@ def _assert_matches_single_process(workdir, single_process_run):
     ):
         np.testing.assert_allclose(got_array, want_array, rtol=1e-5, atol=1e-6)
     got_loss, want_loss = (
-        float(outputs.read_csv(run / f"eval_step{NUM_STEPS}" / "eval.csv")[0]["loss"])
+        float(results.read_csv(run / f"eval_step{NUM_STEPS}" / "eval.csv")[0]["loss"])
         for run in (workdir, single)
     )
     assert got_loss == pytest.approx(want_loss, rel=1e-5)

@@ -186,10 +186,18 @@ def test_dense_part_is_six_times_matmul_parameters_times_tokens():
     assert model_flops_per_step(cfg, VOCAB)["dense"] == 6 * matmul_params * tokens
 
 
-def test_vocabulary_defaults_to_the_data_source():
+def test_the_flop_count_takes_the_sizes_and_builds_no_data_source(monkeypatch):
+    from jrope.data import source
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("model_flops_per_step built a data source")
+
+    monkeypatch.setattr(source, "build_source", refuse)
+    monkeypatch.setattr(source, "source_spec", refuse)
     cfg = _config("last")
-    # The synthetic task's vocabulary is 3.
-    assert model_flops_per_step(cfg) == model_flops_per_step(cfg, 3)
+    assert model_flops_per_step(cfg, 3)["total"] > 0
+    with pytest.raises(ValueError, match="needs vocab_size"):
+        model_flops_per_step(cfg)
 
 
 def test_a_signal_model_counts_its_input_projection_and_regression_head():

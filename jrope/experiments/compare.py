@@ -35,8 +35,9 @@ from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
+from jrope import results
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, evaluation, outputs, runtime, setup
+from jrope.train import checks, evaluation, runtime, setup
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
@@ -155,7 +156,7 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
         )
     title = f"{metric}: mean ± std over seeds ({rows[0]['num_sequences']} sequences per length)"
     header = ["method", "seeds"] + [str(length) for length in lengths]
-    return f"{title}\n\n" + outputs.markdown_table(header, cells)
+    return f"{title}\n\n" + results.markdown_table(header, cells)
 
 
 def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
@@ -170,7 +171,7 @@ def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
         ]
         header = ["method"] + [f"d={d}" for d in distances]
         title = f"{metric} at length {length} by key-to-query distance d: mean ± std over seeds"
-        tables.append(f"{title}\n\n" + outputs.markdown_table(header, cells))
+        tables.append(f"{title}\n\n" + results.markdown_table(header, cells))
     return "\n".join(tables)
 
 
@@ -187,11 +188,11 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, 
     """
     workdir = epath.Path(workdir)
     paths = {suffix: workdir / f"comparison.{suffix}" for suffix in ("csv", "md", "png")}
-    outputs.write_csv(paths["csv"], rows, CSV_COLUMNS)
+    results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
     tables = [comparison_table(rows, metric) for metric in metrics]
     tables.append(distance_tables(rows, metrics[0]))
-    outputs.write_text(paths["md"], "\n".join(filter(None, tables)))
+    results.write_text(paths["md"], "\n".join(filter(None, tables)))
     curves = {
         method: (
             list(by_length),
@@ -200,7 +201,7 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, 
         )
         for method, by_length in summarize(rows, metrics[0]).items()
     }
-    outputs.plot_against_length(paths["png"], curves, ylabel=metrics[0])
+    results.plot_against_length(paths["png"], curves, ylabel=metrics[0])
     return paths
 
 

@@ -59,11 +59,10 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import pe_math
+from jrope import pe_math, results
 from jrope.data import synthetic
 from jrope.experiments.probe_targets import check_target, target_values
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
-from jrope.train import outputs
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
 SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -371,7 +370,7 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
             ]
             for method in probe.methods
         ]
-        lines += ["", f"### {target}", "", outputs.markdown_table(header, cells).rstrip("\n")]
+        lines += ["", f"### {target}", "", results.markdown_table(header, cells).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -386,7 +385,7 @@ def plot_fits(
     lags (log scale, fit window dashed), the bottom one the curves over the
     last 96 lags, where extrapolation is hardest.
     """
-    plt = outputs.pyplot()
+    plt = results.pyplot()
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
@@ -415,7 +414,7 @@ def plot_fits(
     bottom.set_ylabel("kernel value")
     bottom.set_title(f"the last {tail.size} lags")
     fig.tight_layout()
-    outputs.save_figure(fig, path, dpi=130)
+    results.save_figure(fig, path, dpi=130)
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
@@ -426,9 +425,9 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
     workdir = epath.Path(workdir)
-    outputs.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
+    results.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
-    outputs.write_text(workdir / "kernel_probe.md", table)
+    results.write_text(workdir / "kernel_probe.md", table)
     plots = [
         workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png" for target in plot_curves
     ]

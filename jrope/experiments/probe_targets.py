@@ -23,14 +23,25 @@ trained task on the same kernel see the same function. Values are float64.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from jrope.data import signal, synthetic
 
-if TYPE_CHECKING:
-    from jrope.experiments.kernel_probe import KernelProbeConfig
+
+class TargetSettings(Protocol):
+    """What the targets read of a probe's settings (jrope.experiments.kernel_probe's config)."""
+
+    train_context: int  # L, the unit of time
+    target_omega: float  # w
+    second_freq_index: int  # w2's index i
+    head_dim: int
+    theta: float
+    gamma: float  # damped_wave's damping
+    drift: float  # phase_drift's eps
+    jet_decay: float  # scaled_high_jet's c
+
 
 PLAIN_TARGETS = ("phase", "linear", "mixed", "phase_drift") + signal.SIGNAL_KERNELS
 _JET = re.compile(r"(scaled_)?high_jet_r(\d+)")
@@ -45,7 +56,7 @@ def check_target(target: str) -> None:
         )
 
 
-def target_values(target: str, lags: np.ndarray, probe: KernelProbeConfig) -> np.ndarray:
+def target_values(target: str, lags: np.ndarray, probe: TargetSettings) -> np.ndarray:
     """y(d) of a target at integer lags [n] under the probe's settings, float64 [n]."""
     check_target(target)
     L, omega = probe.train_context, probe.target_omega

@@ -13,8 +13,6 @@ Shape legend: B batch, T length, V vocabulary, C channels.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,10 +23,10 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope.data.files import is_uri
+from jrope import results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
-from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
+from jrope.train import checkpoints, checks, damping, runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
@@ -305,18 +303,12 @@ def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
 
 
 def write_results_atomically(rows: Sequence[Row], out_dir: epath.Path, *, task: str) -> None:
-    """write_results into a temporary sibling folder, then each file moved into `out_dir`, CSV
-    last: a local folder never holds a part of the rows. An object store (no rename) is written
-    in place, the CSV last."""
-    if is_uri(str(out_dir)):
-        write_results(rows, out_dir, task=task)
-        return
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    paths = write_results(rows, staging, task=task)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("png", "md", "csv"):
-        os.replace(paths[name], out_dir / f"eval.{name}")
-    shutil.rmtree(staging, ignore_errors=True)
+    """write_results, the CSV last, so that no folder holds a part of the rows."""
+    results.write_folder_atomically(
+        out_dir,
+        lambda folder: write_results(rows, folder, task=task),
+        [f"eval.{name}" for name in ("png", "md", "csv")],
+    )
 
 
 def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> None:
@@ -365,7 +357,7 @@ def finished_results(workdir: str, step: int) -> epath.Path | None:
 
 def read_results(out_dir: epath.PathLike) -> list[Row]:
     """The rows of a results folder's CSV, with their types (distance None where empty)."""
-    rows = outputs.read_csv(epath.Path(out_dir) / RESULTS_CSV)
+    rows = results.read_csv(epath.Path(out_dir) / RESULTS_CSV)
     for row in rows:
         if "r2_pooled" not in row:  # a CSV without this column holds the pooled R^2 under r2
             row["r2_pooled"], row["r2"] = row["r2"], "nan"
@@ -388,11 +380,11 @@ def write_results(
     by_length = [row for row in rows if row["distance"] is None]
     curve = ([row["length"] for row in by_length], [row[metric] for row in by_length], None)
     labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
-    outputs.plot_against_length(
+    results.plot_against_length(
         paths["png"], {rows[0]["method"]: curve}, ylabel=labels.get(task, metric), size=(5, 3.5)
     )
-    outputs.write_text(paths["md"], markdown_table(rows, task=task))
-    outputs.write_csv(paths["csv"], rows, CSV_COLUMNS)
+    results.write_text(paths["md"], markdown_table(rows, task=task))
+    results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
 
@@ -407,15 +399,15 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     title += ", sequences per row" if per_row else f", {counts[0]} sequences per length"
     columns = ("length",) + TASK_COLUMNS[task] + per_row
     by_length = [row for row in rows if row["distance"] is None]
-    cells = [[outputs.format_cell(row[column]) for column in columns] for row in by_length]
+    cells = [[results.format_cell(row[column]) for column in columns] for row in by_length]
     means = [np.mean([row[column] for row in by_length]) for column in TASK_COLUMNS[task]]
-    cells.append(["mean", *map(outputs.format_cell, means), *[""] * len(per_row)])
-    text = f"{title}\n\n" + outputs.markdown_table(columns, cells)
+    cells.append(["mean", *map(results.format_cell, means), *[""] * len(per_row)])
+    text = f"{title}\n\n" + results.markdown_table(columns, cells)
     at_distance = [row for row in rows if row["distance"] is not None]
     if at_distance:
         columns = ("length", "distance") + TASK_COLUMNS[task] + per_row
-        cells = [[outputs.format_cell(row[c]) for c in columns] for row in at_distance]
-        text += "\nAt chosen distances:\n\n" + outputs.markdown_table(columns, cells)
+        cells = [[results.format_cell(row[c]) for c in columns] for row in at_distance]
+        text += "\nAt chosen distances:\n\n" + results.markdown_table(columns, cells)
     return text
 
 

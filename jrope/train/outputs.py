@@ -4,11 +4,9 @@ MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), next co
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import importlib.metadata
 import importlib.util
-import io
 import json
 import math
 import os
@@ -22,14 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
 from jrope.data.files import BucketObject, is_uri, write_atomically
-from jrope.data.source import source_spec
 from jrope.errors import NonFiniteLossError, SkippedTooManySteps
 from jrope.train.config import TrainConfig
 
@@ -359,14 +355,12 @@ def model_flops_per_step(
 
     Q = T except in the last block under readout 'last' (Q = 1). The tied readout adds 2 B Q D V
     (the embedding is a gather); a signal model (input_channels, output_channels) has instead an
-    input projection, 2 B T C_in D, and a regression head, 2 B Q D C_out. vocab_size V defaults
-    to the data config's, else its source's.
+    input projection, 2 B T C_in D, and a regression head, 2 B Q D C_out. The sizes come from
+    the data source (jrope.train.setup.model_io), which this count does not build.
     """
     signal = input_channels is not None
     if vocab_size is None and not signal:
-        vocab_size = getattr(cfg.data, "vocab_size", None)
-        if vocab_size is None:
-            vocab_size = source_spec(cfg.data.source).load()[1].vocab_size
+        raise ValueError("model_flops_per_step needs vocab_size, or input and output channels.")
     m = cfg.model
     b, t, d, v = rows or cfg.batch_size, length or cfg.pe.train_context, m.d_model, vocab_size
     f = m.mlp_ratio * d
@@ -439,75 +433,6 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def write_csv(path: epath.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
-    """Rows (dicts holding `columns`) as a CSV file with a header line."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text(path, buffer.getvalue())
-
-
-def read_csv(path: epath.PathLike) -> list[dict[str, str]]:
-    """The rows of a CSV file written by write_csv, as dicts of strings."""
-    return list(csv.DictReader(io.StringIO(epath.Path(path).read_text())))
-
-
-def write_text(path: epath.PathLike, text: str | bytes) -> None:
-    """`text` (str, or bytes) as the whole file at `path` (parent folders created)."""
-    path = epath.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-
-
-def format_cell(value: Any) -> str:
-    """Floats with 4 decimals, anything else as str."""
-    return f"{value:.4f}" if isinstance(value, (float, np.floating)) else str(value)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table of already formatted cells."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
-    importlib.import_module("matplotlib").use("Agg")
-    return importlib.import_module("matplotlib.pyplot")
-
-
-def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
-    """A matplotlib figure as a PNG file at `path`; the figure is closed."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    pyplot().close(fig)
-    write_text(path, buffer.getvalue())
-
-
-# A curve against evaluation length: (lengths, values, spreads as error bars or None).
-Curve = tuple[Sequence[int], Sequence[float], Sequence[float] | None]
-
-
-def plot_against_length(
-    path: epath.PathLike, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)
-) -> None:
-    """One curve per label against evaluation length, on a log2 axis."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=size)
-    all_lengths = sorted({length for lengths, _, _ in curves.values() for length in lengths})
-    for label, (lengths, values, spreads) in curves.items():
-        ax.errorbar(lengths, values, yerr=spreads, marker="o", capsize=3, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(all_lengths, [str(length) for length in all_lengths])
-    ax.set(xlabel="evaluation length", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
 
 
 def tensorboard_command(workdir: str) -> str:
