@@ -125,19 +125,18 @@ def test_train_step_changes_to_a_safe_kernel_once_the_damping_passes(capsys):
     state = run.init_state()
     # gamma * 16 = 96 > 80: one origin over the training window would overflow.
     params = _with_gamma(cfg, state["params"], 6.0, DAMPED_LAYER, DAMPED_HEAD)
-    kernels = trainer.TrainKernel(run, state["params"])
-    planned_step = kernels.step
-    kernels.follow(params, 2)
+    planned_step = trainer.make_train_step(run)
+    step_fn, measured = trainer.step_for_damping(run, params, planned_step, None, step=2)
     said = capsys.readouterr().out
     assert "Step 2: layer 1, head 1 has damping gamma = 6" in said
     assert "changes to the 'blockwise' kernel in blocks of 8" in said
-    assert kernels.step is not planned_step
+    assert step_fn is not planned_step
     batch = {name: jnp.asarray(value) for name, value in run.source.train_batch(0).items()}
     kept_params = jax.tree.map(jnp.copy, params)  # the steps donate their state
     larger = _with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, DAMPED_HEAD)
     larger = jax.tree.map(jnp.copy, larger)
     with jax.set_mesh(run.mesh):
-        _, metrics = kernels.step({**state, "params": params}, batch)
+        _, metrics = step_fn({**state, "params": params}, batch)
     blockwise_run = set_up_run(
         tiny_config(**{"model.attention_impl": "blockwise", "model.block_size": 8}),
         devices=jax.devices()[:1],
@@ -150,9 +149,7 @@ def test_train_step_changes_to_a_safe_kernel_once_the_damping_passes(capsys):
     assert math.isfinite(float(metrics["loss"]))
     np.testing.assert_allclose(float(metrics["loss"]), float(expected["loss"]), rtol=1e-5)
     # A larger damping keeps the blockwise step: no second compilation.
-    kept = kernels.step
-    kernels.follow(larger, 4)
-    assert kernels.step is kept
+    assert trainer.step_for_damping(run, larger, step_fn, measured, step=4)[0] is step_fn
 
 
 def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate():
@@ -172,11 +169,11 @@ def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate()
 
 
 def test_a_non_finite_loss_names_a_passed_bound():
-    kernels = trainer.TrainKernel.__new__(trainer.TrainKernel)
-    kernels.measured = damping.MeasuredDamping((0.3,), layer=0, head=1, bound=0.02)
-    with pytest.raises(NonFiniteLossError) as diagnosed, kernels.diagnosing():
-        raise NonFiniteLossError("loss is nan at step 7; Lower opt.learning_rate ...")
-    message = str(diagnosed.value)
+    measured = damping.MeasuredDamping((0.3,), layer=0, head=1, bound=0.02)
+    error = NonFiniteLossError("loss is nan at step 7; Lower opt.learning_rate ...")
+    diagnosed = damping.diagnosed(error, measured)
+    assert isinstance(diagnosed, NonFiniteLossError)
+    message = str(diagnosed)
     assert message.startswith("The damping passed its bound: layer 0, head 1")
     assert "loss is nan at step 7" in message
 
@@ -209,6 +206,6 @@ def test_decoding_moves_the_cache_origin_often_enough_for_the_damping(tmp_path, 
 def test_an_encoding_without_parameters_measures_no_damping():
     cfg = tiny_config(**{"pe.name": "rope"})
     run = set_up_run(cfg, devices=jax.devices()[:1])
-    graphdef, measured = damping.follow(cfg, run.layout.graphdef, run.init_state()["params"])
+    graphdef, measured = damping.plan(cfg, run.layout.graphdef, run.init_state()["params"])
     assert measured.per_layer == (0.0, 0.0) and not measured.passed
     assert graphdef is run.layout.graphdef  # nothing recompiles

@@ -130,23 +130,21 @@ def test_a_checkpoint_saved_while_skipping_is_never_the_last_good_one(tmp_path):
     checkpointer = Checkpointer(
         str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=10, config_json={}
     )
-    checkpointer.save(1, _small_state(1.0), progress={"skipped_steps": 0, "skipped_in_a_row": 0})
-    for step in (2, 3):
-        progress = {"skipped_steps": step - 1, "skipped_in_a_row": step - 1}
-        checkpointer.save(step, _small_state(1.0), progress=progress)
+    for step in (1, 2, 3):
+        checkpointer.save(step, _small_state(1.0))
     checkpointer.wait_until_finished()
-    # Skipping from step 3 on: checkpoint 2 led straight into it.
-    assert checkpoints.describe_last_good(checkpointer, streak_start=3).startswith("step 1 at")
-    described = checkpoints.describe_last_good(checkpointer)
+    # Skipping from step 3 on: checkpoint 2 led straight into it, 3 was saved during it.
+    described = checkpoints.describe_last_good(checkpointer, streak_start=3)
     assert described.startswith(f"step 1 at {tmp_path / 'checkpoints' / '1'}")
     assert re.search(r"mv \S+/checkpoints/2 \S+/checkpoints/3 ", described)
+    assert checkpoints.describe_last_good(checkpointer).startswith("step 3 at")  # no skips
     checkpointer.close()
 
     only_skipping = Checkpointer(
         str(tmp_path / "other"), every_steps=1, max_to_keep=10, config_json={}
     )
-    only_skipping.save(6, _small_state(1.0), progress={"skipped_steps": 5, "skipped_in_a_row": 5})
-    assert checkpoints.describe_last_good(only_skipping).startswith("none in")
+    only_skipping.save(6, _small_state(1.0))
+    assert checkpoints.describe_last_good(only_skipping, streak_start=2).startswith("none in")
     only_skipping.close()
 
 

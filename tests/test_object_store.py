@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from etils import epath
 from helpers import fake_gcs
@@ -55,11 +54,10 @@ def _log_steps(steps, workdir=RUN):
         every_steps=1,
         num_steps=max(steps),
         tensorboard=True,
-        last_checkpoint=lambda: "none",
         start_step=min(steps) - 1,
     )
     for step in steps:
-        logger.push(step, {"loss": np.float32(1.0 / step), "grad_norm": np.float32(0.5)})
+        logger.write_step(step, {"loss": 1.0 / step, "grad_norm": 0.5})
     logger.close()
 
 

@@ -56,11 +56,10 @@ def test_progress_line_shows_step_loss_rates_and_time_left(tmp_path, capsys):
         every_steps=2,
         num_steps=4,
         tensorboard=False,
-        last_checkpoint=str,
         throughput=known,
     )
     for step in range(1, 5):
-        logger.push(step, _metrics(1.0 / step))
+        logger.write_step(step, {k: float(v) for k, v in _metrics(1.0 / step).items()})
     logger.close()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
@@ -84,7 +83,6 @@ def _start(workdir, *, start_step, num_steps):
         every_steps=1,
         num_steps=num_steps,
         tensorboard=False,
-        last_checkpoint=str,
         start_step=start_step,
     ).close()
     return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
@@ -107,9 +105,7 @@ def test_a_resumed_run_drops_the_records_it_will_write_again(tmp_path):
 
 
 def test_hparams_go_to_tensorboard(tmp_path):
-    logger = MetricsLogger(
-        str(tmp_path), every_steps=1, num_steps=1, tensorboard=True, last_checkpoint=str
-    )
+    logger = MetricsLogger(str(tmp_path), every_steps=1, num_steps=1, tensorboard=True)
     logger.write_hparams({"pe.name": "rope", "eval.lengths": (8, 16), "seed": 0}, ["train/loss"])
     logger.close()
     events = b"".join(path.read_bytes() for path in (tmp_path / "tensorboard").iterdir())

@@ -15,11 +15,12 @@ import jrope
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteLossError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import evaluation, setup
+from jrope.train.checkpoints import Checkpointer
 from jrope.train.checks import readout_problem
 from jrope.train.evaluation import evaluate_checkpoint, weighted_sums
-from jrope.train.outputs import MetricsLogger, first_nonfinite
+from jrope.train.outputs import first_nonfinite
 from jrope.train.setup import model_from_params, set_up_run
-from jrope.train.trainer import make_train_step, train_and_evaluate
+from jrope.train.trainer import make_train_step, stop_if_nonfinite, train_and_evaluate
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
 EXTRA_METHODS = (
@@ -246,19 +247,17 @@ def test_stop_names_step_metric_and_last_good_checkpoint(tmp_path, nan_batch_at_
 
 
 def test_stop_on_gradient_norm_alone(tmp_path):
-    logger = MetricsLogger(
-        str(tmp_path),
-        every_steps=10,
-        num_steps=100,
-        tensorboard=False,
-        last_checkpoint=lambda: "step 40 at /c/40",
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=3, config_json={}
     )
-    logger.push(41, {"loss": np.float32(0.5), "grad_norm": np.float32(np.inf)})
+    checkpointer.save(40, {"w": jnp.zeros(2)})
     with pytest.raises(
         NonFiniteLossError,
-        match=r"^grad_norm is inf at step 41; last good checkpoint: step 40 at /c/40",
+        match=rf"^grad_norm is inf at step 41; last good checkpoint: step 40 at {tmp_path}/",
     ):
-        logger.flush()
+        stop_if_nonfinite(41, {"loss": 0.5, "grad_norm": np.inf}, 10, checkpointer)
+    stop_if_nonfinite(42, {"loss": 0.5, "grad_norm": 1.0}, 10, checkpointer)
+    checkpointer.close()
     assert first_nonfinite({"loss": np.nan, "grad_norm": np.inf}) == (
         "loss",
         pytest.approx(np.nan, nan_ok=True),
@@ -282,11 +281,14 @@ def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step
             )
             history.append((before, jax.device_get(state), jax.device_get(metrics)))
     assert [float(metrics["skipped"]) for _, _, metrics in history] == [0.0, 0.0, 1.0, 0.0]
+    # optax.apply_if_finite's counters, in the optimizer state: so far, and in a row.
+    assert [int(metrics["skipped_steps"]) for _, _, metrics in history] == [0, 0, 1, 1]
+    assert [int(metrics["skipped_in_a_row"]) for _, _, metrics in history] == [0, 0, 1, 0]
     before, after, metrics = history[BAD_STEP_INDEX]
     assert np.isnan(metrics["loss"]) and int(after["step"]) == int(before["step"]) + 1
     for got, want in zip(
-        jax.tree.leaves((after["params"], after["opt_state"])),
-        jax.tree.leaves((before["params"], before["opt_state"])),
+        jax.tree.leaves((after["params"], after["opt_state"].inner_state)),
+        jax.tree.leaves((before["params"], before["opt_state"].inner_state)),
         strict=False,
     ):
         np.testing.assert_array_equal(got, want)
@@ -300,23 +302,6 @@ def test_skip_keeps_previous_state_and_advances_the_step(nan_batch_at_third_step
             )
         ]
         assert any(changed)
-
-
-def test_skipped_steps_are_counted_in_the_logs(tmp_path):
-    logger = MetricsLogger(
-        str(tmp_path), every_steps=1, num_steps=4, tensorboard=False, last_checkpoint=str
-    )
-    for step, loss in enumerate([0.7, 0.6, np.nan, 0.5], start=1):
-        skipped = np.float32(not np.isfinite(loss))
-        logger.push(
-            step, {"loss": np.float32(loss), "grad_norm": np.float32(loss), "skipped": skipped}
-        )
-    logger.close()  # a skipped step is logged, not raised
-    with open(tmp_path / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f]
-    assert [record["train/skipped_steps"] for record in records] == [0, 0, 1, 1]
-    # NaN is written as a string: metrics.jsonl stays valid JSON.
-    assert records[2]["train/loss"] == "nan" and "train/skipped" not in records[2]
 
 
 def _nan_batches_from_third_step(monkeypatch, sigterm_at_step=None):

@@ -76,19 +76,19 @@ class TextRun:
         if environment is None:
             environment = checks.RunEnvironment.detect()
         check_request(self.cfg, settings, encoded, environment.memory_bytes, self.mesh)
-        graphdef, settings = self._follow_damping(settings)
+        graphdef, settings = self._plan_for_damping(settings)
         generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)
         return [decode_tokens(row, vocab_size) for row in rows]
 
-    def _follow_damping(self, settings: GenerationSettings) -> tuple[Any, GenerationSettings]:
+    def _plan_for_damping(self, settings: GenerationSettings) -> tuple[Any, GenerationSettings]:
         """The graphdef and settings that carry the parameters' damping (jrope.train.damping).
 
         Past model.max_damping the prompt's forward plans its kernels for the
         measured damping, and the cache moves its origin before its key factors
         e^(gamma * rebase_bound) would overflow float32.
         """
-        graphdef, measured = damping.follow(self.cfg, self.graphdef, self.params)
+        graphdef, measured = damping.plan(self.cfg, self.graphdef, self.params)
         if not measured.passed:
             return graphdef, settings
         rebase_bound = cache_rebase_bound(settings.rebase_bound, measured.largest)

@@ -1,7 +1,6 @@
 """Checkpoints: the save, its digests, the restore that resumes a run, the workdir lock.
 
-Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON), `digests` and `progress`
-(updates skipped so far and in a row). Orbax saves are atomic: a killed save leaves a
+Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests`. Orbax saves are atomic: a killed save leaves a
 `<step>.orbax-checkpoint-tmp-<n>` directory, never restored. Process 0 holds a `flock` on
 `<workdir>/run.lock`, which the kernel releases however the process ends.
 """
@@ -30,11 +29,9 @@ from jrope.data.files import is_uri, resolved
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import say
 
-NO_SKIPS = {"skipped_steps": 0, "skipped_in_a_row": 0}
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
 DIGESTS_ITEM = "digests"
-PROGRESS_ITEM = "progress"
 
 
 class Checkpointer:
@@ -50,7 +47,7 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM),
+            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )
 
     @classmethod
@@ -69,21 +66,15 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step % self._every_steps == 0
 
-    def save(
-        self, step: int, state: Any, *, force: bool = False, progress: Mapping | None = None
-    ) -> bool:
+    def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
-
-        progress: {'skipped_steps': so far, 'skipped_in_a_row': up to `step`} (default: none).
-        Returns once the arrays are off the device: the caller may donate `state`.
-        """
+        Returns once the arrays are off the device: the caller may donate `state`."""
         if not (force or self.should_save(step)):
             return False
         items = {
             STATE_ITEM: ocp.args.StandardSave(state),
             CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
-            PROGRESS_ITEM: ocp.args.JsonSave(dict(progress or NO_SKIPS)),
         }
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
@@ -92,7 +83,7 @@ class Checkpointer:
         return self._restore(STATE_ITEM, ocp.args.StandardRestore(abstract_state), step)
 
     def restore_json(self, item: str, step: int | None = None) -> Any:
-        """JSON item `item` (CONFIG_ITEM, DIGESTS_ITEM, PROGRESS_ITEM) of checkpoint `step`."""
+        """JSON item `item` (CONFIG_ITEM, DIGESTS_ITEM) of checkpoint `step`."""
         return self._restore(item, ocp.args.JsonRestore(), step)
 
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
@@ -160,12 +151,8 @@ PARAMETER_KEYS = {
     *("data.source", "data.input_channels", "data.vocab_size", "data.num_keys", "data.num_values"),
     *("model.d_model", "model.num_heads", "model.num_layers", "model.mlp_ratio", "pe"),
 }
-# What a resume may change: it leaves the trained model alone (the mesh only lays it out; a
-# finite run is the same whatever opt.nonfinite says).
-RESUME_FREE = {
-    *("eval", "log", "checkpoint", "runtime", "mesh"),
-    *("opt.nonfinite", "opt.max_consecutive_skips"),
-}
+# What a resume may change: it leaves the trained model alone (the mesh only lays it out).
+RESUME_FREE = {"eval", "log", "checkpoint", "runtime", "mesh", "opt.max_consecutive_skips"}
 # Keys an evaluation refuses beyond the parameter-defining ones: they label its rows.
 EVALUATION_LABEL_KEYS = {"seed", "data.seed"}
 
@@ -196,35 +183,25 @@ def describe_latest(checkpointer: Checkpointer) -> str:
 
 
 def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
-    """The latest checkpoint saved with no update being skipped, and how to resume from it;
-    streak_start: the first step of a streak of skips now (the checkpoint just before is bad)."""
-
-    def bad(step: int) -> bool:
-        if streak_start is not None and step >= streak_start - 1:
-            return True
-        try:
-            return checkpointer.restore_json(PROGRESS_ITEM, step).get("skipped_in_a_row", 0) > 0
-        except Exception:  # an unreadable record: not offered as good either
-            return True
-
+    """The latest checkpoint, or with updates skipped in a row from `streak_start`, the latest
+    saved before the step that led into them, and how to resume from it."""
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = finished_steps(checkpointer.directory)
-    good = [step for step in steps if not bad(step)]
-    last = good[-1] if good else None
-    later = [step for step in steps if last is None or step > last]
+    good = [step for step in steps if streak_start is None or step < streak_start - 1]
+    later = steps[len(good) :]
     why = f"{', '.join(map(str, later))} led into or were saved during skipped updates"
-    if last is None:
+    if not good:
         return (
             f"none in {checkpointer.directory}{f' ({why})' if later else ''}; start again in a new "
             "--workdir, or remove those checkpoints"
         )
-    text = f"step {last} at {checkpoint_path(checkpointer, last)}"
+    text = f"step {good[-1]} at {checkpoint_path(checkpointer, good[-1])}"
     if not later:
         return text
     aside = checkpointer.directory.parent / "skipped_checkpoints"
     moves = " ".join(str(checkpoint_path(checkpointer, step)) for step in later)
     return (
-        f"{text} (later checkpoint(s) {why}; to resume from step {last}, move them aside: "
+        f"{text} (later checkpoint(s) {why}; to resume from step {good[-1]}, move them aside: "
         f"mkdir -p {aside} && mv {moves} {aside}/)"
     )
 
@@ -264,10 +241,8 @@ def restore_compatible(
         )
     try:
         saved_config = checkpointer.restore_json(CONFIG_ITEM, step)
-        if purpose == "resume":  # the trainer counts skipped updates on from it
-            checkpointer.restore_json(PROGRESS_ITEM, step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
-        raise corrupt(_unreadable(path, "its saved config or progress", err)) from err
+        raise corrupt(_unreadable(path, "its saved config", err)) from err
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
         raise errors.IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
@@ -321,6 +296,8 @@ def config_differences(
         elif key == "opt.clip_norm" and (before == 0) != (now == 0):
             # Clipping adds a transformation to the optimizer chain: another state structure.
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
+        elif key == "opt.nonfinite" and purpose == "resume":
+            incompatible.append(f"{line} (skipping wraps the optimizer state)")
         elif purpose == "evaluate" or names & free or (key == "num_steps" and constant_rate):
             changed.append(line)
         elif key == "num_steps":

@@ -3,7 +3,7 @@
 Before step 1 a bound the blockwise kernel's blocks cannot carry is refused
 (`bound_problems`). Before an evaluation or decoding step is compiled, and at
 every checkpoint, the damping is read on the host (`measure`); past the bound
-the model's layers plan their kernels and blocks for it (`follow`). A
+the model's layers plan their kernels and blocks for it (`plan`). A
 non-finite loss or evaluation names a passed bound first (`diagnosis`).
 """
 
@@ -85,7 +85,7 @@ def measure(cfg: TrainConfig, params: Any) -> MeasuredDamping:
     )
 
 
-def follow(cfg: TrainConfig, graphdef: Any, params: Any) -> tuple[Any, MeasuredDamping]:
+def plan(cfg: TrainConfig, graphdef: Any, params: Any) -> tuple[Any, MeasuredDamping]:
     """The graphdef to compile with for `params` (after Transformer.follow_damping where the
     damping passed model.max_damping; else `graphdef`, nothing recompiles), and the damping."""
     measured = measure(cfg, params)
@@ -120,6 +120,12 @@ def diagnosis(measured: MeasuredDamping | None) -> str:
         "e^(gamma * model.block_size). Bound the damping (a lower pe.init_gamma or "
         "opt.learning_rate) before blaming the rest of the model. "
     )
+
+
+def diagnosed(error: Exception, measured: MeasuredDamping | None) -> Exception:
+    """`error` (a non-finite loss) with the diagnosis first where the bound was passed."""
+    note = diagnosis(measured)
+    return type(error)(f"{note}{error}") if note else error
 
 
 def _host_pe_params(params: Any) -> Any:

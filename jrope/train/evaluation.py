@@ -133,7 +133,7 @@ PROGRESS_INTERVAL_S = 30.0
 
 class EvalStep:
     """step(params, batch) -> weighted sums, compiled once per length for the damping of new
-    params (jrope.train.damping.follow); blockwise lengths compile with other XLA options
+    params (jrope.train.damping.plan); blockwise lengths compile with other XLA options
     (jrope.train.runtime), and `for_length` gives the jitted function of a length."""
 
     def __init__(self, run: RunSetup):
@@ -148,8 +148,8 @@ class EvalStep:
         self._cfg = run.cfg
         self._platform = run.mesh.devices.flat[0].platform
         self._planned_graphdef = self._graphdef = run.layout.graphdef
-        self._followed_params = None
-        # The damping of the params last followed (None: none yet).
+        self._planned_params = None
+        # The damping of the params last planned for (None: none yet).
         self.measured: damping.MeasuredDamping | None = None
 
         def compiled(blockwise: bool):
@@ -158,12 +158,12 @@ class EvalStep:
 
         self._jitted = {blockwise: compiled(blockwise) for blockwise in (False, True)}
 
-    def follow(self, params) -> damping.MeasuredDamping:
+    def plan_for(self, params) -> damping.MeasuredDamping:
         """Reads the damping of `params` and compiles for it (said on the console past the bound)."""
-        if params is self._followed_params:
+        if params is self._planned_params:
             return self.measured
-        self._graphdef, self.measured = damping.follow(self._cfg, self._planned_graphdef, params)
-        self._followed_params = params
+        self._graphdef, self.measured = damping.plan(self._cfg, self._planned_graphdef, params)
+        self._planned_params = params
         if self.measured.passed:
             say(
                 f"  {self.measured.describe()}: evaluating with kernels planned for it (the "
@@ -173,7 +173,7 @@ class EvalStep:
         return self.measured
 
     def for_length(self, length: int):
-        """The jitted step for batches of `length` tokens (of the params last followed)."""
+        """The jitted step for batches of `length` tokens (of the params last planned for)."""
         try:
             kernel = damping.kernel(self._cfg, length, self._platform, self.measured)
         except ValueError as err:
@@ -184,7 +184,7 @@ class EvalStep:
         return self._jitted[kernel == "blockwise"]
 
     def __call__(self, params, batch):
-        self.follow(params)
+        self.plan_for(params)
         return self.for_length(batch["inputs"].shape[1])(self._graphdef, params, batch)
 
 

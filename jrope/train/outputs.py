@@ -20,13 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from absl import logging
 from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
 from jrope.data.files import BucketObject, is_uri, write_atomically
-from jrope.errors import NonFiniteLossError, SkippedTooManySteps
 from jrope.train.config import TrainConfig
 
 
@@ -47,7 +45,6 @@ def duration(seconds: float) -> str:
 
 # Metrics whose finiteness decides a step (names of the train step's metrics).
 CHECKED_METRICS = ("loss", "grad_norm")
-SKIPPED_METRIC = "skipped"
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -60,11 +57,9 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 class MetricsLogger:
-    """Checks every step's metrics (a non-finite one stops the run naming `last_checkpoint()`,
-    unless the step skipped its update and fewer than `max_consecutive_skips` came in a row); logs
-    every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard. `push`
-    reads the previous step's metrics, so the device queue never drains. A start resumed at
-    `start_step` first drops the records it will write again, so every step is logged once."""
+    """Writes every `every_steps`-th step and the last: the progress line, metrics.jsonl and
+    TensorBoard (a writer only where `is_writer`). A start resumed at `start_step` first drops the
+    records it will write again, so every step is logged once."""
 
     def __init__(
         self,
@@ -73,25 +68,14 @@ class MetricsLogger:
         every_steps: int,
         num_steps: int,
         tensorboard: bool,
-        last_checkpoint: Callable[[], str],
         is_writer: bool = True,
         start_step: int = 0,
         throughput: Throughput | None = None,
-        max_consecutive_skips: int = 10,
-        skip_progress: Mapping[str, int] | None = None,
     ):
         self._every_steps = every_steps
         self._num_steps = num_steps
-        self._last_checkpoint = last_checkpoint
         self._throughput = throughput
-        self._max_consecutive_skips = max_consecutive_skips
-        self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
-        self._interval_start: tuple[int, float] | None = None
-        progress = skip_progress or {}  # the resumed checkpoint's: a streak goes on counting
-        self._skipped_steps = progress.get("skipped_steps", 0)
-        in_a_row = progress.get("skipped_in_a_row", 0)
-        # The steps of the updates skipped in a row up to the last step read.
-        self._streak = list(range(start_step - in_a_row + 1, start_step + 1))
+        self._interval_start = (start_step, time.perf_counter())
         self._jsonl = self._tensorboard = None
         if is_writer:
             self._jsonl = JsonLinesLog(
@@ -101,31 +85,23 @@ class MetricsLogger:
             if tensorboard:
                 self._tensorboard = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
 
-    def push(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
-        """Record the (still computing) metrics of `step`; read and log the previous step's."""
-        previous, self._pending = self._pending, (step, metrics)
-        if self._interval_start is None:
-            self._interval_start = (step - 1, time.perf_counter())
-        if previous is not None:
-            self._read(*previous)
+    def write_step(self, step: int, values: Mapping[str, float]) -> None:
+        """The train metrics of `step` (host floats), written when `step` is due."""
+        if step % self._every_steps and step != self._num_steps:
+            return
+        values = dict(values)
+        start_step, start_time = self._interval_start
+        now = time.perf_counter()
+        values["steps_per_sec"] = (step - start_step) / max(now - start_time, 1e-9)
+        if self._throughput is not None:
+            values.update(self._throughput.rates(values["steps_per_sec"]))
+        self._interval_start = (step, now)
+        say(_progress_line(step, self._num_steps, values))
+        self._write(step, {f"train/{name}": value for name, value in values.items()})
 
-    def flush(self) -> None:
-        """Read the pending step now (before a checkpoint, an evaluation or the end)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._read(*pending)
-        if self._jsonl is not None:
-            self._jsonl.flush()  # on a bucket: the log catches up with the checkpoint
-
-    @property
-    def skip_streak_start(self) -> int | None:
-        """The first step of the updates being skipped in a row now, None when none is."""
-        return self._streak[0] if self._streak else None
-
-    @property
-    def skip_progress(self) -> dict[str, int]:
-        """Updates skipped so far and in a row up to the last step read (checkpoints record it)."""
-        return {"skipped_steps": self._skipped_steps, "skipped_in_a_row": len(self._streak)}
+    def restart_interval(self) -> None:
+        """The next rate is measured from now (after a compilation, an evaluation or a save)."""
+        self._interval_start = (self._interval_start[0], time.perf_counter())
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
         """Log named scalars (e.g. evaluation results) at `step`."""
@@ -143,50 +119,16 @@ class MetricsLogger:
             self._tensorboard.file_writer.add_summary(summary)
         self._tensorboard.flush()
 
+    def flush(self) -> None:
+        """Everything written so far is in the files (on a bucket: uploaded)."""
+        if self._jsonl is not None:
+            self._jsonl.flush()
+
     def close(self) -> None:
-        self.flush()
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
-
-    def _read(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
-        values = {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
-        bad = first_nonfinite(values)
-        fix = "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint"
-        skipped = values.pop(SKIPPED_METRIC, None)  # None: opt.nonfinite = 'stop'
-        if skipped is None and bad is not None:
-            raise NonFiniteLossError(
-                f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
-                f"{self._last_checkpoint()}. {fix} (or set opt.nonfinite='skip' to drop such steps)."
-            )
-        if skipped == 0:
-            self._streak = []
-        elif skipped is not None:
-            self._skipped_steps += 1
-            self._streak.append(step)
-            logging.warning(
-                "Step %d: %s is %s; update skipped (%d so far).", step, *bad, self._skipped_steps
-            )
-            if len(self._streak) >= self._max_consecutive_skips:
-                raise SkippedTooManySteps(
-                    f"Steps {self._streak[0]} to {step} were all skipped ({bad[0]} "
-                    f"non-finite): {len(self._streak)} in a row, "
-                    "opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
-                    f"diverging. Last good checkpoint: {self._last_checkpoint()}. {fix}."
-                )
-        if skipped is not None:
-            values["skipped_steps"] = self._skipped_steps
-        if step % self._every_steps and step != self._num_steps:
-            return
-        start_step, start_time = self._interval_start
-        now = time.perf_counter()
-        values["steps_per_sec"] = (step - start_step) / max(now - start_time, 1e-9)
-        if self._throughput is not None:
-            values.update(self._throughput.rates(values["steps_per_sec"]))
-        self._interval_start = (step, now)
-        say(_progress_line(step, self._num_steps, values))
-        self._write(step, {f"train/{name}": value for name, value in values.items()})
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:

@@ -120,12 +120,18 @@ def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:
 
 def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransformation:
     """AdamW (weight decay on every parameter, as in the paper's code), after global-norm clipping
-    unless opt.clip_norm is 0."""
+    unless opt.clip_norm is 0; with opt.nonfinite = 'skip', inside optax.apply_if_finite, whose
+    state counts the updates skipped (in all and in a row) and so checkpoints them."""
     schedule = learning_rate_schedule(cfg, num_steps)
-    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.clip_norm == 0:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+    optimizer = optax.adamw(
+        schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    if cfg.clip_norm != 0:
+        optimizer = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optimizer)
+    if cfg.nonfinite == "skip":
+        # The host stops the run at max_consecutive_skips in a row, before optax would apply one.
+        optimizer = optax.apply_if_finite(optimizer, cfg.max_consecutive_skips)
+    return optimizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 `make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
 `train_and_evaluate` is the whole run. Data and dropout keys are pure functions of the step, so a
-resumed run reproduces an uninterrupted one. `opt.nonfinite='stop'` reads each step's metrics one
-step late and before every save, so no checkpoint holds a non-finite step's state; 'skip' keeps
-the previous state inside the jitted step (a select: no host round trip) while the data advance.
-On SIGTERM or Ctrl-C the handler only sets a flag; the loop saves the step (processes agree on it
-through JAX's coordination service) and raises TrainingPreempted. Shapes: B batch, T length.
+resumed run reproduces an uninterrupted one. The host reads each step's metrics one step late and
+before every save, so no checkpoint holds a non-finite step's state unnoticed: opt.nonfinite =
+'stop' ends the run there; 'skip' has optax.apply_if_finite drop the update (its counters live in
+the optimizer state) and the run ends after opt.max_consecutive_skips in a row. On SIGTERM or
+Ctrl-C the handler only sets a flag; the loop saves the step (processes agree on it through JAX's
+coordination service) and raises TrainingPreempted. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from jrope.errors import NonFiniteLossError, RunIOError, TrainingPreempted
+from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig
-from jrope.train.outputs import MetricsLogger, say
+from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
 
 
@@ -71,17 +73,6 @@ class PreemptionWatch:
         self.signum = signum
 
 
-def keep_previous_if_nonfinite(
-    previous: dict[str, Any], updated: dict[str, Any], metrics: dict[str, jax.Array]
-) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-    """Inside jit: train state `updated` if CHECKED_METRICS are finite, else `previous` with the
-    step counter advanced; metrics get SKIPPED_METRIC = 1.0 when the update was dropped."""
-    finite = jnp.all(jnp.stack([jnp.isfinite(metrics[name]) for name in outputs.CHECKED_METRICS]))
-    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, previous)
-    state = {**kept, "step": updated["step"]}
-    return state, {**metrics, outputs.SKIPPED_METRIC: 1.0 - finite.astype(jnp.float32)}
-
-
 # Dropout keys: their own stream of the seed (nnx.Rngs folds small counters into the same seed).
 _DROPOUT_STREAM = 0x64726F70  # 'drop'
 
@@ -98,7 +89,8 @@ def make_train_step(
     compiler_options: XLA's options ({}: its defaults); default runtime.step_compiler_options.
     Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]).
     Metrics: 'loss', 'accuracy' (regression: 'r2', 'r2_pooled'), 'grad_norm' (before clipping),
-    'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped'.
+    'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped' (1.0: this
+    update was dropped), 'skipped_steps' and 'skipped_in_a_row' (up to this step).
     """
     cfg, layout, mesh = run.cfg, run.layout, run.mesh
     task, num_classes = run.source.task, run.source.num_classes
@@ -126,10 +118,11 @@ def make_train_step(
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
-        updated = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
-        if cfg.opt.nonfinite == "skip":
-            return keep_previous_if_nonfinite(state, updated, metrics)
-        return updated, metrics
+        if cfg.opt.nonfinite == "skip":  # optax.apply_if_finite's counters
+            metrics["skipped"] = 1.0 - opt_state.last_finite.astype(jnp.float32)
+            metrics["skipped_steps"] = opt_state.total_notfinite
+            metrics["skipped_in_a_row"] = opt_state.notfinite_count
+        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
     batch_sharding = setup.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -201,7 +194,6 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         rows = evaluation.read_results(finished)
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
-    progress = checkpointer.restore_json(checkpoints.PROGRESS_ITEM, start) if start else None
     if jax.process_index() == 0:
         outputs.append_start_record(workdir, outputs.start_record(cfg, start))
     logger = MetricsLogger(
@@ -209,14 +201,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         every_steps=cfg.log.every_steps,
         num_steps=cfg.num_steps,
         tensorboard=cfg.log.tensorboard,
-        last_checkpoint=lambda: checkpoints.describe_last_good(
-            checkpointer, logger.skip_streak_start
-        ),
         is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=outputs.Throughput.for_run(cfg, setup.model_io(run.source), devices),
-        max_consecutive_skips=cfg.opt.max_consecutive_skips,
-        skip_progress=progress,
     )
     if start == 0:
         logger.write_hparams(
@@ -235,13 +222,13 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             logger.write_scalars(step, scalars, name)
         return rows, out_dir
 
-    state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
-    with runtime.activity(
-        f"the final evaluation of step {cfg.num_steps} (its checkpoint is saved; nothing of the "
-        "evaluation was written): run the same command again to evaluate it"
-    ):
-        rows, out_dir = evaluate(state, cfg.num_steps)
-    logger.close()
+    with contextlib.closing(logger):
+        state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
+        with runtime.activity(
+            f"the final evaluation of step {cfg.num_steps} (its checkpoint is saved; nothing of "
+            "the evaluation was written): run the same command again to evaluate it"
+        ):
+            rows, out_dir = evaluate(state, cfg.num_steps)
     checkpointer.wait_until_finished()
     _show_outputs(workdir, cfg, out_dir)
     return {"state": state, "eval": rows}
@@ -258,12 +245,23 @@ def _train_steps(
 ) -> dict[str, Any]:
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     cfg, source, mesh = run.cfg, run.source, run.mesh
-    kernels = TrainKernel(run, state["params"])
+    train_step, measured = step_for_damping(run, state["params"], make_train_step(run), None)
+    pending = None  # (step, metrics) not yet read on the host
+
+    def read_pending() -> None:
+        nonlocal pending
+        if pending is not None:
+            step, metrics = pending
+            pending = None
+            values = {name: float(value) for name, value in jax.device_get(metrics).items()}
+            stop_if_nonfinite(step, values, cfg.opt.max_consecutive_skips, checkpointer, measured)
+            # 'skipped' and the streak decide above; the count of skipped updates is logged.
+            logger.write_step(step, {k: v for k, v in values.items() if k not in _STREAK_METRICS})
+
     with (
         jax.set_mesh(mesh),
         PreemptionWatch() as preemption,
         contextlib.closing(runtime.StepTrace(workdir, cfg.runtime)) as trace,
-        kernels.diagnosing(),
     ):
         for step in range(start, cfg.num_steps):
             batch = setup.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
@@ -271,104 +269,120 @@ def _train_steps(
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
             trace.before_step(step)
-            state, metrics = kernels.step(state, batch)  # returns once compiled and dispatched
+            state, metrics = train_step(state, batch)  # returns once compiled and dispatched
             trace.after_step(step, state)
             if step == start:
                 say(f"done in {outputs.duration(time.perf_counter() - compile_started)}.")
+                logger.restart_interval()
+            read_pending()  # the previous step's, while this one runs
             done = step + 1
-            logger.push(done, metrics)
+            pending = (done, metrics)
             is_last = done == cfg.num_steps
             preempted = preemption.reached(done)
             if is_last or preempted or checkpointer.should_save(done):
-                # never checkpoint a state whose loss is not yet known to be finite
+                read_pending()  # never checkpoint a state whose loss is not known to be finite
                 logger.flush()
-                checkpointer.save(
-                    done, state, force=is_last or preempted, progress=logger.skip_progress
+                checkpointer.save(done, state, force=is_last or preempted)
+                train_step, measured = step_for_damping(
+                    run, state["params"], train_step, measured, step=done
                 )
-                kernels.follow(state["params"], done)
             if preempted:
                 checkpointer.wait_until_finished()
-                logger.close()
                 raise TrainingPreempted(
                     done, checkpoints.checkpoint_path(checkpointer, done), preemption.signum
                 )
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
+                read_pending()
                 evaluate(state, done)
+    read_pending()
     return state
 
 
-class TrainKernel:
-    """The train step, kept on a kernel that survives the damping of the parameters.
+_STREAK_METRICS = ("skipped", "skipped_in_a_row")
 
-    `follow` reads the damping at the start and at every checkpoint; past model.max_damping, where
-    the step's kernel would overflow float32 at the training length, the step changes to the
-    blockwise kernel in blocks that carry it (recompiling; blocks only shrink by powers of two).
-    """
 
-    def __init__(self, run: RunSetup, params: Any):
-        self._run = run
-        self._platform = run.mesh.devices.flat[0].platform
-        self.measured: damping.MeasuredDamping | None = None
-        self._kernel = self._train_kernel(None)
-        self.step = make_train_step(run)  # jitted lazily: nothing compiles before step 1
-        self.follow(params, None)
+def stop_if_nonfinite(
+    step: int,
+    values: Mapping[str, float],
+    max_in_a_row: int,
+    checkpointer: Checkpointer,
+    measured: damping.MeasuredDamping | None = None,
+) -> None:
+    """NonFiniteLossError for a non-finite step's metrics `values` unless its update was skipped
+    (opt.nonfinite = 'skip'); SkippedTooManySteps at `max_in_a_row` skipped in a row. Both name
+    the last good checkpoint, and first a passed damping bound (`measured`)."""
+    bad = first_nonfinite(values)
+    fix = "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint"
+    if "skipped" not in values and bad is not None:
+        error = NonFiniteLossError(
+            f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
+            f"{checkpoints.describe_last_good(checkpointer)}. {fix} (or set "
+            "opt.nonfinite='skip' to drop such steps)."
+        )
+        raise damping.diagnosed(error, measured)
+    if not values.get("skipped"):
+        return
+    in_a_row, first = int(values["skipped_in_a_row"]), step - int(values["skipped_in_a_row"]) + 1
+    logging.warning(
+        "Step %d: %s is %s; update skipped (%d so far).", step, *bad, values["skipped_steps"]
+    )
+    if in_a_row >= max_in_a_row:
+        raise SkippedTooManySteps(
+            f"Steps {first} to {step} were all skipped ({bad[0]} non-finite): {in_a_row} in a "
+            "row, opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
+            f"diverging. Last good checkpoint: {checkpoints.describe_last_good(checkpointer, first)}"
+            f". {fix}."
+        )
 
-    def follow(self, params: Any, step: int | None) -> None:
-        """Reads the damping of `params` (after `step`; None: the starting state)."""
-        cfg = self._run.cfg
-        announced = self.measured is not None and self.measured.passed
-        graphdef, measured = damping.follow(cfg, self._run.layout.graphdef, params)
-        self.measured = measured
-        if not measured.passed:
-            return
-        length = cfg.pe.train_context
-        kernel = self._train_kernel(measured)
-        if step is None:
-            ran = (
-                f"the train step runs the {kernel} at length {length}"
-                if kernel != self._kernel
-                else f"the train step's {kernel} is safe at length {length}"
-            )
-            say(
-                f"The starting state: {measured.describe()}: the attention kernels follow this "
-                f"damping instead of the bound (evaluations plan for it; {ran})."
-            )
-        elif kernel != self._kernel:
-            say(
-                f"Step {step}: {measured.describe()}; the train step's {self._kernel} would "
-                f"overflow float32 at length {length}, so it changes to the {kernel} (compiling "
-                "it once more)."
-            )
-        elif not announced:
-            say(
-                f"Step {step}: {measured.describe()}; evaluations plan their kernels for it, and "
-                f"the train step's {kernel} stays safe at length {length}."
-            )
-        if kernel != self._kernel:
-            layout = dataclasses.replace(self._run.layout, graphdef=graphdef)
-            run = dataclasses.replace(self._run, layout=layout)
-            self.step = make_train_step(run, measured=measured)
-            self._kernel = kernel
 
-    def _train_kernel(self, measured: damping.MeasuredDamping | None) -> str:
-        """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
-        cfg = self._run.cfg
-        name = damping.kernel(cfg, cfg.pe.train_context, self._platform, measured)
-        if name != "blockwise":
-            return f"{name!r} kernel"
-        blocks = cfg.model.block_size if measured is None else measured.block_size
-        return f"{name!r} kernel in blocks of {blocks}"
+def step_for_damping(
+    run: RunSetup,
+    params: Any,
+    train_step: Callable,
+    planned: damping.MeasuredDamping | None,
+    *,
+    step: int | None = None,
+) -> tuple[Callable, damping.MeasuredDamping]:
+    """The train step to run on `params` (after `step`; None: the starting state), and their
+    damping. `train_step` is planned for the damping `planned` (None: model.max_damping); past the
+    bound, where its kernel would overflow float32 at the training length, a step on the blockwise
+    kernel in blocks that carry the damping is compiled instead (blocks only shrink)."""
+    cfg = run.cfg
+    graphdef, measured = damping.plan(cfg, run.layout.graphdef, params)
+    if not measured.passed:
+        return train_step, measured
+    length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
+    kernel, before = (_kernel_name(cfg, platform, m) for m in (measured, planned))
+    if step is None:
+        ran = f"runs the {kernel}" if kernel != before else f"'s {kernel} is safe"
+        say(
+            f"The starting state: {measured.describe()}: the attention kernels follow this "
+            f"damping instead of the bound (evaluations plan for it; the train step {ran} at "
+            f"length {length})."
+        )
+    elif kernel != before:
+        say(
+            f"Step {step}: {measured.describe()}; the train step's {before} would overflow "
+            f"float32 at length {length}, so it changes to the {kernel} (compiling it once more)."
+        )
+    elif planned is None or not planned.passed:
+        say(
+            f"Step {step}: {measured.describe()}; evaluations plan their kernels for it, and the "
+            f"train step's {kernel} stays safe at length {length}."
+        )
+    if kernel == before:
+        return train_step, measured
+    layout = dataclasses.replace(run.layout, graphdef=graphdef)
+    return make_train_step(dataclasses.replace(run, layout=layout), measured=measured), measured
 
-    @contextlib.contextmanager
-    def diagnosing(self):
-        """Re-raises a NonFiniteLossError with the passed bound named first, where it was."""
-        try:
-            yield
-        except NonFiniteLossError as error:
-            note = damping.diagnosis(self.measured)
-            if not note:
-                raise
-            raise type(error)(f"{note}{error}") from error
+
+def _kernel_name(cfg: TrainConfig, platform: str, measured: damping.MeasuredDamping | None) -> str:
+    """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
+    name = damping.kernel(cfg, cfg.pe.train_context, platform, measured)
+    if name != "blockwise":
+        return f"{name!r} kernel"
+    blocks = cfg.model.block_size if measured is None else measured.block_size
+    return f"{name!r} kernel in blocks of {blocks}"
 
 
 def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
