@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
@@ -116,6 +117,18 @@ class SyntheticTaskConfig:
     envelope_slope: float = 0.85
     carrier_cos_weight: float = 0.65
     carrier_sin_weight: float = 0.35
+    # Keys only some kernels or label modes read (chooser, its values that read the keys, whether
+    # setting them anyway is refused) -> keys: one section carries every kernel's parameters, so
+    # a value the chosen kernel ignores is only warned of (keys_without_effect).
+    KEYS_READ_ONLY_BY: ClassVar = {
+        ("kernel", ("high_jet", "scaled_high_jet"), False): ("jet_power",),
+        ("kernel", ("scaled_high_jet",), False): ("jet_decay",),
+        ("kernel", ("damped_mixed",), False): ("damping_gamma", "damping_sin_weight"),
+        ("kernel", ("rhythm_envelope",), False): (
+            *("envelope_offset", "envelope_slope", "carrier_cos_weight", "carrier_sin_weight"),
+        ),
+        ("label_mode", ("stochastic",), False): ("temperature",),
+    }
 
     def __post_init__(self):
         if self.source != "synthetic":

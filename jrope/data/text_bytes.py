@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 from absl import logging
@@ -99,6 +100,14 @@ class TextDataConfig:
     cache_dir: str = ""
     data_dir: str = ""
     manual_dir: str = ""
+    # Keys only some sources read: (chooser, its values that read the keys, whether setting
+    # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).
+    KEYS_READ_ONLY_BY: ClassVar = {
+        ("source", ("text", "audio_tokens"), True): ("path", "eval_path"),
+        ("source", ("wikitext103", "wikitext2"), True): (
+            *("train_split", "eval_split", "data_dir", "manual_dir"),
+        ),
+    }
 
     def __post_init__(self):
         if self.source not in SOURCES:

@@ -1,7 +1,7 @@
 """Checkpoints: the save, its digests, the restore that resumes a run, the workdir lock.
 
 Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests`. Orbax saves are atomic: a killed save leaves a
-`<step>.orbax-checkpoint-tmp-<n>` directory, never restored. Process 0 holds a `flock` on
+`<step>.orbax-checkpoint-tmp-<n>` directory, never restored, which orbax deletes at the next start. Process 0 holds a `flock` on
 `<workdir>/run.lock`, which the kernel releases however the process ends.
 """
 
@@ -43,11 +43,20 @@ class Checkpointer:
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
-        self._every_steps = every_steps
+        policies = ocp.checkpoint_managers  # saves every `every_steps`, and at a preemption
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            create=True,
+            cleanup_tmp_directories=True,
+            save_decision_policy=policies.AnySavePolicy(
+                [
+                    policies.FixedIntervalPolicy(every_steps),
+                    policies.PreemptionCheckpointingPolicy(),
+                ]
+            ),
+        )
         self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
+            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
         )
 
     @classmethod
@@ -64,19 +73,19 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        return step % self._every_steps == 0
+        return self._manager.should_save(step)
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
         Returns once the arrays are off the device: the caller may donate `state`."""
         if not (force or self.should_save(step)):
-            return False
+            return False  # before the digests are computed
         items = {
             STATE_ITEM: ocp.args.StandardSave(state),
             CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
         }
-        return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
         """Checkpoint `step` (default: latest) read straight into `abstract_state`'s shardings."""
@@ -167,13 +176,6 @@ def finished_steps(directory: str) -> list[int]:
     return sorted(ocp.path.step.checkpoint_steps(directory))
 
 
-def unfinished_saves(directory: str) -> list[str]:
-    """Names of the temporary directories of interrupted saves in a checkpoint directory."""
-    path = epath.Path(directory)
-    names = [child.name for child in path.iterdir()] if path.exists() else []
-    return sorted(name for name in names if ".orbax-checkpoint-tmp" in name)
-
-
 def describe_latest(checkpointer: Checkpointer) -> str:
     """The latest checkpoint's step and path, for messages."""
     latest = checkpointer.latest_step()
@@ -210,11 +212,6 @@ def restore_or_initialize(
     cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
 ) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
-    if leftovers := unfinished_saves(checkpointer.directory):
-        logging.warning(
-            f"Ignoring unfinished checkpoint writes {leftovers} in {checkpointer.directory} (left "
-            "by a run stopped mid-save; never restored, safe to delete)."
-        )
     step = checkpointer.latest_step()
     if step is None:
         return initialize()

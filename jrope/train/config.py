@@ -327,32 +327,12 @@ def _closest(key: str, known, section: str, section_keys) -> str:
     return f"{where} has {', '.join(sorted(section_keys))}."
 
 
-# Data keys that only some choices read: (the choosing key, the values that read it, whether
-# setting the key anyway is refused). The text sources share one section, so a value there for
-# another source is a mistake; the synthetic configs carry every kernel's parameters in one
-# section, so a value the chosen kernel ignores is only named in a warning.
-_WIKITEXT = ("wikitext103", "wikitext2")
-_ENVELOPE_KEYS = ("envelope_offset", "envelope_slope", "carrier_cos_weight", "carrier_sin_weight")
-_READ_ONLY_BY = {
-    "TextDataConfig": {
-        ("source", ("text", "audio_tokens"), True): ("path", "eval_path"),
-        ("source", _WIKITEXT, True): ("train_split", "eval_split", "data_dir", "manual_dir"),
-    },
-    "SyntheticTaskConfig": {
-        ("kernel", ("high_jet", "scaled_high_jet"), False): ("jet_power",),
-        ("kernel", ("scaled_high_jet",), False): ("jet_decay",),
-        ("kernel", ("damped_mixed",), False): ("damping_gamma", "damping_sin_weight"),
-        ("kernel", ("rhythm_envelope",), False): _ENVELOPE_KEYS,
-        ("label_mode", ("stochastic",), False): ("temperature",),
-    },
-}
-
-
 def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
     """(refused, warned): a line per data key set away from its default that the chosen source,
-    kernel or label mode never reads, with the fix. `data`: a data section's dataclass, or None."""
+    kernel or label mode never reads (the data config's KEYS_READ_ONLY_BY), with the fix.
+    `data`: a data section's dataclass, or None."""
     refused, warned = [], []
-    rules = _READ_ONLY_BY.get(type(data).__name__, {})
+    rules = getattr(data, "KEYS_READ_ONLY_BY", {})
     defaults = {field.name: field.default for field in dataclasses.fields(data)} if rules else {}
     for (chooser, readers, refuse), keys in rules.items():
         choice = getattr(data, chooser)
