@@ -36,7 +36,8 @@ class ConfigError(JropeError, ValueError):
         # A problem of several lines (the data's directions) keeps them indented under its dash.
         lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
         super().__init__(
-            f"{len(self.problems)} problem(s) in the run's config, found before compiling:\n{lines}"
+            f"{len(self.problems)} problem(s) in the run's config, found before compiling (see "
+            f"docs/runs.md):\n{lines}"
         )
 
 

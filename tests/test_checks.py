@@ -295,7 +295,7 @@ def test_all_problems_are_reported_together(tmp_path):
         "mesh.data=-1 x mesh.fsdp=1"
     )
     assert str(caught.value).startswith(
-        "2 problem(s) in the run's config, found before compiling:\n  - pe.name"
+        "2 problem(s) in the run's config, found before compiling (see docs/runs.md):\n  - pe.name"
     )
     # Conversion errors of different sections come together too.
     with pytest.raises(ValueError) as caught:
@@ -364,7 +364,9 @@ def test_absent_wikitext2_is_a_data_error_with_directions(tmp_path, monkeypatch)
     with pytest.raises(DataError) as caught:
         check_training_run(config, str(tmp_path / "run"), EIGHT_CPUS)
     message = str(caught.value)
-    assert message.startswith("1 problem(s) in the run's config, found before compiling:\n  - ")
+    assert message.startswith(
+        "1 problem(s) in the run's config, found before compiling (see docs/runs.md):\n  - "
+    )
     assert "WikiText-2 is not available" in message and "wikitext-2-raw-v1.zip" in message
     assert "python -m jrope.data.wikitext --dataset=wikitext2" in message
     assert not (tmp_path / "run").exists()
