@@ -354,10 +354,10 @@ def step_for_damping(
     length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
     kernel, before = (_kernel_name(cfg, platform, m) for m in (measured, planned))
     if step is None:
-        ran = f"runs the {kernel}" if kernel != before else f"'s {kernel} is safe"
+        ran = f" runs the {kernel}" if kernel != before else f"'s {kernel} is safe"
         say(
             f"The starting state: {measured.describe()}: the attention kernels follow this "
-            f"damping instead of the bound (evaluations plan for it; the train step {ran} at "
+            f"damping instead of the bound (evaluations plan for it; the train step{ran} at "
             f"length {length})."
         )
     elif kernel != before:
