@@ -9,6 +9,7 @@ import pytest
 from helpers.repository import ROOT
 from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 
+from jrope import saved_run_config
 from jrope.errors import ConfigError
 from jrope.pe_config import pe_config_from_name
 from jrope.train.config import (
@@ -166,3 +167,12 @@ def test_no_shipped_config_sets_a_key_without_effect():
             continue
         cfg, problems = convert_config(config)
         assert problems == [] and keys_without_effect(cfg.data) == ([], []), name
+
+
+def test_a_saved_config_holding_a_retired_key_still_loads():
+    saved = tiny_config().to_json_dict()
+    saved["eval"]["max_hours"] = 24.0  # written by checkpoints of earlier versions
+    with pytest.raises(ConfigError, match=r"eval\.max_hours: no such key"):
+        TrainConfig.from_config_dict(saved)
+    kept = saved_run_config.without_retired_keys(saved)
+    assert TrainConfig.from_config_dict(kept) == tiny_config()
