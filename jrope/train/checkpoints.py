@@ -43,20 +43,13 @@ class Checkpointer:
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
-        policies = ocp.checkpoint_managers  # saves every `every_steps`, and at a preemption
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            create=True,
-            cleanup_tmp_directories=True,
-            save_decision_policy=policies.AnySavePolicy(
-                [
-                    policies.FixedIntervalPolicy(every_steps),
-                    policies.PreemptionCheckpointingPolicy(),
-                ]
-            ),
-        )
+        self._every_steps = every_steps
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True
+            ),
+            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )
 
     @classmethod
@@ -73,7 +66,9 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        return self._manager.should_save(step)
+        # Not CheckpointManager.should_save: it asks JAX's preemption sync point, which the train
+        # loop asks once per step itself (PreemptionWatch).
+        return step % self._every_steps == 0
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.
@@ -85,7 +80,7 @@ class Checkpointer:
             CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
         }
-        return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+        return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> Any:
         """Checkpoint `step` (default: latest) read straight into `abstract_state`'s shardings."""
