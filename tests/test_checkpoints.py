@@ -32,6 +32,7 @@ def _checkpointer(directory, cfg, every_steps=2, max_to_keep=2):
     )
 
 
+@pytest.mark.slow
 def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
     cfg = tiny_config(**{"model.num_heads": 4, "mesh.data": 2, "mesh.fsdp": 4})
     run = set_up_run(cfg)

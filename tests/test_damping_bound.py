@@ -191,6 +191,7 @@ def test_fused_kernels_obey_the_measured_damping(backend, fused):
     assert f"attention_impl={fused!r}" in message
 
 
+@pytest.mark.slow
 def test_decoding_moves_the_cache_origin_often_enough_for_the_damping(tmp_path, caplog):
     cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
     run = set_up_run(cfg, devices=jax.devices()[:1])

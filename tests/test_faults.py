@@ -183,6 +183,7 @@ def test_a_resume_refuses_settings_that_change_the_results_and_names_them():
 # 5. A checkpoint without digests.
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
     cfg = tiny_config(**{"mesh.data": -1})
     run = set_up_run(cfg)
