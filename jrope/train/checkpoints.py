@@ -402,13 +402,22 @@ class WorkdirLock:
         if not self._enabled:
             return self
         workdir = os.path.dirname(self.path)
-        os.makedirs(workdir, exist_ok=True)
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            cannot_create = None
+        except OSError as error:
+            cannot_create = error.strerror or str(error)
+        if cannot_create:  # raised outside the except: a setting to fix, not a storage failure
+            raise errors.UsageError(
+                f"--workdir {workdir} cannot be created ({cannot_create}); choose a --workdir in "
+                "a folder you can write to."
+            )
         if os.path.isdir(self.path):
             raise errors.UsageError(
                 f"--workdir {workdir}: {self.path} is a directory, where the run keeps its lock "
                 f"file. Remove it (rmdir {self.path}, if it is empty) or choose another --workdir."
             )
-        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until __exit__)
+        handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -454,22 +463,37 @@ class WorkdirLock:
 def _rewrite(handle, text: str) -> None:
     handle.seek(0)
     handle.truncate()
-    handle.write(text)
+    handle.write(text.encode())
     handle.flush()
 
 
+# What _read_holder gives for a lock whose content is not a holder's record (damaged, edited).
+UNREADABLE_HOLDER = "unreadable"
+
+
 def _read_holder(handle) -> dict | None:
+    """The holder's record in the lock file; None when empty (released cleanly), or
+    {UNREADABLE_HOLDER: its size in bytes} when it is no record: the flock, not the content,
+    decides whether a live process holds the lock, so such a lock is taken over like a stale one."""
     handle.seek(0)
-    text = handle.read().strip()
+    content = handle.read().strip()
+    if not content:
+        return None
     try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return {"host": "?", "pid": "?", "started": text[:40]}
+        holder = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        holder = None
+    return holder if isinstance(holder, dict) else {UNREADABLE_HOLDER: len(content)}
 
 
 def describe_holder(holder: dict | None) -> str:
     """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
     if holder is None:
         return "a process that wrote no details"
+    if UNREADABLE_HOLDER in holder:
+        return (
+            f"a process whose record in {LOCK_FILE} cannot be read ({holder[UNREADABLE_HOLDER]} "
+            "bytes that are not a record of this program)"
+        )
     pid, host, started = (holder.get(key, "?") for key in ("pid", "host", "started"))
     return f"process {pid} on {host} (started {started})"

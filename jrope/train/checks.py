@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import timeit
 from collections.abc import Callable
 
@@ -305,6 +306,10 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             )
     if problem:
         return [problem]
+    if not is_uri(workdir) and os.path.isdir(path):
+        misplaced = _misplaced_entries(path)
+        if misplaced:
+            return misplaced
     steps = finished_steps(checkpoints)
     if evaluation and not steps:
         return [
@@ -319,6 +324,35 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             "--workdir."
         ]
     return []
+
+
+# What the run keeps in its workdir under these names: folders, and files it appends to.
+_WORKDIR_FOLDERS = {"checkpoints": "checkpoints", "tensorboard": "TensorBoard"}
+_WORKDIR_FILES = ("metrics.jsonl", "starts.jsonl")
+_RESULTS_FOLDER = re.compile(r"eval_step\d+")
+
+
+def _misplaced_entries(path: str) -> list[str]:
+    """A problem per entry of the workdir that is a file where the run keeps a folder, or the
+    reverse: the run would stop on it part-way (or, for results, after training)."""
+    problems = []
+    for name in sorted(os.listdir(path)):
+        entry = os.path.join(path, name)
+        if name in _WORKDIR_FOLDERS or _RESULTS_FOLDER.fullmatch(name):
+            what = _WORKDIR_FOLDERS.get(name, "evaluation results")
+            wrong = None if os.path.isdir(entry) else "a file"
+            kept = f"its {what} folder"
+        elif name in _WORKDIR_FILES:
+            wrong = "a folder" if os.path.isdir(entry) else None
+            kept = f"its log {name}"
+        else:
+            continue
+        if wrong:
+            problems.append(
+                f"--workdir {path}: {entry} is {wrong}, where the run keeps {kept}. Move it aside "
+                f"(mv {entry} {entry}.aside) or choose another --workdir."
+            )
+    return problems
 
 
 def _data_problems(cfg: TrainConfig, env, evaluation: bool) -> tuple[DataSource | None, list]:
