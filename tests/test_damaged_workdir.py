@@ -1,19 +1,31 @@
 """A workdir damaged outside its checkpoints: logs read tolerantly (damaged lines set aside in a
 side file, named once), a lock whose content cannot be read, a result table that cannot be read,
-and entries of the wrong kind (a file where a folder belongs, or the reverse)."""
+entries of the wrong kind (a file where a folder belongs, or the reverse); and the unclear cases
+around them: a misspelt accept_changes, two damaged checkpoints, a full disk writing results."""
 
+import errno
 import fcntl
 import json
 import os
 
+import jax
 import pytest
+from etils import epath
 from helpers.tiny_config import tiny_config
 
-from jrope.errors import ConfigError, UsageError, WorkdirBusy
+from jrope.errors import ConfigError, CorruptCheckpointError, UsageError, WorkdirBusy
 from jrope.train import evaluation, outputs
-from jrope.train.checkpoints import LOCK_FILE, WorkdirLock, describe_holder
+from jrope.train.checkpoints import (
+    LOCK_FILE,
+    PROGRESS_ITEM,
+    Checkpointer,
+    WorkdirLock,
+    describe_holder,
+    restore_compatible,
+)
 from jrope.train.checks import RunEnvironment, check_evaluation_run, check_training_run
 from jrope.train.outputs import JsonLinesLog, MetricsLogger
+from jrope.train.setup import set_up_run
 
 ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu", memory_bytes=2**34)
 RANDOM_BYTES = bytes(range(256))[::-1] + b"\x00\xff\n\xfe{not json"  # invalid UTF-8 and JSON
@@ -194,3 +206,59 @@ def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
     assert problem in str(refused.value)
     assert refused.value.exit_status == 2
     assert os.path.exists(entry)  # nothing moved or deleted
+
+
+def test_a_misspelt_name_in_accept_changes_is_named_with_the_closest_key(tmp_path):
+    config = tiny_config(**{"checkpoint.accept_changes": "opt.learing_rate, opt,eval"})
+    with pytest.raises(ConfigError) as refused:
+        check_training_run(config, str(tmp_path), ONE_CPU)
+    (problem,) = [line for line in str(refused.value).splitlines() if "accept_changes" in line]
+    assert (
+        "names 'opt.learing_rate', which is no key or section of the config; did you mean "
+        "opt.learning_rate?" in problem
+    )
+    check_training_run(
+        tiny_config(**{"checkpoint.accept_changes": "opt.learning_rate,model"}),
+        str(tmp_path),
+        ONE_CPU,
+    )
+
+
+def test_two_damaged_checkpoints_are_both_moved_aside_by_the_advice(tmp_path):
+    cfg = tiny_config(**{"mesh.data": 1})
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    state = run.init_state()
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=3, config_json=cfg.to_json_dict()
+    )
+    for step in (1, 2, 3):
+        assert checkpointer.save(step, state, progress={"skipped_steps": 0, "skipped_in_a_row": 0})
+    checkpointer.wait_until_finished()
+    for step in (2, 3):  # the progress records of the last two are garbled
+        for path in (tmp_path / "checkpoints" / str(step) / PROGRESS_ITEM).rglob("*"):
+            if path.is_file():
+                path.write_bytes(b"\x00not json")
+    with pytest.raises(CorruptCheckpointError) as refusal:
+        restore_compatible(cfg, checkpointer, run.layout.abstract, 3)
+    checkpointer.close()
+    directory = tmp_path / "checkpoints"
+    aside = tmp_path / "damaged_checkpoints"
+    message = str(refusal.value)
+    assert f"Checkpoint {directory / '1'} is intact" in message
+    assert f"mkdir -p {aside} && mv {directory / '2'} {directory / '3'} {aside}/" in message
+
+
+def test_a_storage_failure_writing_results_names_the_folder_and_leaves_no_staging(
+    tmp_path, monkeypatch
+):
+    def full_disk(rows, out_dir, *, task):
+        out_dir.mkdir(parents=True)
+        (out_dir / "eval.png").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(evaluation, "write_results", full_disk)
+    out_dir = epath.Path(tmp_path) / "eval_step8"
+    with pytest.raises(OSError) as failed:
+        evaluation.write_results_atomically([], out_dir, task="language_model")
+    assert failed.value.filename == str(out_dir) and failed.value.errno == errno.ENOSPC
+    assert os.listdir(tmp_path) == []  # no .eval_step8.tmp-<pid> left behind

@@ -8,6 +8,7 @@ Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON), `digests` a
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import json
 import os
@@ -297,6 +298,25 @@ def restore_compatible(
     return state
 
 
+def accept_changes_problems(cfg: TrainConfig) -> list[str]:
+    """A problem per name in checkpoint.accept_changes that is no key or section of the config (a
+    misspelt name would leave its setting refused on resume, for a reason hard to see)."""
+    if cfg.checkpoint is None:
+        return []
+    keys = set(flatten_dict(cfg.to_json_dict(), sep="."))
+    known = keys | {".".join(key.split(".")[:depth]) for key in keys for depth in (1, 2)}
+    problems = []
+    for name in filter(None, (n.strip() for n in cfg.checkpoint.accept_changes.split(","))):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else "."
+            problems.append(
+                f"checkpoint.accept_changes names {name!r}, which is no key or section of the "
+                f"config{hint} Give keys or sections, comma-separated (e.g. opt.learning_rate)."
+            )
+    return problems
+
+
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
@@ -365,18 +385,24 @@ def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
 def _fallback(checkpointer: Checkpointer, abstract: Any, step: int) -> str:
     """Which earlier checkpoint restores intact, and how to resume from it."""
     path = checkpoint_path(checkpointer, step)
-    for earlier in reversed([s for s in finished_steps(checkpointer.directory) if s < step]):
+    finished = finished_steps(checkpointer.directory)
+    for earlier in reversed([s for s in finished if s < step]):
         try:
+            checkpointer.restore_json(PROGRESS_ITEM, earlier)  # a resume reads it too
             state = checkpointer.restore(abstract, earlier)
             damaged = checkpointer.damaged_arrays(state, earlier)
         except Exception:  # unreadable too: try the one before
             continue
         if not damaged:
-            aside = checkpointer.directory.parent / f"damaged_checkpoint_{step}"
+            # Every checkpoint after the intact one up to `step` failed too: all of them go aside.
+            failed = [checkpoint_path(checkpointer, s) for s in finished if earlier < s <= step]
+            too = f" and the damaged {', '.join(map(str, failed[:-1]))}" if len(failed) > 1 else ""
+            aside = checkpointer.directory.parent / "damaged_checkpoints"
             return (
                 f"Checkpoint {checkpoint_path(checkpointer, earlier)} is intact (restored and "
-                f"checked): to resume from step {earlier}, move {path} out of "
-                f"{checkpointer.directory} (e.g. mv {path} {aside}) and run the same command again."
+                f"checked): to resume from step {earlier}, move {path}{too} out of "
+                f"{checkpointer.directory} (mkdir -p {aside} && mv {' '.join(map(str, failed))} "
+                f"{aside}/) and run the same command again."
             )
     return "No earlier checkpoint is intact: start a new run with another --workdir."
 

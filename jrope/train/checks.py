@@ -23,7 +23,7 @@ from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.train import damping, outputs
-from jrope.train.checkpoints import finished_steps
+from jrope.train.checkpoints import accept_changes_problems, finished_steps
 from jrope.train.config import TrainConfig, convert_config, first_line
 from jrope.train.setup import mesh_sizes, model_io
 
@@ -114,6 +114,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if not evaluation and cfg.model is not None and cfg.pe is not None:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
+    problems += accept_changes_problems(cfg)
     # numpy takes no other data seed (the run's own seed is the config's check).
     data_seed = getattr(cfg.data, "seed", 0)
     seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32

@@ -322,11 +322,15 @@ def write_results_atomically(rows: Sequence[Row], out_dir: epath.Path, *, task: 
         write_results(rows, out_dir, task=task)
         return
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    paths = write_results(rows, staging, task=task)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("png", "md", "csv"):
-        os.replace(paths[name], out_dir / f"eval.{name}")
-    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        paths = write_results(rows, staging, task=task)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("png", "md", "csv"):
+            os.replace(paths[name], out_dir / f"eval.{name}")
+    except OSError as error:  # a full disk: the message names the results' folder
+        raise OSError(error.errno, error.strerror or str(error), str(out_dir)) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> None:
