@@ -13,6 +13,7 @@ import pytest
 from etils import epath
 from helpers.tiny_config import tiny_config
 
+from jrope import saved_run_config
 from jrope.errors import ConfigError, CorruptCheckpointError, UsageError, WorkdirBusy
 from jrope.train import evaluation, outputs
 from jrope.train.checkpoints import (
@@ -262,3 +263,15 @@ def test_a_storage_failure_writing_results_names_the_folder_and_leaves_no_stagin
         evaluation.write_results_atomically([], out_dir, task="language_model")
     assert failed.value.filename == str(out_dir) and failed.value.errno == errno.ENOSPC
     assert os.listdir(tmp_path) == []  # no .eval_step8.tmp-<pid> left behind
+
+
+def test_eval_reads_a_garbled_saved_config_as_a_damaged_checkpoint(tmp_path):
+    saved = tmp_path / "checkpoints" / "8" / "config" / "metadata"
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(RANDOM_BYTES)
+    with pytest.raises(CorruptCheckpointError, match="cannot be read") as refused:
+        saved_run_config.get_config(str(tmp_path))
+    assert refused.value.exit_status == 4
+    assert f"mv {tmp_path / 'checkpoints' / '8'} {tmp_path / 'damaged_checkpoints'}/" in str(
+        refused.value
+    )

@@ -93,6 +93,9 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
+        own = _project_error(error)  # e.g. eval.py's saved config, damaged
+        if own is not None:
+            _fail(str(own), own.exit_status, error, argv)
         try:
             problems = run_config.unknown_key_problems(argv)
         except Exception:  # the config file itself fails to load: the error says why
@@ -102,6 +105,17 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
         if required:
             text = f"--{required[1]} is required; give it a value (--{required[1]}=...)."
         _fail(f"{text}\n(--helpfull lists every flag.)", ConfigError.exit_status, error, argv)
+
+
+def _project_error(error: BaseException) -> JropeError | None:
+    """The first of the project's errors in `error`'s chain, else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, JropeError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _config_file_error(error: BaseException, argv: list[str]) -> str:
