@@ -10,12 +10,15 @@ AdamW 6e-4, weight decay 0.05; evaluation at 256, 512, 1024 on 64 fixed
 windows per length (loss in nats per byte and bits per byte).
 
 Data: MusicNet is not downloaded by jrope. Get musicnet.tar.gz from
-https://zenodo.org/records/5120004, unpack it, and prepare the tokens once
-(the reference uses the first 16 WAVs; needs pip install -e ".[audio]"):
+https://zenodo.org/records/5120004 and prepare the tokens once from the
+archive itself (needs pip install -e ".[audio]"):
 
-    python -m jrope.data.audio --wav_dir=musicnet --out_dir=data/musicnet_tokens --max_files=16
+    python -m jrope.data.audio --archive=musicnet.tar.gz --out_dir=data/musicnet_tokens --max_files=16
 
-Any folder of WAVs works the same way. Without the prepared folder the
+This is the reference's corpus: the archive's first 16 `.wav` members in
+archive order. An unpacked folder (`--wav_dir=musicnet`) is read in sorted
+path order, which picks other files (docs/reference.md); any folder of WAVs
+works that way for other data. Without the prepared folder the
 training command stops before compiling and says this.
 
 Command (one method and seed per run; the reference's methods are rope,

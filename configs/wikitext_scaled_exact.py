@@ -66,6 +66,9 @@ def get_config() -> config_dict.ConfigDict:
     config.data.cache_dir = ""  # corpus byte caches ('' = ~/.cache/jrope/text_bytes)
     config.data.data_dir = ""  # TFDS data directory ('' = ~/tensorflow_datasets)
     config.data.manual_dir = ""  # archive or extracted files ('' = <data_dir>/downloads/manual)
+    # How the rows become bytes: 'reference' is the paper's code's stream (blank lines empty,
+    # every other line followed by an empty one); 'file' is the official file's text.
+    config.data.wikitext_rows = "reference"
 
     config.opt.learning_rate = 3e-4  # constant learning rate
     config.opt.weight_decay = 0.1  # decoupled AdamW weight decay

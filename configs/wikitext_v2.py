@@ -8,10 +8,20 @@ reference's configs/high_jet_wikitext103_subset_500_seeds012.yaml (2 batches
 of one window), the same for every method and seed. Data set-up as in the
 base's docstring.
 
-Command (one method and seed per run; methods as in the base):
+Methods: the reference's twelve (METHODS below, its v2 config's list, seeds
+0, 1, 2), among them the undamped-at-start exact chain
+`jordan_exact_c100_eta002` and the order-3 and order-4 chains; the default
+encoding is `jordan_rope`, the list's stabilized Jordan-RoPE. The v1 setting's
+`jordan_exact_scaled` is not in this list (the reference runs it in no
+WikiText config).
+
+Commands (one method and seed per run, or the whole grid):
 
     python train.py --config=configs/wikitext_v2.py \
-        --config.pe.name=jordan_exact_scaled --workdir=runs/wikitext_v2/jordan_exact_scaled/0
+        --config.pe.name=jordan_exact_c100_eta002 --workdir=runs/wikitext_v2/jordan_exact_c100_eta002/0
+    python -m jrope.compare --config=configs/wikitext_v2.py --seeds=0,1,2 \
+        --methods=rope,damped_rope,rope_alibi,direct_sum,jordan_rope,jordan_exact_c100_eta002,jordan_m3,jordan_m4,jordan_exact_m3_c010_eta100_eta1,jordan_exact_m3_c100_eta100_eta1,jordan_exact_m4_c010_eta100_eta1,jordan_exact_m4_c100_eta100_eta1 \
+        --workdir=runs/wikitext_v2
 
 Hardware: one GPU or TPU host with 1, 2 or 4 devices (batch 4); a CPU runs
 it too, slowly (evaluation at 8192 dominates).
@@ -23,9 +33,26 @@ and damped RoPE).
 
 from configs import wikitext_scaled_exact
 
+# The reference's v2 method list, in its order (the --methods of the comparison above).
+METHODS = (
+    "rope",
+    "damped_rope",
+    "rope_alibi",
+    "direct_sum",
+    "jordan_rope",
+    "jordan_exact_c100_eta002",
+    "jordan_m3",
+    "jordan_m4",
+    "jordan_exact_m3_c010_eta100_eta1",
+    "jordan_exact_m3_c100_eta100_eta1",
+    "jordan_exact_m4_c010_eta100_eta1",
+    "jordan_exact_m4_c100_eta100_eta1",
+)
+
 
 def get_config():
     config = wikitext_scaled_exact.get_config()
+    config.pe.name = "jordan_rope"  # any of METHODS
     config.data.train_fraction = 0.01  # the split's first 1% of lines
     config.model.d_model = 192
     config.model.num_heads = 4  # head_dim 48

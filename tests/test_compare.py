@@ -78,5 +78,10 @@ def test_the_comparison_is_shown_with_its_files(tmp_path, capsys):
     assert "| rope | 2 | 0.550 ± 0.071 | 0.550 ± 0.071 |" in console
     assert "| jordan_rope | 2 | 0.750 ± 0.071 | 0.750 ± 0.071 |" in console
     assert console.index("accuracy: mean ± std") < console.index("Comparison files:")
+    # Each run's own row behind the means, and the command and commit the table came from.
+    assert "| jordan_rope | 1 | 0.800 | 0.800 |" in console
+    assert console.index("accuracy: mean ± std") < console.index("accuracy of each run")
+    made_by = [line for line in console.splitlines() if line.startswith("Made by `python -m")]
+    assert len(made_by) == 1 and " at jrope " in made_by[0]
     for name in ("comparison.csv", "comparison.md", "comparison.png"):
         assert (tmp_path / name).exists() and str(tmp_path / name) in console

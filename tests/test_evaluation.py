@@ -175,6 +175,8 @@ def test_results_files_carry_both_r2_and_read_back(tmp_path):
         ("signal_regression", 4),  # configs/signal_benchmarks.yaml
         ("retrieval", 256),  # configs/full_research.yaml, retrieval
         ("audio_lm_musicnet", 64),  # configs/audio_lm_medium_musicnet.yaml
+        ("wikitext_boundary", 4),  # configs/phase2_wikitext103_subset_boundary_500.yaml
+        ("synthetic_eta_scan", 8),  # configs/phase2_kernel_lm_stage3_bounded_eta_scan.yaml
     ],
 )
 def test_paper_configs_evaluate_on_the_reference_counts_of_fixed_sequences(name, count):

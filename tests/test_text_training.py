@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers.tiny_config import tiny_text_config_dict
 
+import jrope
 from configs import wikitext_cpu, wikitext_scaled_exact, wikitext_v2
 from jrope.data import wikitext
 from jrope.train.config import TrainConfig
@@ -70,6 +71,10 @@ def test_paper_settings():
     assert (v2.data.seq_len, v2.pe.train_context, v2.batch_size, v2.num_steps) == (512, 512, 4, 500)
     assert (v2.opt.learning_rate, v2.opt.weight_decay, v2.data.train_fraction) == (5e-4, 0.05, 0.01)
     assert v2.eval.lengths[0] == 512 and v2.eval.lengths[-1] == 8192
+    # The reference's v2 method list: every name parses, and it is the config's default's list.
+    assert len(wikitext_v2.METHODS) == 12 and v2.pe.name in wikitext_v2.METHODS
+    for method in wikitext_v2.METHODS:
+        jrope.pe_config_from_name(method, train_context=512)
     for cfg in (v1, v2):
         assert cfg.data.source == "wikitext103" and cfg.data.vocab_size == 257
     cpu = TrainConfig.from_config_dict(wikitext_cpu.get_config())

@@ -235,3 +235,28 @@ def test_byte_source_reads_the_builder(tmp_path, dataset):
     assert batch["inputs"].shape == (2, 8) and np.all(batch["inputs"] >= 1)
     # The cache files are named by the source, and the builder is in their key.
     assert {p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()} == {dataset}
+
+
+def test_reference_rows_build_the_reference_codes_stream(tmp_path):
+    """'reference': non-blank rows keep a newline, blank rows are empty, all joined by newlines."""
+    _write_raw_files(tmp_path / "manual")
+    common = dict(
+        source="wikitext2",
+        vocab_size=257,
+        seq_len=4,
+        cache_dir=str(tmp_path / "cache"),
+        data_dir=str(tmp_path / "data"),
+        manual_dir=str(tmp_path / "manual"),
+    )
+    file_stream = ByteTextSource(TextDataConfig(**common), 2, 0, 1)
+    reference = ByteTextSource(TextDataConfig(**common, wikitext_rows="reference"), 2, 0, 1)
+    hf_rows = ["" if not line.strip() else line + "\n" for line in FAKE_LINES["validation"]]
+    assert reference.eval_corpus.tobytes().decode("utf-8") == "\n".join(hf_rows)
+    assert (
+        reference.eval_corpus.tobytes() == b"\n = Valkyria = \n\n Senj\xc5\x8d no Valkyria 3 . \n"
+    )
+    # Each stream has its own cache file, so switching never reads the other's bytes.
+    assert file_stream.eval_corpus.tobytes() == "\n".join(FAKE_LINES["validation"]).encode()
+    assert len(list((tmp_path / "cache").iterdir())) == 4
+    with pytest.raises(ValueError, match="wikitext_rows must be one of"):
+        TextDataConfig(**common, wikitext_rows="hf")

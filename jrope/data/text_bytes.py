@@ -1,7 +1,7 @@
 """Byte-level language-modelling data from WikiText-103 or -2, any UTF-8 text, or audio tokens.
 
 A corpus is the bytes of its text held as one flat uint8 array: WikiText's
-rows joined with newlines (which gives back the official file's text), or a
+rows joined as ``wikitext_rows`` says (below), or a
 text file's bytes (a directory: its files' bytes, in sorted path order,
 joined with newlines). Each text corpus is written once to a cache file
 ``<cache_dir>/<source>-<hash>.u8`` (atomically: a temporary file renamed into
@@ -9,6 +9,17 @@ place; the hash covers everything the bytes depend on) and memory-mapped, so
 a 540 MB training split costs no Python objects and no resident memory it
 does not touch. Audio token files (jrope.data.audio) are already such byte
 files: they are memory-mapped where they lie, with no UTF-8 check.
+
+WikiText rows (one per line of the official file, without its newline)
+become bytes in one of two ways:
+  'file'       joined with newlines: the official file's text.
+  'reference'  as the paper's reference code builds its stream from the
+               Hugging Face rows: a non-blank line keeps its newline, a blank
+               one (the files' ``" "`` lines) becomes empty, and the rows are
+               joined with newlines. Every non-blank line is then followed by
+               an empty line and the blank lines lose their space (on
+               WikiText-2 validation: 2,460 more newline bytes, 1,299 fewer
+               spaces than the file).
 
 Tokens: vocabulary 257 maps byte ``b`` to ``b + 1`` and reserves 0 (the
 paper's reference); vocabulary 256 uses the byte itself.
@@ -48,6 +59,8 @@ from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
+# How WikiText rows become bytes: the official file's text, or the reference code's stream.
+WIKITEXT_ROWS = ("file", "reference")
 DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
 
 # First entropy word after the seed: keeps the train and eval streams disjoint.
@@ -85,6 +98,9 @@ class TextDataConfig:
       data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
       manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
         extracted files ('' = ``<data_dir>/downloads/manual``).
+      wikitext_rows: 'wikitext103' / 'wikitext2': how rows become the byte stream,
+        'file' (the official file's text) or 'reference' (the reference code's
+        stream; WIKITEXT_ROWS).
     """
 
     source: str = "text"
@@ -99,6 +115,7 @@ class TextDataConfig:
     cache_dir: str = ""
     data_dir: str = ""
     manual_dir: str = ""
+    wikitext_rows: str = "file"
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -115,6 +132,10 @@ class TextDataConfig:
                 f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
                 "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
                 "--config.data.eval_path=DIR."
+            )
+        if self.wikitext_rows not in WIKITEXT_ROWS:
+            raise ValueError(
+                f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."
             )
         if self.vocab_size not in VOCAB_SIZES:
             raise ValueError(
@@ -276,6 +297,8 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
             "split": split,
             "rows": [num_rows, len(rows)],
         }
+        if data_cfg.wikitext_rows != "file":  # the file stream keeps the key of earlier caches
+            key["joined"] = data_cfg.wikitext_rows
         path = _cache_path(cache_dir, data_cfg.source, key)
         if not os.path.exists(path):
             logging.info(
@@ -285,7 +308,7 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
                 split,
                 path,
             )
-            write_atomically(path, _joined_rows(rows, num_rows))
+            write_atomically(path, _joined_rows(rows, num_rows, data_cfg.wikitext_rows))
     if os.path.getsize(path) == 0:
         raise ValueError(
             f"{describe_corpus(data_cfg, training)} holds no text (0 bytes); point it at a file "
@@ -402,11 +425,13 @@ def _limit_bytes(
             return
 
 
-def _joined_rows(rows: Sequence[dict], num_rows: int) -> Iterator[bytes]:
-    """Rows ``0 .. num_rows - 1`` of a WikiText data source joined with newlines."""
+def _joined_rows(rows: Sequence[dict], num_rows: int, mode: str = "file") -> Iterator[bytes]:
+    """Rows ``0 .. num_rows - 1`` of a WikiText data source as bytes (``mode``: WIKITEXT_ROWS)."""
     for first in range(0, num_rows, _CHUNK_ROWS):
         indices = list(range(first, min(first + _CHUNK_ROWS, num_rows)))
         texts = [row["text"] for row in rows.__getitems__(indices)]
+        if mode == "reference":  # a row as the Hugging Face data set holds it
+            texts = [text + b"\n" if text.strip() else b"" for text in texts]
         yield (b"\n" if first else b"") + b"\n".join(texts)
         if first and first % (100 * _CHUNK_ROWS) == 0:
             logging.info("  %d of %d rows", first, num_rows)

@@ -26,6 +26,10 @@ from __future__ import annotations
 
 import collections
 import copy
+import pathlib
+import shlex
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -160,6 +164,48 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     return f"{title}\n\n" + outputs.markdown_table(header, cells)
 
 
+def seed_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
+    """Markdown: one line per (method, seed), the metric per length (the rows behind the means)."""
+    lengths = sorted({row["length"] for row in rows})
+    values = {
+        (row["method"], row["seed"], row["length"]): row[metric]
+        for row in rows
+        if row["distance"] is None
+    }
+    runs = list(dict.fromkeys((method, seed) for method, seed, _ in values))
+    cells = [
+        [method, str(seed)] + [f"{values[method, seed, length]:.3f}" for length in lengths]
+        for method, seed in runs
+    ]
+    header = ["method", "seed"] + [str(length) for length in lengths]
+    return f"{metric} of each run\n\n" + outputs.markdown_table(header, cells)
+
+
+def provenance() -> str:
+    """'Made by `<this command>` at jrope <commit>': the line that lets a table be regenerated.
+
+    The commit is the checkout's (with '+changes' when its tracked files differ from it); an
+    installed package without its repository gives its version.
+    """
+    command = shlex.join(["python", "-m", "jrope.compare", *sys.argv[1:]])
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=10", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    if not commit:
+        from importlib import metadata
+
+        commit = f"version {metadata.version('jrope')}"
+    return f"Made by `{command}` at jrope {commit}."
+
+
 def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown: per length, one line per method, 'mean ± std' per distance ('' without such rows)."""
     tables = []
@@ -191,7 +237,9 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, 
     paths = {suffix: workdir / f"comparison.{suffix}" for suffix in ("csv", "md", "png")}
     outputs.write_csv(paths["csv"], rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
-    tables = [comparison_table(rows, metric) for metric in metrics]
+    tables = [provenance()]
+    tables += [comparison_table(rows, metric) for metric in metrics]
+    tables.append(seed_table(rows, metrics[0]))
     tables.append(distance_tables(rows, metrics[0]))
     outputs.write_text(paths["md"], "\n".join(filter(None, tables)))
     curves = {

@@ -348,15 +348,7 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
     ]
     for target in probe.targets:
         mean = {
-            (method, column): np.mean(
-                [
-                    r["mse"]
-                    for r in rows
-                    if r["task"] == target
-                    and r["method"] == method
-                    and (r["split"], r["context"]) == column
-                ]
-            )
+            (method, column): _mean_mse(rows, target, method, column)
             for method in probe.methods
             for column in columns
         }
@@ -372,7 +364,36 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
             for method in probe.methods
         ]
         lines += ["", f"### {target}", "", outputs.markdown_table(header, cells).rstrip("\n")]
+    if len(probe.targets) > 1:
+        for title, column in (
+            (f"every target at T={max(probe.eval_contexts)}", ("eval", max(probe.eval_contexts))),
+            (f"every target on the fit window (train, L={probe.train_context})", columns[0]),
+        ):
+            lines += ["", f"### {title}", "", _summary_table(rows, probe, column)]
     return "\n".join(lines) + "\n"
+
+
+def _mean_mse(rows: list[dict], target: str, method: str, column: tuple[str, int]) -> float:
+    """The MSE of one target, method and (split, context), averaged over seeds."""
+    return np.mean(
+        [
+            r["mse"]
+            for r in rows
+            if (r["task"], r["method"], (r["split"], r["context"])) == (target, method, column)
+        ]
+    )
+
+
+def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str, int]) -> str:
+    """Targets as rows, methods as columns: the MSE (mean over seeds) at one column; best in bold."""
+    cells = []
+    for target in probe.targets:
+        mean = {method: _mean_mse(rows, target, method, column) for method in probe.methods}
+        best = min(mean.values())
+        cells.append(
+            [target] + [f"**{v:.3g}**" if v == best else f"{v:.3g}" for v in mean.values()]
+        )
+    return outputs.markdown_table(["target", *probe.methods], cells).rstrip("\n")
 
 
 def plot_fits(

@@ -1,0 +1,87 @@
+"""The numbers README.md and docs/results.md quote come back from their commands on this tree.
+
+Training and the probes are deterministic on a CPU: the same tree on the same machine gives the
+same bits, so the quoted figures are compared as printed (4 decimals for the quick start's
+console, the probe tables cell for cell). A change that moves the numerics fails here until the
+documents are regenerated from the commands they name.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers.repository import ROOT
+
+README = (ROOT / "README.md").read_text()
+RESULTS = (ROOT / "docs" / "results.md").read_text()
+QUICKSTART_DOC = (ROOT / "configs" / "quickstart.py").read_text()
+# In docs/results.md, a table copied from a probe's kernel_probe.md follows this marker.
+PROBE_MARKER = re.compile(r"<!-- kernel_probe\.md of (configs/\w+\.py) -->\n\n((?:\|.*\n)+)")
+# The quick start's evaluation lines: "length 256: accuracy 0.9062  loss 0.1776"
+LENGTH_LINE = re.compile(r"length (\d+): accuracy ([\d.]+)\s+loss ([\d.]+)")
+
+
+def _run(args, cwd):
+    """Runs a command as a user would: one CPU device, not the 8 the test process fakes (a batch
+    split over 8 devices sums in another order)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+        "--xla_force_host_platform_device_count=8", ""
+    )
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_every_probe_table_in_the_results_is_marked_with_its_config():
+    marked = PROBE_MARKER.findall(RESULTS)
+    assert {config for config, _ in marked} == {
+        "configs/kernel_probe.py",
+        "configs/kernel_probe_high_order.py",
+        "configs/structured_probe.py",
+        "configs/structured_probe_high_order.py",
+    }
+    for config, _ in marked:  # the command that regenerates it is written out beside it
+        assert f"python eval.py --config={config}" in RESULTS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config",
+    sorted({config for config, _ in PROBE_MARKER.findall(RESULTS)}),
+)
+def test_the_probe_tables_regenerate(config, tmp_path):
+    _run(["eval.py", f"--config={config}", f"--workdir={tmp_path}"], ROOT)
+    generated = (tmp_path / "kernel_probe.md").read_text()
+    tables = [table for marked, table in PROBE_MARKER.findall(RESULTS) if marked == config]
+    for table in tables:
+        assert table.strip() in generated, f"docs/results.md's table of {config}:\n{table}"
+
+
+@pytest.mark.slow
+def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
+    console = _run(
+        ["train.py", "--config=configs/quickstart.py", f"--workdir={tmp_path / 'quickstart'}"],
+        ROOT,
+    )
+    printed = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(console)}
+    quoted = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(README)}
+    assert quoted and all(printed[n] == quoted[n] for n in quoted), (printed, quoted)
+    final_step = re.search(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)", console)
+    assert (
+        final_step.groups()
+        == re.search(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)", README).groups()
+    )
+    # The mean the README and the config's docstring quote, from the written table.
+    accuracies = [float(acc) for acc, _ in printed.values()]
+    mean = f"{sum(accuracies) / len(accuracies):.3f}"
+    assert f"mean accuracy {mean} over the four lengths" in README
+    rounded = [f"{a:.3f}" for a in accuracies]
+    assert f"accuracy {', '.join(rounded[:-1])} and {rounded[-1]}" in " ".join(
+        QUICKSTART_DOC.split()
+    )
+    assert f"(mean {mean})" in QUICKSTART_DOC
