@@ -12,9 +12,10 @@ traceback). Multi-process runs (one process per host) add --multiprocess, or
 (jrope.train.setup).
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from jrope.errors import UsageError
 from jrope.train import runtime, setup
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,7 +28,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise UsageError(f"Unexpected arguments: {argv[1:]}; train.py takes flags only (--help).")
     setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
     from jrope.train.outputs import next_commands, say

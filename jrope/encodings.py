@@ -94,6 +94,36 @@ def _as_batched_positions(positions) -> jax.Array:
     return positions[None] if positions.ndim == 1 else positions
 
 
+def check_floating(name: str, x) -> None:
+    """Raises ValueError where `x` (q, k or v) is not floating point.
+
+    The maps are rotations and shears with real coefficients: an integer q or
+    k would come back truncated to integers, silently wrong.
+    """
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"{name} must be floating point (float32, bfloat16 or float16), got {dtype}: the maps "
+            f"have real coefficients and would truncate their result to {dtype}. Cast it first, "
+            f"e.g. {name}.astype(jnp.float32)."
+        )
+
+
+def check_positions_fit(name: str, positions, x_name: str, batch_and_length) -> None:
+    """Raises ValueError naming `name` where positions [T|1] or [B|1, T|1] do not fit `x_name`'s
+    leading [B, T]."""
+    rows, length = batch_and_length
+    shape = tuple(jnp.shape(positions))
+    if len(shape) not in (1, 2):
+        raise ValueError(f"{name} must be [T] or [B, T], got shape {shape}.")
+    if shape[-1] not in (1, length) or (len(shape) == 2 and shape[0] not in (1, rows)):
+        raise ValueError(
+            f"{name} has shape {shape} but {x_name} is [B, T, N, H] = "
+            f"[{rows}, {length}, ...]: give {name} as [{length}] (shared by every row) or "
+            f"[{rows}, {length}] (one row of positions per row of {x_name})."
+        )
+
+
 def default_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """Midpoint of all positions per batch row, int32 [B|1, 1].
 
@@ -201,7 +231,8 @@ class Encoding:
 
         Args:
           params: from init_params().
-          q: [B, T, N, H]; k: [B, S, N, H].
+          q: [B, T, N, H]; k: [B, S, N, H]; floating point (integers are
+            refused: their maps would be truncated).
           q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
           origin: optional int32 scalar or [B]: where positions are measured
             from. Exact variants give the same logits for any origin; the default
@@ -209,8 +240,21 @@ class Encoding:
         Returns:
           (q2, k2), shaped like q and k; dtype of q and k, or float32 when
           `keeps_float32`.
+        Raises:
+          ValueError: integer q or k, or positions or batches whose shapes do
+            not fit q and k (the message names the argument and the shapes).
         """
+        check_floating("q", q)
+        check_floating("k", k)
+        if jnp.ndim(q) == jnp.ndim(k) == 4 and q.shape[0] != k.shape[0]:
+            raise ValueError(
+                f"q and k must have the same batch size B: q is {tuple(q.shape)}, k is "
+                f"{tuple(k.shape)}."
+            )
         if origin is None and self.segments:
+            for name, x, positions in (("q", q, q_positions), ("k", k, k_positions)):
+                if jnp.ndim(x) == 4:
+                    check_positions_fit(f"{name}_positions", positions, name, x.shape[:2])
             origin = default_origin(
                 _as_batched_positions(q_positions), _as_batched_positions(k_positions)
             )
@@ -222,7 +266,7 @@ class Encoding:
     def map_queries(self, params, q, q_positions, origin=0):
         """The query half of transform_qk: q2 = A(-(i - o))^{-T} q.
 
-        q: [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
+        q: floating [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
         scalar or [B]. A query and a key give the encoded score only when both
         are mapped from the same origin; with damping, keep |p - o| below
         ~88 / gamma (float32 range), e.g. the window's first position.
@@ -235,7 +279,7 @@ class Encoding:
     def map_keys(self, params, k, k_positions, origin=0):
         """The key half of transform_qk: k2 = A(-(j - o)) k.
 
-        k: [B, S, N, H]; k_positions: int32 [S] or [B, S] ([1] or [B, 1]
+        k: floating [B, S, N, H]; k_positions: int32 [S] or [B, S] ([1] or [B, 1]
         broadcast over S); origin: int32 scalar or [B]. Returns [B, S, N, H].
         """
         return self._map(
@@ -264,14 +308,21 @@ class Encoding:
 
     def _map(self, name, x, positions, origin, segment_map):
         """Applies segment_map(segment, x_slice, positions, origin) on every segment's dims."""
+        check_floating(name, x)
         if not self.segments:
             return x
         if x.ndim != 4 or x.shape[-2:] != (self.num_heads, self.head_dim):
             raise ValueError(
                 f"{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}"
             )
+        check_positions_fit(f"{name}_positions", positions, name, x.shape[:2])
         positions = _as_batched_positions(positions)
         origin = jnp.asarray(origin, jnp.int32).reshape(-1, 1)
+        if origin.shape[0] not in (1, x.shape[0]):
+            raise ValueError(
+                f"origin must be a scalar or [B] = [{x.shape[0]}] (one per row of {name}), "
+                f"got {origin.shape[0]} values."
+            )
         parts = [
             segment_map(
                 segment, x[..., segment.start : segment.start + segment.width], positions, origin
@@ -291,6 +342,15 @@ class Encoding:
             return None
         q_positions = jnp.asarray(q_positions, jnp.int32)
         k_positions = jnp.asarray(k_positions, jnp.int32)
+        rows = {
+            positions.shape[0] for positions in (q_positions, k_positions) if positions.ndim == 2
+        }
+        if len(rows - {1}) > 1:
+            raise ValueError(
+                f"q_positions {tuple(q_positions.shape)} and k_positions "
+                f"{tuple(k_positions.shape)} have different batch sizes; give both [B, ...] with "
+                "the same B (or one of them unbatched)."
+            )
         lag = jnp.maximum(q_positions[..., :, None] - k_positions[..., None, :], 0)
         slopes = jnp.asarray(alibi_slopes(self.num_heads))
         slopes = slopes.reshape((1,) * (lag.ndim - 2) + (self.num_heads, 1, 1))

@@ -34,11 +34,23 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jrope import attention
 from jrope.attention.precision import precision_scope
-from jrope.encodings import Encoding, attention_logits
+from jrope.attention.selection import (
+    SINGLE_ORIGIN_EXPONENT_LIMIT,
+    blockwise_block_size,
+    damping_bound,
+    single_origin_is_safe,
+)
+from jrope.encodings import (
+    Encoding,
+    attention_logits,
+    check_floating,
+    check_positions_fit,
+)
 from jrope.model.axes import LOGICAL_AXES_KEY
 from jrope.model.config import ModelConfig
 
@@ -133,13 +145,30 @@ def dot_product_attention(
       [B, T, N, H] in v's dtype.
     Raises:
       ValueError: for 'cudnn' with an encoding that needs full float32 dots,
-        or with float32 inputs; for an unknown implementation.
+        or with float32 inputs; for an unknown implementation; for integer
+        q, k or v; for positions or batches whose shapes do not fit; for a
+        damping (read from concrete parameters) that overflows float32 over
+        the positions, which jax.nn.dot_product_attention maps from one
+        origin (causal_self_attention carries any damping).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"Unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}."
         )
     encoding = pe.encoding
+    check_floating("v", v)
+    _check_shapes(q, k, v, q_positions=(q_positions, "q", q), k_positions=(k_positions, "k", k))
+    damping = _concrete_damping(pe)
+    extent = _positions_extent(max(q.shape[1], k.shape[1]), q_positions, k_positions)
+    if damping is not None and not single_origin_is_safe(encoding, damping, extent):
+        limit = SINGLE_ORIGIN_EXPONENT_LIMIT
+        raise ValueError(
+            f"dot_product_attention maps all {extent} positions from one origin, and "
+            f"{encoding.cfg.name}'s damping gamma = {damping:.4g} overflows float32 there "
+            f"(gamma * positions > {limit:g}). For causal self-attention use "
+            "jrope.causal_self_attention, whose blockwise kernel carries this damping; otherwise "
+            f"attend over windows of at most {int(limit / damping)} positions."
+        )
     if implementation == "cudnn":
         if encoding.keeps_float32:
             raise ValueError(
@@ -201,13 +230,19 @@ def causal_self_attention(
         or a bias) or xla.
       block_size: query/key block length of the blockwise kernel.
       blockwise_min_length: 'auto' takes the blockwise kernel from this many keys on.
-      max_damping: the largest learned damping gamma 'auto' plans for.
+      max_damping: the largest learned damping gamma 'auto' plans for. Where
+        pe's parameters are concrete, their damping is read on the host and
+        followed as the jrope model follows it: the kernel and the blockwise
+        kernel's blocks are chosen for the larger of the two. Traced
+        parameters (a jitted call) plan for max_damping alone.
       backend: 'cpu', 'gpu' or 'tpu' for the choice (default: JAX's).
     Returns:
       [B, T, N, H] in v's dtype.
     Raises:
       ValueError: the kernel cannot run this encoding here (the message says
-        why and what to ask for), or v's dtype is neither float32 nor bfloat16.
+        why and what to ask for), v's dtype is neither float32 nor bfloat16,
+        or the shapes of q, k, v and positions do not fit (the message names
+        the argument).
     """
     if kernel != "auto" and kernel not in attention.KERNELS:
         raise ValueError(f"Unknown kernel {kernel!r}; choose 'auto' or one of {attention.KERNELS}.")
@@ -215,6 +250,11 @@ def causal_self_attention(
     dtype = jnp.dtype(v.dtype)
     if dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"jrope's kernels run float32 or bfloat16, got {dtype}; cast q, k, v.")
+    _check_shapes(q, k, v, positions=(positions, "k", k))
+    if q.shape[1] > k.shape[1]:
+        raise ValueError(
+            f"q holds the last T of the S key positions: T = {q.shape[1]} > S = {k.shape[1]}."
+        )
     model_cfg = ModelConfig(
         d_model=encoding.num_heads * encoding.head_dim,
         num_heads=encoding.num_heads,
@@ -227,9 +267,16 @@ def causal_self_attention(
         remat="none",
         max_damping=max_damping,
     )
+    damping = _concrete_damping(pe)
     try:
         chosen = attention.choose_kernel(
-            model_cfg, encoding, length=k.shape[1], num_queries=q.shape[1], backend=backend
+            model_cfg,
+            encoding,
+            length=k.shape[1],
+            num_queries=q.shape[1],
+            backend=backend,
+            span=_positions_extent(k.shape[1], positions) - 1,
+            damping=damping,
         )
     except ValueError as refusal:
         raise ValueError(f"causal_self_attention(kernel={kernel!r}): {refusal}") from None
@@ -241,6 +288,44 @@ def causal_self_attention(
         params=pe.param_values(),
         positions=positions,
         kernel=chosen,
-        block_size=block_size,
+        # Blocks that carry the damping planned for (the blockwise kernel's factors reach
+        # e^(gamma * (block_size - 1))).
+        block_size=blockwise_block_size(block_size, damping_bound(model_cfg, damping)),
         precision=attention.attention_precision(model_cfg, encoding),
     )
+
+
+def _concrete_damping(pe: PositionalEncoding) -> float | None:
+    """The layer's largest damping read on the host, or None where its parameters are traced."""
+    params = pe.param_values()
+    if any(isinstance(value, jax.core.Tracer) for value in params.values()):
+        return None
+    return pe.encoding.largest_damping(params)
+
+
+def _positions_extent(length: int, *positions) -> int:
+    """How many positions one map origin covers: the widest row's span of concrete positions
+    ([T] or [B, T] each; a row's origin covers its own) plus one, at least `length` (traced
+    positions: assumed contiguous)."""
+    if any(isinstance(p, jax.core.Tracer) for p in positions):
+        return length
+    rows = [np.atleast_2d(np.asarray(p, np.int64)) for p in positions]
+    if not all(row.size for row in rows):
+        return length
+    lows = np.stack(np.broadcast_arrays(*[row.min(-1) for row in rows]))  # [len(positions), B]
+    highs = np.stack(np.broadcast_arrays(*[row.max(-1) for row in rows]))
+    return max(length, int((highs.max(0) - lows.min(0)).max()) + 1)
+
+
+def _check_shapes(q, k, v, **positions) -> None:
+    """ValueError naming the argument whose shape does not fit q [B, T, N, H], k, v [B, S, N, H]."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if jnp.ndim(x) != 4:
+            raise ValueError(f"{name} must be [B, T, N, H], got shape {tuple(jnp.shape(x))}.")
+    if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1]:
+        raise ValueError(
+            f"q [B, T, N, H], k and v [B, S, N, H] must share B, and k and v S: q is "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}."
+        )
+    for name, (values, x_name, x) in positions.items():
+        check_positions_fit(name, values, x_name, x.shape[:2])

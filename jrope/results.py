@@ -98,8 +98,12 @@ def write_folder_atomically(
         write(out_dir)
         return
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    write(staging)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        os.replace(staging / name, out_dir / name)
-    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        write(staging)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            os.replace(staging / name, out_dir / name)
+    except OSError as error:  # a full disk: the message names the results' folder
+        raise OSError(error.errno, error.strerror or str(error), str(out_dir)) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -22,6 +22,7 @@ from etils import epath
 from ml_collections import config_dict
 
 from jrope.data.files import resolved
+from jrope.errors import CorruptCheckpointError
 
 CHECKPOINTS_FOLDER = "checkpoints"
 _CONFIG_FILE = ("config", "metadata")
@@ -34,10 +35,21 @@ def get_config(workdir: str) -> config_dict.ConfigDict:
 
     Raises FileNotFoundError naming what is missing and what to do.
     """
-    step, path = latest_saved_config(workdir)
+    _, path = latest_saved_config(workdir)
     if path is None:
         raise FileNotFoundError(no_saved_config_message(workdir))
-    return config_dict.ConfigDict(_with_tuples(without_retired_keys(json.loads(path.read_text()))))
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        checkpoint = path.parent.parent
+        aside = checkpoint.parent.parent / "damaged_checkpoints"
+        raise CorruptCheckpointError(
+            f"The config saved with checkpoint {checkpoint} cannot be read ({error}): that "
+            f"checkpoint is damaged; nothing was deleted. Move it aside (mkdir -p {aside} && mv "
+            f"{checkpoint} {aside}/) to evaluate the one before, or pass the experiment's "
+            "config (--config=configs/<experiment>.py)."
+        ) from None
+    return config_dict.ConfigDict(_with_tuples(without_retired_keys(saved)))
 
 
 def latest_saved_config(workdir: str) -> tuple[int | None, epath.Path | None]:

@@ -272,7 +272,7 @@ def test_ctrl_c_in_the_loop_asks_for_a_save_and_ends_with_130():
 def test_sigterm_outside_the_loop_names_what_it_stopped():
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        signal.signal(signal.SIGTERM, runtime._raise_stopped)
+        signal.signal(signal.SIGTERM, runtime._stop_at_a_safe_point)
         with pytest.raises(runtime.Stopped) as stopped:
             with runtime.activity("the final evaluation"), runtime.activity("an evaluation"):
                 os.kill(os.getpid(), signal.SIGTERM)

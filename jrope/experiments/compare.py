@@ -75,13 +75,15 @@ def run_comparison(
     checked = _check_every_run(runs)
     rows = []
     for (method, seed), (_, run_dir) in runs.items():
-        num_steps = checked[method, seed].num_steps
-        if evaluation.finished_results(run_dir, num_steps) is None:
+        results = evaluation.results_dir(run_dir, checked[method, seed].num_steps)
+        earlier = evaluation.readable_results(results)
+        if earlier is None:
             say(f"{method} seed {seed}: training in {run_dir}")
             train_and_evaluate(checked[method, seed], str(run_dir))
+            earlier = evaluation.read_results(results)
         else:
             say(f"{method} seed {seed}: finished earlier, reading its results in {run_dir}")
-        rows.extend(evaluation.read_results(evaluation.finished_results(run_dir, num_steps)))
+        rows.extend(earlier)
     if jax.process_index() == 0:
         paths = write_comparison(rows, workdir)
         show_comparison(paths)

@@ -7,6 +7,8 @@ Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import fcntl
 import json
 import os
@@ -263,6 +265,25 @@ def restore_compatible(
     return state
 
 
+def accept_changes_problems(cfg: TrainConfig) -> list[str]:
+    """A problem per name in checkpoint.accept_changes that is no key or section of the config (a
+    misspelt name would leave its setting refused on resume, for a reason hard to see)."""
+    if any(getattr(cfg, field.name) is None for field in dataclasses.fields(cfg)):
+        return []  # a setting that did not convert: its own problem is reported first
+    keys = set(flatten_dict(cfg.to_json_dict(), sep="."))
+    known = keys | {".".join(key.split(".")[:depth]) for key in keys for depth in (1, 2)}
+    problems = []
+    for name in filter(None, (n.strip() for n in cfg.checkpoint.accept_changes.split(","))):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else "."
+            problems.append(
+                f"checkpoint.accept_changes names {name!r}, which is no key or section of the "
+                f"config{hint} Give keys or sections, comma-separated (e.g. opt.learning_rate)."
+            )
+    return problems
+
+
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
@@ -333,19 +354,22 @@ def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
 def _fallback(checkpointer: Checkpointer, step: int) -> str:
     """The latest earlier checkpoint with its digests (named, not restored: a resume from it checks
     them), and how to resume from it."""
-    path = checkpoint_path(checkpointer, step)
+    finished = finished_steps(checkpointer.directory)
     earlier = [
         candidate
-        for candidate in finished_steps(checkpointer.directory)
+        for candidate in finished
         if candidate < step and (checkpoint_path(checkpointer, candidate) / DIGESTS_ITEM).exists()
     ]
     if not earlier:
         return "No earlier checkpoint has digests: start a new run with another --workdir."
-    aside = checkpointer.directory.parent / f"damaged_checkpoint_{step}"
+    # Every checkpoint after the named one up to `step` goes aside, or the resume would take it.
+    later = [checkpoint_path(checkpointer, s) for s in finished if earlier[-1] < s <= step]
+    aside = checkpointer.directory.parent / "damaged_checkpoints"
     return (
         f"The latest earlier checkpoint is {checkpoint_path(checkpointer, earlier[-1])} (its "
-        f"digests are checked when it restores): to resume from step {earlier[-1]}, move {path} "
-        f"out of {checkpointer.directory} (e.g. mv {path} {aside}) and run the same command again."
+        f"digests are checked when it restores): to resume from step {earlier[-1]}, move "
+        f"{' and '.join(map(str, later))} out of {checkpointer.directory} (mkdir -p {aside} && "
+        f"mv {' '.join(map(str, later))} {aside}/) and run the same command again."
     )
 
 
@@ -370,13 +394,22 @@ class WorkdirLock:
         if not self._enabled:
             return self
         workdir = os.path.dirname(self.path)
-        os.makedirs(workdir, exist_ok=True)
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            cannot_create = None
+        except OSError as error:
+            cannot_create = error.strerror or str(error)
+        if cannot_create:  # raised outside the except: a setting to fix, not a storage failure
+            raise errors.UsageError(
+                f"--workdir {workdir} cannot be created ({cannot_create}); choose a --workdir in "
+                "a folder you can write to."
+            )
         if os.path.isdir(self.path):
             raise errors.UsageError(
                 f"--workdir {workdir}: {self.path} is a directory, where the run keeps its lock "
                 f"file. Remove it (rmdir {self.path}, if it is empty) or choose another --workdir."
             )
-        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until __exit__)
+        handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -422,22 +455,37 @@ class WorkdirLock:
 def _rewrite(handle, text: str) -> None:
     handle.seek(0)
     handle.truncate()
-    handle.write(text)
+    handle.write(text.encode())
     handle.flush()
 
 
+# What _read_holder gives for a lock whose content is not a holder's record (damaged, edited).
+UNREADABLE_HOLDER = "unreadable"
+
+
 def _read_holder(handle) -> dict | None:
+    """The holder's record in the lock file; None when empty (released cleanly), or
+    {UNREADABLE_HOLDER: its size in bytes} when it is no record: the flock, not the content,
+    decides whether a live process holds the lock, so such a lock is taken over like a stale one."""
     handle.seek(0)
-    text = handle.read().strip()
+    content = handle.read().strip()
+    if not content:
+        return None
     try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return {"host": "?", "pid": "?", "started": text[:40]}
+        holder = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        holder = None
+    return holder if isinstance(holder, dict) else {UNREADABLE_HOLDER: len(content)}
 
 
 def describe_holder(holder: dict | None) -> str:
     """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
     if holder is None:
         return "a process that wrote no details"
+    if UNREADABLE_HOLDER in holder:
+        return (
+            f"a process whose record in {LOCK_FILE} cannot be read ({holder[UNREADABLE_HOLDER]} "
+            "bytes that are not a record of this program)"
+        )
     pid, host, started = (holder.get(key, "?") for key in ("pid", "host", "started"))
     return f"process {pid} on {host} (started {started})"

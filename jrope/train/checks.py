@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 
 import jax
@@ -19,7 +20,7 @@ from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.train import damping
-from jrope.train.checkpoints import finished_steps
+from jrope.train.checkpoints import accept_changes_problems, finished_steps
 from jrope.train.config import TrainConfig, convert_config, first_line
 from jrope.train.setup import mesh_sizes, model_io
 
@@ -93,6 +94,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if not evaluation and cfg.model is not None and cfg.pe is not None:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
+    problems += accept_changes_problems(cfg)
     # numpy takes no other data seed (the run's own seed is the config's check).
     data_seed = getattr(cfg.data, "seed", 0)
     seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32
@@ -254,6 +256,10 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             )
     if problem:
         return [problem]
+    if not is_uri(workdir) and os.path.isdir(path):
+        misplaced = _misplaced_entries(path)
+        if misplaced:
+            return misplaced
     steps = finished_steps(checkpoints)
     if evaluation and not steps:
         return [
@@ -268,6 +274,35 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             "--workdir."
         ]
     return []
+
+
+# What the run keeps in its workdir under these names: folders, and files it appends to.
+_WORKDIR_FOLDERS = {"checkpoints": "checkpoints", "tensorboard": "TensorBoard"}
+_WORKDIR_FILES = ("metrics.jsonl", "starts.jsonl")
+_RESULTS_FOLDER = re.compile(r"eval_step\d+")
+
+
+def _misplaced_entries(path: str) -> list[str]:
+    """A problem per entry of the workdir that is a file where the run keeps a folder, or the
+    reverse: the run would stop on it part-way (or, for results, after training)."""
+    problems = []
+    for name in sorted(os.listdir(path)):
+        entry = os.path.join(path, name)
+        if name in _WORKDIR_FOLDERS or _RESULTS_FOLDER.fullmatch(name):
+            what = _WORKDIR_FOLDERS.get(name, "evaluation results")
+            wrong = None if os.path.isdir(entry) else "a file"
+            kept = f"its {what} folder"
+        elif name in _WORKDIR_FILES:
+            wrong = "a folder" if os.path.isdir(entry) else None
+            kept = f"its log {name}"
+        else:
+            continue
+        if wrong:
+            problems.append(
+                f"--workdir {path}: {entry} is {wrong}, where the run keeps {kept}. Move it aside "
+                f"(mv {entry} {entry}.aside) or choose another --workdir."
+            )
+    return problems
 
 
 def _data_problems(cfg: TrainConfig, env, evaluation: bool) -> tuple[DataSource | None, list]:

@@ -12,6 +12,7 @@ Shape legend: B batch, T length, V vocabulary, C channels.
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from collections.abc import Sequence
@@ -280,7 +281,7 @@ def evaluate_and_report(
         )
         check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
         out_dir = results_dir(workdir, step)
-        earlier = read_results(out_dir) if (out_dir / RESULTS_CSV).exists() else []
+        earlier = readable_results(out_dir) or []
         merged = merge_rows(earlier, rows)
         if earlier:
             before, now = {row["length"] for row in earlier}, {row["length"] for row in rows}
@@ -353,6 +354,34 @@ def finished_results(workdir: str, step: int) -> epath.Path | None:
     """The folder of step `step`'s evaluation in `workdir`, or None while it holds no whole one."""
     path = results_dir(workdir, step)
     return path if (path / RESULTS_CSV).exists() else None
+
+
+def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
+    """The rows of a results folder's CSV; None when it has none, or when its CSV cannot be read
+    as results (damaged, edited): that one is renamed `eval.csv.damaged` (a number added where
+    that exists), said on the console, so that the evaluation is done again from the checkpoint."""
+    path = epath.Path(out_dir) / RESULTS_CSV
+    if not path.exists():
+        return None
+    try:
+        rows = read_results(out_dir)
+    except (UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as error:
+        problem = f"{type(error).__name__}: {error}"
+    else:
+        if rows:
+            return rows
+        problem = "no rows"
+    aside = path.parent / f"{RESULTS_CSV}.damaged"
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = path.parent / f"{RESULTS_CSV}.damaged{number}"
+    path.rename(aside)
+    say(
+        f"{path} cannot be read as results ({problem[:200]}); set aside as {aside}. The "
+        "evaluation is done again from its checkpoint."
+    )
+    return None
 
 
 def read_results(out_dir: epath.PathLike) -> list[Row]:

@@ -143,16 +143,15 @@ class MetricsLogger:
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
-    """Whether a line of an earlier start stays: whole (not cut short by a kill), and not one this
-    start writes again (a later step, or the final evaluation of a run resumed at its last step)."""
-    if not line.endswith("\n"):
-        return False
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    redone = record["step"] == start_step == num_steps and "train/loss" not in record
-    return record["step"] <= start_step and not redone
+    """Whether a record of an earlier start stays: not one this start writes again (a later step,
+    or the final evaluation of a run resumed at its last step). Damaged lines never get here
+    (JsonLinesLog sets them aside); a record without a step is kept as it is."""
+    record = json.loads(line)
+    step = record.get("step")
+    if not isinstance(step, int):
+        return True
+    redone = step == start_step == num_steps and "train/loss" not in record
+    return step <= start_step and not redone
 
 
 def _progress_line(step: int, num_steps: int, values: Mapping[str, float]) -> str:
@@ -184,21 +183,66 @@ record_writer.register_writer_factory(
 )
 
 
+DAMAGED_SUFFIX = ".damaged"
+
+
+def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
+    """(the whole records, the damaged bytes) of a JSON-lines log's contents.
+
+    A record is a line that decodes as UTF-8 and parses as one JSON object; it
+    comes back ending in a newline (a last line that lost only its newline is
+    whole). Every other line (random bytes, a line cut short by a full disk or
+    a kill, a hand edit that broke it) goes to the damaged bytes, as it was.
+    """
+    records, damaged = [], []
+    pieces = data.split(b"\n")  # not bytes.splitlines, which also splits at \r, \f, ...
+    for raw in [piece + b"\n" for piece in pieces[:-1]] + [pieces[-1]]:
+        try:
+            text = raw.decode("utf-8")
+            whole = isinstance(json.loads(text), dict)
+        except (UnicodeDecodeError, ValueError):
+            whole = False
+        if whole:
+            records.append(text if text.endswith("\n") else text + "\n")
+        elif raw.strip():
+            damaged.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    return records, b"".join(damaged)
+
+
 class JsonLinesLog:
     """A log of one line per record at `path` (its folder made), continued when it exists;
-    `keep` chooses which of the lines already there stay (None: all)."""
+    `keep` chooses which of the records already there stay (None: all).
+
+    Logs are read tolerantly: damaged lines (split_json_lines) are set aside, their bytes appended
+    to `<path>.damaged` and named once on the console, and the log goes on with the rest, so that
+    every line of it parses and a line cut short never fuses with the next record.
+    """
 
     def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
         self._path = epath.Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        history = self._path.read_text() if self._path.exists() else ""
-        kept = "".join(line for line in history.splitlines(True) if keep is None or keep(line))
+        history = self._path.read_bytes() if self._path.exists() else b""
+        records, damaged = split_json_lines(history)
+        if damaged:
+            self._set_aside(damaged)
+        kept = "".join(line for line in records if keep is None or keep(line)).encode()
         if is_uri(self._path):  # uploaded an interval after the first line, not line by line
-            self._file = BucketObject(self._path, kept.encode(), uploaded_at=time.monotonic())
+            self._file = BucketObject(self._path, kept, uploaded_at=time.monotonic())
             return
         if kept != history:
-            write_atomically(str(self._path), [kept.encode()])
+            write_atomically(str(self._path), [kept])
         self._file = self._path.open("ab")
+
+    def _set_aside(self, damaged: bytes) -> None:
+        """Appends the damaged bytes to the side file (before the log is rewritten without them)."""
+        side = self._path.parent / (self._path.name + DAMAGED_SUFFIX)
+        earlier = side.read_bytes() if side.exists() else b""
+        side.write_bytes(earlier + damaged)
+        lines = damaged.count(b"\n")
+        say(
+            f"{self._path}: {lines} damaged line(s) ({len(damaged)} bytes: not a JSON record, or "
+            f"cut short) set aside in {side}; the log goes on with its whole records."
+        )
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""

@@ -11,9 +11,11 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
 
 import jax
 from absl import app, flags
@@ -84,6 +86,9 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
             flags.FLAGS.config.keys()  # ml_collections raises a config file's error only when read
         return argv
     except Exception as error:  # absl and ml_collections raise many types: all mean "bad flag"
+        own = _project_error(error)  # e.g. eval.py's saved config, damaged
+        if own is not None:
+            _fail(str(own), own.exit_status, error, argv)
         text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
         lines = [line.strip() for line in text.splitlines() if line.strip()] or [repr(error)]
         text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # e.g. a traceback
@@ -93,6 +98,17 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
             error,
             argv,
         )
+
+
+def _project_error(error: BaseException) -> JropeError | None:
+    """The first of the project's errors in `error`'s chain, else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, JropeError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) -> None:
@@ -106,7 +122,8 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
             handler.addFilter(_shown_record)
         sys.excepthook = _excepthook_without_closed_loop_noise
         sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_at_a_safe_point)
     try:
         main(argv)
     except (KeyboardInterrupt, Stopped) as error:
@@ -123,8 +140,28 @@ class Stopped(BaseException):
     """SIGTERM outside the train loop: a BaseException, so no `except Exception` swallows it."""
 
 
-def _raise_stopped(signum: int, frame: object) -> None:
-    """The SIGTERM handler until the train loop or a multi-process run installs its own."""
+# Modules whose code a stop must not interrupt: JAX runs Python inside its compilation (tracing,
+# lowering, its garbage-collection callback), where an exception is swallowed ("Exception ignored")
+# or leaves native state half-built, and the interpreter's shutdown then crashes on it.
+_LIBRARIES_NOT_TO_INTERRUPT = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorstore")
+# How soon a stop deferred out of those libraries looks again for a point to stop at.
+STOP_RECHECK_S = 0.05
+
+
+def _stop_at_a_safe_point(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM and Ctrl-C handler until the train loop (or a multi-process run) installs its
+    own: raises Stopped or KeyboardInterrupt where the main thread runs no code of the libraries
+    above; inside them, the signal is sent again STOP_RECHECK_S later, until it is outside."""
+    stack = frame
+    while stack is not None:
+        if stack.f_globals.get("__name__", "").split(".")[0] in _LIBRARIES_NOT_TO_INTERRUPT:
+            again = threading.Timer(STOP_RECHECK_S, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
+        stack = stack.f_back
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Stopped(signal.Signals(signum).name)
 
 

@@ -184,14 +184,14 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         cfg, checkpointer, run.layout.abstract, run.init_state
     )
     start = int(jax.device_get(state["step"]))
-    finished = evaluation.finished_results(workdir, cfg.num_steps)
-    if start == cfg.num_steps and finished is not None:
+    finished = evaluation.results_dir(workdir, cfg.num_steps)
+    rows = evaluation.readable_results(finished) if start == cfg.num_steps else None
+    if rows is not None:
         say(
             f"This run is finished: step {start} is trained and evaluated. Its results are left as "
             "they are; to evaluate it again (other lengths, more sequences), run eval.py, which "
             "writes a new folder."
         )
-        rows = evaluation.read_results(finished)
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
     if jax.process_index() == 0:

@@ -1,0 +1,117 @@
+"""SIGTERM and Ctrl-C while the run compiles (after "Training ...", before the train step has
+compiled) or while eval.py compiles its evaluation end with 143 or 130 and their one line, never
+with a crash of the interpreter's shutdown (a segmentation fault, status 139 in a shell). The
+crash came in some tries only: the tries spread the signal over the compilation, a compilation
+cache that starts empty each time."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import train_process
+
+from jrope.train import runtime
+
+DELAYS_S = (0.3, 1.0, 1.7)  # after the line the command prints before compiling
+STOP_LINES = {
+    signal.SIGTERM: ("Stopped by SIGTERM", "Preempted (SIGTERM)"),
+    signal.SIGINT: ("Interrupted (Ctrl-C)",),
+}
+
+
+def _user_env(cache_dir) -> dict[str, str]:
+    """A user's environment: XLA's optimizations on, a compilation cache that starts empty."""
+    env = train_process.subprocess_env(1, str(cache_dir))
+    del env["JAX_DISABLE_MOST_OPTIMIZATIONS"]
+    return env
+
+
+def _stop_while(command, marker: str, delay: float, signum: int, env, log_path):
+    """Starts `command`, sends `signum` `delay` seconds after `marker` is printed; (status, log)."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, *command],
+            cwd=train_process.REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 240
+    while marker not in log_path.read_text(errors="replace"):
+        assert process.poll() is None, log_path.read_text(errors="replace")
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(delay)
+    process.send_signal(signum)
+    status = process.wait(timeout=240)
+    return status, log_path.read_text(errors="replace")
+
+
+def _assert_stopped(status: int, log: str, signum: int) -> None:
+    assert status == 128 + signum, log
+    assert "Fatal Python error" not in log and "Traceback" not in log, log  # nothing swallowed
+    assert log.rstrip().splitlines()[-1].startswith(STOP_LINES[signum]), log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_inside_jax_waits_until_jax_returns(signum):
+    """JAX runs Python inside its compilation; a stop raised there would be swallowed or crash."""
+    library = {"__name__": "jax._src.compiling"}  # code that the stop treats as JAX's
+    exec(
+        "import os, time\n"
+        "def compile(signum):\n"
+        "    os.kill(os.getpid(), signum)\n"
+        "    time.sleep(0.3)  # the handler runs here, inside 'JAX'\n"
+        "    return 'compiled'\n",
+        library,
+    )
+    previous = signal.signal(signum, runtime._stop_at_a_safe_point)
+    returned = []
+    try:
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else runtime.Stopped):
+            returned.append(library["compile"](signum))
+            time.sleep(2)  # the stop comes here, once JAX has returned
+    finally:
+        signal.signal(signum, previous)
+    assert returned == ["compiled"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_run_compiles_ends_with_its_status_and_one_line(tmp_path, signum):
+    during_compilation = 0
+    for index, delay in enumerate(DELAYS_S):
+        workdir = tmp_path / f"run{index}"
+        command = ["train.py", f"--config={train_process.RUN_CONFIG}", f"--workdir={workdir}"]
+        env = _user_env(tmp_path / f"cache{index}")
+        status, log = _stop_while(
+            command, "Training ", delay, signum, env, tmp_path / f"run{index}.log"
+        )
+        _assert_stopped(status, log, signum)
+        during_compilation += "Compiling the train step ... done" not in log
+    assert during_compilation  # at least one signal came before the train step had compiled
+
+
+@pytest.mark.slow
+def test_a_signal_while_eval_compiles_ends_with_its_status_and_one_line(tmp_path):
+    workdir = tmp_path / "run"
+    env = _user_env(tmp_path / "cache")
+    train_process.run_training(workdir, env, "--config.num_steps=8")
+    for index, delay in enumerate((0.1, 0.4, 0.8)):
+        shutil.rmtree(tmp_path / "cache")
+        os.mkdir(tmp_path / "cache")  # the evaluation compiles again
+        status, log = _stop_while(
+            ["eval.py", f"--workdir={workdir}"],
+            "Evaluating step",
+            delay,
+            signal.SIGTERM,
+            env,
+            tmp_path / f"eval{index}.log",
+        )
+        if status == 0:  # the evaluation was done before the signal came
+            continue
+        _assert_stopped(status, log, signal.SIGTERM)
