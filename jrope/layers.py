@@ -40,7 +40,6 @@ from jrope import attention
 from jrope.attention.precision import precision_scope
 from jrope.encodings import Encoding, attention_logits
 from jrope.model.axes import LOGICAL_AXES_KEY
-from jrope.model.config import ModelConfig
 
 # jax.nn.dot_product_attention's implementations that the helper accepts.
 IMPLEMENTATIONS = (None, "xla", "cudnn")
@@ -195,10 +194,12 @@ def causal_self_attention(
         float32 or bfloat16.
       positions: int32 [S] or [B, S], the key positions.
       kernel: 'auto' or one of jrope.attention.KERNELS ('xla', 'einsum',
-        'blockwise', 'cudnn', 'splash'); 'auto' picks the backend's fused
-        kernel where it applies, blockwise where one map origin could
-        overflow or from `blockwise_min_length` keys on, else einsum (CPU,
-        or a bias) or xla.
+        'blockwise', 'cudnn', 'splash', 'shear'); 'auto' picks the backend's
+        fused kernel where it applies, on TPU and GPU the shear kernel for the
+        encodings whose maps would need float32 HIGHEST dots (bfloat16 dots
+        at the default precision instead; jrope.attention.shear), blockwise
+        where one map origin could overflow or from `blockwise_min_length`
+        keys on, else einsum (CPU, or a bias) or xla.
       block_size: query/key block length of the blockwise kernel.
       blockwise_min_length: 'auto' takes the blockwise kernel from this many keys on.
       max_damping: the largest learned damping gamma 'auto' plans for.
@@ -215,21 +216,17 @@ def causal_self_attention(
     dtype = jnp.dtype(v.dtype)
     if dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"jrope's kernels run float32 or bfloat16, got {dtype}; cast q, k, v.")
-    model_cfg = ModelConfig(
-        d_model=encoding.num_heads * encoding.head_dim,
-        num_heads=encoding.num_heads,
-        num_layers=1,
-        mlp_ratio=1,
+    settings = attention.AttentionSettings(
+        head_dim=encoding.head_dim,
         compute_dtype=dtype.name,
         attention_impl=kernel,
         blockwise_min_length=blockwise_min_length,
         block_size=block_size,
-        remat="none",
         max_damping=max_damping,
     )
     try:
         chosen = attention.choose_kernel(
-            model_cfg, encoding, length=k.shape[1], num_queries=q.shape[1], backend=backend
+            settings, encoding, length=k.shape[1], num_queries=q.shape[1], backend=backend
         )
     except ValueError as refusal:
         raise ValueError(f"causal_self_attention(kernel={kernel!r}): {refusal}") from None
@@ -242,5 +239,5 @@ def causal_self_attention(
         positions=positions,
         kernel=chosen,
         block_size=block_size,
-        precision=attention.attention_precision(model_cfg, encoding),
+        precision=attention.attention_precision(settings, encoding, chosen),
     )

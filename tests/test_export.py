@@ -86,7 +86,10 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
     run = _run(tmp_path, **{"pe.name": name})
     length = run.cfg.pe.train_context
     backend = BACKENDS[platform]
-    assert choose_kernel(run.cfg.model, run.cfg.encoding, length=length, backend=backend) == kernel
+    assert (
+        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend=backend)
+        == kernel
+    )
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
     if kernel == "splash":
@@ -105,7 +108,10 @@ def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_instal
     """README's GPU command adds model.compute_dtype=bfloat16: 'auto' takes cuDNN attention."""
     run = _run(tmp_path, **{"model.compute_dtype": "bfloat16"})
     length = run.cfg.pe.train_context
-    assert choose_kernel(run.cfg.model, run.cfg.encoding, length=length, backend="gpu") == "cudnn"
+    assert (
+        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend="gpu")
+        == "cudnn"
+    )
     try:
         text = _export_train_step(run, "cuda", monkeypatch)
     except RuntimeError as error:

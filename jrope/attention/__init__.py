@@ -11,6 +11,9 @@ mapped keys to a block's origin with `move_keys`) and its additive bias
   splash       jrope.attention.splash: JAX's splash attention kernel (TPU).
   blockwise    jrope.attention.blockwise: flash-style blocks in pure JAX, memory
                linear in length; it applies the encoding per block itself.
+  shear        jrope.attention.shear: the exponential-chain encodings as RoPE-kind
+               dots with the shear as an exact per-pair weight, whole logits in
+               XLA; bfloat16-safe at the backend's default precision.
 
 The dots run at the precision `jrope.attention.precision` resolves.
 
@@ -28,18 +31,22 @@ from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
 from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
+from jrope.attention.settings import AttentionSettings
+from jrope.attention.shear import shear_attention
 from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
 __all__ = [
     "KERNELS",
     "MASK_VALUE",
+    "AttentionSettings",
     "attention_precision",
     "blockwise_attention",
     "causal_attention",
     "check_positions",
     "choose_kernel",
     "matmul_precision",
+    "shear_attention",
 ]
 
 
@@ -93,6 +100,18 @@ def causal_attention(
             block_size=block_size,
             precision=precision,
         )
+    if kernel == "shear":
+        with jax.named_scope("attention_kernel"):
+            return shear_attention(
+                q,
+                k,
+                v,
+                enc=enc,
+                params=params,
+                q_positions=q_positions,
+                k_positions=positions,
+                precision=precision,
+            )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
         q, k = enc.transform_qk(params, q, k, q_positions, positions)
