@@ -97,13 +97,18 @@ def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array)
     return cfg.shear_scale * numerator / ((length + jnp.abs(i)) * (length + jnp.abs(j)))
 
 
-def shear_terms(encoding: Any, params, q, k, q_positions, k_positions, origin) -> ShearTerms:
+def shear_terms(
+    encoding: Any, params, q, k, q_positions, k_positions, origin, k_origin=None
+) -> ShearTerms:
     """The damped-rotated queries and keys of every term, float32.
 
     q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [B|1, T] / [B|1, S];
-    origin: int32 [B|1, 1], where the damped rotation is measured from (any
-    origin gives the same dots; one inside the window keeps them bounded).
+    origin: int32 [B|1, 1] (or one per query, [B|1, T]), where the damped
+    rotation is measured from (any origin gives the same dots; one inside the
+    window keeps them bounded); k_origin: the keys' (default: origin), e.g.
+    one per key block, [B|1, S], for a kernel that moves them per pair.
     """
+    k_origin = origin if k_origin is None else k_origin
     if not encoding.segments:
         return ShearTerms((q.astype(jnp.float32),), (k.astype(jnp.float32),))
     order = shear_order(encoding)
@@ -113,7 +118,7 @@ def shear_terms(encoding: Any, params, q, k, q_positions, k_positions, origin) -
     for segment in encoding.segments:
         window = slice(segment.start, segment.start + segment.width)
         q_rot = segment.map_queries(params, q[..., window], q_positions, origin, shear=False)
-        k_rot = segment.map_keys(params, k[..., window], k_positions, origin, shear=False)
+        k_rot = segment.map_keys(params, k[..., window], k_positions, k_origin, shear=False)
         heads_0.append(q_rot)
         keys_0.append(k_rot)
         if segment.shear != "eta":
@@ -129,6 +134,31 @@ def shear_terms(encoding: Any, params, q, k, q_positions, k_positions, origin) -
     queries = [_concat(heads_0)] + [_concat(parts) for parts in shifted_q[1:]]
     keys = [_concat(keys_0)] + [_concat(parts) for parts in shifted_k[1:]]
     return ShearTerms(tuple(queries), tuple(keys))
+
+
+def term_rates(encoding: Any, params) -> list[tuple[jax.Array, jax.Array]]:
+    """Per term, the damping and the frequency of each (re, im) pair of its dims.
+
+    Laid out as shear_terms lays out the term's dims: (gamma float32 [N, d_r / 2],
+    omega float32 [d_r / 2]). Moving a key mapped from origin o_k to origin o
+    multiplies each pair by e^{gamma (o_k - o)} R(-omega (o_k - o)).
+    """
+    order = shear_order(encoding)
+    rates = [([], []) for _ in range(order)]
+    for segment in encoding.segments:
+        heads, blocks, m = segment.num_heads, segment.num_blocks, segment.order
+        physical = segment.physical_params(params)
+        gamma = physical.get("gamma", jnp.zeros((heads, blocks), jnp.float32))
+        gamma = jnp.broadcast_to(gamma[..., None], (heads, blocks, m))
+        omega = jnp.broadcast_to(segment.frequencies()[:, None], (blocks, m))
+        for r in range(order if segment.shear == "eta" else 1):
+            if r < m:
+                rates[r][0].append(gamma[..., r:].reshape(heads, -1))
+                rates[r][1].append(omega[..., r:].reshape(-1))
+    if not encoding.segments:
+        half = encoding.head_dim // 2
+        return [(jnp.zeros((encoding.num_heads, half)), jnp.zeros((half,)))]
+    return [(_concat(g), _concat(w)) for g, w in rates]
 
 
 def _flat(x: jax.Array) -> jax.Array:
