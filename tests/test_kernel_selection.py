@@ -53,6 +53,8 @@ BF16 = {"compute_dtype": "bfloat16"}
         ("tpu", "jordan_raw_tau", 1024, {}, "shear"),
         ("tpu", "jordan_rope", 1024, BF16, "shear"),
         ("tpu", "direct_sum", 512, BF16, "shear"),
+        ("tpu", "jordan_rope", 8192, BF16, "shear_flash"),  # memory linear in length
+        ("gpu", "jordan_raw_tau", 4096, BF16, "shear_flash"),
         ("tpu", "jordan_jetmix_m3_c150_g050_g030", 1024, BF16, "xla"),  # gated jets: not covered
         ("tpu", "rope", 1024, {"attention_precision": "highest"}, "xla"),
         ("tpu", "rope", 8192, {}, "splash"),  # memory linear: no blockwise needed
@@ -112,6 +114,7 @@ def test_auto_keeps_cudnn_within_its_head_dims():
         ("cudnn", "gpu", "jordan_rope", BF16, "cancel large products"),
         ("xla", "cpu", "alibi", {}, "cannot add a logit bias"),
         ("shear", "tpu", "jordan_jetmix_m3_c150_g050_g030", {}, "gated jets"),
+        ("shear_flash", "tpu", "jordan_exact_c150_eta010_alibi", {}, "adds no logit bias"),
     ],
 )
 def test_an_explicit_kernel_that_cannot_run_is_refused_with_the_reason(

@@ -14,6 +14,8 @@ mapped keys to a block's origin with `move_keys`) and its additive bias
   shear        jrope.attention.shear: the exponential-chain encodings as RoPE-kind
                dots with the shear as an exact per-pair weight, whole logits in
                XLA; bfloat16-safe at the backend's default precision.
+  shear_flash  jrope.attention.shear_flash: the same as a Pallas flash kernel,
+               memory linear in length (interpret mode off TPU and GPU).
 
 The dots run at the precision `jrope.attention.precision` resolves.
 
@@ -33,6 +35,8 @@ from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
 from jrope.attention.settings import AttentionSettings
 from jrope.attention.shear import shear_attention
+from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
+from jrope.attention.shear_flash import shear_flash_attention
 from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
@@ -47,6 +51,7 @@ __all__ = [
     "choose_kernel",
     "matmul_precision",
     "shear_attention",
+    "shear_flash_attention",
 ]
 
 
@@ -100,6 +105,18 @@ def causal_attention(
             block_size=block_size,
             precision=precision,
         )
+    if kernel == "shear_flash":
+        with jax.named_scope("attention_kernel"):
+            return shear_flash_attention(
+                q,
+                k,
+                v,
+                enc=enc,
+                params=params,
+                q_positions=q_positions,
+                k_positions=positions,
+                block_size=min(block_size, SHEAR_FLASH_BLOCK),
+            )
     if kernel == "shear":
         with jax.named_scope("attention_kernel"):
             return shear_attention(

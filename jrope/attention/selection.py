@@ -22,7 +22,8 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
      and HIGHEST dots (Encoding.keeps_float32) and whose shear is an exact
      per-pair weight (jrope.attention.shear): the shear kernel, below
      model.blockwise_min_length, whose dots run in the compute dtype at the
-     backend's default precision;
+     backend's default precision, and from it on its Pallas flash form
+     (memory linear in length; no ALiBi bias, which goes blockwise);
   4. otherwise: blockwise from model.blockwise_min_length on
      (memory linear in length); below it, on CPU the einsum kernel (its train
      step is faster there than xla's; jrope.attention.dense), elsewhere xla's
@@ -42,9 +43,11 @@ from jrope.attention import cudnn, splash
 from jrope.attention.precision import attention_precision
 from jrope.attention.settings import ATTENTION_IMPLS, AttentionSettings
 from jrope.attention.shear import shear_weight_problem
+from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
+from jrope.attention.shear_flash import shear_flash_problem
 
 # The concrete kernels `choose_kernel` returns.
-KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear")
+KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear", "shear_flash")
 # Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).
 SINGLE_ORIGIN_EXPONENT_LIMIT = 80.0
 # The fused kernel of each accelerator backend.
@@ -100,6 +103,11 @@ def choose_kernel(
     if impl == "shear" and shear_weight_problem(encoding):
         raise ValueError(
             f"attention_impl='shear' does not apply: {shear_weight_problem(encoding)}; use 'auto'."
+        )
+    if impl == "shear_flash" and shear_flash_problem(encoding):
+        raise ValueError(
+            f"attention_impl='shear_flash' does not apply: {shear_flash_problem(encoding)}; "
+            "use 'auto'."
         )
     if impl == "xla" and encoding.has_bias:
         raise ValueError(
@@ -236,8 +244,15 @@ def _auto_kernel(
     length: int,
     backend: str,
 ) -> str:
+    flash = (
+        backend in _FUSED_KERNEL
+        and encoding.keeps_float32
+        and not shear_flash_problem(encoding)
+        and bound * (SHEAR_FLASH_BLOCK - 1) <= SINGLE_ORIGIN_EXPONENT_LIMIT
+    )
     if not single_origin_is_safe(encoding, bound, extent):
-        return "blockwise"
+        # The flash kernel measures positions from each block's first, as blockwise does.
+        return "shear_flash" if flash else "blockwise"
     fused = _FUSED_KERNEL.get(backend)
     if fused and not fused_kernel_problem(
         fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
@@ -246,6 +261,8 @@ def _auto_kernel(
     if backend in _FUSED_KERNEL and encoding.keeps_float32 and not shear_weight_problem(encoding):
         if length < settings.blockwise_min_length:
             return "shear"
+        if flash:
+            return "shear_flash"
     if length >= settings.blockwise_min_length:
         return "blockwise"
     if backend == "cpu" or encoding.has_bias:

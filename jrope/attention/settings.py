@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 # The values of attention_impl: a kernel, or 'auto' for choose_kernel's choice.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum", "shear")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum", "shear", "shear_flash")
 # Dot precisions (jax.lax.Precision names); 'auto' lets the encoding and the kernel decide.
 ATTENTION_PRECISIONS = ("auto", "default", "high", "highest")
 MATMUL_PRECISIONS = ("default", "high", "highest")
