@@ -199,3 +199,41 @@ def test_the_shear_weight_kernel_equals_the_einsum_kernel_in_float32(name):
         q, k, v, enc=enc, params=params, positions=positions, kernel="einsum", precision=highest
     )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kernel", ["shear", pytest.param("shear_flash", marks=pytest.mark.slow)])
+def test_packed_rows_equal_each_segment_run_alone(kernel):
+    """Two sequences in one row (positions restart, segment ids) give each one's own output."""
+    from jrope.attention import shear_flash
+
+    attend = {"shear": shear.shear_attention, "shear_flash": shear_flash.shear_flash_attention}[
+        kernel
+    ]
+    enc, params, q, k, v = _setup("jordan_rope", 24)
+    positions = jnp.concatenate([jnp.arange(10), jnp.arange(14)])[None]
+    segments = jnp.concatenate([jnp.zeros(10, jnp.int32), jnp.ones(14, jnp.int32)])[None]
+    extra = {"block_size": 8} if kernel == "shear_flash" else {}
+    packed = attend(
+        q,
+        k,
+        v,
+        enc=enc,
+        params=params,
+        q_positions=positions,
+        k_positions=positions,
+        q_segments=segments,
+        k_segments=segments,
+        **extra,
+    )
+    for part in (slice(0, 10), slice(10, 24)):
+        alone = attend(
+            q[:, part],
+            k[:, part],
+            v[:, part],
+            enc=enc,
+            params=params,
+            q_positions=positions[:, part],
+            k_positions=positions[:, part],
+            **extra,
+        )
+        np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
