@@ -38,6 +38,7 @@ from flax import nnx
 
 from jrope import attention
 from jrope.attention.precision import precision_scope
+from jrope.attention.shear import shear_attention, shear_weight_problem
 from jrope.encodings import Encoding, attention_logits
 from jrope.model.axes import LOGICAL_AXES_KEY
 
@@ -120,6 +121,11 @@ def dot_product_attention(
     Maps q and k, passes the encoding's bias, runs v in the mapped q's dtype
     and the dots at `pe.encoding.dot_precision` (through
     jax.default_matmul_precision, which the XLA implementation follows).
+    Encodings whose maps would need float32 q, k and HIGHEST dots and whose
+    shear is an exact per-pair weight (jrope.attention.shear: jordan_rope,
+    the raw and scaled-exact shears, order m, the direct sum) run the shear
+    kernel instead, with the same mask and bias: dots in q's dtype at the
+    default precision, no float32 detour.
 
     Args:
       pe: the layer's PositionalEncoding.
@@ -152,6 +158,24 @@ def dot_product_attention(
                 f"implementation='cudnn' takes bfloat16 or float16 inputs, got {v.dtype}; cast "
                 "q, k, v to bfloat16 or use implementation='xla'."
             )
+    if implementation != "cudnn" and encoding.keeps_float32 and not shear_weight_problem(encoding):
+        # The maps would need float32 q, k and HIGHEST dots; the shear as an exact per-pair
+        # weight needs neither (jrope.attention.shear): dots in q's dtype, default precision.
+        visible = mask
+        if is_causal:
+            causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
+            visible = causal if mask is None else mask & causal
+        return shear_attention(
+            q,
+            k,
+            v,
+            enc=encoding,
+            params=pe.param_values(),
+            q_positions=q_positions,
+            k_positions=k_positions,
+            causal=False,
+            mask=visible,
+        )
     q2, k2 = pe(q, k, q_positions, k_positions)
     bias = pe.logit_bias(q_positions, k_positions)
     if bias is not None:

@@ -237,3 +237,30 @@ def test_packed_rows_equal_each_segment_run_alone(kernel):
             **extra,
         )
         np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_dot_product_attention_runs_the_raw_shear_in_bfloat16_without_highest_dots():
+    enc, params, q, k, v = _setup("jordan_rope", 32)
+    pe = jrope.PositionalEncoding(enc)
+    positions = jnp.arange(32) + 1000
+    low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+
+    def attend(q, k, v):
+        return jrope.dot_product_attention(pe, q, k, v, positions, positions, is_causal=True)
+
+    program = str(jax.make_jaxpr(attend)(*low))
+    assert "HIGHEST" not in program and "bf16" in program
+    got = attend(*low)
+    assert got.dtype == jnp.bfloat16
+    highest = jax.lax.Precision.HIGHEST
+    want = jrope.attention.causal_attention(
+        q,
+        k,
+        v,
+        enc=enc,
+        params=pe.param_values(),
+        positions=positions,
+        kernel="einsum",
+        precision=highest,
+    )
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=0.05)

@@ -227,9 +227,13 @@ def shear_logits(
     return add_bias(logits, encoding.logit_bias(params, q_positions, k_positions))
 
 
-def visibility(q_positions, k_positions, q_segments=None, k_segments=None) -> jax.Array:
-    """bool [B|1, 1, T, S]: key j visible to query i (j's position <= i's, one segment)."""
-    visible = k_positions[:, None, :] <= q_positions[:, :, None]
+def visibility(
+    q_positions, k_positions, q_segments=None, k_segments=None, *, causal: bool = True
+) -> jax.Array:
+    """bool [B|1, 1, T, S]: key j visible to query i (if causal, j's position <= i's; one segment)."""
+    visible = jnp.ones((1, q_positions.shape[-1], k_positions.shape[-1]), bool)
+    if causal:
+        visible = visible & (k_positions[:, None, :] <= q_positions[:, :, None])
     if q_segments is not None:
         visible = visible & (k_segments[:, None, :] == q_segments[:, :, None])
     return visible[:, None]
@@ -246,9 +250,11 @@ def shear_attention(
     k_positions: jax.Array,
     q_segments: jax.Array | None = None,
     k_segments: jax.Array | None = None,
+    causal: bool = True,
+    mask: jax.Array | None = None,
     precision: jax.lax.Precision | None = None,
 ) -> jax.Array:
-    """Causal attention with the shear as an exact per-pair weight, whole logits in XLA.
+    """Attention with the shear as an exact per-pair weight, whole logits in XLA.
 
     The oracle of the flash kernel (jrope.attention.shear_flash). Differentiable
     by autodiff in q, k, v and params.
@@ -261,6 +267,8 @@ def shear_attention(
       q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids of
         packed rows: a query sees only keys of its own segment (positions
         restart per segment).
+      causal: a query sees keys at positions not after its own.
+      mask: optional bool [B|1, N|1, T, S], True where a query may see a key.
       precision: of the term and p.v dots (None: the backend's default).
     Returns:
       [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
@@ -269,7 +277,9 @@ def shear_attention(
     logits = shear_logits(enc, params, q, k, q_pos, k_pos, precision=precision)
     if q_segments is not None:
         q_segments, k_segments = _batched(q_segments), _batched(k_segments)
-    visible = visibility(q_pos, k_pos, q_segments, k_segments)
+    visible = visibility(q_pos, k_pos, q_segments, k_segments, causal=causal)
+    if mask is not None:
+        visible = visible & mask
     return masked_softmax_values(logits, visible, v, precision)
 
 
