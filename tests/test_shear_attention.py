@@ -264,3 +264,40 @@ def test_dot_product_attention_runs_the_raw_shear_in_bfloat16_without_highest_do
         precision=highest,
     )
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=0.05)
+
+
+@pytest.mark.parametrize("kernel", ["shear"])
+def test_causal_attention_with_segment_ids_equals_each_segment_alone(kernel):
+    enc, params, q, k, v = _setup("jordan_exact_c150_eta010_alibi", 24)
+    positions = jnp.concatenate([jnp.arange(10), jnp.arange(14)])[None] + 7
+    segments = jnp.concatenate([jnp.zeros(10, jnp.int32), jnp.ones(14, jnp.int32)])[None]
+    attend = jrope.attention.causal_attention
+
+    def loss(q, k, v, **where):
+        out = attend(q, k, v, enc=enc, params=params, kernel=kernel, **where)
+        return jnp.sum(out * v[:, -out.shape[1] :]), out
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+    (_, packed), packed_grads = grad(q, k, v, positions=positions, segment_ids=segments)
+    for part in (slice(0, 10), slice(10, 24)):
+        (_, alone), alone_grads = grad(
+            q[:, part], k[:, part], v[:, part], positions=positions[:, part]
+        )
+        np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
+        for got, want in zip(packed_grads, alone_grads, strict=True):
+            np.testing.assert_allclose(got[:, part], want, rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_without_segment_ids_refuse_packed_rows():
+    enc, params, q, k, v = _setup("rope", 8)
+    with pytest.raises(ValueError, match="segment ids"):
+        jrope.attention.causal_attention(
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            positions=jnp.arange(8),
+            kernel="blockwise",
+            segment_ids=jnp.zeros((1, 8), jnp.int32),
+        )

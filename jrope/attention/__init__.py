@@ -40,6 +40,9 @@ from jrope.attention.shear_flash import shear_flash_attention
 from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
+# The kernels that take segment ids of packed rows.
+PACKING_KERNELS = ("shear", "shear_flash")
+
 __all__ = [
     "KERNELS",
     "MASK_VALUE",
@@ -66,6 +69,7 @@ def causal_attention(
     kernel: str,
     block_size: int = 512,
     precision: jax.lax.Precision | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
@@ -83,6 +87,9 @@ def causal_attention(
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
         backend's default). The fused kernels run at their own.
+      segment_ids: optional int32 [B, S] of packed rows (positions restart
+        at each segment, a query sees its own segment's keys only): the
+        shear and shear_flash kernels take them, the others refuse.
     Returns:
       [B, T, N, H] in v's dtype.
     """
@@ -91,8 +98,14 @@ def causal_attention(
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
     if kernel not in KERNELS:
         raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {KERNELS}.")
-    check_positions(positions)
+    if segment_ids is not None and kernel not in PACKING_KERNELS:
+        raise ValueError(
+            f"The {kernel!r} kernel does not take segment ids (packed rows); use one of "
+            f"{PACKING_KERNELS}."
+        )
+    check_positions(positions, packed=segment_ids is not None)
     q_positions = positions[..., key_length - length :]
+    q_segments = None if segment_ids is None else segment_ids[:, key_length - length :]
     if kernel == "blockwise":
         return blockwise_attention(
             q,
@@ -115,6 +128,8 @@ def causal_attention(
                 params=params,
                 q_positions=q_positions,
                 k_positions=positions,
+                q_segments=q_segments,
+                k_segments=segment_ids,
                 block_size=min(block_size, SHEAR_FLASH_BLOCK),
             )
     if kernel == "shear":
@@ -127,6 +142,8 @@ def causal_attention(
                 params=params,
                 q_positions=q_positions,
                 k_positions=positions,
+                q_segments=q_segments,
+                k_segments=segment_ids,
                 precision=precision,
             )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
