@@ -51,13 +51,15 @@ POSITION_RANGE = (-(2**31), 2**31 - 1)
 FLOAT32_SHEAR_TERM = 1.0
 
 
-def check_positions(positions, what: str = "positions") -> None:
+def check_positions(positions, what: str = "positions", *, packed: bool = False) -> None:
     """Raises ValueError for concrete positions jrope cannot take; traced ones pass unchecked.
 
     positions: integers [T] or [B, T]. Refused: values outside int32 (they
     would wrap), and rows whose positions go back down (packed sequences:
     every kernel masks by position within one sequence per row). Under jit
     the values are unknown, and these are the caller's preconditions.
+    packed: rows hold several sequences with segment ids, so positions
+    restart (go down) at each segment's start.
     """
     if isinstance(positions, jax.core.Tracer):
         return
@@ -71,6 +73,8 @@ def check_positions(positions, what: str = "positions") -> None:
             "positions in int32 and would wrap them. Translation-invariant encodings depend only "
             "on differences, so subtract a common offset; stabilized ones need positions in int32."
         )
+    if packed:
+        return
     rows = values.reshape(-1, values.shape[-1]).astype(np.int64)
     falls = np.argwhere(np.diff(rows, axis=-1) < 0)
     if len(falls):

@@ -45,6 +45,7 @@ from jrope.attention.selection import (
     damping_bound,
     single_origin_is_safe,
 )
+from jrope.attention.shear import shear_attention, shear_weight_problem
 from jrope.encodings import (
     Encoding,
     attention_logits,
@@ -52,7 +53,6 @@ from jrope.encodings import (
     check_positions_fit,
 )
 from jrope.model.axes import LOGICAL_AXES_KEY
-from jrope.model.config import ModelConfig
 
 # jax.nn.dot_product_attention's implementations that the helper accepts.
 IMPLEMENTATIONS = (None, "xla", "cudnn")
@@ -133,6 +133,11 @@ def dot_product_attention(
     Maps q and k, passes the encoding's bias, runs v in the mapped q's dtype
     and the dots at `pe.encoding.dot_precision` (through
     jax.default_matmul_precision, which the XLA implementation follows).
+    Encodings whose maps would need float32 q, k and HIGHEST dots and whose
+    shear is an exact per-pair weight (jrope.attention.shear: jordan_rope,
+    the raw and scaled-exact shears, order m, the direct sum) run the shear
+    kernel instead, with the same mask and bias: dots in q's dtype at the
+    default precision, no float32 detour.
 
     Args:
       pe: the layer's PositionalEncoding.
@@ -182,6 +187,24 @@ def dot_product_attention(
                 f"implementation='cudnn' takes bfloat16 or float16 inputs, got {v.dtype}; cast "
                 "q, k, v to bfloat16 or use implementation='xla'."
             )
+    if implementation != "cudnn" and encoding.keeps_float32 and not shear_weight_problem(encoding):
+        # The maps would need float32 q, k and HIGHEST dots; the shear as an exact per-pair
+        # weight needs neither (jrope.attention.shear): dots in q's dtype, default precision.
+        visible = mask
+        if is_causal:
+            causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
+            visible = causal if mask is None else mask & causal
+        return shear_attention(
+            q,
+            k,
+            v,
+            enc=encoding,
+            params=pe.param_values(),
+            q_positions=q_positions,
+            k_positions=k_positions,
+            causal=False,
+            mask=visible,
+        )
     q2, k2 = pe(q, k, q_positions, k_positions)
     bias = pe.logit_bias(q_positions, k_positions)
     if bias is not None:
@@ -224,10 +247,12 @@ def causal_self_attention(
         float32 or bfloat16.
       positions: int32 [S] or [B, S], the key positions.
       kernel: 'auto' or one of jrope.attention.KERNELS ('xla', 'einsum',
-        'blockwise', 'cudnn', 'splash'); 'auto' picks the backend's fused
-        kernel where it applies, blockwise where one map origin could
-        overflow or from `blockwise_min_length` keys on, else einsum (CPU,
-        or a bias) or xla.
+        'blockwise', 'cudnn', 'splash', 'shear'); 'auto' picks the backend's
+        fused kernel where it applies, on TPU and GPU the shear kernel for the
+        encodings whose maps would need float32 HIGHEST dots (bfloat16 dots
+        at the default precision instead; jrope.attention.shear), blockwise
+        where one map origin could overflow or from `blockwise_min_length`
+        keys on, else einsum (CPU, or a bias) or xla.
       block_size: query/key block length of the blockwise kernel.
       blockwise_min_length: 'auto' takes the blockwise kernel from this many keys on.
       max_damping: the largest learned damping gamma 'auto' plans for. Where
@@ -255,22 +280,18 @@ def causal_self_attention(
         raise ValueError(
             f"q holds the last T of the S key positions: T = {q.shape[1]} > S = {k.shape[1]}."
         )
-    model_cfg = ModelConfig(
-        d_model=encoding.num_heads * encoding.head_dim,
-        num_heads=encoding.num_heads,
-        num_layers=1,
-        mlp_ratio=1,
+    settings = attention.AttentionSettings(
+        head_dim=encoding.head_dim,
         compute_dtype=dtype.name,
         attention_impl=kernel,
         blockwise_min_length=blockwise_min_length,
         block_size=block_size,
-        remat="none",
         max_damping=max_damping,
     )
     damping = _concrete_damping(pe)
     try:
         chosen = attention.choose_kernel(
-            model_cfg,
+            settings,
             encoding,
             length=k.shape[1],
             num_queries=q.shape[1],
@@ -290,8 +311,8 @@ def causal_self_attention(
         kernel=chosen,
         # Blocks that carry the damping planned for (the blockwise kernel's factors reach
         # e^(gamma * (block_size - 1))).
-        block_size=blockwise_block_size(block_size, damping_bound(model_cfg, damping)),
-        precision=attention.attention_precision(model_cfg, encoding),
+        block_size=blockwise_block_size(block_size, damping_bound(settings, damping)),
+        precision=attention.attention_precision(settings, encoding, chosen),
     )
 
 

@@ -204,15 +204,18 @@ class JordanSegment:
     def _blocks(self, x):
         return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
 
-    def map_queries(self, params, q, q_pos, origin):
+    def map_queries(self, params, q, q_pos, origin, *, shear: bool = True):
         """A(-(i - o))^{-T} q on this segment's dims, float32 [B, T, N, width].
 
         q: [B, T, N, width]; q_pos: int32 [B|1, T]; origin: int32 [B|1, 1].
+        shear=False applies the damped rotation alone.
         """
         physical = self.physical_params(params)
         cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0)
         time = self._map_time(q_pos, origin)
-        if self.shear == "eta":
+        if not shear:
+            inverse = [1.0]
+        elif self.shear == "eta":
             # U(t) = exp(s(t) N) with s odd: U(-p)^{-1} = U(p), no series inversion needed.
             inverse = self.chain_coefficients(physical, -time)
         else:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # about 3 s per export on the 2-core development 
 
 # JAX's platform name for jax.export, and its backend name for the kernel choice.
 BACKENDS = {"tpu": "tpu", "cuda": "gpu"}
-RAW_SHEAR = "jordan_rope"  # q, k stay float32; its attention dots need HIGHEST
+RAW_SHEAR = "jordan_rope"  # its maps keep q, k float32 for HIGHEST dots; the shear kernel does not
 
 
 def _run(tmp_path, **overrides):
@@ -75,9 +75,9 @@ def _attention_dot_precisions(text: str, length: int) -> list[str]:
     ("platform", "name", "kernel", "precision"),
     [
         ("tpu", "jordan_exact_scaled", "splash", None),
-        ("tpu", RAW_SHEAR, "xla", "HIGHEST"),
+        ("tpu", RAW_SHEAR, "shear", "DEFAULT"),
         ("cuda", "jordan_exact_scaled", "xla", "DEFAULT"),
-        ("cuda", RAW_SHEAR, "xla", "HIGHEST"),
+        ("cuda", RAW_SHEAR, "shear", "DEFAULT"),
     ],
 )
 def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
@@ -86,7 +86,10 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
     run = _run(tmp_path, **{"pe.name": name})
     length = run.cfg.pe.train_context
     backend = BACKENDS[platform]
-    assert choose_kernel(run.cfg.model, run.cfg.encoding, length=length, backend=backend) == kernel
+    assert (
+        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend=backend)
+        == kernel
+    )
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
     if kernel == "splash":
@@ -99,13 +102,36 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
         assert set(dots) == {precision}
 
 
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_the_bfloat16_jordan_rope_step_carries_no_highest_attention_dot(
+    tmp_path, monkeypatch, platform
+):
+    """--config.pe.name=jordan_rope --config.model.compute_dtype=bfloat16: the shear kernel's
+    bfloat16 dots at the default precision, forward and backward."""
+    run = _run(tmp_path, **{"pe.name": RAW_SHEAR, "model.compute_dtype": "bfloat16"})
+    length = run.cfg.pe.train_context
+    backend = BACKENDS[platform]
+    attention = run.cfg.model.attention
+    assert choose_kernel(attention, run.cfg.encoding, length=length, backend=backend) == "shear"
+    text = _export_train_step(run, platform, monkeypatch)
+    dots = _attention_dot_precisions(text, length)
+    assert len(dots) >= 6 and set(dots) == {"DEFAULT"}
+    logit_dots = [
+        line for line in text.splitlines() if "stablehlo.dot_general" in line and "bf16" in line
+    ]
+    assert any(f"{length}x{length}xf32" in line for line in logit_dots)  # bf16 in, f32 out
+
+
 def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_installed(
     tmp_path, monkeypatch
 ):
     """README's GPU command adds model.compute_dtype=bfloat16: 'auto' takes cuDNN attention."""
     run = _run(tmp_path, **{"model.compute_dtype": "bfloat16"})
     length = run.cfg.pe.train_context
-    assert choose_kernel(run.cfg.model, run.cfg.encoding, length=length, backend="gpu") == "cudnn"
+    assert (
+        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend="gpu")
+        == "cudnn"
+    )
     try:
         text = _export_train_step(run, "cuda", monkeypatch)
     except RuntimeError as error:

@@ -110,3 +110,62 @@ def test_only_the_harness_modules_that_open_workdir_paths_import_the_path_helper
         "jrope.train.outputs",  # the metrics log on a bucket
         "jrope.train.runtime",  # the compilation cache and the profile folder
     }, importing
+
+
+def _imports_of_package(package: str) -> dict[str, set[str]]:
+    """module -> the jrope modules it imports, type-only (TYPE_CHECKING) imports included.
+
+    Read from the source (ast), so an import that never runs counts too.
+    """
+    import ast
+    import pathlib
+
+    import jrope
+
+    root = pathlib.Path(jrope.__file__).parent.parent
+    graph = {}
+    for path in sorted((root / package.replace(".", "/")).glob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[module] = {name for name in imported if name.startswith("jrope")}
+    return graph
+
+
+def test_no_module_of_jrope_attention_imports_jrope_model_even_for_types():
+    for module, imported in _imports_of_package("jrope.attention").items():
+        model = sorted(name for name in imported if name.startswith("jrope.model"))
+        assert not model, f"{module} imports {model}"
+
+
+def test_no_import_circle_within_jrope_attention_and_jrope_model():
+    graph = {**_imports_of_package("jrope.attention"), **_imports_of_package("jrope.model")}
+    # Edges between the modules of the two packages ('from pkg import mod' names mod).
+    edges = {
+        module: {name for name in imported if name in graph and name != module}
+        for module, imported in graph.items()
+    }
+    for package in ("jrope.attention", "jrope.model"):
+        for module in edges:  # a package's __init__ re-exports its modules: not a circle
+            if module != package:
+                edges[module].discard(package)
+    visiting, done = [], set()
+
+    def visit(module):
+        if module in done:
+            return
+        assert module not in visiting, "import circle: " + " -> ".join([*visiting, module])
+        visiting.append(module)
+        for name in sorted(edges[module]):
+            visit(name)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module)

@@ -16,12 +16,15 @@ from jrope.attention import selection
 
 def _model_cfg(**changes):
     base = dataclasses.replace(
-        tiny_config().model, attention_impl="auto", blockwise_min_length=4096, max_damping=0.02
+        tiny_config().model.attention,
+        attention_impl="auto",
+        blockwise_min_length=4096,
+        max_damping=0.02,
     )
     return dataclasses.replace(base, **changes)
 
 
-def _encoding(name, head_dim=16):
+def _encoding(name, head_dim=48):
     cfg = jrope.pe_config_from_name(name, train_context=1024)
     return jrope.make_encoding(cfg, num_heads=2, head_dim=head_dim)
 
@@ -46,7 +49,13 @@ BF16 = {"compute_dtype": "bfloat16"}
         ("tpu", "jordan_exact_scaled", 8192, {"blockwise_min_length": 1 << 20}, "blockwise"),
         ("tpu", "rope", 1000, {}, "xla"),  # not a multiple of 128
         ("tpu", "rope_alibi", 1024, {}, "einsum"),  # a bias
-        ("tpu", "jordan_raw_tau", 1024, {}, "xla"),  # needs float32 dots
+        # The raw shear: its exact per-pair weight, in place of float32 HIGHEST dots.
+        ("tpu", "jordan_raw_tau", 1024, {}, "shear"),
+        ("tpu", "jordan_rope", 1024, BF16, "shear"),
+        ("tpu", "direct_sum", 512, BF16, "shear"),
+        ("tpu", "jordan_rope", 8192, BF16, "shear_flash"),  # memory linear in length
+        ("gpu", "jordan_raw_tau", 4096, BF16, "shear_flash"),
+        ("tpu", "jordan_jetmix_m3_c150_g050_g030", 1024, BF16, "xla"),  # gated jets: not covered
         ("tpu", "rope", 1024, {"attention_precision": "highest"}, "xla"),
         ("tpu", "rope", 8192, {}, "splash"),  # memory linear: no blockwise needed
         # GPU: cuDNN for bfloat16 runs where it applies.
@@ -55,7 +64,9 @@ BF16 = {"compute_dtype": "bfloat16"}
         ("gpu", "jordan_exact_scaled", 1024, BF16, "cudnn"),
         ("gpu", "rope", 1024, {}, "xla"),  # float32: cuDNN takes 16-bit inputs only
         ("gpu", "rope_alibi", 1024, {}, "einsum"),
-        ("gpu", "jordan_raw_tau", 1024, BF16, "xla"),  # its q, k stay float32
+        ("gpu", "jordan_raw_tau", 1024, BF16, "shear"),
+        ("gpu", "jordan_exact_m3_eta1", 1024, BF16, "shear"),
+        ("cpu", "jordan_raw_tau", 1024, BF16, "einsum"),  # CPU dots are float32 dots
         ("gpu", "rope", 8192, {}, "blockwise"),
         (
             "gpu",
@@ -82,7 +93,7 @@ def test_auto_reads_out_the_last_position_with_a_dense_kernel(backend):
 
 
 def test_auto_keeps_cudnn_within_its_head_dims():
-    cfg = dataclasses.replace(_model_cfg(**BF16), d_model=2 * 144)
+    cfg = dataclasses.replace(_model_cfg(**BF16), head_dim=144)
     assert attention.choose_kernel(cfg, _encoding("rope", 144), length=512, backend="gpu") == "xla"
 
 
@@ -102,6 +113,8 @@ def test_auto_keeps_cudnn_within_its_head_dims():
         ("splash", "tpu", "jordan_raw_tau", {}, "cancel large products and need full float32"),
         ("cudnn", "gpu", "jordan_rope", BF16, "cancel large products"),
         ("xla", "cpu", "alibi", {}, "cannot add a logit bias"),
+        ("shear", "tpu", "jordan_jetmix_m3_c150_g050_g030", {}, "gated jets"),
+        ("shear_flash", "tpu", "jordan_exact_c150_eta010_alibi", {}, "adds no logit bias"),
     ],
 )
 def test_an_explicit_kernel_that_cannot_run_is_refused_with_the_reason(
@@ -121,6 +134,15 @@ def test_explicit_fused_kernels_are_taken_where_they_apply():
     assert attention.choose_kernel(cfg, _encoding("rope"), length=256, backend="tpu") == "splash"
     cfg = _model_cfg(attention_impl="cudnn", **BF16)
     assert attention.choose_kernel(cfg, _encoding("rope"), length=256, backend="gpu") == "cudnn"
+
+
+def test_the_shear_kernels_dots_run_at_the_default_precision_and_the_maps_at_highest():
+    enc, settings = _encoding("jordan_raw_tau"), _model_cfg(**BF16)
+    assert enc.keeps_float32 and enc.dot_precision == jax.lax.Precision.HIGHEST
+    assert attention.attention_precision(settings, enc, "xla") == jax.lax.Precision.HIGHEST
+    assert attention.attention_precision(settings, enc, "shear") is None
+    highest = dataclasses.replace(settings, attention_precision="highest")
+    assert attention.attention_precision(highest, enc, "shear") == jax.lax.Precision.HIGHEST
 
 
 def test_the_one_origin_bound_is_max_damping_times_length_80():
@@ -162,7 +184,7 @@ def test_the_kernel_choice_follows_the_span_of_the_positions_and_the_measured_da
 @functools.cache
 def _damped_attention(kernel: str, length: int):
     """jit(params) -> attention output of jordan_exact_scaled over `length` fixed inputs."""
-    enc = _encoding("jordan_exact_scaled")
+    enc = _encoding("jordan_exact_scaled", 16)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(key, (1, length, 2, 16)) for key in keys)
     return enc, jax.jit(

@@ -11,6 +11,11 @@ mapped keys to a block's origin with `move_keys`) and its additive bias
   splash       jrope.attention.splash: JAX's splash attention kernel (TPU).
   blockwise    jrope.attention.blockwise: flash-style blocks in pure JAX, memory
                linear in length; it applies the encoding per block itself.
+  shear        jrope.attention.shear: the exponential-chain encodings as RoPE-kind
+               dots with the shear as an exact per-pair weight, whole logits in
+               XLA; bfloat16-safe at the backend's default precision.
+  shear_flash  jrope.attention.shear_flash: the same as a Pallas flash kernel,
+               memory linear in length (interpret mode off TPU and GPU).
 
 The dots run at the precision `jrope.attention.precision` resolves.
 
@@ -28,18 +33,28 @@ from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
 from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
+from jrope.attention.settings import AttentionSettings
+from jrope.attention.shear import shear_attention
+from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
+from jrope.attention.shear_flash import shear_flash_attention
 from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
+
+# The kernels that take segment ids of packed rows.
+PACKING_KERNELS = ("shear", "shear_flash")
 
 __all__ = [
     "KERNELS",
     "MASK_VALUE",
+    "AttentionSettings",
     "attention_precision",
     "blockwise_attention",
     "causal_attention",
     "check_positions",
     "choose_kernel",
     "matmul_precision",
+    "shear_attention",
+    "shear_flash_attention",
 ]
 
 
@@ -54,6 +69,7 @@ def causal_attention(
     kernel: str,
     block_size: int = 512,
     precision: jax.lax.Precision | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
@@ -71,6 +87,9 @@ def causal_attention(
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
         backend's default). The fused kernels run at their own.
+      segment_ids: optional int32 [B, S] of packed rows (positions restart
+        at each segment, a query sees its own segment's keys only): the
+        shear and shear_flash kernels take them, the others refuse.
     Returns:
       [B, T, N, H] in v's dtype.
     """
@@ -79,8 +98,14 @@ def causal_attention(
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
     if kernel not in KERNELS:
         raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {KERNELS}.")
-    check_positions(positions)
+    if segment_ids is not None and kernel not in PACKING_KERNELS:
+        raise ValueError(
+            f"The {kernel!r} kernel does not take segment ids (packed rows); use one of "
+            f"{PACKING_KERNELS}."
+        )
+    check_positions(positions, packed=segment_ids is not None)
     q_positions = positions[..., key_length - length :]
+    q_segments = None if segment_ids is None else segment_ids[:, key_length - length :]
     if kernel == "blockwise":
         return blockwise_attention(
             q,
@@ -93,6 +118,34 @@ def causal_attention(
             block_size=block_size,
             precision=precision,
         )
+    if kernel == "shear_flash":
+        with jax.named_scope("attention_kernel"):
+            return shear_flash_attention(
+                q,
+                k,
+                v,
+                enc=enc,
+                params=params,
+                q_positions=q_positions,
+                k_positions=positions,
+                q_segments=q_segments,
+                k_segments=segment_ids,
+                block_size=min(block_size, SHEAR_FLASH_BLOCK),
+            )
+    if kernel == "shear":
+        with jax.named_scope("attention_kernel"):
+            return shear_attention(
+                q,
+                k,
+                v,
+                enc=enc,
+                params=params,
+                q_positions=q_positions,
+                k_positions=positions,
+                q_segments=q_segments,
+                k_segments=segment_ids,
+                precision=precision,
+            )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
         q, k = enc.transform_qk(params, q, k, q_positions, positions)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
-if TYPE_CHECKING:
-    from jrope.model.config import ModelConfig
+from jrope.attention.settings import AttentionSettings
+
+# The kernels that form the shear's lag term as an exact weight (jrope.attention.shear).
+SHEAR_KERNELS = ("shear", "shear_flash")
 
 _PRECISIONS = {
     "default": None,
@@ -32,21 +34,25 @@ _PRECISIONS = {
 }
 
 
-def attention_precision(model_cfg: ModelConfig, encoding: Any) -> jax.lax.Precision | None:
+def attention_precision(
+    settings: AttentionSettings, encoding: Any, kernel: str | None = None
+) -> jax.lax.Precision | None:
     """Precision of the attention's q.k and p.v dots for this model and encoding.
 
     'auto' is the encoding's `dot_precision`: HIGHEST for encodings whose
     logits cancel large products, whatever the compute dtype (their q and k
     stay float32 in bfloat16 runs too, for this very dot), None otherwise.
+    The shear-weight kernels (`kernel` 'shear' or 'shear_flash') never form
+    those products: 'auto' is the backend's default for them.
     """
-    if model_cfg.attention_precision == "auto":
-        return encoding.dot_precision
-    return _PRECISIONS[model_cfg.attention_precision]
+    if settings.attention_precision == "auto":
+        return None if kernel in SHEAR_KERNELS else encoding.dot_precision
+    return _PRECISIONS[settings.attention_precision]
 
 
-def matmul_precision(model_cfg: ModelConfig) -> jax.lax.Precision | None:
+def matmul_precision(settings: AttentionSettings) -> jax.lax.Precision | None:
     """Precision of the projections, the MLP and the output logits."""
-    return _PRECISIONS[model_cfg.matmul_precision]
+    return _PRECISIONS[settings.matmul_precision]
 
 
 @contextlib.contextmanager

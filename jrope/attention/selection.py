@@ -18,7 +18,13 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
      carry a measured damping (the model's layers run in them).
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
      GPU (see fused_kernel_problem for when they do not);
-  3. otherwise: blockwise from model.blockwise_min_length on
+  3. on TPU and GPU, for the encodings whose maps would need float32 q, k
+     and HIGHEST dots (Encoding.keeps_float32) and whose shear is an exact
+     per-pair weight (jrope.attention.shear): the shear kernel, below
+     model.blockwise_min_length, whose dots run in the compute dtype at the
+     backend's default precision, and from it on its Pallas flash form
+     (memory linear in length; no ALiBi bias, which goes blockwise);
+  4. otherwise: blockwise from model.blockwise_min_length on
      (memory linear in length); below it, on CPU the einsum kernel (its train
      step is faster there than xla's; jrope.attention.dense), elsewhere xla's
      attention, or einsum for encodings with a bias.
@@ -28,21 +34,20 @@ An explicit attention_impl is taken as asked, or refused with the reason.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jrope.attention import cudnn, splash
 from jrope.attention.precision import attention_precision
+from jrope.attention.settings import ATTENTION_IMPLS, AttentionSettings
+from jrope.attention.shear import shear_weight_problem
+from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
+from jrope.attention.shear_flash import shear_flash_problem
 
-if TYPE_CHECKING:
-    from jrope.model.config import ModelConfig
-
-# The values of model.attention_impl: a kernel, or 'auto' for choose_kernel's choice.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise", "einsum")
 # The concrete kernels `choose_kernel` returns.
-KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash")
+KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear", "shear_flash")
 # Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).
 SINGLE_ORIGIN_EXPONENT_LIMIT = 80.0
 # The fused kernel of each accelerator backend.
@@ -50,7 +55,7 @@ _FUSED_KERNEL = {"tpu": "splash", "gpu": "cudnn"}
 
 
 def choose_kernel(
-    model_cfg: ModelConfig,
+    settings: AttentionSettings,
     encoding: Any,
     *,
     length: int,
@@ -78,13 +83,13 @@ def choose_kernel(
     """
     backend = backend or jax.default_backend()
     num_queries = length if num_queries is None else num_queries
-    impl = model_cfg.attention_impl
+    impl = settings.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
     extent = single_origin_extent(length, span)
-    bound = damping_bound(model_cfg, damping)
+    bound = damping_bound(settings, damping)
     if impl == "auto":
-        return _auto_kernel(model_cfg, encoding, extent, bound, num_queries, length, backend)
+        return _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend)
     if (
         impl != "blockwise"
         and damping is not None
@@ -95,13 +100,22 @@ def choose_kernel(
             f"{damping:.4g} overflows float32 there (damping * positions > "
             f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); use 'blockwise' or 'auto'."
         )
+    if impl == "shear" and shear_weight_problem(encoding):
+        raise ValueError(
+            f"attention_impl='shear' does not apply: {shear_weight_problem(encoding)}; use 'auto'."
+        )
+    if impl == "shear_flash" and shear_flash_problem(encoding):
+        raise ValueError(
+            f"attention_impl='shear_flash' does not apply: {shear_flash_problem(encoding)}; "
+            "use 'auto'."
+        )
     if impl == "xla" and encoding.has_bias:
         raise ValueError(
             "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
         )
     if impl in ("cudnn", "splash"):
         problem = fused_kernel_problem(
-            impl, model_cfg, encoding, length, num_queries, backend, extent=extent, bound=bound
+            impl, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
         )
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
@@ -113,9 +127,9 @@ def single_origin_extent(length: int, span: int | None) -> int:
     return length if span is None else max(length, span + 1)
 
 
-def damping_bound(model_cfg: ModelConfig, damping: float | None) -> float:
+def damping_bound(settings: AttentionSettings, damping: float | None) -> float:
     """The damping a kernel must survive: model.max_damping, or the measured one where larger."""
-    return model_cfg.max_damping if damping is None else max(model_cfg.max_damping, damping)
+    return settings.max_damping if damping is None else max(settings.max_damping, damping)
 
 
 def single_origin_is_safe(encoding: Any, damping: float, extent: int) -> bool:
@@ -153,7 +167,7 @@ def cache_rebase_bound(rebase_bound: int, damping: float) -> int:
 
 def fused_kernel_problem(
     kernel: str,
-    model_cfg: ModelConfig,
+    settings: AttentionSettings,
     encoding: Any,
     length: int,
     num_queries: int,
@@ -168,7 +182,7 @@ def fused_kernel_problem(
     (default: length and model.max_damping; see choose_kernel).
     """
     extent = length if extent is None else extent
-    bound = model_cfg.max_damping if bound is None else bound
+    bound = settings.max_damping if bound is None else bound
     wanted = next(platform for platform, fused in _FUSED_KERNEL.items() if fused == kernel)
     if backend != wanted:
         return f"it runs on {wanted.upper()} only and this run is on {backend}"
@@ -177,7 +191,7 @@ def fused_kernel_problem(
     if not single_origin_is_safe(encoding, bound, extent):
         return (
             f"one map origin over {extent} positions may overflow float32 for a damping up to "
-            f"{bound:.4g} (model.max_damping={model_cfg.max_damping} or the measured one; "
+            f"{bound:.4g} (model.max_damping={settings.max_damping} or the measured one; "
             f"damping * positions > {SINGLE_ORIGIN_EXPONENT_LIMIT:g}); the blockwise kernel "
             "keeps the factors bounded"
         )
@@ -187,30 +201,30 @@ def fused_kernel_problem(
             "which the fused kernel does not take (docs/numerics.md, sections 3 and 4)"
         )
     if kernel == "splash":
-        return _splash_problem(model_cfg, encoding, length)
-    return _cudnn_problem(model_cfg, encoding, length)
+        return _splash_problem(settings, encoding, length)
+    return _cudnn_problem(settings, encoding, length)
 
 
-def _splash_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | None:
+def _splash_problem(settings: AttentionSettings, encoding: Any, length: int) -> str | None:
     if encoding.has_bias:
         return "the splash kernel adds no logit bias (ALiBi)"
     if length % splash.LENGTH_MULTIPLE:
         return f"the length {length} is not a multiple of {splash.LENGTH_MULTIPLE}"
-    if attention_precision(model_cfg, encoding) is not None:
+    if attention_precision(settings, encoding) is not None:
         return (
             f"its dots run at the kernel's own precision, not model.attention_precision="
-            f"{model_cfg.attention_precision!r}"
+            f"{settings.attention_precision!r}"
         )
     return None
 
 
-def _cudnn_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | None:
-    if jnp.dtype(model_cfg.compute_dtype) != jnp.bfloat16:
+def _cudnn_problem(settings: AttentionSettings, encoding: Any, length: int) -> str | None:
+    if jnp.dtype(settings.compute_dtype) != jnp.bfloat16:
         return (
             "cuDNN flash attention takes bfloat16 or float16 only; set "
             "model.compute_dtype='bfloat16'"
         )
-    head_dim = model_cfg.head_dim
+    head_dim = settings.head_dim
     if head_dim % cudnn.HEAD_DIM_MULTIPLE or head_dim > cudnn.MAX_HEAD_DIM:
         return (
             f"head dim {head_dim} is not a multiple of {cudnn.HEAD_DIM_MULTIPLE} up to "
@@ -222,7 +236,7 @@ def _cudnn_problem(model_cfg: ModelConfig, encoding: Any, length: int) -> str | 
 
 
 def _auto_kernel(
-    model_cfg: ModelConfig,
+    settings: AttentionSettings,
     encoding: Any,
     extent: int,
     bound: float,
@@ -230,14 +244,26 @@ def _auto_kernel(
     length: int,
     backend: str,
 ) -> str:
+    flash = (
+        backend in _FUSED_KERNEL
+        and encoding.keeps_float32
+        and not shear_flash_problem(encoding)
+        and bound * (SHEAR_FLASH_BLOCK - 1) <= SINGLE_ORIGIN_EXPONENT_LIMIT
+    )
     if not single_origin_is_safe(encoding, bound, extent):
-        return "blockwise"
+        # The flash kernel measures positions from each block's first, as blockwise does.
+        return "shear_flash" if flash else "blockwise"
     fused = _FUSED_KERNEL.get(backend)
     if fused and not fused_kernel_problem(
-        fused, model_cfg, encoding, length, num_queries, backend, extent=extent, bound=bound
+        fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
     ):
         return fused
-    if length >= model_cfg.blockwise_min_length:
+    if backend in _FUSED_KERNEL and encoding.keeps_float32 and not shear_weight_problem(encoding):
+        if length < settings.blockwise_min_length:
+            return "shear"
+        if flash:
+            return "shear_flash"
+    if length >= settings.blockwise_min_length:
         return "blockwise"
     if backend == "cpu" or encoding.has_bias:
         return "einsum"

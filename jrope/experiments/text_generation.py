@@ -152,7 +152,7 @@ def generation_bytes(
     d_model] each, and one forward over the prompt (bounded by the whole
     length). Without: one forward over the whole sequence, for every token.
     """
-    kernel = choose_kernel(cfg.model, cfg.encoding, length=length, backend=platform)
+    kernel = choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=platform)
     forward = checks.forward_bytes(cfg, rows, length, cfg.data.vocab_size, kernel)
     if not use_cache:
         return forward

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from jrope.attention.selection import ATTENTION_IMPLS
+from jrope.attention.settings import (
+    ATTENTION_IMPLS,
+    ATTENTION_PRECISIONS,
+    MATMUL_PRECISIONS,
+    AttentionSettings,
+)
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
-# Dot precisions (jax.lax.Precision names); 'auto' lets the encoding decide
-# (jrope.attention.precision).
-ATTENTION_PRECISIONS = ("auto", "default", "high", "highest")
-MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 READOUTS = ("all", "last")
 
@@ -110,3 +111,17 @@ class ModelConfig(ConfigSection):
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def attention(self) -> AttentionSettings:
+        """The attention kernels' share of these settings (jrope.attention takes no ModelConfig)."""
+        return AttentionSettings(
+            head_dim=self.head_dim,
+            compute_dtype=self.compute_dtype,
+            attention_impl=self.attention_impl,
+            blockwise_min_length=self.blockwise_min_length,
+            block_size=self.block_size,
+            max_damping=self.max_damping,
+            attention_precision=self.attention_precision,
+            matmul_precision=self.matmul_precision,
+        )

@@ -25,7 +25,7 @@ V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +39,22 @@ from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCA
 from jrope.model.config import ModelConfig
 from jrope.model.projection import ProjectionFn, contract
 
-if TYPE_CHECKING:
-    from jrope.model.kv_cache import LayerCache
+
+class LayerCache(Protocol):
+    """One attention layer's share of a KV cache (jrope.model.kv_cache.LayerCache).
+
+    Spelled here as what the layer calls, so that the Transformer needs no
+    import of the cache, which builds on it.
+    """
+
+    decoding: bool  # a decode step (attend over the cache), else a prefill
+
+    def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None: ...
+
+    def attend(
+        self, q: jax.Array, encoding: Encoding, params, precision: jax.lax.Precision | None
+    ) -> jax.Array: ...
+
 
 NORM_EPS = 1e-6
 # A power of two that brings float32's largest values (3.4e38) to squares float32 holds.
@@ -121,7 +135,7 @@ class CausalSelfAttention(nnx.Module):
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
         """
         qkv = self.qkv[...].astype(x.dtype)
-        precision = attention.matmul_precision(self.cfg)
+        precision = attention.matmul_precision(self.cfg.attention)
         with jax.named_scope("qkv_projection"):
             if num_queries is None:
                 # [B, S, 3, N, H]: the matmul's natural output layout. unstack
@@ -132,15 +146,23 @@ class CausalSelfAttention(nnx.Module):
                 q = self.projection(x[:, x.shape[1] - num_queries :], qkv[:, 0], 1, precision)
                 k, v = jnp.unstack(self.projection(x, qkv[:, 1:], 1, precision), axis=2)
         pe_params = {name: param[...] for name, param in self.pe_params.items()}
-        attention_precision = attention.attention_precision(self.cfg, self.encoding)
         if cache is not None:
             # Generation: the cache keeps the keys and values; a prefill runs the kernel below.
             cache.add(k, v, self.encoding, pe_params)
         if cache is not None and cache.decoding:
             # A decode step attends over all the cache holds.
-            y = cache.attend(q, self.encoding, pe_params, attention_precision)
+            precision_of_cache = attention.attention_precision(self.cfg.attention, self.encoding)
+            y = cache.attend(q, self.encoding, pe_params, precision_of_cache)
         else:
             damping = self._damping(pe_params)
+            kernel = attention.choose_kernel(
+                self.cfg.attention,
+                self.encoding,
+                length=k.shape[1],
+                num_queries=q.shape[1],
+                span=_concrete_span(positions),
+                damping=damping,
+            )
             y = attention.causal_attention(
                 q,
                 k,
@@ -148,16 +170,9 @@ class CausalSelfAttention(nnx.Module):
                 enc=self.encoding,
                 params=pe_params,
                 positions=positions,
-                kernel=attention.choose_kernel(
-                    self.cfg,
-                    self.encoding,
-                    length=k.shape[1],
-                    num_queries=q.shape[1],
-                    span=_concrete_span(positions),
-                    damping=damping,
-                ),
+                kernel=kernel,
                 block_size=blockwise_block_size(self.cfg.block_size, damping),
-                precision=attention_precision,
+                precision=attention.attention_precision(self.cfg.attention, self.encoding, kernel),
             )
         with jax.named_scope("out_projection"):
             return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
@@ -185,7 +200,7 @@ class MLPBlock(nnx.Module):
         d, f = cfg.d_model, cfg.mlp_ratio * cfg.d_model
         self.up = _param(_uniform_fan_in(rngs.params(), (d, f), d), (EMBED, MLP))
         self.down = _param(_uniform_fan_in(rngs.params(), (f, d), f), (MLP, EMBED))
-        self.precision = attention.matmul_precision(cfg)
+        self.precision = attention.matmul_precision(cfg.attention)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, T, D] -> [B, T, D]; exact (erf) GELU as in the reference."""

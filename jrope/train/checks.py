@@ -151,7 +151,7 @@ def _memory_problems(cfg: TrainConfig, env: RunEnvironment, sizes, io) -> list[s
     impl_key = f"model.attention_impl = {cfg.model.attention_impl!r}"
 
     def kernel(length: int) -> str:
-        return choose_kernel(cfg.model, cfg.encoding, length=length, backend=env.platform)
+        return choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=env.platform)
 
     try:
         kernel(cfg.pe.train_context)

@@ -102,7 +102,7 @@ def kernel(cfg: TrainConfig, length: int, platform: str, measured: MeasuredDampi
     damping = None if measured is None or not measured.passed else measured.largest
     try:
         return choose_kernel(
-            cfg.model, cfg.encoding, length=length, backend=platform, damping=damping
+            cfg.model.attention, cfg.encoding, length=length, backend=platform, damping=damping
         )
     except ValueError as err:
         if damping is None:

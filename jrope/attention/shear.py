@@ -1,0 +1,299 @@
+"""The shear as an exact per-pair weight: Jordan-RoPE as a few dots of RoPE's kind.
+
+For every variant whose chain coefficients are the exponential series of one
+shear time, c_r(t) = s(t)^r / r! with s(t) = eta time(t) (stabilized
+`time = tau(p)`, raw `p`, scaled-exact `p / L`, any order m), the maps of
+docs/mathematics.md, section 3, give
+
+    q'_i . k'_j = q_i^T D(i - j) exp((s_i - s_j) N) k_j
+                = sum_{r < m} (time_i - time_j)^r  B_r(i, j),
+    B_r(i, j)   = sum_{blocks} eta^r / r! sum_{a < m - r} (D q_i)_a . (D k_j)_{a + r},
+
+where D is the damped rotation e^{-gamma (i - j)} R(omega (i - j)), which
+commutes with N (it acts on each chain element alike). Each B_r is a dot of
+the damped-rotated query's chain elements a < m - r (times eta^r / r!, per
+head and block) with the damped-rotated key's elements a + r: terms no
+larger than RoPE's own, which bfloat16 inputs with float32 accumulation
+resolve. The cancellation of the factorized maps (a difference of products
+of size s_i, s_j) happens instead in the scalar weight (time_i - time_j)^r,
+formed here from the integer positions without it:
+
+  raw and scaled-exact: shear_scale * (i - j), the integer lag made float;
+  stabilized: tau(i) - tau(j) = L (L (i - j) + i |j| - j |i|) / ((L + |i|)(L + |j|)),
+    whose numerator's two terms are 0 (same signs) or of one sign.
+
+Covered: encodings whose segments have no shear or the exponential (`eta`)
+shear: rope, damped_rope, jordan_rope, jordan_raw_tau, jordan_exact*,
+jordan_m{m}, jordan_eta{xyz}, jordan_no_gamma, real_jordan, direct_sum, their
+_alibi forms, nope and alibi. Not covered: the gated jet mixes
+(jordan_jetmix*, jordan_jetmixfull*). Their chain is not the exponential of
+one time: from order 3 on, the pair coefficient of N^2 is
+(t_i - t_j)(g_1^2 t_i - g_2 (t_i + t_j) / 2), not a function of t_i - t_j,
+so no weight of the lag alone carries it (`shear_weight_problem` says so).
+
+Shape legend: B batch, T query length, S key length, N heads, H head dim,
+nb blocks per segment, m chain order, d_r the width of term r.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jrope.attention.dense import MASK_VALUE
+from jrope.encodings import add_bias
+
+
+class ShearTerms(NamedTuple):
+    """The dots of one call: score = sum_r weight^r queries[r] . keys[r] (before 1/sqrt(H)).
+
+    queries[r]: [B, T, N, d_r]; keys[r]: [B, S, N, d_r], float32; term 0 is the
+    damped-rotary dot of the whole head, term r >= 1 the shifted chain.
+    """
+
+    queries: tuple[jax.Array, ...]
+    keys: tuple[jax.Array, ...]
+
+
+def shear_weight_problem(encoding: Any) -> str | None:
+    """Why `encoding` has no exact per-pair shear weight (None: it has one)."""
+    for segment in encoding.segments:
+        if segment.shear not in ("none", "eta"):
+            return (
+                f"{encoding.cfg.name}'s gated jets are not the exponential of one shear time: "
+                "from order 3 on a pair's coefficient is not a function of the time lag alone"
+            )
+    return None
+
+
+def shear_order(encoding: Any) -> int:
+    """The number of terms: the largest chain order among the shearing segments (1: none)."""
+    orders = [s.order for s in encoding.segments if s.shear == "eta"]
+    return max(orders, default=1)
+
+
+def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """time(i) - time(j) of the shear, formed from the integer positions, float32 [B|1, T, S].
+
+    q_positions: int32 [B|1, T]; k_positions: int32 [B|1, S]. The raw and
+    scaled times give shear_scale * (i - j); the bounded time tau(i) - tau(j)
+    by its cancellation-free form (module docstring). Both keep a relative
+    error of a few float32 roundings at any position within int32.
+    """
+    cfg = encoding.cfg
+    q_positions = q_positions.astype(jnp.int32)[:, :, None]
+    k_positions = k_positions.astype(jnp.int32)[:, None, :]
+    lag = (q_positions - k_positions).astype(jnp.float32)
+    if cfg.shear_time != "bounded":
+        return cfg.shear_scale * lag
+    length = float(cfg.train_context)
+    i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
+    # i |j| - j |i|: the same product twice (0 exactly) for same signs, else two terms of one sign.
+    cross = i * jnp.abs(j) - j * jnp.abs(i)
+    numerator = length * (length * lag + cross)
+    return cfg.shear_scale * numerator / ((length + jnp.abs(i)) * (length + jnp.abs(j)))
+
+
+def shear_terms(
+    encoding: Any, params, q, k, q_positions, k_positions, origin, k_origin=None
+) -> ShearTerms:
+    """The damped-rotated queries and keys of every term, float32.
+
+    q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [B|1, T] / [B|1, S];
+    origin: int32 [B|1, 1] (or one per query, [B|1, T]), where the damped
+    rotation is measured from (any origin gives the same dots; one inside the
+    window keeps them bounded); k_origin: the keys' (default: origin), e.g.
+    one per key block, [B|1, S], for a kernel that moves them per pair.
+    """
+    k_origin = origin if k_origin is None else k_origin
+    if not encoding.segments:
+        return ShearTerms((q.astype(jnp.float32),), (k.astype(jnp.float32),))
+    order = shear_order(encoding)
+    heads_0, keys_0 = [], []
+    shifted_q = [[] for _ in range(order)]
+    shifted_k = [[] for _ in range(order)]
+    for segment in encoding.segments:
+        window = slice(segment.start, segment.start + segment.width)
+        q_rot = segment.map_queries(params, q[..., window], q_positions, origin, shear=False)
+        k_rot = segment.map_keys(params, k[..., window], k_positions, k_origin, shear=False)
+        heads_0.append(q_rot)
+        keys_0.append(k_rot)
+        if segment.shear != "eta":
+            continue
+        m = segment.order
+        q_blocks = q_rot.reshape(q_rot.shape[:-1] + (segment.num_blocks, m, 2))
+        k_blocks = k_rot.reshape(k_rot.shape[:-1] + (segment.num_blocks, m, 2))
+        eta = segment.physical_params(params)["eta"]  # [N, nb]
+        for r in range(1, m):
+            weight = (eta**r / math.factorial(r)).reshape((1, 1) + eta.shape + (1, 1))
+            shifted_q[r].append(_flat(q_blocks[..., : m - r, :] * weight))
+            shifted_k[r].append(_flat(k_blocks[..., r:, :]))
+    queries = [_concat(heads_0)] + [_concat(parts) for parts in shifted_q[1:]]
+    keys = [_concat(keys_0)] + [_concat(parts) for parts in shifted_k[1:]]
+    return ShearTerms(tuple(queries), tuple(keys))
+
+
+def term_rates(encoding: Any, params) -> list[tuple[jax.Array, jax.Array]]:
+    """Per term, the damping and the frequency of each (re, im) pair of its dims.
+
+    Laid out as shear_terms lays out the term's dims: (gamma float32 [N, d_r / 2],
+    omega float32 [d_r / 2]). Moving a key mapped from origin o_k to origin o
+    multiplies each pair by e^{gamma (o_k - o)} R(-omega (o_k - o)).
+    """
+    order = shear_order(encoding)
+    rates = [([], []) for _ in range(order)]
+    for segment in encoding.segments:
+        heads, blocks, m = segment.num_heads, segment.num_blocks, segment.order
+        physical = segment.physical_params(params)
+        gamma = physical.get("gamma", jnp.zeros((heads, blocks), jnp.float32))
+        gamma = jnp.broadcast_to(gamma[..., None], (heads, blocks, m))
+        omega = jnp.broadcast_to(segment.frequencies()[:, None], (blocks, m))
+        for r in range(order if segment.shear == "eta" else 1):
+            if r < m:
+                rates[r][0].append(gamma[..., r:].reshape(heads, -1))
+                rates[r][1].append(omega[..., r:].reshape(-1))
+    if not encoding.segments:
+        half = encoding.head_dim // 2
+        return [(jnp.zeros((encoding.num_heads, half)), jnp.zeros((half,)))]
+    return [(_concat(g), _concat(w)) for g, w in rates]
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    """[B, T, N, nb, a, 2] -> [B, T, N, nb * a * 2]."""
+    return x.reshape(x.shape[:3] + (-1,))
+
+
+def _concat(parts: list[jax.Array]) -> jax.Array:
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
+
+
+def _batched(positions) -> jax.Array:
+    positions = jnp.asarray(positions).astype(jnp.int32)
+    return positions[None] if positions.ndim == 1 else positions
+
+
+def window_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """The midpoint of a row's positions, int32 [B|1, 1] (as Encoding.transform_qk's default)."""
+    lo = jnp.minimum(q_positions.min(-1), k_positions.min(-1))
+    hi = jnp.maximum(q_positions.max(-1), k_positions.max(-1))
+    return (lo + (hi - lo) // 2)[:, None]
+
+
+def combine_terms(dots: list[jax.Array], time_lag: jax.Array | None) -> jax.Array:
+    """sum_r time_lag^r dots[r] (Horner); dots[r] [..., T, S] float32, time_lag broadcastable."""
+    total = dots[-1]
+    for dot in reversed(dots[:-1]):
+        total = total * time_lag + dot
+    return total
+
+
+def shear_logits(
+    encoding: Any,
+    params,
+    q: jax.Array,
+    k: jax.Array,
+    q_positions,
+    k_positions,
+    *,
+    precision: jax.lax.Precision | None = None,
+) -> jax.Array:
+    """The encoded logits as weighted dots, float32 [B, N, T, S], scaled by 1/sqrt(H), bias added.
+
+    Equal to jrope.attention_logits for every covered encoding; the dots take
+    q's dtype (bfloat16 inputs give bfloat16 dots with float32 accumulation)
+    at `precision` (None: the backend's default).
+    q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [T] / [S] or [B, T] / [B, S].
+    """
+    problem = shear_weight_problem(encoding)
+    if problem:
+        raise ValueError(f"shear_logits: {problem}; use jrope.attention_logits.")
+    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    terms = shear_terms(encoding, params, q, k, q_pos, k_pos, window_origin(q_pos, k_pos))
+    dots = [
+        jnp.einsum(
+            "btnh,bsnh->bnts",
+            q_r.astype(q.dtype),
+            k_r.astype(q.dtype),
+            preferred_element_type=jnp.float32,
+            precision=precision,
+        )
+        for q_r, k_r in zip(terms.queries, terms.keys, strict=True)
+    ]
+    time_lag = pair_time_lag(encoding, q_pos, k_pos)[:, None] if len(dots) > 1 else None
+    logits = combine_terms(dots, time_lag) / math.sqrt(encoding.head_dim)
+    return add_bias(logits, encoding.logit_bias(params, q_positions, k_positions))
+
+
+def visibility(
+    q_positions, k_positions, q_segments=None, k_segments=None, *, causal: bool = True
+) -> jax.Array:
+    """bool [B|1, 1, T, S]: key j visible to query i (if causal, j's position <= i's; one segment)."""
+    visible = jnp.ones((1, q_positions.shape[-1], k_positions.shape[-1]), bool)
+    if causal:
+        visible = visible & (k_positions[:, None, :] <= q_positions[:, :, None])
+    if q_segments is not None:
+        visible = visible & (k_segments[:, None, :] == q_segments[:, :, None])
+    return visible[:, None]
+
+
+def shear_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    enc: Any,
+    params,
+    q_positions: jax.Array,
+    k_positions: jax.Array,
+    q_segments: jax.Array | None = None,
+    k_segments: jax.Array | None = None,
+    causal: bool = True,
+    mask: jax.Array | None = None,
+    precision: jax.lax.Precision | None = None,
+) -> jax.Array:
+    """Attention with the shear as an exact per-pair weight, whole logits in XLA.
+
+    The oracle of the flash kernel (jrope.attention.shear_flash). Differentiable
+    by autodiff in q, k, v and params.
+
+    Args:
+      q: [B, T, N, H]; k, v: [B, S, N, H] raw (not position-encoded), float32
+        or bfloat16: the term dots run in q's dtype with float32 accumulation.
+      enc: an Encoding that shear_weight_problem accepts.
+      q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
+      q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids of
+        packed rows: a query sees only keys of its own segment (positions
+        restart per segment).
+      causal: a query sees keys at positions not after its own.
+      mask: optional bool [B|1, N|1, T, S], True where a query may see a key.
+      precision: of the term and p.v dots (None: the backend's default).
+    Returns:
+      [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
+    """
+    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    logits = shear_logits(enc, params, q, k, q_pos, k_pos, precision=precision)
+    if q_segments is not None:
+        q_segments, k_segments = _batched(q_segments), _batched(k_segments)
+    visible = visibility(q_pos, k_pos, q_segments, k_segments, causal=causal)
+    if mask is not None:
+        visible = visible & mask
+    return masked_softmax_values(logits, visible, v, precision)
+
+
+def masked_softmax_values(logits, visible, v, precision):
+    """softmax over visible keys of logits [B, N, T, S], times v [B, S, N, H] -> [B, T, N, H]."""
+    masked = jnp.where(visible, logits, MASK_VALUE)
+    row_max = jnp.max(masked, axis=-1, keepdims=True)
+    unnormalised = jnp.where(visible, jnp.exp(masked - row_max), 0.0)
+    row_sum = jnp.maximum(jnp.sum(unnormalised, axis=-1), jnp.finfo(jnp.float32).tiny)
+    out = jnp.einsum(
+        "bnts,bsnh->btnh",
+        unnormalised.astype(v.dtype),
+        v,
+        preferred_element_type=jnp.float32,
+        precision=precision,
+    )
+    return (out / jnp.transpose(row_sum, (0, 2, 1))[..., None]).astype(v.dtype)
