@@ -5,7 +5,10 @@ flags and config keys that exist."""
 import importlib
 import importlib.util
 import re
+import sys
 
+import pytest
+from helpers.readme_blocks import python_blocks, run_block, stated_output
 from helpers.repository import ROOT, tracked_files
 
 README = (ROOT / "README.md").read_text()
@@ -53,6 +56,18 @@ def test_the_library_example_runs_and_gives_the_shapes_it_states():
         assert namespace[mapped].shape == (2, 128, 4, 32)  # [B, T, N, H]
     assert namespace["bias"].shape == (4, 128, 128)  # [N, T, S]
     assert namespace["logits"].shape == (2, 4, 128, 128)  # [B, N, T, S]
+
+
+@pytest.mark.slow
+def test_the_library_examples_print_what_their_comments_state(tmp_path):
+    blocks = python_blocks("Jordan-RoPE in your own model")
+    assert len(blocks) == 2
+    for block in blocks:
+        stated = stated_output(block)
+        assert stated, "every example prints what it shows"
+        result = run_block(sys.executable, block, cwd=tmp_path, import_from_root=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.splitlines() == stated
 
 
 def test_the_readme_test_and_lint_commands_are_the_ones_ci_runs():
