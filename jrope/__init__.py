@@ -17,7 +17,11 @@ from jrope import pe_math
 from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encoding
 from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
 
+# The package's version, in this one place (pyproject.toml reads it without importing jrope).
+__version__ = "0.1.0"
+
 __all__ = [
+    "__version__",
     "ACCEPTED_NAMES",
     "Encoding",
     "PAPER_METHODS",
@@ -43,3 +47,8 @@ def __getattr__(name: str):
 
         return getattr(layers, name)
     raise AttributeError(f"module 'jrope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The loaded names and the lazy ones, so that dir() and help() list them all."""
+    return sorted(set(globals()) | set(_LAYERS))
