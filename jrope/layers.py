@@ -1,8 +1,8 @@
 """Jordan-RoPE (or any jrope encoding) inside another model's attention.
 
 `PositionalEncoding` is a Flax NNX module that owns one attention layer's
-encoding parameters as `nnx.Param` (tagged with their logical axes, as the
-jrope Transformer tags its own) and maps q and k. It fits any attention that
+encoding parameters as `nnx.Param` (tagged with their logical axes in Flax's
+sharding metadata, and as the jrope Transformer tags its own) and maps q and k. It fits any attention that
 holds q and k as [B, T, N, H] between its projections and its kernel, such
 as MaxText's or the Flax Gemma example's: map q and k there, then either use
 the model's own kernel under the rules below or call one of the two helpers:
@@ -64,8 +64,10 @@ class PositionalEncoding(nnx.Module):
     Attributes:
       encoding: the stateless jrope Encoding (make_encoding) holding the maths.
       params: nnx.Dict of nnx.Param, float32, one per `encoding.init_params()`
-        entry; each carries its logical axis names (e.g. ('heads', None)) under
-        the metadata key `jrope.model.axes.LOGICAL_AXES_KEY`.
+        entry; each carries its logical axis names (e.g. ('heads', None)) as
+        Flax's `out_sharding` metadata, which `nnx.get_partition_spec` reads
+        (through `nnx.logical_axis_rules` where those are set), and as the
+        jrope Transformer's `jrope.model.axes.LOGICAL_AXES_KEY`.
     """
 
     def __init__(self, encoding: Encoding):
@@ -76,9 +78,17 @@ class PositionalEncoding(nnx.Module):
             )
         self.encoding = encoding
         axes = encoding.param_logical_axes
+        # Flax shards a parameter on creation where a mesh is set (its default); without one
+        # the parameters stay plain arrays, sharded later from their partition specs.
+        eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
         self.params = nnx.Dict(
             {
-                name: nnx.Param(value, **{LOGICAL_AXES_KEY: axes[name]})
+                name: nnx.Param(
+                    value,
+                    out_sharding=axes[name],
+                    eager_sharding=eager,
+                    **{LOGICAL_AXES_KEY: axes[name]},
+                )
                 for name, value in encoding.init_params().items()
             }
         )

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers.repository import ROOT
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 import jrope
 from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
@@ -69,6 +71,40 @@ def test_the_module_holds_the_encoding_parameters_as_params_with_their_logical_a
     for name, param in pe.params.items():
         assert param.get_metadata()[LOGICAL_AXES_KEY] == pe.encoding.param_logical_axes[name]
         assert param[...].dtype == jnp.float32
+
+
+def test_flax_partition_specs_and_logical_axis_rules_see_the_parameters_axes():
+    pe = _layer(ALIBI)
+    specs = nnx.get_partition_spec(nnx.state(pe))
+    assert specs["params"]["gamma_raw"].get_value() == P("heads", None)
+    assert specs["params"]["eta_raw"].get_value() == P("heads", None)
+    with nnx.logical_axis_rules([("heads", "tensor")]):
+        specs = nnx.get_partition_spec(nnx.state(pe))
+    assert specs["params"]["gamma_raw"].get_value() == P("tensor", None)
+
+
+def test_on_a_mesh_the_parameters_shard_over_the_heads_axis_by_the_rules():
+    mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    rules = [("heads", "tensor")]
+    # Created under the mesh: Flax shards each parameter as it is made.
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+        pe = _layer(ALIBI)
+    for param in pe.params.values():
+        assert param[...].sharding.spec == P("tensor", None)
+        assert len(param[...].sharding.device_set) == 8
+    # Created without one: sharded afterwards from its partition specs, the Flax way.
+    pe = _layer(ALIBI)
+    with nnx.logical_axis_rules(rules):
+        shardings = nnx.get_named_sharding(nnx.state(pe), mesh)
+    sharded = jax.device_put(nnx.state(pe), shardings)
+    nnx.update(pe, sharded)
+    assert pe.params["gamma_raw"][...].sharding.spec == P("tensor", None)
+    q, k, _ = _qkv()
+    positions = jnp.arange(T)
+    q2, k2 = nnx.jit(lambda pe, q, k: pe(q, k, positions, positions))(pe, q, k)
+    expected = _layer(ALIBI)(q, k, positions, positions)
+    np.testing.assert_allclose(q2, expected[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(k2, expected[1], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
