@@ -32,6 +32,9 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +59,44 @@ from jrope.model.axes import LOGICAL_AXES_KEY
 
 # jax.nn.dot_product_attention's implementations that the helper accepts.
 IMPLEMENTATIONS = (None, "xla", "cudnn")
+# Bytes of the stored encoding description: one shape for every encoding, so that any
+# checkpoint restores into any module and the check below, not a shape error, names the
+# difference.
+RECORD_BYTES = 2048
+
+
+class EncodingRecord(nnx.Variable):
+    """The encoding a PositionalEncoding was built with, as uint8 JSON [RECORD_BYTES] (zero
+    padded): saved with the module's state (nnx.state, orbax), not a parameter."""
+
+
+def encoding_description(encoding: Encoding) -> dict:
+    """What makes an encoding's maths: its config (name and every field) and its head shape."""
+    config = dataclasses.asdict(encoding.cfg)
+    return {
+        "config": json.loads(json.dumps(config)),  # tuples as lists, as they read back
+        "num_heads": encoding.num_heads,
+        "head_dim": encoding.head_dim,
+        "max_length": encoding.max_length,
+    }
+
+
+def _encode_record(description: dict) -> np.ndarray:
+    text = json.dumps(description, sort_keys=True).encode()
+    if len(text) > RECORD_BYTES:
+        raise ValueError(f"The encoding's description takes {len(text)} > {RECORD_BYTES} bytes.")
+    return np.frombuffer(text.ljust(RECORD_BYTES, b"\0"), np.uint8).copy()
+
+
+def _differences(stored: dict, built: dict, prefix: str = "") -> list[str]:
+    lines = []
+    for key in sorted(set(stored) | set(built)):
+        was, now = stored.get(key), built.get(key)
+        if isinstance(was, dict) and isinstance(now, dict):
+            lines += _differences(was, now, f"{prefix}{key}.")
+        elif was != now:
+            lines.append(f"{prefix}{key} is {was!r} in the state, {now!r} in this module")
+    return lines
 
 
 class PositionalEncoding(nnx.Module):
@@ -63,6 +104,10 @@ class PositionalEncoding(nnx.Module):
 
     Attributes:
       encoding: the stateless jrope Encoding (make_encoding) holding the maths.
+      record: EncodingRecord, the encoding's config (name and fields) and head
+        shape, saved with the state: a module whose state was restored from a
+        checkpoint of another encoding refuses to run (check_record), naming
+        each difference.
       params: nnx.Dict of nnx.Param, float32, one per `encoding.init_params()`
         entry; each carries its logical axis names (e.g. ('heads', None)) as
         Flax's `out_sharding` metadata, which `nnx.get_partition_spec` reads
@@ -77,6 +122,7 @@ class PositionalEncoding(nnx.Module):
                 "build one with jrope.make_encoding(cfg, num_heads=N, head_dim=H)."
             )
         self.encoding = encoding
+        self.record = EncodingRecord(jnp.asarray(_encode_record(encoding_description(encoding))))
         axes = encoding.param_logical_axes
         # Flax shards a parameter on creation where a mesh is set (its default); without one
         # the parameters stay plain arrays, sharded later from their partition specs.
@@ -93,8 +139,32 @@ class PositionalEncoding(nnx.Module):
             }
         )
 
+    def check_record(self) -> None:
+        """Raises ValueError, naming each difference, where the stored record (e.g. restored from
+        a checkpoint) describes another encoding than this module's. Runs on every call outside
+        jit; inside jit the record is abstract: call it after restoring."""
+        stored = self.record.get_value()
+        if isinstance(stored, jax.core.Tracer):
+            return
+        text = np.asarray(stored).tobytes().rstrip(b"\0")
+        try:
+            description = json.loads(text)
+        except ValueError:
+            raise ValueError(
+                "This PositionalEncoding's state holds no readable encoding record; restore a "
+                "state saved from a PositionalEncoding."
+            ) from None
+        differences = _differences(description, encoding_description(self.encoding))
+        if differences:
+            raise ValueError(
+                "This PositionalEncoding's state was saved from another encoding: "
+                + "; ".join(differences)
+                + ". Build the module with the encoding the checkpoint was trained with."
+            )
+
     def param_values(self) -> dict[str, jax.Array]:
-        """The parameters as the plain dict the Encoding's functions take."""
+        """The parameters as the plain dict the Encoding's functions take (the record checked)."""
+        self.check_record()
         return {name: param[...] for name, param in self.params.items()}
 
     def __call__(self, q, k, q_positions, k_positions, origin=None):

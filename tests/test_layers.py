@@ -107,6 +107,38 @@ def test_on_a_mesh_the_parameters_shard_over_the_heads_axis_by_the_rules():
     np.testing.assert_allclose(k2, expected[1], rtol=1e-6, atol=1e-6)
 
 
+def test_a_state_saved_from_another_encoding_is_refused_on_restore_naming_the_difference(
+    tmp_path,
+):
+    import orbax.checkpoint as ocp
+
+    saved = _layer("jordan_exact_scaled")
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "pe", nnx.state(saved))
+    q, k, _ = _qkv()
+    positions = jnp.arange(T)
+
+    def restored_into(name):
+        pe = _layer(name)
+        with ocp.StandardCheckpointer() as checkpointer:
+            state = checkpointer.restore(tmp_path / "pe", nnx.state(pe))
+        nnx.update(pe, state)
+        return pe
+
+    same = restored_into("jordan_exact_scaled")
+    np.testing.assert_array_equal(
+        same(q, k, positions, positions)[0], saved(q, k, positions, positions)[0]
+    )
+    other = restored_into("jordan_rope")
+    with pytest.raises(
+        ValueError,
+        match="config.name is 'jordan_exact_scaled' in the state, 'jordan_rope' in this module",
+    ):
+        other(q, k, positions, positions)
+    with pytest.raises(ValueError, match="shear_time is 'raw' in the state, 'bounded'"):
+        other.check_record()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_its_maps_are_the_encodings(name):
     pe = _layer(name)
@@ -207,10 +239,10 @@ def test_the_attention_dots_run_at_the_encodings_precision_forward_and_backward(
     pe = _layer(name)
     q, k, v = _qkv()
     positions = jnp.arange(T)
-    graphdef, params = nnx.split(pe)
+    graphdef, params, record = nnx.split(pe, nnx.Param, ...)  # the record is no parameter
 
     def loss(params, q, k, v):
-        layer = nnx.merge(graphdef, params)
+        layer = nnx.merge(graphdef, params, record)
         return jnp.sum(dot_product_attention(layer, q, k, v, positions, positions, is_causal=True))
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(params, q, k, v).as_text()
