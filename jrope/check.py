@@ -349,7 +349,7 @@ def _key_maps(enc: encodings.Encoding, params: dict[str, jax.Array], positions, 
         shape = (segment.num_heads, num_positions, num_blocks)
         unipotent = sum(
             jnp.broadcast_to(jnp.asarray(c, jnp.float64), shape)[..., None, None]
-            * jnp.eye(order, k=r, dtype=jnp.float64)
+            * jnp.eye(order, k=r, dtype=jnp.float64)[None, None, None]
             for r, c in enumerate(coefficients)
         )  # [N, S, nb, m, m]
         angle = -omega[None, :] * relative[:, None]  # [S, nb]
@@ -395,7 +395,8 @@ def reference_logits(enc, params, q, k, positions, num_queries):
     if enc.has_bias:
         slopes = jnp.asarray(encodings.alibi_slopes(enc.num_heads), jnp.float64)
         lag = positions[-num_queries:, None] - positions[None, :]
-        logits = logits - slopes[:, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)
+        bias = slopes[:, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)[None]
+        logits = logits - bias[None]
     return logits
 
 
@@ -411,9 +412,9 @@ def reference_attention(enc, params, q, k, v, positions, num_queries):
     def rows(args):
         q_rows, row_positions = args  # [B, c, N, H], [c]
         logits = jnp.einsum("btnh,bsnh->bnts", q_rows, k2) / math.sqrt(enc.head_dim)
-        lag = row_positions[:, None] - positions[None, :]
+        lag = (row_positions[:, None] - positions[None, :])[None, None]  # [1, 1, c, S]
         if enc.has_bias:
-            logits = logits - slopes[:, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)
+            logits = logits - slopes[None, :, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)
         logits = jnp.where(lag >= 0, logits, -jnp.inf)
         return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, -1), v)
 
