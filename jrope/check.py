@@ -5,8 +5,8 @@ Run it on the machine the run will train on, with the run's config and overrides
     python -m jrope.check [--config=configs/wikitext_scaled_exact.py] [--config.key=value ...]
 
 It prints one table and writes it as markdown and JSON (--output_dir), then a verdict line;
-the exit status is 0 when every check passes, CHECK_FAILED_STATUS naming the first failure and
-what to do otherwise, 2 when the command line or the config is wrong or --backend names an
+the exit status is 0 when every check passes, 8 (CHECK_FAILED_STATUS) naming the first failure
+and what to do otherwise, 2 when the command line or the config is wrong or --backend names an
 accelerator JAX cannot use here (the message says what to install). The checks, in order:
 
   environment  backend, devices, the versions of jax, jaxlib and the accelerator's packages,
@@ -14,7 +14,7 @@ accelerator JAX cannot use here (the message says what to install). The checks, 
   kernels      every attention kernel 'auto' takes for the config at the training length and
                each evaluation length, and every kernel model.attention_impl may force
                (jrope.attention.selection's registry): values and gradients on random q, k, v
-               at offsets 0 and LARGE_OFFSET against a float64 evaluation of the encoding's
+               at offsets 0 and 2^30 against a float64 evaluation of the encoding's
                exact formulas, within TOLERANCES; kernels that cannot run here say why;
   precision    the raw-shear encodings' logits at the run's attention precision, at HIGHEST
                and at the backend's default against float64: a compiler that ignores HIGHEST
