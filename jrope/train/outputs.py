@@ -284,6 +284,7 @@ PEAK_FLOPS = {
     # The H100 SXM, and the H200 with its compute.
     **dict.fromkeys(["NVIDIA H100 80GB HBM3", "NVIDIA H200"], (989.4 * _T, 494.7 * _T)),
     "NVIDIA H100 PCIe": (756.5 * _T, 378 * _T),
+    "NVIDIA B200": (2250 * _T, 1100 * _T),  # HGX B200, dense: half the sparse figures published
 }
 
 
