@@ -592,7 +592,7 @@ def kernel_cases(cfg, enc, params, backend: str) -> list[KernelCase]:
 
             def choose(on: str, model_cfg=model_cfg, length=length, num_queries=num_queries):
                 return selection.choose_kernel(
-                    model_cfg,
+                    model_cfg.attention,
                     enc,
                     length=length,
                     num_queries=num_queries,
@@ -645,7 +645,6 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
         cfg.pe, CHECK_HEADS, cfg.model.head_dim, max_length=cfg.encoding.max_length
     )
     params = check_parameters(enc)
-    precision = attention.attention_precision(cfg.model, enc)
     block_size = selection.blockwise_block_size(cfg.model.block_size, enc.largest_damping(params))
     reference = Reference(enc, params)
     problems: dict[int, Problem] = {}
@@ -660,6 +659,7 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
             problems[case.length] = Problem.random(
                 case.length, CHECK_HEADS, cfg.model.head_dim, dtype
             )
+        precision = attention.attention_precision(cfg.model.attention, enc, case.kernel)
         kind = arithmetic(case.kernel, enc, dtype, precision, backend)
         promised = TOLERANCES[kind]
         limit = f"{_error(promised.values)} / {_error(promised.gradients)} ({kind})"
@@ -824,7 +824,9 @@ def _precision_row(cfg, enc, length: int, backend: str) -> Row:
         )(params, q, problem.k)
         return logits_error(np.asarray(logits, np.float64), want, visible[None, None])
 
-    run_precision = attention.attention_precision(cfg.model, enc) or jax.lax.Precision.DEFAULT
+    run_precision = (
+        attention.attention_precision(cfg.model.attention, enc) or jax.lax.Precision.DEFAULT
+    )
     errors = {
         "run": error_at(run_precision),
         "highest": error_at(jax.lax.Precision.HIGHEST),

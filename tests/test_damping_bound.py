@@ -182,7 +182,11 @@ def test_a_non_finite_loss_names_a_passed_bound():
 def test_fused_kernels_obey_the_measured_damping(backend, fused):
     cfg = tiny_config(**{"model.compute_dtype": "bfloat16"})
     passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
-    assert damping.kernel(cfg, 512, backend, passed) == "blockwise"
+    # A kernel that maps each block from its own origin: the shear-weight flash kernel for the
+    # raw shear, blockwise for the others.
+    assert damping.kernel(cfg, 512, backend, passed) == "shear_flash"
+    rope = tiny_config(**{"model.compute_dtype": "bfloat16", "pe.name": "damped_rope"})
+    assert damping.kernel(rope, 512, backend, passed) == "blockwise"
     explicit = tiny_config(**{"model.compute_dtype": "bfloat16", "model.attention_impl": fused})
     with pytest.raises(UsageError) as refused:
         damping.kernel(explicit, 512, backend, passed)
