@@ -15,7 +15,7 @@ import pytest
 from helpers.repository import ROOT
 
 README = (ROOT / "README.md").read_text()
-RESULTS = (ROOT / "docs" / "results.md").read_text()
+RESULTS = (ROOT / "docs/results.md").read_text()
 QUICKSTART_DOC = (ROOT / "configs" / "quickstart.py").read_text()
 # In docs/results.md, a table copied from a probe's kernel_probe.md follows this marker.
 PROBE_MARKER = re.compile(r"<!-- kernel_probe\.md of (configs/\w+\.py) -->\n\n((?:\|.*\n)+)")
