@@ -27,9 +27,11 @@ def _run(args, cwd):
     """Runs a command as a user would: one CPU device, not the 8 the test process fakes (a batch
     split over 8 devices sums in another order)."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-        "--xla_force_host_platform_device_count=8", ""
-    )
+    flags = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
+    if flags.strip():
+        env["XLA_FLAGS"] = flags.strip()
+    else:  # XLA reads a blank value as a file name
+        env.pop("XLA_FLAGS", None)
     done = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
     )
