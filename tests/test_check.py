@@ -85,7 +85,7 @@ def test_the_command_checks_a_tiny_config_end_to_end_and_writes_its_table(tmp_pa
         for row in report["rows"]
         if row["result"] == "pass" and row["section"] == "kernels"
     }
-    assert kernels == {"xla", "einsum", "blockwise"}  # every kernel that runs on CPU
+    assert kernels == {"xla", "einsum", "blockwise", "shear", "shear_flash"}  # all that run on CPU
     not_here = [row["check"] for row in report["rows"] if row["result"] == "n/a"]
     assert {"cudnn", "splash"} <= set(not_here)
     report = (tmp_path / "synthetic_cpu").with_suffix(".md")  # <config>_<backend>.md
@@ -128,6 +128,8 @@ def test_a_kernel_that_disagrees_with_float64_fails_the_check_by_name(monkeypatc
         "blockwise": check.PASS,
         "splash": check.PASS,  # in Pallas interpret mode: rope at 128 is what it takes on TPU
         "cudnn": check.NOT_APPLICABLE,
+        "shear": check.PASS,  # its own dots, not the einsum
+        "shear_flash": check.PASS,
     }
     report = check.Report("python -m jrope.check", "today", tuple(rows))
     assert report.exit_status == check.CHECK_FAILED_STATUS

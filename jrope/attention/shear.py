@@ -286,7 +286,8 @@ def shear_attention(
 def masked_softmax_values(logits, visible, v, precision):
     """softmax over visible keys of logits [B, N, T, S], times v [B, S, N, H] -> [B, T, N, H]."""
     masked = jnp.where(visible, logits, MASK_VALUE)
-    row_max = jnp.max(masked, axis=-1, keepdims=True)
+    # The shift cancels in the softmax: no gradient flows through it.
+    row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
     unnormalised = jnp.where(visible, jnp.exp(masked - row_max), 0.0)
     row_sum = jnp.maximum(jnp.sum(unnormalised, axis=-1), jnp.finfo(jnp.float32).tiny)
     out = jnp.einsum(

@@ -89,15 +89,32 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
         own = _project_error(error)  # e.g. eval.py's saved config, damaged
         if own is not None:
             _fail(str(own), own.exit_status, error, argv)
-        text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
-        lines = [line.strip() for line in text.splitlines() if line.strip()] or [repr(error)]
-        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # e.g. a traceback
-        _fail(
-            f"{text} (--helpshort lists the flags; see docs/runs.md)",
-            ConfigError.exit_status,
-            error,
-            argv,
-        )
+        text = _config_file_error(error, run_config.config_argument(argv))
+        if text is None:
+            text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+            lines = [line.strip() for line in text.splitlines() if line.strip()] or [repr(error)]
+            text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # a traceback
+            text += " (--helpshort lists the flags; see docs/runs.md)"
+        _fail(text, ConfigError.exit_status, error, argv)
+
+
+def _config_file_error(error: BaseException, path: str | None) -> str | None:
+    """What the config file itself raised, with its line; None when the error is absl's."""
+    if not path:
+        return None
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    config_file = os.path.abspath(path.split(":")[0])
+    frames = traceback.extract_tb(cause.__traceback__)
+    lines = [frame for frame in frames if os.path.abspath(frame.filename) == config_file]
+    if not lines:
+        return None
+    first_line = (str(cause).strip() or type(cause).__name__).splitlines()[0]
+    return (
+        f"The config file {path} raised {type(cause).__name__}: {first_line}, "
+        f"line {lines[-1].lineno}: {lines[-1].line}. Fix the file (--verbose shows the traceback)."
+    )
 
 
 def _project_error(error: BaseException) -> JropeError | None:
