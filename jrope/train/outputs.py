@@ -4,6 +4,7 @@ MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), next co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -246,9 +247,14 @@ class JsonLinesLog:
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""
-        try:
+        with self._naming_the_file():
             self._file.write(f"{line}\n".encode())
             self._file.flush()
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        try:
+            yield
         except OSError as error:  # a file object's errors do not name the file
             raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
 
@@ -259,7 +265,8 @@ class JsonLinesLog:
 
     def close(self) -> None:
         self.flush()
-        self._file.close()
+        with self._naming_the_file():  # closing writes what a failed write left buffered
+            self._file.close()
 
 
 # device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), published dense matmul
