@@ -348,11 +348,12 @@ def _text_files(path: str) -> list[epath.Path]:
     ``path`` is local or in a bucket (``gs://...``); either is read through epath.
     """
     root = resolved(path)
-    if root.is_file():
+    if _is_regular_file(root):
         return [root]
-    if not root.is_dir():
+    if not root.is_dir():  # a device such as /dev/zero or a pipe would be read without end
         raise ValueError(
-            f"Text path {root} is neither a file nor a directory; point the config at UTF-8 text."
+            f"Text path {root} is neither a regular file nor a directory; point the config at "
+            "UTF-8 text."
         )
     files = sorted(_files_under(root), key=str)
     if not files:
@@ -367,8 +368,13 @@ def _files_under(directory: epath.Path) -> Iterator[epath.Path]:
             continue
         if child.is_dir():
             yield from _files_under(child)
-        else:
+        elif _is_regular_file(child):
             yield child
+
+
+def _is_regular_file(path: epath.Path) -> bool:
+    """A file with an end: not a device, a pipe or a socket (epath calls those files)."""
+    return path.is_file() if is_uri(path) else os.path.isfile(path)
 
 
 def _file_identity(path: epath.Path) -> list:
