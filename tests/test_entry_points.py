@@ -78,6 +78,16 @@ BAD_INPUTS = [
         [r"No such file or directory: 'configs/nope\.py'"],
     ),
     (
+        "no_experiment_of_that_name",
+        ["train.py", "--config=quickstrat", "--workdir={tmp}/run"],
+        2,
+        [
+            r"--config=quickstrat: No such file or directory: 'quickstrat' \(looked from .*\), "
+            r"and no experiment has that name; .*--config=configs/quickstart\.py, or by name "
+            r"\(.*quickstart, retrieval"
+        ],
+    ),
+    (
         "no_workdir",
         ["train.py", TINY],
         2,

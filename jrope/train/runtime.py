@@ -22,7 +22,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from etils import epath
 
-from jrope import command_line
+from jrope import command_line, commands
 from jrope.data.files import is_uri, resolved
 from jrope.errors import ConfigError, JropeError, RunIOError
 from jrope.model.projection import ProjectionFn, contract, cpu_projection
@@ -79,6 +79,12 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
     own message on one line, status 2."""
     if command_line.help_requested(argv):
         command_line.parse_flags(argv, usage)  # prints the help and exits 0
+    # --config=quickstart names an experiment: its file's path instead. ml_collections reads the
+    # overrides from sys.argv itself, so it gets the same list.
+    argv = sys.argv = commands.with_config_paths(argv)
+    missing = _missing_config_file(run_config.config_argument(argv))
+    if missing:
+        _fail(missing, ConfigError.exit_status, FileNotFoundError(missing), argv)
     run_config.make_importable(run_config.config_argument(argv))
     try:
         argv = flags.FLAGS(argv)
@@ -96,6 +102,18 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
             text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # a traceback
             text += " (--helpshort lists the flags; see docs/runs.md)"
         _fail(text, ConfigError.exit_status, error, argv)
+
+
+def _missing_config_file(value: str | None) -> str | None:
+    """The message for a --config value that is neither a file nor an experiment's name."""
+    if not value or os.path.isfile(value.split(":", 1)[0]):
+        return None
+    path = value.split(":", 1)[0]
+    a_name = "/" not in path and not path.endswith(".py")
+    return (
+        f"--config={value}: No such file or directory: '{path}' (looked from {os.getcwd()})"
+        f"{', and no experiment has that name' if a_name else ''}; {commands.config_hint()}."
+    )
 
 
 def _config_file_error(error: BaseException, path: str | None) -> str | None:
