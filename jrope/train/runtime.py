@@ -45,7 +45,8 @@ def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
             ("debug", "info", "warning", "error"),
             "Lowest level of library log records shown (JAX, orbax, absl); progress always shows.",
         )
-    parse_flags = functools.partial(_parse_flags, usage=usage)
+    command_module = getattr(main, "__module__", None)  # where the command defines its flags
+    parse_flags = functools.partial(_parse_flags, usage=usage, command_module=command_module)
     app.run(functools.partial(_run_reporting_errors, main), flags_parser=parse_flags)
 
 
@@ -74,11 +75,11 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
+def _parse_flags(argv: list[str], *, usage: str | None, command_module: str | None) -> list[str]:
     """absl's parsing of argv; a bad flag or config file ends with absl's (or the config file's)
     own message on one line, status 2."""
     if command_line.help_requested(argv):
-        command_line.parse_flags(argv, usage)  # prints the help and exits 0
+        command_line.parse_flags(argv, usage, command_module)  # prints the help and exits 0
     # --config=quickstart names an experiment: its file's path instead. ml_collections reads the
     # overrides from sys.argv itself, so it gets the same list.
     argv = sys.argv = commands.with_config_paths(argv)
