@@ -214,8 +214,8 @@ ACCELERATOR_PACKAGES = {
     ),
 }
 INSTALL_HINTS = {
-    "tpu": 'pip install -e ".[tpu,gcs]" on a Cloud TPU VM (jax[tpu] with libtpu)',
-    "gpu": 'pip install -e ".[cuda12,gcs]" on a host with an NVIDIA driver for CUDA 12 '
+    "tpu": 'pip install -e ".[train,tpu,gcs]" on a Cloud TPU VM (jax[tpu] with libtpu)',
+    "gpu": 'pip install -e ".[train,cuda12,gcs]" on a host with an NVIDIA driver for CUDA 12 '
     "(jax[cuda12]: CUDA and cuDNN from pip)",
 }
 
