@@ -320,7 +320,8 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
 
 
 def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> list[Row]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows.
+    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
+    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
 
     config: a TrainConfig or a ConfigDict. Runs under the workdir's lock as an evaluation
     (waits for another, WorkdirBusy while training runs). ConfigError before compiling
