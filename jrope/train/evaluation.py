@@ -357,12 +357,12 @@ def metrics_logs(tensorboard: bool) -> str:
     return outputs.METRICS_FILE + (" and TensorBoard" if tensorboard else "")
 
 
-def reevaluation(workdir: str, *, tensorboard: bool) -> str:
-    """How to evaluate a run again, and where its results go: said alike wherever it is advised."""
+def reevaluation(workdir: str, step: int, *, tensorboard: bool) -> str:
+    """How to evaluate checkpoint `step` again, and where its results go."""
     return (
         f"{commands.command('eval')} --workdir={workdir} [--config.eval.lengths=...]; its rows "
-        "join eval_step<N>/ by length (a length evaluated again takes the newer row) and the "
-        f"run's {metrics_logs(tensorboard)} as eval_<length>/... at step N"
+        f"join {results_dir(workdir, step).name}/ by length (a length evaluated again takes the "
+        f"newer row) and the run's {metrics_logs(tensorboard)} as eval_<length>/... at step {step}"
     )
 
 

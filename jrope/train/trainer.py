@@ -191,7 +191,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         say(
             f"This run is finished: step {start} is trained and evaluated. Its results are left as "
             "they are; to evaluate it again (other lengths, more sequences): "
-            f"{evaluation.reevaluation(workdir, tensorboard=cfg.log.tensorboard)}."
+            f"{evaluation.reevaluation(workdir, start, tensorboard=cfg.log.tensorboard)}."
         )
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
