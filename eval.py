@@ -1,79 +1,9 @@
 """Evaluate a run across lengths: python eval.py --workdir=DIR [--config.eval.lengths='(256,4096)'].
 
-Evaluates the latest checkpoint in DIR with the config saved in it (no
---config needed), at config.eval.lengths, and writes
-DIR/eval_step<N>/eval.{csv,md,png} (eval_step<N>.2, .3, ... when that already
-holds results: nothing is overwritten). `--config.<key>=<value>` changes a key
-of that config: the evaluation settings (eval.lengths, eval.num_sequences,
-eval.batch_size) freely; a change to the model, its encoding, the data source
-or the seed is refused with the difference.
-
---config=configs/<experiment>.py evaluates with that config file instead
-(it must describe the same model). A probe config (one `probe` section,
-configs/kernel_probe*.py) runs the closed-form kernel probe, which trains no
-model. Errors end with their message and an exit status per kind
-(jrope.train.runtime). Multi-process runs take the process flags of train.py
-(jrope.train.setup).
+A clone's entry point to jrope.eval (python -m jrope.eval); --help lists the flags.
 """
 
-import sys
-
-from absl import flags
-from ml_collections import config_flags
-
-from jrope import saved_run_config
-from jrope.errors import ConfigError, NoCheckpointError, UsageError
-from jrope.train import runtime, setup
-from jrope.train.config import config_argument
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Experiment config file; default: the config saved with the run's latest checkpoint.",
-    lock_config=True,
-)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory holding the run (and receiving results)."
-)
-_PROCESS_FLAGS = setup.define_flags()
-flags.mark_flags_as_required(["workdir"])
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        raise NoCheckpointError(saved_run_config.no_saved_config_message(_WORKDIR.value))
-    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    config = _CONFIG.value
-    if "probe" in config:
-        # Imported only here: the probe needs no trained model.
-        from jrope.experiments import kernel_probe
-
-        try:
-            kernel_probe.KernelProbeConfig.from_config_dict(config)
-        except ValueError as error:
-            raise ConfigError(str(error).splitlines()) from error
-        kernel_probe.run(config, _WORKDIR.value)
-        return
-    from jrope.train.evaluation import evaluate_checkpoint
-
-    evaluate_checkpoint(config, _WORKDIR.value)
-
-
-def with_saved_config(argv: list[str]) -> list[str]:
-    """argv with `--config=<the saved-config loader>:<workdir>` added when it names no config file
-    and its --workdir holds a finished checkpoint (otherwise `main` says what is missing)."""
-    workdir = config_argument(argv, "workdir")
-    if config_argument(argv) is not None or workdir is None:
-        return argv
-    step, _ = saved_run_config.latest_saved_config(workdir)
-    if step is None:
-        return argv
-    # Before the overrides: ml_collections reads them against the config flag's value.
-    return [argv[0], f"--config={saved_run_config.__file__}:{workdir}", *argv[1:]]
-
+from jrope.eval import run_main
 
 if __name__ == "__main__":
-    sys.argv = with_saved_config(sys.argv)
-    runtime.run(main)
+    run_main()

@@ -1,44 +1,9 @@
 """Train one model: python train.py --config=configs/<experiment>.py --workdir=<dir>.
 
-Resumes automatically from the latest checkpoint in <workdir>; a finished run
-is reported and left as it is. Any config key can be overridden on the
-command line, e.g. --config.pe.name=rope.
-
-On SIGTERM (a preemption notice) the run checkpoints its current step and
-exits with status 143; the same command resumes it. Errors end with their
-message and an exit status per kind (jrope.train.runtime; --verbose adds the
-traceback). Multi-process runs (one process per host) add --multiprocess, or
---coordinator_address, --num_processes and --process_id
-(jrope.train.setup).
+A clone's entry point to jrope.train (python -m jrope.train); --help lists the flags.
 """
 
-from absl import flags
-from ml_collections import config_flags
-
-from jrope.errors import UsageError
-from jrope.train import runtime, setup
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file.", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
-_PROCESS_FLAGS = setup.define_flags()
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {argv[1:]}; train.py takes flags only (--help).")
-    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
-    # Imported here: a mistake on the command line is reported without loading the trainer.
-    from jrope.train.outputs import next_commands, say
-    from jrope.train.trainer import train_and_evaluate
-
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
-    overrides = config_flags.get_override_values(flags.FLAGS["config"])
-    say(next_commands(_WORKDIR.value, result["eval"], config_file, overrides))
-
+from jrope.train.__main__ import run_main
 
 if __name__ == "__main__":
-    runtime.run(main)
+    run_main()

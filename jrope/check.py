@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, encodings, pe_math
+from jrope import attention, commands, encodings, pe_math
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -214,8 +214,8 @@ ACCELERATOR_PACKAGES = {
     ),
 }
 INSTALL_HINTS = {
-    "tpu": 'pip install -e ".[tpu,gcs]" on a Cloud TPU VM (jax[tpu] with libtpu)',
-    "gpu": 'pip install -e ".[cuda12,gcs]" on a host with an NVIDIA driver for CUDA 12 '
+    "tpu": 'pip install -e ".[train,tpu,gcs]" on a Cloud TPU VM (jax[tpu] with libtpu)',
+    "gpu": 'pip install -e ".[train,cuda12,gcs]" on a host with an NVIDIA driver for CUDA 12 '
     "(jax[cuda12]: CUDA and cuDNN from pip)",
 }
 
@@ -1130,12 +1130,9 @@ def run_check(
     return Report(command, date, tuple(rows))
 
 
-# The config checked when --config is not given: the paper's WikiText setting.
-DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "configs",
-    "wikitext_scaled_exact.py",
-)
+# The config checked when --config is not given: the paper's WikiText setting (the clone's file,
+# or an installed package's copy).
+DEFAULT_CONFIG = commands.config_path("wikitext_scaled_exact")
 # --backend's names, as JAX's platform list (the CPU beside an accelerator runs float64).
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda,cpu", "tpu": "tpu,cpu"}
 

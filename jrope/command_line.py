@@ -39,15 +39,19 @@ def help_requested(argv: Sequence[str]) -> str | None:
     return None
 
 
-def help_text(usage: str | None = None, *, full: bool = False) -> str:
+def help_text(
+    usage: str | None = None, *, full: bool = False, command_module: str | None = None
+) -> str:
     """The usage text, then the flags of the main module and of the project's modules.
 
     usage: what the command does (default: the main module's docstring).
     full: every defined flag, the libraries' too.
+    command_module: the module that defines the command's own flags where that is not the main
+      module (a clone's train.py runs jrope.train.__main__).
     """
     usage = usage if usage is not None else (sys.modules["__main__"].__doc__ or "")
     by_module = flags.FLAGS.flags_by_module_dict()
-    main_names = {sys.argv[0], os.path.basename(sys.argv[0]), "__main__"}
+    main_names = {sys.argv[0], os.path.basename(sys.argv[0]), "__main__", command_module}
     modules = [
         module
         for module in by_module
@@ -79,11 +83,13 @@ def _module_section(module: str, label: str) -> str:
     return "\n".join([f"{label}:", *lines[1:]])
 
 
-def parse_flags(argv: list[str], usage: str | None = None) -> list[str]:
+def parse_flags(
+    argv: list[str], usage: str | None = None, command_module: str | None = None
+) -> list[str]:
     """absl's flag parsing, with --help and --helpfull printing help_text and exiting 0."""
     wanted = help_requested(argv)
     if wanted:
-        sys.stdout.write(help_text(usage, full=wanted == "full"))
+        sys.stdout.write(help_text(usage, full=wanted == "full", command_module=command_module))
         sys.stdout.flush()
         sys.exit(0)
     return flags.FLAGS(argv)

@@ -47,7 +47,7 @@ def get_config(workdir: str) -> config_dict.ConfigDict:
             f"The config saved with checkpoint {checkpoint} cannot be read ({error}): that "
             f"checkpoint is damaged; nothing was deleted. Move it aside (mkdir -p {aside} && mv "
             f"{checkpoint} {aside}/) to evaluate the one before, or pass the experiment's "
-            "config (--config=configs/<experiment>.py)."
+            "config (--config=<experiment>: its name, e.g. quickstart, or its file's path)."
         ) from None
     return config_dict.ConfigDict(_with_tuples(without_retired_keys(saved)))
 
@@ -73,8 +73,8 @@ def no_saved_config_message(workdir: str) -> str:
     return (
         f"--workdir {resolved(workdir)} holds no finished checkpoint with its config "
         f"({CHECKPOINTS_FOLDER}/<step>/{'/'.join(_CONFIG_FILE)}): point --workdir at a trained "
-        "run, or pass the experiment's config (--config=configs/<experiment>.py; a kernel probe "
-        "always needs it)."
+        "run, or pass the experiment's config (--config=<experiment>: its name, e.g. "
+        "kernel_probe, or its file's path; a kernel probe always needs it)."
     )
 
 

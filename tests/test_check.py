@@ -34,8 +34,8 @@ TINY_OVERRIDES = [
 def test_asking_for_an_accelerator_that_is_not_installed_says_what_to_install():
     problem = check.backend_problem("tpu")
     assert problem.startswith("--backend=tpu: JAX has no TPU support installed here")
-    assert 'pip install -e ".[tpu,gcs]"' in problem
-    assert 'pip install -e ".[cuda12,gcs]"' in check.backend_problem("gpu")
+    assert 'pip install -e ".[train,tpu,gcs]"' in problem
+    assert 'pip install -e ".[train,cuda12,gcs]"' in check.backend_problem("gpu")
     assert check.backend_problem("cpu") is None
 
 
@@ -99,7 +99,7 @@ def test_the_command_asked_for_a_tpu_on_a_cpu_host_exits_2_saying_what_to_instal
         subprocess_env(1, str(tmp_path / "cache")),
     )
     assert result.returncode == 2
-    assert 'pip install -e ".[tpu,gcs]"' in result.stderr
+    assert 'pip install -e ".[train,tpu,gcs]"' in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*.md"))
 

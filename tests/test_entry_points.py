@@ -78,6 +78,16 @@ BAD_INPUTS = [
         [r"No such file or directory: 'configs/nope\.py'"],
     ),
     (
+        "no_experiment_of_that_name",
+        ["train.py", "--config=quickstrat", "--workdir={tmp}/run"],
+        2,
+        [
+            r"--config=quickstrat: No such file or directory: 'quickstrat' \(looked from .*\), "
+            r"and no experiment has that name; .*--config=configs/quickstart\.py, or by name "
+            r"\(.*quickstart, retrieval"
+        ],
+    ),
+    (
         "no_workdir",
         ["train.py", TINY],
         2,
@@ -245,6 +255,9 @@ def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
         # The libraries' flags (absl's logging here): --helpfull only.
         assert "--[no]logtostderr" not in short.stdout, command
         assert full.returncode == 0 and "--[no]logtostderr" in full.stdout, command
+    # A clone's scripts run the package's commands: their flags are still this command's own.
+    for short, _ in results[:3]:
+        assert "\nthis command:\n  --" in short.stdout
     sample_help = results[2][0].stdout
     # The usage example keeps its line break and continuation, as a shell takes it.
     assert "jordan_exact_scaled/0 \\\n        --prompt=" in sample_help

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.repository import ROOT
 from helpers.tiny_config import tiny_config
 
 from jrope.model import Transformer
@@ -219,9 +220,12 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
     assert flops["dense"] == 6 * matmul_params * tokens
 
 
-def test_next_commands_evaluate_longer_and_compare_with_the_config_file_and_overrides():
+def test_next_commands_evaluate_longer_and_compare_with_the_config_file_and_overrides(
+    monkeypatch,
+):
     import shlex
 
+    monkeypatch.chdir(ROOT)  # a clone's root: its scripts and config files
     rows = [
         {"length": length, "distance": None, "method": "jordan_exact_scaled"} for length in (8, 16)
     ]
@@ -240,6 +244,44 @@ def test_next_commands_evaluate_longer_and_compare_with_the_config_file_and_over
     ]  # fmt: skip
     rope = [{**row, "method": "rope"} for row in rows]
     assert "--methods=rope,jordan_rope" in outputs.next_commands("w", rope, "c.py", {})
+
+
+def test_next_commands_from_outside_a_clone_s_root_name_the_module_and_the_experiment(
+    tmp_path, monkeypatch
+):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"length": 8, "distance": None, "method": "rope"}]
+    text = outputs.next_commands("run", rows, str(ROOT / "configs" / "quickstart.py"), {})
+    evaluate, compare = [shlex.split(line) for line in text.splitlines() if line.startswith("  ")]
+    assert evaluate[:4] == ["python", "-m", "jrope.eval", "--workdir=run"]
+    assert "--config=quickstart" in compare
+
+
+def test_a_later_evaluation_joins_the_metrics_and_tensorboard_under_the_training_names(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from jrope.train import evaluation
+
+    rows = [
+        {"length": length, "distance": None, "loss": loss, "accuracy": 0.5}
+        for length, loss in ((256, 0.25), (4096, math.inf))
+    ]
+    (tmp_path / outputs.METRICS_FILE).write_text('{"step": 8, "time": 0, "train/loss": 1.0}\n')
+    logged = evaluation.logged_scalars(rows, "classification")
+    outputs.log_evaluation(str(tmp_path), 8, logged, tensorboard=True)
+    lines = (tmp_path / outputs.METRICS_FILE).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert records[0]["train/loss"] == 1.0  # the training run's lines stay
+    assert [{k: v for k, v in r.items() if k != "time"} for r in records[1:]] == [
+        {"step": 8, "eval_256/loss": 0.25, "eval_256/accuracy": 0.5},
+        {"step": 8, "eval_4096/loss": "inf", "eval_4096/accuracy": 0.5},
+    ]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    (scalar,) = events.Scalars("eval_256/loss")
+    assert (scalar.step, scalar.value) == (8, 0.25)
 
 
 def test_the_tensorboard_hint_names_what_to_install_when_it_is_missing(monkeypatch):

@@ -82,6 +82,10 @@ def test_the_readme_test_and_lint_commands_are_the_ones_ci_runs():
     assert "python -m pytest -q -n 2 --dist loadfile" in readme_commands
     assert 'python -m pytest -q -n 2 --dist loadfile -m "not slow"' in readme_commands
     assert "ruff check . && ruff format --check ." in readme_commands
+    # The development install: the compat editable mode (tests/test_install.py says why).
+    install = 'pip install -e ".[dev]" --config-settings editable_mode=compat'
+    assert f"python -m {install}" in ci_lines
+    assert install in readme_commands
 
 
 def test_every_command_names_files_modules_flags_and_config_keys_that_exist():

@@ -87,11 +87,13 @@ def test_a_synthetic_task_workdir_is_refused(tmp_path):
     assert os.listdir(tmp_path / "checkpoints") == ["1"]  # nothing was touched
 
 
-def test_a_probe_workdir_or_an_empty_one_is_refused(tmp_path):
+def test_a_probe_workdir_or_an_empty_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # a clone's root: the message gives its script and config file
     (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
     with pytest.raises(GenerationError, match="kernel-probe results.*trains no model"):
         load_text_run(str(tmp_path))
-    with pytest.raises(GenerationError, match="no finished checkpoint.*python train.py"):
+    train_a_text_run = r"python train\.py --config=configs/wikitext_cpu\.py"  # from the root
+    with pytest.raises(GenerationError, match=f"no finished checkpoint.*{train_a_text_run}"):
         load_text_run(str(tmp_path / "nothing_here"))
     assert not (tmp_path / "nothing_here").exists()
 

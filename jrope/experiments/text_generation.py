@@ -26,7 +26,7 @@ import jax
 from absl import logging
 from jax.sharding import Mesh
 
-from jrope import saved_run_config
+from jrope import commands, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
@@ -225,9 +225,14 @@ def _check_text_run(cfg: TrainConfig, path) -> None:
     }.get(source, f"a {source!r} run, not byte-level text")
     raise GenerationError(
         f"--workdir {path} holds {what}. Sampling writes text: point --workdir at a run trained "
-        f"with data.source in {TEXT_SOURCES} (e.g. python train.py "
-        "--config=configs/wikitext_cpu.py --workdir=DIR)."
+        f"with data.source in {TEXT_SOURCES} (e.g. {_train_text_run('DIR')})."
     )
+
+
+def _train_text_run(workdir) -> str:
+    """The command that trains a text run into `workdir`, as it runs from here."""
+    config = commands.config_value(str(commands.config_path("wikitext_cpu")))
+    return f"{commands.command('train')} --config={config} --workdir={workdir}"
 
 
 def _no_checkpoint_message(path, checkpoints) -> str:
@@ -235,10 +240,10 @@ def _no_checkpoint_message(path, checkpoints) -> str:
         return (
             f"--workdir {path} holds kernel-probe results: the probe fits closed-form kernels and "
             "trains no model, so there is nothing to sample from. Point --workdir at a trained text "
-            "run (python train.py --config=configs/wikitext_cpu.py --workdir=DIR)."
+            f"run ({_train_text_run('DIR')})."
         )
     return (
         f"--workdir {path} holds no finished checkpoint in {checkpoints}; train a text run there "
-        f"first (python train.py --config=configs/wikitext_cpu.py --workdir={path}) or point "
+        f"first ({_train_text_run(path)}) or point "
         "--workdir at a trained one."
     )

@@ -26,7 +26,7 @@ from absl import logging
 from etils import epath
 from flax.traverse_util import flatten_dict
 
-from jrope import errors
+from jrope import commands, errors
 from jrope.data.files import is_uri, resolved
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import say
@@ -97,7 +97,8 @@ class Checkpointer:
         if step is None or step not in self._manager.all_steps():
             raise errors.NoCheckpointError(
                 f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
-                "(python train.py --config=... --workdir=...) or point --workdir at a trained run."
+                f"({commands.command('train')} --config=... --workdir=...) or point --workdir at "
+                "a trained run."
             )
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from jrope import commands
 from jrope.attention import choose_kernel
 from jrope.data import files
 from jrope.data.files import is_uri
@@ -264,14 +265,15 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
     if evaluation and not steps:
         return [
             f"--workdir {path} holds no finished checkpoint in {checkpoints}; train first "
-            f"(python train.py --config=... --workdir={path}) or point --workdir at a trained run."
+            f"({commands.command('train')} --config=... --workdir={path}) or point --workdir at "
+            "a trained run."
         ]
     if not evaluation and cfg.num_steps is not None and steps and steps[-1] > cfg.num_steps:
         return [
             f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
             f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
-            "(or more) to see or continue it, evaluate it with eval.py, or choose another "
-            "--workdir."
+            f"(or more) to see or continue it, evaluate it with {commands.command('eval')}, or "
+            "choose another --workdir."
         ]
     return []
 

@@ -5,7 +5,8 @@
 distance), with progress on long ones. `evaluate_and_report` merges the rows into
 `eval_step<step>/` (newer rows win), written CSV last so no folder holds half a result; a NaN loss
 is a failure. `evaluate_checkpoint` (eval.py) takes the workdir's lock: evaluations take turns,
-and a running training is refused.
+and a running training is refused; it adds its rows to the run's metrics.jsonl and TensorBoard
+at the checkpoint's step.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -24,10 +25,10 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import results
+from jrope import commands, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
-from jrope.train import checkpoints, checks, damping, runtime, setup
+from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
@@ -319,7 +320,8 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
 
 
 def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> list[Row]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows.
+    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
+    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
 
     config: a TrainConfig or a ConfigDict. Runs under the workdir's lock as an evaluation
     (waits for another, WorkdirBusy while training runs). ConfigError before compiling
@@ -342,7 +344,26 @@ def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> l
         rows, _ = evaluate_and_report(
             EvalStep(run), state["params"], run, workdir, step, checkpoint
         )
+        logged = logged_scalars(rows, run.source.task)
+        if jax.process_index() == 0:
+            outputs.log_evaluation(workdir, step, logged, tensorboard=cfg.log.tensorboard)
+    names = ", ".join(name for name, _ in logged)
+    say(f"Added to the run's {metrics_logs(cfg.log.tensorboard)} at step {step}: {names}.")
     return rows
+
+
+def metrics_logs(tensorboard: bool) -> str:
+    """The run's logs that an evaluation goes to besides its eval_step<N>/ folder."""
+    return outputs.METRICS_FILE + (" and TensorBoard" if tensorboard else "")
+
+
+def reevaluation(workdir: str, step: int, *, tensorboard: bool) -> str:
+    """How to evaluate checkpoint `step` again, and where its results go."""
+    return (
+        f"{commands.command('eval')} --workdir={workdir} [--config.eval.lengths=...]; its rows "
+        f"join {results_dir(workdir, step).name}/ by length (a length evaluated again takes the "
+        f"newer row) and the run's {metrics_logs(tensorboard)} as eval_<length>/... at step {step}"
+    )
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:

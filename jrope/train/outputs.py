@@ -25,6 +25,7 @@ from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
+from jrope import commands
 from jrope.data.files import BucketObject, is_uri, write_atomically
 from jrope.train.config import TrainConfig
 
@@ -133,14 +134,46 @@ class MetricsLogger:
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
-            record = {"step": step, "time": time.time(), **scalars}
-            # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
-            record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
-            self._jsonl.write(json.dumps(record, allow_nan=False))
+            self._jsonl.write(_metrics_record(step, scalars))
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
+
+
+def _metrics_record(step: int, scalars: Mapping[str, float]) -> str:
+    """One line of metrics.jsonl: the step, the time and the scalars."""
+    record = {"step": step, "time": time.time(), **scalars}
+    # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
+    record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
+    return json.dumps(record, allow_nan=False)
+
+
+def log_evaluation(
+    workdir: str,
+    step: int,
+    logged: Sequence[tuple[str, Mapping[str, float]]],
+    *,
+    tensorboard: bool,
+) -> None:
+    """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl and, where the
+    run logs to it, TensorBoard. logged: (name, {metric: value}) as evaluation.logged_scalars
+    gives it, so that the scalars have the training run's names (eval_<length>/loss)."""
+    records = [
+        {f"{name}/{metric}": float(value) for metric, value in values.items()}
+        for name, values in logged
+    ]
+    log = JsonLinesLog(epath.Path(workdir) / METRICS_FILE)
+    try:
+        for scalars in records:  # one line per length, as the training run writes them
+            log.write(_metrics_record(step, scalars))
+    finally:
+        log.close()
+    if tensorboard:
+        with SummaryWriter(str(epath.Path(workdir) / "tensorboard")) as writer:
+            for scalars in records:
+                for tag, value in scalars.items():
+                    writer.add_scalar(tag, value, step)
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
@@ -445,10 +478,11 @@ def next_commands(
     rows: the run's result rows; overrides: dotted key -> value, as ml_collections parsed them."""
     lengths = [row["length"] for row in rows if row["distance"] is None]
     longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = ["python", "eval.py", f"--workdir={workdir}", f"--config.eval.lengths=({longer})"]
+    evaluate = [*commands.command("eval").split(), f"--workdir={workdir}"]
+    evaluate.append(f"--config.eval.lengths=({longer})")
     kept = {key: value for key, value in overrides.items() if key not in ("pe.name", "seed")}
     method = rows[0]["method"]
-    compare = ["python", "-m", "jrope.compare", f"--config={config_file}"]
+    compare = ["python", "-m", "jrope.compare", f"--config={commands.config_value(config_file)}"]
     compare += [f"--config.{key}={value}" for key, value in kept.items()]
     compare += [f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}", "--seeds=0,1"]
     compare.append(f"--workdir={workdir.rstrip('/') or workdir}_compare")

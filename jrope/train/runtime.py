@@ -22,7 +22,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from etils import epath
 
-from jrope import command_line
+from jrope import command_line, commands
 from jrope.data.files import is_uri, resolved
 from jrope.errors import ConfigError, JropeError, RunIOError
 from jrope.model.projection import ProjectionFn, contract, cpu_projection
@@ -45,7 +45,8 @@ def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
             ("debug", "info", "warning", "error"),
             "Lowest level of library log records shown (JAX, orbax, absl); progress always shows.",
         )
-    parse_flags = functools.partial(_parse_flags, usage=usage)
+    command_module = getattr(main, "__module__", None)  # where the command defines its flags
+    parse_flags = functools.partial(_parse_flags, usage=usage, command_module=command_module)
     app.run(functools.partial(_run_reporting_errors, main), flags_parser=parse_flags)
 
 
@@ -74,11 +75,17 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
+def _parse_flags(argv: list[str], *, usage: str | None, command_module: str | None) -> list[str]:
     """absl's parsing of argv; a bad flag or config file ends with absl's (or the config file's)
     own message on one line, status 2."""
     if command_line.help_requested(argv):
-        command_line.parse_flags(argv, usage)  # prints the help and exits 0
+        command_line.parse_flags(argv, usage, command_module)  # prints the help and exits 0
+    # --config=quickstart names an experiment: its file's path instead. ml_collections reads the
+    # overrides from sys.argv itself, so it gets the same list.
+    argv = sys.argv = commands.with_config_paths(argv)
+    missing = _missing_config_file(run_config.config_argument(argv))
+    if missing:
+        _fail(missing, ConfigError.exit_status, FileNotFoundError(missing), argv)
     run_config.make_importable(run_config.config_argument(argv))
     try:
         argv = flags.FLAGS(argv)
@@ -96,6 +103,18 @@ def _parse_flags(argv: list[str], *, usage: str | None) -> list[str]:
             text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # a traceback
             text += " (--helpshort lists the flags; see docs/runs.md)"
         _fail(text, ConfigError.exit_status, error, argv)
+
+
+def _missing_config_file(value: str | None) -> str | None:
+    """The message for a --config value that is neither a file nor an experiment's name."""
+    if not value or os.path.isfile(value.split(":", 1)[0]):
+        return None
+    path = value.split(":", 1)[0]
+    a_name = "/" not in path and not path.endswith(".py")
+    return (
+        f"--config={value}: No such file or directory: '{path}' (looked from {os.getcwd()})"
+        f"{', and no experiment has that name' if a_name else ''}; {commands.config_hint()}."
+    )
 
 
 def _config_file_error(error: BaseException, path: str | None) -> str | None:

@@ -29,6 +29,7 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
+from jrope import commands
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -189,8 +190,8 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
     if rows is not None:
         say(
             f"This run is finished: step {start} is trained and evaluated. Its results are left as "
-            "they are; to evaluate it again (other lengths, more sequences), run eval.py, which "
-            "writes a new folder."
+            "they are; to evaluate it again (other lengths, more sequences): "
+            f"{evaluation.reevaluation(workdir, start, tensorboard=cfg.log.tensorboard)}."
         )
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
@@ -388,7 +389,8 @@ def _kernel_name(cfg: TrainConfig, platform: str, measured: damping.MeasuredDamp
 def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
     """Where every output of the run went."""
     lines = [
-        f"checkpoints/{cfg.num_steps}/  the trained state (resume; eval.py for other lengths)",
+        f"checkpoints/{cfg.num_steps}/  the trained state (resume; "
+        f"{commands.command('eval')} for other lengths)",
         f"{results.name}/  eval.md (above), eval.csv, eval.png",
         f"{outputs.METRICS_FILE}  training and evaluation metrics, one JSON object per line",
         f"{outputs.RECORD_FILE}  config, command line, versions and devices of each start",

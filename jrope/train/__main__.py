@@ -1,0 +1,53 @@
+"""Train one model: python -m jrope.train --config=<experiment> --workdir=<dir>.
+
+In a clone, python train.py with the same flags; the console script jrope-train too.
+--config takes an experiment's name (quickstart, synthetic_cpu, ...) or a config
+file's path (configs/quickstart.py).
+
+Resumes automatically from the latest checkpoint in <workdir>; a finished run
+is reported and left as it is. Any config key can be overridden on the
+command line, e.g. --config.pe.name=rope.
+
+On SIGTERM (a preemption notice) the run checkpoints its current step and
+exits with status 143; the same command resumes it. Errors end with their
+message and an exit status per kind (jrope.train.runtime; --verbose adds the
+traceback). Multi-process runs (one process per host) add --multiprocess, or
+--coordinator_address, --num_processes and --process_id
+(jrope.train.setup).
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from jrope.errors import UsageError
+from jrope.train import runtime, setup
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config: its name (quickstart, ...) or file.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+_PROCESS_FLAGS = setup.define_flags()
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise UsageError(f"Unexpected arguments: {argv[1:]}; training takes flags only (--help).")
+    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    # Imported here: a mistake on the command line is reported without loading the trainer.
+    from jrope.train.outputs import next_commands, say
+    from jrope.train.trainer import train_and_evaluate
+
+    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    say(next_commands(_WORKDIR.value, result["eval"], config_file, overrides))
+
+
+def run_main() -> None:
+    """The command line: python -m jrope.train, jrope-train, or a clone's train.py."""
+    runtime.run(main, usage=__doc__)
+
+
+if __name__ == "__main__":
+    run_main()
