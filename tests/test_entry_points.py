@@ -48,6 +48,12 @@ BAD_INPUTS = [
         ],
     ),
     (
+        "word_for_a_number",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.num_steps=abc"],
+        2,
+        [r"--config\.num_steps=abc: invalid literal for int\(\)", r"--helpshort lists the flags"],
+    ),
+    (
         "unknown_encoding",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.name=jordan_bogus"],
         2,
