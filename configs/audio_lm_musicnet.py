@@ -11,7 +11,7 @@ windows per length (loss in nats per byte and bits per byte).
 
 Data: MusicNet is not downloaded by jrope. Get musicnet.tar.gz from
 https://zenodo.org/records/5120004 and prepare the tokens once from the
-archive itself (needs pip install -e ".[audio]"):
+archive itself (needs pip install -e ".[train,audio]"):
 
     python -m jrope.data.audio --archive=musicnet.tar.gz --out_dir=data/musicnet_tokens --max_files=16
 

@@ -295,7 +295,7 @@ def test_unreadable_wav_is_named(tmp_path):
 
 def test_missing_audio_extra_names_the_install_command(wav_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "soxr", None)  # as if soxr were not installed
-    with pytest.raises(audio.AudioExtraMissing, match=r'pip install -e "\.\[audio\]"'):
+    with pytest.raises(audio.AudioExtraMissing, match=r'pip install -e "\.\[train,audio\]"'):
         audio.prepare_audio_tokens(str(wav_dir), str(tmp_path))
 
 

@@ -46,7 +46,7 @@ of numpy here, in float64; on synthetic mono and stereo WAVs at 8 to 48 kHz
 they gave the same bytes as librosa 0.11 with the reference's calls (librosa
 works in float32, so a cell within rounding of a quantisation step could
 differ by one level). soundfile and soxr are imported only when audio is
-read and come with the ``audio`` extra: ``pip install -e ".[audio]"``.
+read and come with the ``audio`` extra: ``pip install -e ".[train,audio]"``.
 
 Output, in ``out_dir``, each file written atomically (a temporary file
 renamed into place), the manifest last:
@@ -136,7 +136,7 @@ def _audio_libraries():
     except ImportError as error:
         raise AudioExtraMissing(
             f"Reading audio needs the optional 'audio' dependencies ({error.name} is missing); "
-            'install them with\n    pip install -e ".[audio]"'
+            'install them with\n    pip install -e ".[train,audio]"'
         ) from None
     return soundfile, soxr
 
