@@ -12,17 +12,15 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import os
-import re
-import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
+from jrope.command_line import make_importable
 from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.errors import ConfigError
@@ -400,23 +398,6 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
 def first_line(err: Exception) -> str:
     """An error's first line without its full stop, for a problem that names the key."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
-def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | None:
-    """The value of `--<flag_name>=PATH` (or `--<flag_name> PATH`) in argv, else None."""
-    for arg, following in zip(argv, [*argv[1:], None], strict=True):
-        match = re.fullmatch(rf"--?{re.escape(flag_name)}(=.*)?", arg, re.DOTALL)
-        if match and (match[1] is not None or following is not None):
-            return following if match[1] is None else match[1][1:]
-    return None
-
-
-def make_importable(path: str | None) -> None:
-    """Put the parent of the config file's folder first on sys.path, so that the config's
-    `from configs import base` resolves from any working directory (path may end in ':ARG')."""
-    root = path and os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
-    if root and root not in sys.path:
-        sys.path.insert(0, root)
 
 
 def load_config_file(path: str) -> config_dict.ConfigDict:

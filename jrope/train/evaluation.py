@@ -26,7 +26,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import commands, results
+from jrope import command_line, commands, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
 from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
@@ -277,7 +277,7 @@ def evaluate_and_report(
         f"the evaluation of step {step} (nothing of it was written; {checkpoint} is untouched): "
         "run the same command again to evaluate it"
     )
-    with runtime.activity(stopped):
+    with command_line.activity(stopped):
         rows = evaluate_lengths(
             eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show
         )
