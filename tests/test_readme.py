@@ -13,7 +13,13 @@ from helpers.repository import ROOT, tracked_files
 
 README = (ROOT / "README.md").read_text()
 # The guides README.md sends its reader to for the full commands.
-GUIDES = ("docs/results.md", "docs/runs.md", "docs/accelerators.md", "docs/performance.md")
+GUIDES = (
+    "docs/results.md",
+    "docs/runs.md",
+    "docs/accelerators.md",
+    "docs/performance.md",
+    "docs/library.md",
+)
 
 
 def _commands(text: str) -> list[str]:
