@@ -113,6 +113,7 @@ def test_sections_check_themselves_when_built_directly():
         dataclasses.replace(model, num_heads=3)
 
 
+@pytest.mark.slow
 def test_config_files_load_from_any_working_directory(tmp_path):
     # configs/*.py import `configs.base`: the loader, not the working directory, makes it importable.
     path = os.path.join(ROOT, "configs", "quickstart.py")

@@ -49,6 +49,7 @@ def _defined_flags() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_library_example_runs_and_gives_the_shapes_it_states():
     opening = "import jax, jax.numpy as jnp, jrope\n"
     example = re.search(rf"```python\n({re.escape(opening)}.*?)```", README, re.DOTALL)
