@@ -17,8 +17,7 @@ Two tables from one run:
 
 2. Counted from programs exported for TPU and CUDA (jax.export, no
    hardware): per attention call (forward + backward), the dots over a
-   [.., T, S] array (or a [.., 128, S] block: the flash kernel's backward
-   pass runs in XLA by query blocks) with their precision, the kernel custom calls, and the
+   [.., T, S] array with their precision, the kernel custom calls, and the
    number of distinct T x S float32 values the program holds outside custom
    calls; for jordan_rope through today's path (XLA, HIGHEST), the shear and
    flash kernels, and RoPE through splash (TPU) or cuDNN (CUDA, where this
@@ -133,8 +132,7 @@ def _exported_counts(name, kernel, platform, backend, length, heads, head_dim):
         jax.default_backend = real_backend
     dots = {}
     for line in text.splitlines():
-        # [.., T, S], or a flash backward's [.., 128, S] query block.
-        if "stablehlo.dot_general" in line and re.search(rf"[x<](?:{length}|128)x{length}x", line):
+        if "stablehlo.dot_general" in line and re.search(rf"[x<]{length}x{length}x", line):
             match = re.search(r"precision = \[(\w+), (\w+)\]", line)
             precision = match.group(1) if match else "DEFAULT"
             operand = "bf16" if re.search(r"\(tensor<[^>]*bf16>", line) else "f32"
@@ -149,7 +147,7 @@ def _exported_counts(name, kernel, platform, backend, length, heads, head_dim):
 
 def counted_table(length=1024, heads=6, head_dim=64):
     print(
-        "\n| target | encoding, path | dots over T x S or 128 x S (precision, inputs) "
+        "\n| target | encoding, path | dots over T x S (precision, inputs) "
         "| kernel calls | T x S f32 values |"
     )
     print("|---|---|---|---|---|")

@@ -22,11 +22,22 @@ slices nor shuffles lanes. Keys after a query's index in the row are never
 visible to it (positions nondecreasing within a segment); packed rows pass
 segment ids and a query sees its own segment only.
 
-Gradients: a custom VJP whose backward pass recomputes attention one query
-block at a time with the XLA kernel (jrope.attention.shear) and its autodiff,
-summing the keys', values' and parameters' cotangents over the blocks:
-memory O(block * S) instead of O(T * S); the backward pass is not a Pallas
-kernel.
+Gradients: a custom VJP, flash style. The forward kernel also returns each
+query's logsumexp; with delta = rowsum(dO * O) two more kernels recompute
+p = exp(logit - logsumexp) block by block:
+
+  dK/dV, one program per (batch row, head, key block), over the query blocks
+    from the first whose causal end reaches it: dV += p^T dO,
+    ds = p (dO V^T - delta), dk'_r += (time_i - time_j)^r ds^T q_r / sqrt(H),
+    taken back through the block's move (k' = M k, dk = M^T dk');
+  dQ, one program per query block, over its key blocks:
+    dq_r += (time_i - time_j)^r ds k'_r / sqrt(H).
+
+The move's rate gamma gets sum_keys o_k <dk, k> - sum_queries o <dq, q> per
+pair (d logit / d gamma is (o_k - o) times the pair's share of the dot), and
+the term cotangents flow to q, k and the parameters through the VJP of the
+outside-kernel map. No T x S array exists in either direction; padded and
+invisible pairs get p = 0, as in the forward.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 d the width of one term's re (or im) half, bq / bk block lengths.
@@ -36,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -107,57 +118,41 @@ def shear_flash_attention(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attend(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    return _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    return _attend_forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg)[0]
 
 
 def _attend_forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    out = _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg)
-    return out, (params, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    layout = _Layout.of(settings, q, k)
+    rows = layout.rows(q_pos, k_pos, q_seg, k_seg)
+    terms, gammas = _kernel_terms(layout, rows, params, q, k)
+    inputs = layout.inputs(terms, gammas, _omegas(layout, params), v)
+    out, lse = _forward_call(layout, rows, inputs, v.dtype)
+    result = jnp.transpose(out, (0, 2, 1, 3))[:, : layout.length]
+    return result, (params, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
 
 
 def _attend_backward(settings, residuals, d_out):
-    """Cotangents by the XLA kernel's autodiff, one query block at a time."""
-    enc, block_size, _ = settings
-    params, q, k, v, q_pos, k_pos, q_seg, k_seg = residuals
-    length = q.shape[1]
-    block = min(block_size, length)
-    blocks = -(-length // block)
-    padded = blocks * block
-    pad = ((0, 0), (0, padded - length))
-    q_p = jnp.pad(q, pad + ((0, 0), (0, 0)))
-    d_p = jnp.pad(d_out, pad + ((0, 0), (0, 0)))  # padded rows carry no cotangent
-    pos_p = jnp.pad(q_pos, pad, mode="edge")
-    seg_p = jnp.pad(q_seg, pad, mode="edge")
-
-    def one_block(carry, index):
-        start = index * block
-        rows = [jax.lax.dynamic_slice_in_dim(x, start, block, 1) for x in (q_p, d_p, pos_p, seg_p)]
-        q_blk, d_blk, pos_blk, seg_blk = rows
-
-        def attend(params, q_blk, k, v):
-            return shear.shear_attention(
-                q_blk,
-                k,
-                v,
-                enc=enc,
-                params=params,
-                q_positions=pos_blk,
-                k_positions=k_pos,
-                q_segments=seg_blk,
-                k_segments=k_seg,
-            )
-
-        _, pullback = jax.vjp(attend, params, q_blk, k, v)
-        d_params, d_q, d_k, d_v = pullback(d_blk.astype(v.dtype))
-        total = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, (d_params, d_k, d_v))
-        return total, d_q
-
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (params, k, v))
-    (d_params, d_k, d_v), d_q = jax.lax.scan(one_block, zeros, jnp.arange(blocks))
-    d_q = jnp.moveaxis(d_q, 0, 1).reshape((q.shape[0], padded) + q.shape[2:])[:, :length]
-    d_params = jax.tree.map(lambda g, p: g.astype(p.dtype), d_params, params)
+    """The flash backward: recomputed probabilities, a dK/dV and a dQ kernel, then the maps' VJP."""
+    params, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = residuals
+    layout = _Layout.of(settings, q, k)
+    rows = layout.rows(q_pos, k_pos, q_seg, k_seg)
+    (terms, gammas), pullback = jax.vjp(
+        lambda params, q, k: _kernel_terms(layout, rows, params, q, k), params, q, k
+    )
+    inputs = layout.inputs(terms, gammas, _omegas(layout, params), v)
+    d_out = jnp.transpose(_pad_rows(d_out.astype(v.dtype), layout.q_len, 0), (0, 2, 1, 3))
+    # delta_i = sum_j p_ij dp_ij = dO_i . O_i: the softmax's backward without the T x S array.
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+    d_keys, d_v = _key_gradients_call(layout, rows, inputs, d_out, lse, delta)
+    d_queries = _query_gradients_call(layout, rows, inputs, d_out, lse, delta)
+    d_terms = []
+    for r in range(layout.num_terms):
+        d_terms += [*d_queries[2 * r : 2 * r + 2], *d_keys[2 * r : 2 * r + 2]]
+    d_gammas = _gamma_gradients(layout, rows, inputs.terms, d_terms)
+    d_params, d_q, d_k = pullback((d_terms, d_gammas))
+    d_v = jnp.transpose(d_v, (0, 2, 1, 3))[:, : layout.key_length]
     return (
-        d_params,
+        jax.tree.map(lambda g, p: g.astype(p.dtype), d_params, params),
         d_q.astype(q.dtype),
         d_k.astype(k.dtype),
         d_v.astype(v.dtype),
@@ -169,6 +164,150 @@ def _attend_backward(settings, residuals, d_out):
 
 
 _attend.defvjp(_attend_forward, _attend_backward)
+
+
+class _Rows(NamedTuple):
+    """Padded positions and segments: int32 q_pos, q_seg [B, Tp, 1]; k_pos, k_seg [B, 1, Sp]."""
+
+    q_pos: jax.Array
+    k_pos: jax.Array
+    q_seg: jax.Array
+    k_seg: jax.Array
+
+
+class _Inputs(NamedTuple):
+    """The kernels' operands: per term (q re, q im, k re, k im) [B, N, Tp|Sp, d] in the inputs'
+    dtype, per term (gamma [N, 1, d], omega [N, 1, d]), and v [B, N, Sp, H]."""
+
+    terms: list
+    rates: list
+    v: jax.Array
+
+
+class _Layout(NamedTuple):
+    """The static shape of one call: lengths, their padded blocks, the term count, the time."""
+
+    enc: Any
+    interpret: bool
+    batch: int
+    heads: int
+    head_dim: int
+    length: int
+    key_length: int
+    bq: int
+    bk: int
+    q_len: int
+    k_len: int
+    num_terms: int
+    dtype: Any
+
+    @classmethod
+    def of(cls, settings, q, k):
+        enc, block_size, interpret = settings
+        batch, length, heads, head_dim = q.shape
+        key_length = k.shape[1]
+        bq, bk = min(block_size, length), min(block_size, key_length)
+        return cls(
+            enc,
+            interpret,
+            batch,
+            heads,
+            head_dim,
+            length,
+            key_length,
+            bq,
+            bk,
+            -(-length // bq) * bq,
+            -(-key_length // bk) * bk,
+            shear.shear_order(enc),
+            q.dtype,
+        )
+
+    def rows(self, q_pos, k_pos, q_seg, k_seg) -> _Rows:
+        # Padded queries and keys: positions repeat the last, and segments that
+        # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
+        return _Rows(
+            _pad_rows(q_pos, self.q_len)[:, :, None],
+            _pad_rows(k_pos, self.k_len)[:, None, :],
+            _pad_rows(q_seg, self.q_len, -2)[:, :, None],
+            _pad_rows(k_seg, self.k_len, -1)[:, None, :],
+        )
+
+    def inputs(self, terms, gammas, omegas, v) -> _Inputs:
+        rates = [
+            pair for gamma, omega in zip(gammas, omegas, strict=True) for pair in (gamma, omega)
+        ]
+        v = jnp.transpose(_pad_rows(v, self.k_len, 0), (0, 2, 1, 3))
+        return _Inputs([x.astype(self.dtype) for x in terms], rates, v)
+
+    @property
+    def key_offset(self) -> int:
+        return self.key_length - self.length
+
+    @property
+    def compiler_params(self):
+        # On GPUs, Triton (Pallas' default there is Mosaic GPU, which wants other block shapes).
+        return pltriton.CompilerParams() if jax.default_backend() == "gpu" else None
+
+    @property
+    def time(self):
+        cfg = self.enc.cfg
+        if cfg.shear_time == "bounded":
+            return ("bounded", float(cfg.shear_scale), float(cfg.train_context))
+        return ("raw", float(cfg.shear_scale), 0.0)
+
+
+def _kernel_terms(layout, rows, params, q, k):
+    """The term halves (float32 [B, N, Tp|Sp, d], q re, q im, k re, k im per term) and each term's
+    gamma [N, 1, d]: the differentiable map from (params, q, k) to the kernels' operands."""
+    q_pos, k_pos = rows.q_pos[:, :, 0], rows.k_pos[:, 0, :]
+    terms = shear.shear_terms(
+        layout.enc,
+        params,
+        _pad_rows(q, layout.q_len, 0),
+        _pad_rows(k, layout.k_len, 0),
+        q_pos,
+        k_pos,
+        _block_origins(q_pos, layout.bq),
+        _block_origins(k_pos, layout.bk),
+    )
+    halves = []
+    for q_r, k_r in zip(terms.queries, terms.keys, strict=True):
+        halves += [*_halves(q_r), *_halves(k_r)]
+    gammas = [gamma[:, None, :] for gamma, _ in shear.term_rates(layout.enc, params)]
+    return halves, gammas
+
+
+def _omegas(layout, params):
+    return [
+        jnp.broadcast_to(omega, (layout.heads, 1, omega.shape[-1]))
+        for _, omega in shear.term_rates(layout.enc, params)
+    ]
+
+
+def _gamma_gradients(layout, rows, terms, d_terms):
+    """Each term's gamma cotangent [N, 1, d] from the key blocks' move inside the kernels.
+
+    A moved key's pair carries e^{gamma (o_k - o)}, so d logit / d gamma is
+    (o_k - o) times the pair's share of the dot; summed over the visited
+    (query block, key block) pairs that is sum_keys o_k <dk, k> - sum_queries
+    o <dq, q> per pair (the dq, dk the kernels return). Origins are taken
+    relative to the row's first so the two sums stay small at any offset.
+    """
+    first = rows.q_pos[:, :1, :1]
+    q_origin = (_block_origins(rows.q_pos[:, :, 0], layout.bq)[:, :, None] - first)[:, None]
+    k_origin = _block_origins(rows.k_pos[:, 0, :], layout.bk)[:, None, :] - first
+    k_origin = jnp.transpose(k_origin, (0, 2, 1))[:, None]
+    gradients = []
+    for r in range(layout.num_terms):
+        total = 0.0
+        for index in range(4):
+            origin = q_origin if index < 2 else k_origin
+            sign = -1.0 if index < 2 else 1.0
+            products = terms[4 * r + index].astype(jnp.float32) * d_terms[4 * r + index]
+            total = total + sign * jnp.sum(origin.astype(jnp.float32) * products, (0, 2))
+        gradients.append(total[:, None, :])
+    return gradients
 
 
 def _pad_rows(x, padded, value=None):
@@ -194,85 +333,6 @@ def _halves(x):
     return [jnp.transpose(x[..., part], (0, 2, 1, 3)) for part in (0, 1)]
 
 
-def _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
-    enc, block_size, interpret = settings
-    batch, length, heads, head_dim = q.shape
-    key_length = k.shape[1]
-    bq, bk = min(block_size, length), min(block_size, key_length)
-    q_len, k_len = -(-length // bq) * bq, -(-key_length // bk) * bk
-    # Padded queries and keys: positions repeat the last, and segments that
-    # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
-    q_pos_p, k_pos_p = _pad_rows(q_pos, q_len), _pad_rows(k_pos, k_len)
-    q_seg_p, k_seg_p = _pad_rows(q_seg, q_len, -2), _pad_rows(k_seg, k_len, -1)
-    q_p, k_p, v_p = _pad_rows(q, q_len, 0), _pad_rows(k, k_len, 0), _pad_rows(v, k_len, 0)
-    terms = shear.shear_terms(
-        enc,
-        params,
-        q_p,
-        k_p,
-        q_pos_p,
-        k_pos_p,
-        _block_origins(q_pos_p, bq),
-        _block_origins(k_pos_p, bk),
-    )
-    dtype = q.dtype
-    term_arrays, rate_arrays = [], []
-    for q_r, k_r, (gamma, omega) in zip(
-        terms.queries, terms.keys, shear.term_rates(enc, params), strict=True
-    ):
-        term_arrays += [x.astype(dtype) for x in (*_halves(q_r), *_halves(k_r))]
-        rate_arrays += [gamma[:, None, :], jnp.broadcast_to(omega, (heads, 1, omega.shape[-1]))]
-    cfg = enc.cfg
-    time = ("raw", float(cfg.shear_scale), 0.0)
-    if cfg.shear_time == "bounded":
-        time = ("bounded", float(cfg.shear_scale), float(cfg.train_context))
-    kernel = functools.partial(
-        _kernel,
-        num_terms=len(terms.queries),
-        time=time,
-        bk=bk,
-        key_offset=key_length - length,
-        scale=1.0 / math.sqrt(head_dim),
-    )
-    column = lambda b, n, i: (b, i, 0)  # noqa: E731
-    whole_row = lambda b, n, i: (b, 0, 0)  # noqa: E731
-    in_specs = [
-        pl.BlockSpec((1, bq, 1), column),  # query positions [B, T, 1]
-        pl.BlockSpec((1, 1, k_len), whole_row),  # key positions [B, 1, S]
-        pl.BlockSpec((1, bq, 1), column),
-        pl.BlockSpec((1, 1, k_len), whole_row),
-    ]
-    for index, array in enumerate(term_arrays):
-        if index % 4 < 2:  # a query half: this block
-            in_specs.append(pl.BlockSpec((1, 1, bq, array.shape[-1]), lambda b, n, i: (b, n, i, 0)))
-        else:  # a key half: every key
-            in_specs.append(
-                pl.BlockSpec((1, 1, k_len, array.shape[-1]), lambda b, n, i: (b, n, 0, 0))
-            )
-    for array in rate_arrays:
-        in_specs.append(pl.BlockSpec((1, 1, array.shape[-1]), lambda b, n, i: (n, 0, 0)))
-    in_specs.append(pl.BlockSpec((1, 1, k_len, head_dim), lambda b, n, i: (b, n, 0, 0)))
-    out = pl.pallas_call(
-        kernel,
-        grid=(batch, heads, q_len // bq),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i: (b, n, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), v.dtype),
-        interpret=interpret,
-        # On GPUs, Triton (Pallas' default there is Mosaic GPU, which wants other block shapes).
-        compiler_params=pltriton.CompilerParams() if jax.default_backend() == "gpu" else None,
-    )(
-        q_pos_p[:, :, None],
-        k_pos_p[:, None, :],
-        q_seg_p[:, :, None],
-        k_seg_p[:, None, :],
-        *term_arrays,
-        *rate_arrays,
-        jnp.transpose(v_p, (0, 2, 1, 3)),
-    )
-    return jnp.transpose(out, (0, 2, 1, 3))[:, :length]
-
-
 def _time_lag(time, i, j):
     """time(i) - time(j) float32 for int32 positions i [bq, 1], j [1, bk] (shear.pair_time_lag)."""
     kind, shear_scale, context = time
@@ -285,24 +345,171 @@ def _time_lag(time, i, j):
     return shear_scale * numerator / ((context + jnp.abs(fi)) * (context + jnp.abs(fj)))
 
 
-def _kernel(
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, bk, key_offset, scale
+def _row_specs(bq, k_len):
+    """Positions and segments of one query block and of every key."""
+    query_block = pl.BlockSpec((1, bq, 1), lambda b, n, i: (b, i, 0))
+    every_key = pl.BlockSpec((1, 1, k_len), lambda b, n, i: (b, 0, 0))
+    return [query_block, every_key, query_block, every_key]
+
+
+def _rate_specs(rates):
+    return [pl.BlockSpec((1, 1, x.shape[-1]), lambda b, n, i: (n, 0, 0)) for x in rates]
+
+
+def _query_side_specs(layout, inputs, d_out):
+    """Operands of a kernel run per query block: that block's queries, every key and value."""
+    bq, k_len = layout.bq, layout.k_len
+    specs = _row_specs(bq, k_len)
+    for index, array in enumerate(inputs.terms):
+        width = array.shape[-1]
+        if index % 4 < 2:  # a query half: this block
+            specs.append(pl.BlockSpec((1, 1, bq, width), lambda b, n, i: (b, n, i, 0)))
+        else:  # a key half: every key
+            specs.append(pl.BlockSpec((1, 1, k_len, width), lambda b, n, i: (b, n, 0, 0)))
+    specs += _rate_specs(inputs.rates)
+    specs.append(pl.BlockSpec((1, 1, k_len, layout.head_dim), lambda b, n, i: (b, n, 0, 0)))
+    if d_out is not None:  # dO, logsumexp, delta of this block
+        specs.append(pl.BlockSpec((1, 1, bq, layout.head_dim), lambda b, n, i: (b, n, i, 0)))
+        specs += 2 * [pl.BlockSpec((1, 1, bq, 1), lambda b, n, i: (b, n, i, 0))]
+    return specs
+
+
+def _kernel_args(layout):
+    return dict(
+        num_terms=layout.num_terms,
+        time=layout.time,
+        block=(layout.bq, layout.bk),
+        key_offset=layout.key_offset,
+        scale=1.0 / math.sqrt(layout.head_dim),
+    )
+
+
+def _forward_call(layout, rows, inputs, out_dtype):
+    """out [B, N, Tp, H] in out_dtype and each query's logsumexp, float32 [B, N, Tp, 1]."""
+    grid = (layout.batch, layout.heads, layout.q_len // layout.bq)
+    shape = (layout.batch, layout.heads, layout.q_len)
+    this_block = lambda b, n, i: (b, n, i, 0)  # noqa: E731
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, **_kernel_args(layout)),
+        grid=grid,
+        in_specs=_query_side_specs(layout, inputs, None),
+        out_specs=[
+            pl.BlockSpec((1, 1, layout.bq, layout.head_dim), this_block),
+            pl.BlockSpec((1, 1, layout.bq, 1), this_block),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(shape + (layout.head_dim,), out_dtype),
+            jax.ShapeDtypeStruct(shape + (1,), jnp.float32),
+        ],
+        interpret=layout.interpret,
+        compiler_params=layout.compiler_params,
+    )(*rows, *inputs.terms, *inputs.rates, inputs.v)
+
+
+def _query_gradients_call(layout, rows, inputs, d_out, lse, delta):
+    """Per term, the cotangents of the query halves (re, im), float32 [B, N, Tp, d]."""
+    grid = (layout.batch, layout.heads, layout.q_len // layout.bq)
+    widths = [x.shape[-1] for x in inputs.terms[::4]]
+    this_block = lambda b, n, i: (b, n, i, 0)  # noqa: E731
+    shape = (layout.batch, layout.heads, layout.q_len)
+    return pl.pallas_call(
+        functools.partial(_query_gradients_kernel, **_kernel_args(layout)),
+        grid=grid,
+        in_specs=_query_side_specs(layout, inputs, d_out),
+        out_specs=[pl.BlockSpec((1, 1, layout.bq, w), this_block) for w in widths for _ in "ri"],
+        out_shape=[jax.ShapeDtypeStruct(shape + (w,), jnp.float32) for w in widths for _ in "ri"],
+        interpret=layout.interpret,
+        compiler_params=layout.compiler_params,
+    )(*rows, *inputs.terms, *inputs.rates, inputs.v, d_out, lse, delta)
+
+
+def _key_gradients_call(layout, rows, inputs, d_out, lse, delta):
+    """Per term, the key halves' cotangents (re, im) float32 [B, N, Sp, d], and dv [B, N, Sp, H]."""
+    bk, q_len, head_dim = layout.bk, layout.q_len, layout.head_dim
+    query_rows = pl.BlockSpec((1, q_len, 1), lambda b, n, j: (b, 0, 0))
+    key_block = pl.BlockSpec((1, 1, bk), lambda b, n, j: (b, 0, j))
+    in_specs = [query_rows, key_block, query_rows, key_block]
+    for index, array in enumerate(inputs.terms):
+        width = array.shape[-1]
+        if index % 4 < 2:  # a query half: every query
+            in_specs.append(pl.BlockSpec((1, 1, q_len, width), lambda b, n, j: (b, n, 0, 0)))
+        else:  # a key half: this block
+            in_specs.append(pl.BlockSpec((1, 1, bk, width), lambda b, n, j: (b, n, j, 0)))
+    in_specs += _rate_specs(inputs.rates)
+    in_specs.append(pl.BlockSpec((1, 1, bk, head_dim), lambda b, n, j: (b, n, j, 0)))
+    in_specs.append(pl.BlockSpec((1, 1, q_len, head_dim), lambda b, n, j: (b, n, 0, 0)))
+    in_specs += 2 * [pl.BlockSpec((1, 1, q_len, 1), lambda b, n, j: (b, n, 0, 0))]
+    widths = [x.shape[-1] for x in inputs.terms[::4] for _ in "ri"] + [head_dim]
+    shape = (layout.batch, layout.heads, layout.k_len)
+    this_block = lambda b, n, j: (b, n, j, 0)  # noqa: E731
+    outputs = pl.pallas_call(
+        functools.partial(_key_gradients_kernel, **_kernel_args(layout)),
+        grid=(layout.batch, layout.heads, layout.k_len // bk),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((1, 1, bk, w), this_block) for w in widths],
+        out_shape=[jax.ShapeDtypeStruct(shape + (w,), jnp.float32) for w in widths],
+        interpret=layout.interpret,
+        compiler_params=layout.compiler_params,
+    )(*rows, *inputs.terms, *inputs.rates, inputs.v, d_out, lse, delta)
+    return outputs[:-1], outputs[-1]
+
+
+def _rotations(rate_refs, moved_by, num_terms):
+    """Per term, the move of a key block's pairs by moved_by = o_k - o: (cos, sin) float32 [1, d]."""
+    rotations = []
+    for r in range(num_terms):
+        gamma, omega = rate_refs[2 * r][0], rate_refs[2 * r + 1][0]  # [1, d]
+        decay = jnp.exp(gamma * moved_by)
+        rotations.append((decay * jnp.cos(omega * moved_by), decay * jnp.sin(omega * moved_by)))
+    return rotations
+
+
+def _move(keys, rotations):
+    """k' = e^{gamma d} R(-omega d) k per pair: keys [(re, im) float32 [bk, d]] -> the same, moved."""
+    return [
+        (cos * re + sin * im, cos * im - sin * re)
+        for (re, im), (cos, sin) in zip(keys, rotations, strict=True)
+    ]
+
+
+def _logits(queries, moved, time_lag, scale):
+    """sum_r time_lag^r (q_r . k'_r) * scale, float32 [bq, bk], by Horner in the lag."""
+    logits = None
+    for (q_re, q_im), (k_re, k_im) in reversed(list(zip(queries, moved, strict=True))):
+        dot = _dot_t(q_re, k_re.astype(q_re.dtype)) + _dot_t(q_im, k_im.astype(q_im.dtype))
+        logits = dot if logits is None else logits * time_lag + dot
+    return logits * scale
+
+
+def _visible(q_pos, k_pos, q_seg, k_seg):
+    """Key j visible to query i: not after it, in its segment; [bq, 1] x [1, bk] -> bool [bq, bk]."""
+    return (k_pos <= q_pos) & (k_seg == q_seg)
+
+
+def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, values, scale):
+    """p [bq, bk] and, per term r, time_lag^r scale p (dO v^T - delta): the term dots' cotangents."""
+    logits = jnp.where(visible, _logits(queries, moved, time_lag, scale), MASK_VALUE)
+    probs = jnp.where(visible, jnp.exp(logits - lse), 0.0)
+    d_scores = probs * (_dot_t(d_out, values) - delta) * scale
+    per_term = [d_scores]
+    for _ in queries[1:]:
+        per_term.append(per_term[-1] * time_lag)
+    return probs, per_term
+
+
+def _forward_kernel(
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
 ):
     """One (batch row, head, query block): online softmax over its key blocks."""
     term_refs = refs[: 4 * num_terms]
     rate_refs = refs[4 * num_terms : 6 * num_terms]
-    v_ref, out_ref = refs[6 * num_terms], refs[6 * num_terms + 1]
-    bq = out_ref.shape[2]
+    v_ref, out_ref, lse_ref = refs[6 * num_terms :]
+    bq, bk = block
     q_pos = q_pos_ref[0]  # [bq, 1]
     q_seg = q_seg_ref[0]
     origin = q_pos_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
-    queries = [term_refs[4 * r + part][0, 0] for r in range(num_terms) for part in (0, 1)]
-    block = pl.program_id(2)
-    # Key blocks holding a key at or before this block's last query index.
-    # (lax.div: a nonnegative quotient, with no sign op for Mosaic to lower.)
-    end = jnp.minimum(
-        jax.lax.div(key_offset + (block + 1) * bq + bk - 1, bk), k_pos_ref.shape[-1] // bk
-    )
+    queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
+    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
 
     def key_block(kb, carry):
         acc, row_max, row_sum = carry
@@ -310,33 +517,16 @@ def _kernel(
         k_pos = k_pos_ref[0, :, pl.ds(start, bk)]  # [1, bk]
         k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
         moved_by = (k_pos_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
-        time_lag = _time_lag(time, q_pos, k_pos)  # [bq, bk]
-        logits = None
-        for r in reversed(range(num_terms)):
-            gamma, omega = rate_refs[2 * r][0], rate_refs[2 * r + 1][0]  # [1, d]
-            decay = jnp.exp(gamma * moved_by)
-            cos, sin = decay * jnp.cos(omega * moved_by), decay * jnp.sin(omega * moved_by)
-            re = term_refs[4 * r + 2][0, 0, pl.ds(start, bk), :].astype(jnp.float32)
-            im = term_refs[4 * r + 3][0, 0, pl.ds(start, bk), :].astype(jnp.float32)
-            dtype = queries[2 * r].dtype
-            key_re = (cos * re + sin * im).astype(dtype)
-            key_im = (cos * im - sin * re).astype(dtype)
-            dot = _dot_t(queries[2 * r], key_re) + _dot_t(queries[2 * r + 1], key_im)
-            logits = dot if logits is None else logits * time_lag + dot
-        logits = logits * scale
-        visible = (k_pos <= q_pos) & (k_seg == q_seg)
+        keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
+        moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        logits = _logits(queries, moved, _time_lag(time, q_pos, k_pos), scale)
+        visible = _visible(q_pos, k_pos, q_seg, k_seg)
         logits = jnp.where(visible, logits, MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(logits, axis=1, keepdims=True))
         correction = jnp.exp(row_max - new_max)
         probs = jnp.where(visible, jnp.exp(logits - new_max), 0.0)
         values = v_ref[0, 0, pl.ds(start, bk), :]
-        update = jax.lax.dot_general(
-            probs.astype(values.dtype),
-            values,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
-        acc = acc * correction + update
+        acc = acc * correction + _dot(probs.astype(values.dtype), values)
         return acc, new_max, row_sum * correction + jnp.sum(probs, axis=1, keepdims=True)
 
     head_dim = out_ref.shape[3]
@@ -345,9 +535,145 @@ def _kernel(
         jnp.full((bq, 1), MASK_VALUE, jnp.float32),
         jnp.zeros((bq, 1), jnp.float32),
     )
-    acc, _, row_sum = jax.lax.fori_loop(0, end, key_block, init)
+    acc, row_max, row_sum = jax.lax.fori_loop(0, end, key_block, init)
     row_sum = jnp.maximum(row_sum, jnp.finfo(jnp.float32).tiny)
     out_ref[0, 0] = (acc / row_sum).astype(out_ref.dtype)
+    lse_ref[0, 0] = row_max + jnp.log(row_sum)
+
+
+def _query_gradients_kernel(
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
+):
+    """One (batch row, head, query block): dq_r = sum_j time_lag^r ds k'_r over its key blocks."""
+    term_refs = refs[: 4 * num_terms]
+    rate_refs = refs[4 * num_terms : 6 * num_terms]
+    v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
+    d_query_refs = refs[6 * num_terms + 4 :]
+    bq, bk = block
+    q_pos = q_pos_ref[0]  # [bq, 1]
+    q_seg = q_seg_ref[0]
+    origin = q_pos_ref[0, pl.ds(0, 1), :]
+    queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
+    d_out, lse, delta = d_out_ref[0, 0], lse_ref[0, 0], delta_ref[0, 0]
+    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
+
+    def key_block(kb, d_queries):
+        start = pl.multiple_of(kb * bk, bk)
+        k_pos = k_pos_ref[0, :, pl.ds(start, bk)]
+        k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
+        moved_by = (k_pos_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
+        keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
+        moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        _, d_scores = _score_cotangents(
+            queries,
+            moved,
+            _time_lag(time, q_pos, k_pos),
+            _visible(q_pos, k_pos, q_seg, k_seg),
+            lse,
+            delta,
+            d_out,
+            v_ref[0, 0, pl.ds(start, bk), :],
+            scale,
+        )
+        updated = []
+        for r, (k_re, k_im) in enumerate(moved):
+            dtype = queries[r][0].dtype
+            d_score = d_scores[r].astype(dtype)
+            updated.append(d_queries[2 * r] + _dot(d_score, k_re.astype(dtype)))
+            updated.append(d_queries[2 * r + 1] + _dot(d_score, k_im.astype(dtype)))
+        return updated
+
+    init = [jnp.zeros(ref.shape[2:], jnp.float32) for ref in d_query_refs]
+    d_queries = jax.lax.fori_loop(0, end, key_block, init)
+    for ref, value in zip(d_query_refs, d_queries, strict=True):
+        ref[0, 0] = value
+
+
+def _key_gradients_kernel(
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
+):
+    """One (batch row, head, key block): dk_r, dv over the query blocks that see it.
+
+    The cotangent of a moved key k' = M k (M = e^{gamma d} R(-omega d) per pair)
+    goes back to the unmoved key as M^T dk'.
+    """
+    term_refs = refs[: 4 * num_terms]
+    rate_refs = refs[4 * num_terms : 6 * num_terms]
+    v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
+    d_key_refs, d_v_ref = refs[6 * num_terms + 4 : -1], refs[-1]
+    bq, bk = block
+    k_pos = k_pos_ref[0]  # [1, bk]
+    k_seg = k_seg_ref[0]
+    k_origin = k_pos_ref[0, :, pl.ds(0, 1)]  # [1, 1]
+    keys = _key_block(term_refs, num_terms, slice(None))
+    values = v_ref[0, 0]
+    # The first query block whose causal end reaches this key block (as _key_block_end).
+    first = jax.lax.div(jnp.maximum(pl.program_id(2) * bk - key_offset, 0), bq)
+
+    def query_block(qb, carry):
+        d_keys, d_v = carry
+        start = pl.multiple_of(qb * bq, bq)
+        rows = pl.ds(start, bq)
+        q_pos = q_pos_ref[0, rows, :]  # [bq, 1]
+        q_seg = q_seg_ref[0, rows, :]
+        moved_by = (k_origin - q_pos_ref[0, pl.ds(start, 1), :]).astype(jnp.float32)
+        rotations = _rotations(rate_refs, moved_by, num_terms)
+        queries = [
+            (term_refs[4 * r][0, 0, rows, :], term_refs[4 * r + 1][0, 0, rows, :])
+            for r in range(num_terms)
+        ]
+        d_out = d_out_ref[0, 0, rows, :]
+        probs, d_scores = _score_cotangents(
+            queries,
+            _move(keys, rotations),
+            _time_lag(time, q_pos, k_pos),
+            _visible(q_pos, k_pos, q_seg, k_seg),
+            lse_ref[0, 0, rows, :],
+            delta_ref[0, 0, rows, :],
+            d_out,
+            values,
+            scale,
+        )
+        d_v = d_v + _dot(probs.T.astype(d_out.dtype), d_out)
+        updated = []
+        for r, (q_re, q_im) in enumerate(queries):
+            d_score = d_scores[r].T.astype(q_re.dtype)  # [bk, bq]
+            d_re, d_im = _dot(d_score, q_re), _dot(d_score, q_im)  # of the moved key
+            cos, sin = rotations[r]
+            updated.append(d_keys[2 * r] + cos * d_re - sin * d_im)
+            updated.append(d_keys[2 * r + 1] + sin * d_re + cos * d_im)
+        return updated, d_v
+
+    init = (
+        [jnp.zeros(ref.shape[2:], jnp.float32) for ref in d_key_refs],
+        jnp.zeros(d_v_ref.shape[2:], jnp.float32),
+    )
+    d_keys, d_v = jax.lax.fori_loop(first, q_pos_ref.shape[1] // bq, query_block, init)
+    for ref, value in zip(d_key_refs, d_keys, strict=True):
+        ref[0, 0] = value
+    d_v_ref[0, 0] = d_v
+
+
+def _key_block_end(block, bq, bk, key_offset, k_len):
+    """One past the last key block holding a key at or before query block `block`'s last index."""
+    # lax.div: a nonnegative quotient, with no sign op for Mosaic to lower.
+    return jnp.minimum(jax.lax.div(key_offset + (block + 1) * bq + bk - 1, bk), k_len // bk)
+
+
+def _key_block(term_refs, num_terms, rows):
+    """Per term, the key halves (re, im) of `rows`, float32 [bk, d]."""
+    return [
+        (
+            term_refs[4 * r + 2][0, 0, rows, :].astype(jnp.float32),
+            term_refs[4 * r + 3][0, 0, rows, :].astype(jnp.float32),
+        )
+        for r in range(num_terms)
+    ]
+
+
+def _dot(a, b):
+    """a [m, c] . b [c, n] -> float32 [m, n]."""
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _dot_t(a, b):
