@@ -93,6 +93,25 @@ def test_flash_gradients_equal_the_xla_kernels_on_packed_rows(name, queries):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
+def test_flash_gradients_hold_with_xlas_optimizations_on():
+    """The tests turn XLA's optimizations off (conftest); on, products may fuse into
+    multiply-adds, and the stabilized time lag must not rely on two equal products cancelling.
+    eta's cotangent, which only the lag carries, is the one that would show it."""
+    enc, params, q, k, v = _setup("jordan_rope", 20)
+    positions = jnp.tile(jnp.arange(20) + 65536, (1, 1))
+    segments = jnp.zeros((1, 20), jnp.int32)
+    cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
+    args = (enc, params, q, k, v, positions, segments, cotangent)
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        flash = _gradients(shear_flash.shear_flash_attention, *args, block_size=8)
+        xla = _gradients(shear.shear_attention, *args, precision=jax.lax.Precision.HIGHEST)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", True)
+    for got, want in zip(flash, xla, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
 def _outputs_and_gradients(attend, params, q, k, v):
     """attend(params, q, k, v), then d/d(params, q, k, v) of its sum against fixed weights."""
     cotangent = jax.random.normal(jax.random.PRNGKey(11), q.shape, jnp.float32)
@@ -111,14 +130,16 @@ def _relative_rms_errors(result, reference):
     ]
 
 
-def test_flash_bfloat16_gradients_keep_ropes_own_error():
+@pytest.mark.parametrize("name", ["jordan_rope", "jordan_exact_m3_c010_eta100_eta1"])
+def test_flash_bfloat16_gradients_keep_ropes_own_error(name):
     """bfloat16 q, k, v: output and every cotangent within 1.5x RoPE's own bfloat16 error.
 
     Errors are relative RMS against the float32 XLA kernel at HIGHEST (packed
     rows at offset 65536); RoPE's are its einsum kernel's in bfloat16 against
     its float32 HIGHEST on one row, its queries scaled to the variant's logit
-    RMS (as tests/test_shear_attention.py measures it). The parameters'
-    cotangents are held to the largest of RoPE's errors.
+    RMS (as tests/test_shear_attention.py measures it). RoPE has no parameter
+    to compare with: the parameters' cotangents, sums over every pair, are
+    held to twice the largest of RoPE's errors.
     """
     length, highest = 64, jax.lax.Precision.HIGHEST
     positions, segments = _packed_rows(length, batch=1)
@@ -128,7 +149,7 @@ def test_flash_bfloat16_gradients_keep_ropes_own_error():
         q_segments=segments,
         k_segments=segments,
     )
-    enc, params, q, k, v = _setup("jordan_rope", length)
+    enc, params, q, k, v = _setup(name, length)
 
     def shear_kernel(kernel, **options):
         return lambda params, q, k, v: kernel(q, k, v, enc=enc, params=params, **rows, **options)
@@ -165,7 +186,7 @@ def test_flash_bfloat16_gradients_keep_ropes_own_error():
         got,
         rope_errors,
     )
-    assert all(e <= 1.5 * max(rope_errors) for e in got[1:-3]), (got, rope_errors)
+    assert all(e <= 2 * max(rope_errors) for e in got[1:-3]), (got, rope_errors)
 
 
 @pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
