@@ -1,0 +1,72 @@
+"""Packed rows: several sequences in one row, told apart by segment ids.
+
+A packed row holds its sequences one after another, each a contiguous run of
+one segment id; positions restart at each run and never go down within one.
+A query sees only the keys of its own segment, so a packed row gives each
+sequence what it would give alone in a row of its own.
+
+Shape legend: B batch, S row length.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_segments(positions, segment_ids, batch: int, length: int) -> None:
+    """Raises ValueError for segment ids a kernel cannot take; traced values are checked for shape only.
+
+    positions: integers [S] or [B, S]; segment_ids: integers [B, S], with
+    B = batch and S = length. Refused: another shape or dtype, a segment id
+    that comes back after another one (a sequence must be one contiguous
+    run), positions that go down within a run.
+    """
+    shape = tuple(jnp.shape(segment_ids))
+    if shape != (batch, length):
+        raise ValueError(
+            f"segment_ids must be [B, S] = [{batch}, {length}], one id per key of each row; "
+            f"got shape {shape}."
+        )
+    if not jnp.issubdtype(jnp.result_type(segment_ids), jnp.integer):
+        raise ValueError(f"segment_ids must be integers; got dtype {jnp.result_type(segment_ids)}.")
+    if isinstance(segment_ids, jax.core.Tracer) or isinstance(positions, jax.core.Tracer):
+        return
+    segments = np.asarray(segment_ids)
+    rows = np.broadcast_to(np.asarray(positions, np.int64), segments.shape)
+    starts = np.concatenate(
+        [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
+    )
+    for row in range(segments.shape[0]):
+        run_ids = segments[row][starts[row]]
+        if len(np.unique(run_ids)) != len(run_ids):
+            raise ValueError(
+                f"segment_ids row {row} returns to a segment after another one (runs "
+                f"{run_ids.tolist()}): each packed sequence must be one contiguous run."
+            )
+    falls = np.argwhere((np.diff(rows, axis=-1) < 0) & ~starts[:, 1:])
+    if len(falls):
+        row, index = falls[0]
+        raise ValueError(
+            f"positions go back down within segment {segments[row, index + 1]} of row {row} "
+            f"({rows[row, index]} -> {rows[row, index + 1]} at index {index + 1}): positions "
+            "restart only where the segment id changes."
+        )
+
+
+def row_coordinates(positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32 [B, S]: positions shifted per segment so that they never go down along the row.
+
+    Each segment's positions move by one constant (0 for the first), so
+    differences within a segment are unchanged: what a translation-invariant
+    map of a same-segment pair reads. A segment starts at the coordinate
+    where the one before it ended.
+    positions: int [S] or [B, S]; segment_ids: int [B, S].
+    """
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), segment_ids.shape)
+    step = jnp.diff(positions, axis=-1)
+    restarts = segment_ids[:, 1:] != segment_ids[:, :-1]
+    # At a segment start the coordinate stays where the row was; elsewhere it follows the positions.
+    shift = jnp.cumsum(jnp.where(restarts, -step, 0), axis=-1)
+    return positions + jnp.pad(shift, ((0, 0), (1, 0)))
