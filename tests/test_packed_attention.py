@@ -49,7 +49,9 @@ def _setup(name):
     return enc, params, (q, k, v), weight
 
 
-def _value_and_grads(enc, kernel, weight, operands, params, positions, segment_ids=None):
+def _value_and_grads(
+    enc, kernel, weight, operands, params, positions, segment_ids=None, block_size=4
+):
     """The output and the gradients of sum(output * weight) in (q, k, v) and params, jitted."""
 
     def loss(operands, params, positions, segment_ids):
@@ -62,7 +64,7 @@ def _value_and_grads(enc, kernel, weight, operands, params, positions, segment_i
             params=params,
             positions=positions,
             kernel=kernel,
-            block_size=4,
+            block_size=block_size,
             segment_ids=segment_ids,
         )
         return jnp.sum(out * weight), out
@@ -73,7 +75,7 @@ def _value_and_grads(enc, kernel, weight, operands, params, positions, segment_i
 
 
 def _kernel_cases():
-    for kernel in ("einsum", "xla"):
+    for kernel in ("einsum", "xla", "blockwise"):
         for name in ENCODINGS if kernel != "xla" else BIAS_FREE:
             yield kernel, name
 
@@ -150,3 +152,36 @@ def test_kernels_without_segment_ids_refuse_packed_rows(kernel):
             kernel=kernel,
             segment_ids=jnp.zeros((len(ROWS), LENGTH), jnp.int32),
         )
+
+
+def test_blockwise_keeps_strong_damping_finite_across_a_restart_inside_a_block():
+    """gamma 0.5 and a block holding positions 1008, 1009, then 0..5 of the next sequence.
+
+    One origin for the block (its first position, as in a row of one
+    sequence) would give the restarted queries a factor e^{0.5 * 1008}, far
+    past float32; measured from the row coordinates, every factor stays
+    within the block's extent and the row equals its sequences alone.
+    """
+    enc, _, (q, k, v), weight = _setup("damped_rope")
+    params = {"gamma_raw": jnp.full((HEADS, HEAD_DIM // 4), np.log(np.expm1(0.5)), jnp.float32)}
+    assert enc.largest_damping(params) == pytest.approx(0.5, rel=1e-3)
+    positions = jnp.concatenate([jnp.arange(10) + 1000, jnp.arange(10)])[None]
+    segments = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 10)[None]
+    operands = [x[:1] for x in (q, k, v)]
+    packed, (grads, _) = _value_and_grads(
+        enc, "blockwise", weight[:1], operands, params, positions, segments, block_size=8
+    )
+    assert all(np.isfinite(np.asarray(x)).all() for x in (packed, *grads))
+    halves = lambda x: jnp.concatenate([x[:, :10], x[:, 10:]])  # noqa: E731
+    alone, (grads_alone, _) = _value_and_grads(
+        enc,
+        "blockwise",
+        halves(weight[:1]),
+        [halves(x) for x in operands],
+        params,
+        halves(positions),
+        block_size=8,
+    )
+    np.testing.assert_allclose(halves(packed), alone, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, grads_alone, strict=True):
+        np.testing.assert_allclose(halves(got), want, rtol=1e-5, atol=1e-5)

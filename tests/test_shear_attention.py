@@ -286,18 +286,3 @@ def test_causal_attention_with_segment_ids_equals_each_segment_alone(kernel):
         np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
         for got, want in zip(packed_grads, alone_grads, strict=True):
             np.testing.assert_allclose(got[:, part], want, rtol=1e-4, atol=1e-5)
-
-
-def test_kernels_without_segment_ids_refuse_packed_rows():
-    enc, params, q, k, v = _setup("rope", 8)
-    with pytest.raises(ValueError, match="segment ids"):
-        jrope.attention.causal_attention(
-            q,
-            k,
-            v,
-            enc=enc,
-            params=params,
-            positions=jnp.arange(8),
-            kernel="blockwise",
-            segment_ids=jnp.zeros((1, 8), jnp.int32),
-        )

@@ -42,7 +42,7 @@ from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
 # The kernels that take segment ids of packed rows.
-PACKING_KERNELS = ("xla", "einsum", "shear", "shear_flash")
+PACKING_KERNELS = ("xla", "einsum", "blockwise", "shear", "shear_flash")
 
 __all__ = [
     "KERNELS",
@@ -123,6 +123,7 @@ def causal_attention(
             k_positions=positions,
             block_size=block_size,
             precision=precision,
+            segment_ids=segment_ids,
         )
     if kernel == "shear_flash":
         with jax.named_scope("attention_kernel"):
