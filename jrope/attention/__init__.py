@@ -17,7 +17,9 @@ mapped keys to a block's origin with `move_keys`) and its additive bias
   shear_flash  jrope.attention.shear_flash: the same as a Pallas flash kernel,
                memory linear in length (interpret mode off TPU and GPU).
 
-The dots run at the precision `jrope.attention.precision` resolves.
+The dots run at the precision `jrope.attention.precision` resolves. Packed
+rows (segment ids, jrope.attention.packing) run on the PACKING_KERNELS: xla,
+einsum, blockwise, shear and shear_flash.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """

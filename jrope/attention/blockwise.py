@@ -181,9 +181,8 @@ def _query_rows(rows, q_start, bq):
     """The query block's (coordinates, segment ids), or (None, None) for rows of one sequence."""
     if rows is None:
         return None, None
-    return blocks.slice_seq(rows.q_coords, q_start, bq), blocks.slice_seq(
-        rows.q_segments, q_start, bq
-    )
+    coords = blocks.slice_seq(rows.q_coords, q_start, bq)
+    return coords, blocks.slice_seq(rows.q_segments, q_start, bq)
 
 
 def _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk):
