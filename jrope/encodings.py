@@ -230,7 +230,7 @@ class Encoding:
             out.update(segment.physical_params(params))
         return out
 
-    def transform_qk(self, params, q, k, q_positions, k_positions, origin=None, *, packed=False):
+    def transform_qk(self, params, q, k, q_positions, k_positions, origin=None):
         """Per-position maps so that q2 . k2 is the encoded score.
 
         Args:
@@ -241,8 +241,6 @@ class Encoding:
           origin: optional int32 scalar or [B]: where positions are measured
             from. Exact variants give the same logits for any origin; the default
             (the window's midpoint) keeps every factor bounded by the span.
-          packed: the rows hold packed sequences whose positions restart at
-            each one's start (else refused); the caller masks by segment.
         Returns:
           (q2, k2), shaped like q and k; dtype of q and k, or float32 when
           `keeps_float32`.
@@ -262,12 +260,11 @@ class Encoding:
                 if jnp.ndim(x) == 4:
                     check_positions_fit(f"{name}_positions", positions, name, x.shape[:2])
             origin = default_origin(
-                _as_batched_positions(q_positions, packed),
-                _as_batched_positions(k_positions, packed),
+                _as_batched_positions(q_positions), _as_batched_positions(k_positions)
             )
         return (
-            self.map_queries(params, q, q_positions, origin, packed=packed),
-            self.map_keys(params, k, k_positions, origin, packed=packed),
+            self.map_queries(params, q, q_positions, origin),
+            self.map_keys(params, k, k_positions, origin),
         )
 
     def map_queries(self, params, q, q_positions, origin=0, *, packed=False):
@@ -275,11 +272,13 @@ class Encoding:
 
         q: floating [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
         scalar, [B], or [B|1, T] (one per query). A query and a key give the
-        encoded score only when both are mapped from the same origin (or, per
-        position, from origins that differ as the two positions' coordinates
-        do: jrope.attention.packing); with damping, keep |p - o| below
-        ~88 / gamma (float32 range), e.g. the window's first position.
-        packed: as in transform_qk.
+        encoded score only when both are mapped from the same origin, counted
+        in their own sequence's positions (per-position origins serve packed
+        rows: jrope.attention.packing, jrope.attention.blocks); with damping,
+        keep |p - o| below ~88 / gamma (float32 range), e.g. the window's
+        first position.
+        packed: the rows hold packed sequences whose positions restart at each
+        one's start (else refused); the caller masks by segment.
         Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
         """
         return self._map(
@@ -296,7 +295,7 @@ class Encoding:
 
         k: floating [B, S, N, H]; k_positions: int32 [S] or [B, S] ([1] or [B, 1]
         broadcast over S); origin: int32 scalar, [B], or [B|1, S] (one per key).
-        packed: as in transform_qk. Returns [B, S, N, H].
+        packed: as in map_queries. Returns [B, S, N, H].
         """
         return self._map(
             "k",

@@ -154,13 +154,15 @@ def test_kernels_without_segment_ids_refuse_packed_rows(kernel):
         )
 
 
-def test_blockwise_keeps_strong_damping_finite_across_a_restart_inside_a_block():
-    """gamma 0.5 and a block holding positions 1008, 1009, then 0..5 of the next sequence.
+@pytest.mark.parametrize("kernel", ["einsum", "xla", "blockwise"])
+def test_strong_damping_stays_finite_across_a_restart(kernel):
+    """gamma 0.5, positions 1000..1009 then 0..9, blocks of 8 (one holds 1008, 1009, 0..5).
 
-    One origin for the block (its first position, as in a row of one
-    sequence) would give the restarted queries a factor e^{0.5 * 1008}, far
-    past float32; measured from the row coordinates, every factor stays
-    within the block's extent and the row equals its sequences alone.
+    One origin for the row (its positions' midpoint) or for a block (its
+    first position) would give some factor e^{0.5 * 500} or more, far past
+    float32. The dense kernels map each sequence from its own midpoint, the
+    blockwise one measures block origins on the row coordinates: every
+    factor stays bounded and the row equals its sequences alone.
     """
     enc, _, (q, k, v), weight = _setup("damped_rope")
     params = {"gamma_raw": jnp.full((HEADS, HEAD_DIM // 4), np.log(np.expm1(0.5)), jnp.float32)}
@@ -169,13 +171,13 @@ def test_blockwise_keeps_strong_damping_finite_across_a_restart_inside_a_block()
     segments = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 10)[None]
     operands = [x[:1] for x in (q, k, v)]
     packed, (grads, _) = _value_and_grads(
-        enc, "blockwise", weight[:1], operands, params, positions, segments, block_size=8
+        enc, kernel, weight[:1], operands, params, positions, segments, block_size=8
     )
     assert all(np.isfinite(np.asarray(x)).all() for x in (packed, *grads))
     halves = lambda x: jnp.concatenate([x[:, :10], x[:, 10:]])  # noqa: E731
     alone, (grads_alone, _) = _value_and_grads(
         enc,
-        "blockwise",
+        kernel,
         halves(weight[:1]),
         [halves(x) for x in operands],
         params,

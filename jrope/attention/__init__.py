@@ -33,7 +33,7 @@ import jax
 from jrope.attention.blockwise import blockwise_attention
 from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
-from jrope.attention.packing import check_segments
+from jrope.attention.packing import check_segments, segment_midpoints
 from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
 from jrope.attention.settings import AttentionSettings
@@ -157,9 +157,15 @@ def causal_attention(
             )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
-        q, k = enc.transform_qk(
-            params, q, k, q_positions, positions, packed=segment_ids is not None
-        )
+        if segment_ids is None:
+            q, k = enc.transform_qk(params, q, k, q_positions, positions)
+        else:
+            # Each sequence's tokens are mapped from its own midpoint, as it would be alone.
+            origin = segment_midpoints(positions, segment_ids)
+            q = enc.map_queries(
+                params, q, q_positions, origin[:, key_length - length :], packed=True
+            )
+            k = enc.map_keys(params, k, positions, origin, packed=True)
         bias = enc.logit_bias(params, q_positions, positions) if enc.has_bias else None
     with jax.named_scope("attention_kernel"):
         if kernel == "xla":

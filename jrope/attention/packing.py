@@ -55,6 +55,29 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
         )
 
 
+def segment_midpoints(positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """int32 [B, S]: each token's segment's midpoint position.
+
+    The origin Encoding.transform_qk would give that sequence alone in a row
+    (the midpoint of its positions): a kernel that maps a whole row at once
+    bounds every factor by half its own sequence's span, and a same-segment
+    pair shares one origin. A segment's positions run from its first token's
+    to its last's (one contiguous run, not going down).
+    positions: int [S] or [B, S]; segment_ids: int [B, S].
+    """
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), segment_ids.shape)
+    length = segment_ids.shape[-1]
+    index = jnp.arange(length)
+    change = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = jnp.pad(change, ((0, 0), (1, 0)), constant_values=True)
+    ends = jnp.pad(change, ((0, 0), (0, 1)), constant_values=True)
+    first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    last = jax.lax.cummin(jnp.where(ends, index, length - 1), axis=1, reverse=True)
+    low = jnp.take_along_axis(positions, first, axis=1)
+    high = jnp.take_along_axis(positions, last, axis=1)
+    return low + (high - low) // 2
+
+
 def row_coordinates(positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """int32 [B, S]: positions shifted per segment so that they never go down along the row.
 
