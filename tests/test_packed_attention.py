@@ -154,15 +154,16 @@ def test_kernels_without_segment_ids_refuse_packed_rows(kernel):
         )
 
 
-@pytest.mark.parametrize("kernel", ["einsum", "xla", "blockwise"])
+@pytest.mark.parametrize("kernel", ["einsum", "xla", "blockwise", "shear", "shear_flash"])
 def test_strong_damping_stays_finite_across_a_restart(kernel):
     """gamma 0.5, positions 1000..1009 then 0..9, blocks of 8 (one holds 1008, 1009, 0..5).
 
     One origin for the row (its positions' midpoint) or for a block (its
     first position) would give some factor e^{0.5 * 500} or more, far past
-    float32. The dense kernels map each sequence from its own midpoint, the
-    blockwise one measures block origins on the row coordinates: every
-    factor stays bounded and the row equals its sequences alone.
+    float32. The kernels that map a row at once (xla, einsum, shear) map each
+    sequence from its own midpoint, the blocked ones (blockwise, shear_flash)
+    measure block origins on the row coordinates: every factor stays bounded
+    and the row equals its sequences alone.
     """
     enc, _, (q, k, v), weight = _setup("damped_rope")
     params = {"gamma_raw": jnp.full((HEADS, HEAD_DIM // 4), np.log(np.expm1(0.5)), jnp.float32)}

@@ -11,7 +11,9 @@ accumulator), so no T x S array exists. Inside, per key block:
 The damped-rotated terms (jrope.attention.shear.shear_terms) are mapped once
 outside the kernel, the queries from their block's first position o and the
 keys from theirs o_k, as the blockwise kernel maps them: every factor stays
-within e^{gamma * block} at any absolute position. The move is one damped
+within e^{gamma * block} at any absolute position. Packed rows take o and
+o_k on the row coordinates (jrope.attention.packing), translated into each
+token's own sequence, so a block that straddles a restart stays bounded too. The move is one damped
 rotation per (re, im) pair of the key block, with the pair's rates
 (`term_rates`); the time-lag weight is formed per pair from the integer
 positions (`pair_time_lag`'s forms). The term dots take the inputs' dtype
@@ -43,7 +45,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from jrope.attention import shear
+from jrope.attention import packing, shear
 from jrope.attention.dense import MASK_VALUE
 
 # Query and key block length: TPU lanes want multiples of 128.
@@ -182,10 +184,11 @@ def _pad_rows(x, padded, value=None):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _block_origins(positions, block):
-    """Each index's block's first position, int32 [B, L] (L a multiple of block)."""
-    firsts = positions[:, ::block]
-    return jnp.repeat(firsts, block, axis=1)
+def _block_origins(positions, coords, block):
+    """Each index's origin, int32 [B, L] (L a multiple of block): its block's first coordinate
+    translated into its own segment's positions (jrope.attention.blocks.block_origin)."""
+    firsts = jnp.repeat(coords[:, ::block], block, axis=1)
+    return firsts - (coords - positions)
 
 
 def _halves(x):
@@ -204,6 +207,11 @@ def _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
     # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
     q_pos_p, k_pos_p = _pad_rows(q_pos, q_len), _pad_rows(k_pos, k_len)
     q_seg_p, k_seg_p = _pad_rows(q_seg, q_len, -2), _pad_rows(k_seg, k_len, -1)
+    # Origins on the row coordinates, which never go down even where packed
+    # positions restart (the positions themselves in a row of one sequence).
+    k_coord = packing.row_coordinates(k_pos, k_seg)
+    q_coord_p = _pad_rows(k_coord[:, key_length - length :], q_len)
+    k_coord_p = _pad_rows(k_coord, k_len)
     q_p, k_p, v_p = _pad_rows(q, q_len, 0), _pad_rows(k, k_len, 0), _pad_rows(v, k_len, 0)
     terms = shear.shear_terms(
         enc,
@@ -212,8 +220,8 @@ def _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
         k_p,
         q_pos_p,
         k_pos_p,
-        _block_origins(q_pos_p, bq),
-        _block_origins(k_pos_p, bk),
+        _block_origins(q_pos_p, q_coord_p, bq),
+        _block_origins(k_pos_p, k_coord_p, bk),
     )
     dtype = q.dtype
     term_arrays, rate_arrays = [], []
@@ -241,6 +249,8 @@ def _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
         pl.BlockSpec((1, 1, k_len), whole_row),  # key positions [B, 1, S]
         pl.BlockSpec((1, bq, 1), column),
         pl.BlockSpec((1, 1, k_len), whole_row),
+        pl.BlockSpec((1, bq, 1), column),  # query coordinates
+        pl.BlockSpec((1, 1, k_len), whole_row),  # key coordinates
     ]
     for index, array in enumerate(term_arrays):
         if index % 4 < 2:  # a query half: this block
@@ -266,6 +276,8 @@ def _forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
         k_pos_p[:, None, :],
         q_seg_p[:, :, None],
         k_seg_p[:, None, :],
+        q_coord_p[:, :, None],
+        k_coord_p[:, None, :],
         *term_arrays,
         *rate_arrays,
         jnp.transpose(v_p, (0, 2, 1, 3)),
@@ -286,7 +298,18 @@ def _time_lag(time, i, j):
 
 
 def _kernel(
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, bk, key_offset, scale
+    q_pos_ref,
+    k_pos_ref,
+    q_seg_ref,
+    k_seg_ref,
+    q_coord_ref,
+    k_coord_ref,
+    *refs,
+    num_terms,
+    time,
+    bk,
+    key_offset,
+    scale,
 ):
     """One (batch row, head, query block): online softmax over its key blocks."""
     term_refs = refs[: 4 * num_terms]
@@ -295,7 +318,7 @@ def _kernel(
     bq = out_ref.shape[2]
     q_pos = q_pos_ref[0]  # [bq, 1]
     q_seg = q_seg_ref[0]
-    origin = q_pos_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
+    origin = q_coord_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
     queries = [term_refs[4 * r + part][0, 0] for r in range(num_terms) for part in (0, 1)]
     block = pl.program_id(2)
     # Key blocks holding a key at or before this block's last query index.
@@ -309,7 +332,7 @@ def _kernel(
         start = pl.multiple_of(kb * bk, bk)
         k_pos = k_pos_ref[0, :, pl.ds(start, bk)]  # [1, bk]
         k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
-        moved_by = (k_pos_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
+        moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
         time_lag = _time_lag(time, q_pos, k_pos)  # [bq, bk]
         logits = None
         for r in reversed(range(num_terms)):
