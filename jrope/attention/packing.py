@@ -39,11 +39,11 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
         [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
     )
     for row in range(segments.shape[0]):
-        run_ids = segments[row][starts[row]]
-        if len(np.unique(run_ids)) != len(run_ids):
+        run_ids, counts = np.unique(segments[row][starts[row]], return_counts=True)
+        if (counts > 1).any():
             raise ValueError(
-                f"segment_ids row {row} returns to a segment after another one (runs "
-                f"{run_ids.tolist()}): each packed sequence must be one contiguous run."
+                f"segment id {run_ids[counts > 1][0]} of row {row} comes back after another "
+                "segment: each packed sequence must be one contiguous run of its id."
             )
     falls = np.argwhere((np.diff(rows, axis=-1) < 0) & ~starts[:, 1:])
     if len(falls):
