@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, commands, encodings, pe_math
+from jrope import attention, command_line, commands, encodings, pe_math
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -1140,7 +1140,8 @@ PLATFORMS = {"cpu": "cpu", "gpu": "cuda,cpu", "tpu": "tpu,cpu"}
 def main(argv: Sequence[str]) -> None:
     from absl import flags
 
-    from jrope.train.config import config_argument, convert_config
+    from jrope.command_line import config_argument
+    from jrope.train.config import convert_config
 
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {list(argv[1:])}; give the config with --config.")
@@ -1177,8 +1178,7 @@ def run_main() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    from jrope.train import runtime
-    from jrope.train.config import config_argument
+    from jrope.command_line import config_argument
 
     if config_argument(sys.argv) is None:
         sys.argv.insert(1, f"--config={DEFAULT_CONFIG}")
@@ -1204,7 +1204,7 @@ def run_main() -> None:
     flags.DEFINE_integer(
         "timed_steps", 3, "Steps timed after the warm-up (the median counts).", lower_bound=1
     )
-    runtime.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":

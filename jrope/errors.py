@@ -2,7 +2,7 @@
 
 Every error inherits `JropeError`, whose class attribute `exit_status` is the
 status a command ends with when the error reaches it (the README's table);
-the entry points print the message alone (jrope.train.runtime). An error that
+the entry points print the message alone (jrope.command_line). An error that
 is also a built-in kind (ValueError, FileNotFoundError, ...) inherits that
 too, so code that catches the built-in keeps working. This module imports
 nothing of the project, so any layer may raise these.

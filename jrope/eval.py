@@ -15,7 +15,7 @@ or the seed is refused with the difference.
 evaluates with that config instead (it must describe the same model). A probe
 config (one `probe` section, configs/kernel_probe*.py) runs the closed-form
 kernel probe, which trains no model. Errors end with their message and an
-exit status per kind (jrope.train.runtime). Multi-process runs take the process
+exit status per kind (jrope.command_line). Multi-process runs take the process
 flags of training (jrope.train.setup).
 """
 
@@ -24,10 +24,10 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from jrope import saved_run_config
+from jrope import command_line, saved_run_config
+from jrope.command_line import config_argument
 from jrope.errors import ConfigError, NoCheckpointError, UsageError
-from jrope.train import runtime, setup
-from jrope.train.config import config_argument
+from jrope.train import setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -80,7 +80,7 @@ def with_saved_config(argv: list[str]) -> list[str]:
 def run_main() -> None:
     """The command line: python -m jrope.eval, jrope-eval, or a clone's eval.py."""
     sys.argv = with_saved_config(sys.argv)
-    runtime.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":

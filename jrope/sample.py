@@ -18,8 +18,8 @@ sequence for every token (slow; the reference answer), and
 
 from absl import flags
 
+from jrope import command_line
 from jrope.errors import UsageError
-from jrope.train import runtime
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a trained text run.")
 _PROMPTS = flags.DEFINE_multi_string(
@@ -79,7 +79,7 @@ def main(argv):
 
 def run_main() -> None:
     """The command line: python -m jrope.sample, jrope-sample, or a clone's sample.py."""
-    runtime.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":

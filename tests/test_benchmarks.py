@@ -19,6 +19,7 @@ from jrope.train.setup import set_up_run
 from jrope.train.trainer import make_train_step
 
 
+@pytest.mark.slow
 def test_random_bytes_train_a_byte_level_step_like_text(tmp_path):
     cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path, **{"mesh.data": 1}))
     source = RandomBytes(cfg)

@@ -58,6 +58,7 @@ def test_sharded_state_round_trip_into_the_abstract_target(tmp_path):
     checkpointer.close()
 
 
+@pytest.mark.slow
 def test_periodic_saves_keep_the_latest_ones(tmp_path):
     cfg = tiny_config()
     state = set_up_run(cfg, devices=jax.devices()[:1]).init_state()

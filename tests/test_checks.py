@@ -283,19 +283,17 @@ def test_good_configs_pass(tmp_path):
 
 
 def test_all_problems_are_reported_together(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    config = _tiny(**{"mesh.tensor": 3, "checkpoint.accept_changes": "opt.learning_rat"})
     with pytest.raises(ConfigError) as caught:
-        check_training_run(
-            _tiny(batch_size=12, **{"pe.name": "ropee", "mesh.tensor": 3}),
-            str(tmp_path),
-            EIGHT_CPUS,
-        )
+        check_training_run(config, str(tmp_path / "a_file"), EIGHT_CPUS)
     problems = caught.value.problems
-    assert len(problems) == 2
-    assert problems[0].startswith("pe.name = 'ropee'") and problems[1].startswith(
-        "mesh.data=-1 x mesh.fsdp=1"
-    )
+    assert len(problems) == 3
+    assert problems[0].startswith("mesh.data=-1 x mesh.fsdp=1")
+    assert "a_file is a file, not a directory" in problems[1]
+    assert problems[2].startswith("checkpoint.accept_changes names 'opt.learning_rat'")
     assert str(caught.value).startswith(
-        "2 problem(s) in the run's config, found before compiling (see docs/runs.md):\n  - pe.name"
+        "3 problem(s) in the run's config, found before compiling (see docs/runs.md):\n  - mesh"
     )
     # Conversion errors of different sections come together too.
     with pytest.raises(ValueError) as caught:
@@ -372,8 +370,8 @@ def test_absent_wikitext2_is_a_data_error_with_directions(tmp_path, monkeypatch)
     assert not (tmp_path / "run").exists()
 
 
-def test_every_problem_of_every_section_at_once_from_the_config_dict(tmp_path):
-    # Conversion problems and run checks in one pass: none waits for another to be fixed.
+def test_every_problem_of_the_config_at_once_then_every_problem_of_the_run(tmp_path):
+    # The config is converted whole first: its problems come together, none waits for another.
     config = _tiny(
         batch_size=12,
         **{
@@ -391,8 +389,11 @@ def test_every_problem_of_every_section_at_once_from_the_config_dict(tmp_path):
         "opt.schedule",
         "eval.num_sequences",
         "pe.name",
-        "batch_size",
     ]
+    config = _tiny(batch_size=12, **{"eval.lengths": (1,)})
+    with pytest.raises(ConfigError) as caught:
+        check_training_run(config, str(tmp_path), EIGHT_CPUS)
+    assert [problem.split()[0] for problem in caught.value.problems] == ["eval.lengths"]
 
 
 def test_a_workdir_that_cannot_be_written_is_refused_before_step_1(tmp_path, monkeypatch):

@@ -68,7 +68,7 @@ def test_every_problem_of_every_section_is_reported_at_once_with_its_key():
         "pe.name",
     ]
     assert "model.dropout: no such key; did you mean --config.model.dropout_rate?" in problems
-    assert cfg.model is None and cfg.opt is None and cfg.mesh is not None
+    assert cfg is None  # a config is converted whole or not at all
     with pytest.raises(ConfigError, match=r"^8 problem\(s\) in the run's config"):
         TrainConfig.from_config_dict(config)
 
@@ -100,8 +100,9 @@ def test_a_missing_section_or_key_is_named():
 
 def test_a_key_that_cannot_be_computed_is_named_with_the_keys_it_depends_on():
     _, problems = convert_config(tiny_config_dict(**{"model.num_heads": 0}))
+    assert len(problems) == 1
     assert problems[0].startswith("data.head_dim cannot be computed (ZeroDivisionError")
-    assert "model.num_heads must be >= 1, got 0." in problems
+    assert problems[0].endswith("it is derived from other keys (see the config file): fix those.")
 
 
 def test_sections_check_themselves_when_built_directly():
@@ -112,6 +113,7 @@ def test_sections_check_themselves_when_built_directly():
         dataclasses.replace(model, num_heads=3)
 
 
+@pytest.mark.slow
 def test_config_files_load_from_any_working_directory(tmp_path):
     # configs/*.py import `configs.base`: the loader, not the working directory, makes it importable.
     path = os.path.join(ROOT, "configs", "quickstart.py")

@@ -225,6 +225,7 @@ def test_a_misspelt_name_in_accept_changes_is_named_with_the_closest_key(tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_two_damaged_checkpoints_are_both_moved_aside_by_the_advice(tmp_path):
     cfg = tiny_config(**{"mesh.data": 1})
     run = set_up_run(cfg, devices=jax.devices()[:1])

@@ -63,6 +63,7 @@ def _qk(t, s, head_dim=HEAD_DIM, batch=2, seed=1, dtype=jnp.float32):
 logits_fn = jax.jit(jrope.attention_logits, static_argnums=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXACT)
 def test_factorized_equals_relative_oracle(name):
     enc = _encoding(name)
@@ -156,6 +157,7 @@ def test_factorized_equals_reference_formula(name):
     np.testing.assert_allclose(factorized, expected, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STABILIZED)
 def test_stabilized_variants_are_not_translation_invariant(name):
     """The property the exact variants have must really be absent here (else the test above is vacuous)."""
@@ -169,6 +171,7 @@ def test_stabilized_variants_are_not_translation_invariant(name):
     assert float(jnp.max(jnp.abs(near - far))) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     (
@@ -206,6 +209,7 @@ def test_exact_variants_are_shift_invariant_to_65536(name, dtype):
     )
 
 
+@pytest.mark.slow
 def test_raw_shear_stays_float32_under_bfloat16_inputs():
     """Raw shear's lag term is a difference of O(p) products: q/k must stay fp32 (docs/numerics.md, section 3)."""
     enc = _encoding("jordan_raw_tau")
@@ -424,6 +428,7 @@ def test_positions_that_go_back_down_within_a_row_are_refused():
         enc.transform_qk(enc.init_params(), q, k, packed, packed)
 
 
+@pytest.mark.slow
 def test_jetmixfull_alpha_0_at_zero_stays_finite_at_its_floor():
     enc = _encoding("jordan_jetmixfull_m3_c150_g100_g050_g030")
     params = dict(_perturbed(enc.init_params(), scale=0.1))

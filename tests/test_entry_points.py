@@ -2,7 +2,7 @@
 
 Every command runs as a subprocess from the repository root (tests/helpers/train_process.py);
 they run a few at a time, and each case checks its own: a non-zero exit status of the kind
-documented in the README (jrope.train.runtime), no traceback, at most 25 lines, and the words that
+documented in the README (jrope.command_line), no traceback, at most 25 lines, and the words that
 name the key or file and the fix. A short run's whole console fits on a screen and shows its
 results.
 """

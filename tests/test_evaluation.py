@@ -69,6 +69,7 @@ def _metrics(rows):
     return repr([{k: v for k, v in row.items() if k not in ("method", "seed")} for row in rows])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["synthetic", "text", "signal", "retrieval"])
 def test_every_run_seed_and_method_is_evaluated_on_the_same_sequences(kind, tmp_path):
     first_seen, first_rows = _evaluate_recording(

@@ -28,6 +28,7 @@ from helpers.train_process import (
     wait_for_step,
 )
 
+from jrope import command_line
 from jrope.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -39,7 +40,7 @@ from jrope.errors import (
 from jrope.experiments import text_generation
 from jrope.experiments.compare import comparison_axes
 from jrope.model.generation import GenerationSettings, SamplingSettings
-from jrope.train import checkpoints, checks, evaluation, runtime
+from jrope.train import checkpoints, checks, evaluation
 from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, config_differences
 from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
@@ -272,12 +273,15 @@ def test_ctrl_c_in_the_loop_asks_for_a_save_and_ends_with_130():
 def test_sigterm_outside_the_loop_names_what_it_stopped():
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        signal.signal(signal.SIGTERM, runtime._stop_at_a_safe_point)
-        with pytest.raises(runtime.Stopped) as stopped:
-            with runtime.activity("the final evaluation"), runtime.activity("an evaluation"):
+        signal.signal(signal.SIGTERM, command_line._stop_at_a_safe_point)
+        with pytest.raises(command_line.Stopped) as stopped:
+            with (
+                command_line.activity("the final evaluation"),
+                command_line.activity("an evaluation"),
+            ):
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(1)
-        assert runtime.stop_message(signal.SIGTERM, stopped.value.during) == (
+        assert command_line.stop_message(signal.SIGTERM, stopped.value.during) == (
             "Stopped by SIGTERM during the final evaluation."
         )
     finally:

@@ -58,6 +58,7 @@ def test_top_k_keeps_the_k_most_likely_tokens():
     assert drawn == {1, 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "top_p, kept_tokens",
     [(0.3, {1}), (0.45, {1}), (0.55, {1, 3}), (0.85, {1, 3, 0}), (0.96, {0, 1, 2, 3})],
@@ -71,6 +72,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p(top_p, kept_tokens):
     )
 
 
+@pytest.mark.slow
 def test_top_k_and_top_p_together_and_per_row():
     logits = jnp.concatenate([LOGITS, LOGITS[:, ::-1]])  # row 1: tokens reversed
     kept = np.isfinite(filtered_logits(logits, SamplingSettings(1.0, top_k=3, top_p=0.7)))
@@ -140,6 +142,7 @@ def _assert_same_rows(got, want):
         np.testing.assert_array_equal(a, b, err_msg=f"row {row}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0, 65536])
 def test_greedy_with_the_cache_equals_greedy_by_recomputation(tmp_path, offset):
     cfg, graphdef, params = _text_model(tmp_path)
@@ -167,6 +170,7 @@ def test_seeded_sampling_draws_the_same_tokens_with_and_without_the_cache(tmp_pa
     assert any(np.any(a != b) for a, b in zip(cached, redrawn, strict=False))
 
 
+@pytest.mark.slow
 def test_a_row_stops_after_its_stop_token(tmp_path):
     cfg, graphdef, params = _text_model(tmp_path)
     free = _generate(cfg, graphdef, params, PROMPTS[:2], num_tokens=12)
@@ -179,6 +183,7 @@ def test_a_row_stops_after_its_stop_token(tmp_path):
     assert len(stopped[0]) <= 4 and stopped[0][-1] == stop
 
 
+@pytest.mark.slow
 def test_the_cache_is_sharded_like_the_activations(tmp_path):
     cfg, graphdef, params = _text_model(tmp_path, **{"mesh.data": 4, "mesh.tensor": 2})
     mesh = setup.make_mesh(cfg.mesh)

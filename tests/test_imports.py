@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 HEAVY_MODULES = ("tensorflow_datasets", "orbax", "matplotlib", "tensorboardX")
 
 
@@ -22,6 +24,7 @@ def _loaded(modules: list[str], package: str) -> list[str]:
     return [name for name in modules if name == package or name.startswith(package + ".")]
 
 
+@pytest.mark.slow
 def test_import_jrope_loads_no_dataset_checkpoint_or_plotting_library():
     modules = _modules_loaded_by("import jrope")
     for package in HEAVY_MODULES:
@@ -35,6 +38,7 @@ def test_import_jrope_attention_loads_neither_the_model_nor_the_harness():
         assert not _loaded(modules, package), f"import jrope.attention loaded {package}"
 
 
+@pytest.mark.slow
 def test_import_jrope_model_loads_no_harness_or_data():
     modules = _modules_loaded_by("import jrope.model")
     for package in ("jrope.train", "jrope.data", *HEAVY_MODULES):

@@ -34,6 +34,7 @@ def _modules_after(statement: str) -> set[str]:
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_library_api_loads_nothing_beyond_jax_flax_and_itself():
     flax_alone = _modules_after("import jax\nfrom flax import nnx")
     library = _modules_after(

@@ -210,6 +210,7 @@ def _attend_with_damping(kernel: str, gamma: float, length: int) -> np.ndarray:
     return np.asarray(attend(params))
 
 
+@pytest.mark.slow
 def test_one_origin_is_finite_within_the_bound_and_overflows_beyond_it():
     length = 256
     # gamma * S = 80: one origin (the einsum kernel) agrees with the blockwise kernel.
@@ -255,6 +256,7 @@ def _jitted_logits(model, tokens):
     return np.asarray(forward(state, tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["auto", "blockwise"])
 def test_a_model_following_its_damping_past_the_bound_is_exact_under_jit(impl):
     gamma, length = 0.5, 512

@@ -171,6 +171,7 @@ def test_dot_product_attention_takes_positions_per_batch_row_and_a_mask():
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["auto", "blockwise"])  # auto: einsum on CPU
 @pytest.mark.parametrize("name", NAMES)
 def test_causal_self_attention_equals_the_reference_over_attention_logits(name, kernel):
@@ -209,6 +210,7 @@ def test_gradients_reach_every_param_of_the_module(helper):
         assert np.all(np.isfinite(gradient)) and np.any(gradient != 0), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rope", RAW_SHEAR, ALIBI])
 def test_bfloat16_inputs_give_bfloat16_outputs_close_to_the_float32_reference(name):
     pe = _layer(name)
@@ -277,6 +279,7 @@ def test_refusals_name_the_reason():
         PositionalEncoding(jrope.pe_config_from_name("rope", train_context=T))
 
 
+@pytest.mark.slow
 def test_the_module_drops_into_a_flax_attention_layer_under_jit():
     """A [B, T, N, H] attention of one's own: projections, the module between them and the kernel."""
 

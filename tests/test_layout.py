@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 from flax import nnx
 from helpers.repository import ROOT, tracked_files
 from helpers.tiny_config import tiny_config
@@ -15,6 +16,7 @@ from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.trainer import make_train_step
 
 
+@pytest.mark.slow
 def test_the_library_imports_nothing_of_the_harness_or_the_data():
     code = (
         "import sys, jrope, jrope.attention, jrope.model, jrope.pe_math\n"
@@ -46,6 +48,7 @@ def test_the_harness_is_a_few_modules_each_named_for_its_role():
     assert {"config", "checks", "setup", "trainer", "checkpoints", "evaluation"} <= set(modules)
 
 
+@pytest.mark.slow
 def test_the_data_layer_and_the_harness_define_no_entry_point_flags():
     """Importing a data source or the harness neither reaches up into the entry points nor
     registers their command-line flags; only running an entry point does."""

@@ -59,6 +59,7 @@ def test_causality_through_gradients(pe_name, impl):
     assert np.all(per_position[: query + 1] > 1e-6)  # every visible position does
 
 
+@pytest.mark.slow
 def test_attention_kernels_agree():
     tokens = _tokens()
     outputs = {
@@ -69,6 +70,7 @@ def test_attention_kernels_agree():
     np.testing.assert_allclose(outputs["blockwise"], outputs["xla"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_evaluates_beyond_the_training_length():
     # Nothing in the model is sized by the training length L = 16.
     logits = _apply(_model(), _tokens(length=40))
@@ -76,6 +78,7 @@ def test_evaluates_beyond_the_training_length():
     assert np.all(np.isfinite(logits))
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_logits():
     model = _model(**{"model.compute_dtype": "bfloat16"})
     logits = _apply(model, _tokens())
@@ -124,6 +127,7 @@ def test_every_parameter_has_logical_axes_known_to_the_rules():
         assert set(axes) - {None} <= rule_names
 
 
+@pytest.mark.slow
 def test_last_position_readout_equals_the_full_forward():
     tokens = _tokens(length=13)
     full = _apply(_model(**{"pe.name": "rope_alibi"}), tokens)
@@ -156,6 +160,7 @@ def _damped_model(attention_impl: str, init_gamma: float, length: int) -> Transf
     return Transformer(cfg, encoding, VOCAB, rngs=nnx.Rngs(params=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [256, 512])
 def test_a_damping_past_max_damping_evaluates_like_the_blockwise_kernel(length):
     """gamma 0.5 x 512 keys is far past float32's e^88 from one origin; 'auto' follows it."""
@@ -172,6 +177,7 @@ def test_a_damping_past_max_damping_evaluates_like_the_blockwise_kernel(length):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_far_apart_positions_choose_a_kernel_for_their_span():
     """64 positions spanning 5031, damping 0.02 (the default bound): finite and equal to blockwise.
 

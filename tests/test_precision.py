@@ -117,6 +117,7 @@ def test_the_model_runs_attention_in_float32_for_a_raw_shear_and_the_rest_at_def
     assert _model_dots(**rope) == _model_dots(**rope, **{"model.attention_precision": "default"})
 
 
+@pytest.mark.slow
 def test_the_model_precisions_follow_the_config():
     everything = _model_dots(
         **{"model.matmul_precision": "highest", "model.attention_precision": "highest"}

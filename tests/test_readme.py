@@ -13,7 +13,13 @@ from helpers.repository import ROOT, tracked_files
 
 README = (ROOT / "README.md").read_text()
 # The guides README.md sends its reader to for the full commands.
-GUIDES = ("docs/results.md", "docs/runs.md", "docs/accelerators.md", "docs/performance.md")
+GUIDES = (
+    "docs/results.md",
+    "docs/runs.md",
+    "docs/accelerators.md",
+    "docs/performance.md",
+    "docs/library.md",
+)
 
 
 def _commands(text: str) -> list[str]:
@@ -43,6 +49,7 @@ def _defined_flags() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_library_example_runs_and_gives_the_shapes_it_states():
     opening = "import jax, jax.numpy as jnp, jrope\n"
     example = re.search(rf"```python\n({re.escape(opening)}.*?)```", README, re.DOTALL)

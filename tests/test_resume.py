@@ -170,6 +170,7 @@ def test_truncated_checkpoint_file_names_the_checkpoint_and_deletes_nothing(
     assert _snapshot(workdir) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, difference",
     [

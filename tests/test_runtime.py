@@ -1,4 +1,5 @@
-"""jrope.train.runtime: exit statuses and messages, flag mistakes, the CPU tuning, cache and profiler."""
+"""jrope.command_line (exit statuses and messages, flag mistakes) and jrope.train.runtime (the CPU
+tuning, cache and profiler)."""
 
 import errno
 import logging
@@ -14,6 +15,7 @@ from etils import epath
 from helpers import fake_gcs
 from helpers.tiny_config import tiny_config
 
+from jrope import command_line
 from jrope.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -113,7 +115,7 @@ CONFIG = "--config=tests/helpers/subprocess_run_config.py"
     ],
 )
 def test_each_kind_of_error_has_its_exit_status(error, status):
-    reported = runtime.exit_status(error)
+    reported = command_line.exit_status(error)
     assert (reported[0] if reported else None) == status
     if isinstance(error, JropeError):
         assert reported[1] == str(error)  # the message alone
@@ -132,11 +134,11 @@ def test_a_storage_failure_is_found_in_a_wrapped_library_error():
             raise RuntimeError("Save Finalize thread failed") from cause
     except RuntimeError as wrapped:
         error = wrapped
-    assert runtime.find_io_failure(error) == (
+    assert command_line.find_io_failure(error) == (
         "No space left on device",
         "/w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab",
     )
-    status, message = runtime.exit_status(error)
+    status, message = command_line.exit_status(error)
     assert status == 7
     assert message.startswith(
         "Storage failure writing /w/checkpoints/8.orbax-checkpoint-tmp/state/d/ab: "
@@ -150,13 +152,13 @@ def test_library_records_of_a_storage_failure_are_hidden():
         return logging.LogRecord("absl", logging.ERROR, "f.py", 1, message, (), exc_info)
 
     disk_full = OSError(errno.ENOSPC, "No space left on device")
-    assert not runtime._shown_record(record("Save thread failed", disk_full))
-    assert not runtime._shown_record(record("write: File too large [27]"))
-    assert runtime._shown_record(record("Save thread failed", ValueError("bug")))
+    assert not command_line._shown_record(record("Save thread failed", disk_full))
+    assert not command_line._shown_record(record("write: File too large [27]"))
+    assert command_line._shown_record(record("Save thread failed", ValueError("bug")))
 
 
 def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
-    # What runtime.run sets up around main, undone afterwards.
+    # What command_line.run sets up around main, undone afterwards.
     monkeypatch.setattr(sys, "argv", ["train.py"])
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
@@ -166,17 +168,19 @@ def test_errors_exit_with_the_message_alone(monkeypatch, capsys):
         raise ConfigError(["pe.name = 'x' is not a known encoding; use e.g. rope."])
 
     with pytest.raises(SystemExit) as exited:
-        runtime.run(main)
+        command_line.run(main)
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("1 problem(s) in the run's config") and "Traceback" not in err
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
-        runtime.run(lambda argv: 1 / 0)
+        command_line.run(lambda argv: 1 / 0)
 
 
 def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, capsys):
     """After one array fails to read, orbax's other reads are abandoned: silent, not tracebacks."""
-    monkeypatch.setattr(sys, "unraisablehook", runtime._unraisablehook_without_abandoned_io_noise)
+    monkeypatch.setattr(
+        sys, "unraisablehook", command_line._unraisablehook_without_abandoned_io_noise
+    )
 
     class Pending:
         def __await__(self):
@@ -210,7 +214,7 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
     def record(name, text):
         return logging.LogRecord(name, logging.ERROR, __file__, 1, text, (), None)
 
-    shown = runtime._shown_record
+    shown = command_line._shown_record
     assert not shown(record("asyncio", "Task exception was never retrieved"))
     assert shown(record("asyncio", "Unclosed client session"))
     assert shown(record("jrope", "Task exception"))

@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import train_process
 
-from jrope.train import runtime
+from jrope import command_line
 
 DELAYS_S = (0.3, 1.0, 1.7)  # after the line the command prints before compiling
 STOP_LINES = {
@@ -71,10 +71,10 @@ def test_a_stop_inside_jax_waits_until_jax_returns(signum):
         "    return 'compiled'\n",
         library,
     )
-    previous = signal.signal(signum, runtime._stop_at_a_safe_point)
+    previous = signal.signal(signum, command_line._stop_at_a_safe_point)
     returned = []
     try:
-        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else runtime.Stopped):
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else command_line.Stopped):
             returned.append(library["compile"](signum))
             time.sleep(2)  # the stop comes here, once JAX has returned
     finally:

@@ -93,6 +93,7 @@ def structured_rows():
     return rows
 
 
+@pytest.mark.slow
 def test_jordan_bases_fit_the_distance_modulated_targets(structured_rows):
     rows = structured_rows
     for target in ("seasonal_trend", "damped_wave", "rhythm_envelope", "high_jet_r1"):

@@ -31,6 +31,7 @@ def _signal_model(input_channels=2, output_channels=3):
     )
 
 
+@pytest.mark.slow
 def test_signal_model_projects_inputs_in_and_regresses_causally():
     model = _signal_model()
     assert not hasattr(model, "embedding")

@@ -174,6 +174,7 @@ def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatc
     assert not [r for r in caplog.records if "dataset_info.json" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_prepare_command_offline_prints_the_directions_and_exits_with_the_data_status(tmp_path):
     # The command as `python -m jrope.data.wikitext` runs it, with the archive's host unreachable.
     code = (

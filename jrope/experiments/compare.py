@@ -39,9 +39,9 @@ from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
-from jrope import results
+from jrope import command_line, results
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, evaluation, runtime, setup
+from jrope.train import checks, evaluation, setup
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
@@ -302,7 +302,7 @@ def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tupl
 def run_main() -> None:
     """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
     flags.mark_flags_as_required(["config", "workdir"])
-    runtime.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":

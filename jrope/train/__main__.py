@@ -10,7 +10,7 @@ command line, e.g. --config.pe.name=rope.
 
 On SIGTERM (a preemption notice) the run checkpoints its current step and
 exits with status 143; the same command resumes it. Errors end with their
-message and an exit status per kind (jrope.train.runtime; --verbose adds the
+message and an exit status per kind (jrope.command_line; --verbose adds the
 traceback). Multi-process runs (one process per host) add --multiprocess, or
 --coordinator_address, --num_processes and --process_id
 (jrope.train.setup).
@@ -19,8 +19,9 @@ traceback). Multi-process runs (one process per host) add --multiprocess, or
 from absl import flags
 from ml_collections import config_flags
 
+from jrope import command_line
 from jrope.errors import UsageError
-from jrope.train import runtime, setup
+from jrope.train import setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config: its name (quickstart, ...) or file.", lock_config=True
@@ -46,7 +47,7 @@ def main(argv):
 
 def run_main() -> None:
     """The command line: python -m jrope.train, jrope-train, or a clone's train.py."""
-    runtime.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__)
 
 
 if __name__ == "__main__":

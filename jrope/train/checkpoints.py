@@ -7,7 +7,6 @@ Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import fcntl
 import json
@@ -269,8 +268,6 @@ def restore_compatible(
 def accept_changes_problems(cfg: TrainConfig) -> list[str]:
     """A problem per name in checkpoint.accept_changes that is no key or section of the config (a
     misspelt name would leave its setting refused on resume, for a reason hard to see)."""
-    if any(getattr(cfg, field.name) is None for field in dataclasses.fields(cfg)):
-        return []  # a setting that did not convert: its own problem is reported first
     keys = set(flatten_dict(cfg.to_json_dict(), sep="."))
     known = keys | {".".join(key.split(".")[:depth]) for key in keys for depth in (1, 2)}
     problems = []

@@ -22,7 +22,7 @@ from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.train import damping
 from jrope.train.checkpoints import accept_changes_problems, finished_steps
-from jrope.train.config import TrainConfig, convert_config, first_line
+from jrope.train.config import TrainConfig, first_line
 from jrope.train.setup import mesh_sizes, model_io
 
 # The plain attention path holds a [B, N, T, T] float32 logits tensor and its
@@ -75,37 +75,27 @@ def check_evaluation_run(config, workdir: str, env: RunEnvironment | None = None
 
 
 def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: bool) -> CheckedRun:
-    cfg, problems = (config, []) if isinstance(config, TrainConfig) else convert_config(config)
-    if cfg is None:  # the config's top-level keys are wrong: nothing to check further
-        raise ConfigError(problems)
-    try:  # an encoding that does not build is the config's problem
-        model_ok = cfg.model is not None and cfg.pe is not None and cfg.encoding is not None
-    except ValueError:
-        model_ok = False
-    if env is None:
-        env = RunEnvironment.detect()
-    sizes = None
-    if cfg.mesh is not None:
-        try:
-            sizes = mesh_sizes(cfg.mesh, env.num_devices)
-        except ValueError as err:
-            problems.append(str(err))
-    if sizes is not None and cfg.batch_size is not None:
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_config_dict(config)
+    env = env or RunEnvironment.detect()
+    problems = []
+    try:
+        sizes = mesh_sizes(cfg.mesh, env.num_devices)
         problems += _batch_problems(cfg, env, sizes)
-    if not evaluation and cfg.model is not None and cfg.pe is not None:
+    except ValueError as err:
+        sizes, problems = None, [str(err)]
+    if not evaluation:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
     problems += accept_changes_problems(cfg)
-    # numpy takes no other data seed (the run's own seed is the config's check).
-    data_seed = getattr(cfg.data, "seed", 0)
-    seed_ok = isinstance(data_seed, int) and 0 <= data_seed < 2**32
-    if not seed_ok and data_seed != cfg.seed:
+    data_seed = getattr(cfg.data, "seed", 0)  # numpy takes no other seed
+    if not (isinstance(data_seed, int) and 0 <= data_seed < 2**32):
         problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
-    source, data_problems = _data_problems(cfg, env, evaluation) if seed_ok else (None, [])
-    if model_ok and cfg.eval is not None:
-        io = None if source is None else model_io(source)  # the forward's size needs the data's
-        problems += _memory_problems(cfg, env, sizes, io)
-    if source is not None and cfg.model is not None:
+        source, data_problems = None, []
+    else:
+        source, data_problems = _data_problems(cfg, env, evaluation)
+    # The forward's size needs the data's vocabulary.
+    problems += _memory_problems(cfg, env, sizes, None if source is None else model_io(source))
+    if source is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
         problems += [readout] if readout else []
@@ -127,7 +117,7 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
             f"{data_parallel} ({where}); set --config.batch_size to a multiple of "
             f"{data_parallel}, or move devices to mesh.tensor."
         )
-    batches = {"batch_size": cfg.batch_size, "eval.batch_size": getattr(cfg.eval, "batch_size", 0)}
+    batches = {"batch_size": cfg.batch_size, "eval.batch_size": cfg.eval.batch_size}
     problems += [
         f"{key} = {rows} does not split over the {env.process_count} processes (each loads its "
         f"share); set it to a multiple of {env.process_count}."
@@ -136,7 +126,7 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
     ]
     # One process can hand its rows to a batch split over devices, or to a
     # replicated batch (it holds all rows); several processes only to a split one.
-    if env.process_count > 1 and cfg.eval is not None and cfg.eval.batch_size % data_parallel:
+    if env.process_count > 1 and cfg.eval.batch_size % data_parallel:
         problems.append(
             f"eval.batch_size = {cfg.eval.batch_size} is not divisible by the data-parallel size "
             f"{data_parallel} ({where}), which a multi-process run needs; set it (and "
@@ -268,7 +258,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             f"({commands.command('train')} --config=... --workdir={path}) or point --workdir at "
             "a trained run."
         ]
-    if not evaluation and cfg.num_steps is not None and steps and steps[-1] > cfg.num_steps:
+    if not evaluation and steps and steps[-1] > cfg.num_steps:
         return [
             f"num_steps = {cfg.num_steps} is below step {steps[-1]} of the latest checkpoint in "
             f"{workdir}/checkpoints: that run went further. Set --config.num_steps={steps[-1]} "
@@ -309,8 +299,6 @@ def _misplaced_entries(path: str) -> list[str]:
 
 def _data_problems(cfg: TrainConfig, env, evaluation: bool) -> tuple[DataSource | None, list]:
     """(the data source, the data's problems): built, then one evaluation batch per length."""
-    if cfg.data is None or cfg.batch_size is None or cfg.eval is None:
-        return None, []
     # The local text files the run reads: an evaluation reads no training text.
     problems = _text_path_problems(cfg, ("eval_path",) if evaluation else ("path", "eval_path"))
     if problems or cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count:

@@ -1,5 +1,9 @@
-"""The run config: a frozen dataclass per section; `convert_config`, the one parser, returning every
-problem at once, each naming its key and the fix; loading a config file from any folder.
+"""The run config: a frozen dataclass per section, each field commented where it is declared;
+`convert_config`, the one place a config is validated, returning every problem at once, each naming
+its key and the fix; loading a config file from any folder.
+
+A config file's ConfigDict becomes one TrainConfig here, and the TrainConfig is what every part of
+the harness reads; checkpoints save its JSON form (`to_json_dict`), which converts back the same.
 """
 
 from __future__ import annotations
@@ -8,17 +12,15 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import os
-import re
-import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
+from jrope.command_line import make_importable
 from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
 from jrope.encodings import Encoding, make_encoding
 from jrope.errors import ConfigError
@@ -179,12 +181,11 @@ class TrainConfig:
     @functools.cached_property
     def encoding(self) -> Encoding:
         """The model's Encoding, built once, for the longest window it trains or evaluates on."""
-        lengths = self.eval.lengths if self.eval is not None else ()  # a bad one is eval's problem
         return make_encoding(
             self.pe,
             num_heads=self.model.num_heads,
             head_dim=self.model.head_dim,
-            max_length=max([self.pe.train_context, *(n for n in lengths if isinstance(n, int))]),
+            max_length=max(self.pe.train_context, *self.eval.lengths),
         )
 
     @classmethod
@@ -217,57 +218,79 @@ SCALAR_KEYS = ("seed", "num_steps", "batch_size")
 # The pe section: the name and the base settings of pe_config_from_name.
 PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
 TOP_KEYS = (*SCALAR_KEYS, "pe", "data", "model", *SECTIONS)
-# A key whose value could not be computed (a FieldReference expression that raised).
-_UNRESOLVED = object()
 
 
 def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
-    """(the run config, every problem): a section with a problem is None in it, the whole config
-    None when the top-level keys are wrong; jrope.train.checks checks what did convert."""
-    problems = []
-    raw = _to_plain(config, "", problems)
-    _keys_fit("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int), problems)
-    if not isinstance(raw, dict) or any(key not in raw for key in TOP_KEYS):
-        return None, problems
-    sections = {"model": ModelConfig, **SECTIONS}
+    """(the run config, []) or (None, every problem of every section, a line each naming its key
+    and the fix). `config`: a ConfigDict, or the nested dict that `to_json_dict` writes."""
+    try:  # resolves the keys derived from others (e.g. data.head_dim = d_model // num_heads)
+        raw = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
+    except Exception as err:  # any error of the config's own expressions
+        return None, [
+            f"{_failing_key(config)} cannot be computed ({type(err).__name__}: {err}); it is "
+            "derived from other keys (see the config file): fix those."
+        ]
+    problems = _key_problems("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int))
+    if any(key not in raw or not isinstance(raw[key], dict) for key in TOP_KEYS[3:]):
+        return None, problems  # a section to build is missing
+    sections = {"model": ModelConfig, **SECTIONS, "pe": _pe_config}
     try:
-        source = raw["data"].get("source") if isinstance(raw["data"], dict) else None
-        sections["data"] = source_spec(source).load()[0]
-    except ValueError as err:
-        problems.append(str(err))
-    sections["pe"] = _pe_config
-    built = {name: _build(section, raw[name], name, problems) for name, section in sections.items()}
-    for key in SCALAR_KEYS:
-        built[key] = raw[key] if type(raw[key]) is int else None  # not a bool
+        sections["data"] = source_spec(dict(raw["data"]).get("source")).load()[0]
+    except (ValueError, TypeError) as err:
+        problems.append(str(err) if isinstance(err, ValueError) else "data must be a ConfigDict.")
+    built = {key: raw.get(key) for key in SCALAR_KEYS}
+    built.update({name: _build(sections[name], raw[name], name, problems) for name in sections})
+    integers = {key: value for key, value in built.items() if type(value) is int}
     problems += [
-        f"{key} must be an integer >= 1, got {built[key]}."
+        f"{key} must be an integer >= 1, got {integers[key]}."
         for key in ("num_steps", "batch_size")
-        if built[key] is not None and built[key] < 1
+        if integers.get(key, 1) < 1
     ]
-    if built["seed"] is not None and not 0 <= built["seed"] < 2**32:
+    if not 0 <= integers.get("seed", 0) < 2**32:
         problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
-    cfg = TrainConfig(**{**dict.fromkeys(TOP_KEYS), **built})
+    if problems:
+        return None, problems
+    cfg = TrainConfig(**built)
     refused, warned = keys_without_effect(cfg.data)
     for warning in warned:
         _warn_once(warning)
-    return cfg, problems + _cross_section_problems(cfg) + refused
+    problems = _cross_section_problems(cfg) + refused
+    return (None, problems) if problems else (cfg, [])
+
+
+def _failing_key(config: Any, prefix: str = "") -> str | None:
+    """The dotted name of the first key of `config` whose value fails to compute."""
+    for key in config.keys():
+        try:
+            value = config[key]
+        except Exception:  # any error of the config's own expression
+            return prefix + key
+        if hasattr(value, "keys") and (failing := _failing_key(value, f"{prefix}{key}.")):
+            return failing
+    return None
 
 
 def _build(section: Callable, values: Any, where: str, problems: list[str]):
-    """`section(**values)`, or None with a problem appended per bad key or value, every one."""
+    """`section(**values)`; None with a problem appended per bad key or value, every one."""
     parameters = inspect.signature(section).parameters
     required = [key for key, param in parameters.items() if param.default is param.empty]
-    before = len(problems)
     types = typing.get_type_hints(section)
-    if not _keys_fit(f"{where}.", values, parameters, required, types, problems):
+    misfits = _key_problems(f"{where}.", values, parameters, required, types)
+    problems += misfits
+    if not isinstance(values, dict) or any(" no such key" not in line for line in misfits):
         return None
+    values = {key: value for key, value in values.items() if key in parameters}
     try:
-        built = section(**{key: value for key, value in values.items() if key in parameters})
+        return section(**{key: _as_tuples(value) for key, value in values.items()})
     except (ValueError, TypeError) as err:
         lines = str(err).splitlines()
         problems += [line if line.startswith(where) else f"{where}: {line}" for line in lines]
         return None
-    return built if len(problems) == before else None
+
+
+def _as_tuples(value: Any) -> Any:
+    """JSON's lists as the tuples the sections hold, recursively."""
+    return tuple(map(_as_tuples, value)) if isinstance(value, (list, tuple)) else value
 
 
 @functools.wraps(pe_config_from_name)  # its keys, defaults and types are the pe section's
@@ -289,48 +312,38 @@ _ACCEPTED = {int: int, float: (int, float), str: str, bool: bool}
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
 
 
-def _keys_fit(prefix: str, values: Any, known, required, types, problems: list[str]) -> bool:
-    """Whether `values` has the required keys, of their annotated types; a problem per misfit."""
-    if values is _UNRESOLVED:
-        return False  # the key that could not be computed is a problem already
+def _key_problems(prefix: str, values: Any, known, required, types) -> list[str]:
+    """A problem per unknown key (with the closest known one), missing key, or value of another
+    type than its annotation (a list stands for a tuple, as JSON writes it)."""
     if not isinstance(values, dict):
-        problems.append(
-            f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."
-        )
-        return False
-    for key in values:
-        if key not in known:
-            hint = _closest(prefix + key, [prefix + k for k in known], prefix, known)
-            problems.append(f"{prefix}{key}: no such key; {hint}")
-    missing = [key for key in required if key not in values]
-    blocking = [f"{prefix}{key} is missing; set it in the config file." for key in missing]
+        return [f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."]
+    problems = []
+    for key in values.keys() - set(known):
+        close = difflib.get_close_matches(prefix + key, [prefix + k for k in known], n=1)
+        where = f"section {prefix.rstrip('.')!r}" if prefix else "the config"
+        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {sorted(known)}."
+        problems.append(f"{prefix}{key}: no such key; {hint}")
+    problems += [
+        f"{prefix}{key} is missing; set it in the config file."
+        for key in required
+        if key not in values
+    ]
     for key, value in values.items():
         hint = types.get(key)
         if hint in _ACCEPTED:
             fits = isinstance(value, _ACCEPTED[hint]) and (hint is bool or type(value) is not bool)
         else:
-            fits = typing.get_origin(hint) is not tuple or isinstance(value, tuple)
-        if not fits and value is not _UNRESOLVED:
-            blocking.append(
+            fits = typing.get_origin(hint) is not tuple or isinstance(value, (tuple, list))
+        if not fits:
+            problems.append(
                 f"{prefix}{key} must be {_TYPE_NAMES.get(hint, 'a tuple')}, got {value!r}."
             )
-    problems += blocking
-    return not blocking and _UNRESOLVED not in values.values()
-
-
-def _closest(key: str, known, section: str, section_keys) -> str:
-    """'did you mean --config.<the closest known key>?', else the keys of the section it is in."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    if close:
-        return f"did you mean --config.{close[0]}?"
-    where = f"section {section.rstrip('.')!r}" if section else "the config"
-    return f"{where} has {', '.join(sorted(section_keys))}."
+    return problems
 
 
 def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
     """(refused, warned): a line per data key set away from its default that the chosen source,
-    kernel or label mode never reads (the data config's KEYS_READ_ONLY_BY), with the fix.
-    `data`: a data section's dataclass, or None."""
+    kernel or label mode never reads (the data config's KEYS_READ_ONLY_BY), with the fix."""
     refused, warned = [], []
     rules = getattr(data, "KEYS_READ_ONLY_BY", {})
     defaults = {field.name: field.default for field in dataclasses.fields(data)} if rules else {}
@@ -360,9 +373,7 @@ def _warn_once(message: str) -> None:
 
 
 def _cross_section_problems(cfg: TrainConfig) -> list[str]:
-    """What two sections state must agree (sections that failed are skipped)."""
-    if cfg.pe is None or cfg.model is None:
-        return []
+    """What two sections state must agree."""
     problems = []
     try:
         _ = cfg.encoding  # its blocks must divide the head dimension
@@ -376,7 +387,7 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
         "theta": cfg.pe.theta,
     }
     for field, expected in shared.items():
-        if cfg.data is not None and getattr(cfg.data, field, expected) != expected:
+        if getattr(cfg.data, field, expected) != expected:
             problems.append(
                 f"data.{field} = {getattr(cfg.data, field)} disagrees with the model/pe value "
                 f"{expected}; set both from one place (see configs/)."
@@ -384,47 +395,9 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-def _to_plain(config: Any, prefix: str, problems: list[str]) -> Any:
-    """A ConfigDict (or nested mapping) as nested dicts and tuples; a key derived from others
-    (e.g. data.head_dim = d_model // num_heads) that fails to compute becomes _UNRESOLVED."""
-    if isinstance(config, (list, tuple)):
-        return tuple(_to_plain(item, prefix, problems) for item in config)
-    if not hasattr(config, "keys"):
-        return config
-    plain = {}
-    for key in config.keys():
-        try:
-            value = config[key]
-        except Exception as err:  # any error of the config's own expression
-            problems.append(
-                f"{prefix}{key} cannot be computed ({type(err).__name__}: {err}); it is derived "
-                "from other keys (see the config file): fix those."
-            )
-            value = _UNRESOLVED
-        plain[key] = _to_plain(value, f"{prefix}{key}.", problems)
-    return plain
-
-
 def first_line(err: Exception) -> str:
     """An error's first line without its full stop, for a problem that names the key."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
-def config_argument(argv: Sequence[str], flag_name: str = "config") -> str | None:
-    """The value of `--<flag_name>=PATH` (or `--<flag_name> PATH`) in argv, else None."""
-    for arg, following in zip(argv, [*argv[1:], None], strict=True):
-        match = re.fullmatch(rf"--?{re.escape(flag_name)}(=.*)?", arg, re.DOTALL)
-        if match and (match[1] is not None or following is not None):
-            return following if match[1] is None else match[1][1:]
-    return None
-
-
-def make_importable(path: str | None) -> None:
-    """Put the parent of the config file's folder first on sys.path, so that the config's
-    `from configs import base` resolves from any working directory (path may end in ':ARG')."""
-    root = path and os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
-    if root and root not in sys.path:
-        sys.path.insert(0, root)
 
 
 def load_config_file(path: str) -> config_dict.ConfigDict:

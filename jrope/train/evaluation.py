@@ -13,6 +13,7 @@ Shape legend: B batch, T length, V vocabulary, C channels.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import time
@@ -25,7 +26,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import commands, results
+from jrope import command_line, commands, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
 from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
@@ -276,7 +277,7 @@ def evaluate_and_report(
         f"the evaluation of step {step} (nothing of it was written; {checkpoint} is untouched): "
         "run the same command again to evaluate it"
     )
-    with runtime.activity(stopped):
+    with command_line.activity(stopped):
         rows = evaluate_lengths(
             eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show
         )
@@ -345,11 +346,28 @@ def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> l
             EvalStep(run), state["params"], run, workdir, step, checkpoint
         )
         logged = logged_scalars(rows, run.source.task)
-        if jax.process_index() == 0:
-            outputs.log_evaluation(workdir, step, logged, tensorboard=cfg.log.tensorboard)
+        log_evaluation(workdir, step, logged, tensorboard=cfg.log.tensorboard)
     names = ", ".join(name for name, _ in logged)
     say(f"Added to the run's {metrics_logs(cfg.log.tensorboard)} at step {step}: {names}.")
     return rows
+
+
+def log_evaluation(
+    workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], *, tensorboard: bool
+) -> None:
+    """Appends a later evaluation of checkpoint `step` (logged_scalars) to the run's metrics.jsonl
+    and, where the run logs to it, TensorBoard, under the training run's names."""
+    logger = outputs.MetricsLogger(
+        workdir,
+        every_steps=1,
+        num_steps=step,
+        tensorboard=tensorboard,
+        is_writer=jax.process_index() == 0,
+        start_step=None,
+    )
+    with contextlib.closing(logger):
+        for name, scalars in logged:
+            logger.write_scalars(step, scalars, name)
 
 
 def metrics_logs(tensorboard: bool) -> str:

@@ -60,8 +60,9 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 class MetricsLogger:
     """Writes every `every_steps`-th step and the last: the progress line, metrics.jsonl and
-    TensorBoard (a writer only where `is_writer`). A start resumed at `start_step` first drops the
-    records it will write again, so every step is logged once."""
+    TensorBoard (a writer only where `is_writer`). A training start at `start_step` first drops
+    the records it will write again, so every step is logged once; a later evaluation
+    (start_step None) only appends."""
 
     def __init__(
         self,
@@ -71,19 +72,21 @@ class MetricsLogger:
         num_steps: int,
         tensorboard: bool,
         is_writer: bool = True,
-        start_step: int = 0,
+        start_step: int | None = 0,
         throughput: Throughput | None = None,
     ):
         self._every_steps = every_steps
         self._num_steps = num_steps
         self._throughput = throughput
-        self._interval_start = (start_step, time.perf_counter())
+        self._interval_start = (start_step or 0, time.perf_counter())
         self._jsonl = self._tensorboard = None
         if is_writer:
-            self._jsonl = JsonLinesLog(
-                epath.Path(workdir) / METRICS_FILE,
-                keep=lambda line: _keeps_record(line, start_step, num_steps),
+            keep = (
+                None
+                if start_step is None
+                else (lambda line: _keeps_record(line, start_step, num_steps))
             )
+            self._jsonl = JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
 
@@ -147,33 +150,6 @@ def _metrics_record(step: int, scalars: Mapping[str, float]) -> str:
     # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
     record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
     return json.dumps(record, allow_nan=False)
-
-
-def log_evaluation(
-    workdir: str,
-    step: int,
-    logged: Sequence[tuple[str, Mapping[str, float]]],
-    *,
-    tensorboard: bool,
-) -> None:
-    """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl and, where the
-    run logs to it, TensorBoard. logged: (name, {metric: value}) as evaluation.logged_scalars
-    gives it, so that the scalars have the training run's names (eval_<length>/loss)."""
-    records = [
-        {f"{name}/{metric}": float(value) for metric, value in values.items()}
-        for name, values in logged
-    ]
-    log = JsonLinesLog(epath.Path(workdir) / METRICS_FILE)
-    try:
-        for scalars in records:  # one line per length, as the training run writes them
-            log.write(_metrics_record(step, scalars))
-    finally:
-        log.close()
-    if tensorboard:
-        with SummaryWriter(str(epath.Path(workdir) / "tensorboard")) as writer:
-            for scalars in records:
-                for tag, value in scalars.items():
-                    writer.add_scalar(tag, value, step)
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:

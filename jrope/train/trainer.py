@@ -29,7 +29,7 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from jrope import commands
+from jrope import command_line, commands
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -164,7 +164,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
         try:
             return _run(run, checkpointer, workdir)
         except Exception as error:
-            failure = runtime.find_io_failure(error)
+            failure = command_line.find_io_failure(error)
             if failure is None or isinstance(error, RunIOError):
                 raise
             raise RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
@@ -225,7 +225,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
 
     with contextlib.closing(logger):
         state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
-        with runtime.activity(
+        with command_line.activity(
             f"the final evaluation of step {cfg.num_steps} (its checkpoint is saved; nothing of "
             "the evaluation was written): run the same command again to evaluate it"
         ):
