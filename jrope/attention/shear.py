@@ -92,8 +92,10 @@ def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array)
         return cfg.shear_scale * lag
     length = float(cfg.train_context)
     i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
-    # i |j| - j |i|: the same product twice (0 exactly) for same signs, else two terms of one sign.
-    cross = i * jnp.abs(j) - j * jnp.abs(i)
+    # i |j| - j |i| is 0 for same signs: selected, not left to cancel, which a compiler's fused
+    # multiply-add (allowed on accelerators) would not do exactly. Else two terms of one sign.
+    same_sign = (q_positions < 0) == (k_positions < 0)
+    cross = jnp.where(same_sign, 0.0, i * jnp.abs(j) - j * jnp.abs(i))
     numerator = length * (length * lag + cross)
     return cfg.shear_scale * numerator / ((length + jnp.abs(i)) * (length + jnp.abs(j)))
 

@@ -292,7 +292,8 @@ def _time_lag(time, i, j):
     if kind == "raw":
         return shear_scale * lag
     fi, fj = i.astype(jnp.float32), j.astype(jnp.float32)
-    cross = fi * jnp.abs(fj) - fj * jnp.abs(fi)
+    # i |j| - j |i| is 0 for same signs: selected, not left to cancel (jrope.attention.shear).
+    cross = jnp.where((i < 0) == (j < 0), 0.0, fi * jnp.abs(fj) - fj * jnp.abs(fi))
     numerator = context * (context * lag + cross)
     return shear_scale * numerator / ((context + jnp.abs(fi)) * (context + jnp.abs(fj)))
 
