@@ -234,9 +234,9 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         return None, problems  # a section to build is missing
     sections = {"model": ModelConfig, **SECTIONS, "pe": _pe_config}
     try:
-        sections["data"] = source_spec(dict(raw["data"]).get("source")).load()[0]
-    except (ValueError, TypeError) as err:
-        problems.append(str(err) if isinstance(err, ValueError) else "data must be a ConfigDict.")
+        sections["data"] = source_spec(raw["data"].get("source")).load()[0]
+    except ValueError as err:
+        problems.append(str(err))
     built = {key: raw.get(key) for key in SCALAR_KEYS}
     # A section holding a key that could not be computed is not built: its line says why.
     built.update(
@@ -329,10 +329,10 @@ def _key_problems(prefix: str, values: Any, known, required, types) -> list[str]
     if not isinstance(values, dict):
         return [f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."]
     problems = []
-    for key in values.keys() - set(known):
+    for key in (key for key in values if key not in known):
         close = difflib.get_close_matches(prefix + key, [prefix + k for k in known], n=1)
         where = f"section {prefix.rstrip('.')!r}" if prefix else "the config"
-        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {sorted(known)}."
+        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {', '.join(known)}."
         problems.append(f"{prefix}{key}: no such key; {hint}")
     problems += [
         f"{prefix}{key} is missing; set it in the config file."
