@@ -86,9 +86,9 @@ def check_positions(positions, what: str = "positions", *, packed: bool = False)
         )
 
 
-def _as_batched_positions(positions) -> jax.Array:
-    """int32 [T] or [B, T] -> int32 [B|1, T]."""
-    check_positions(positions)
+def _as_batched_positions(positions, packed: bool = False) -> jax.Array:
+    """int32 [T] or [B, T] -> int32 [B|1, T] (packed: see check_positions)."""
+    check_positions(positions, packed=packed)
     positions = jnp.asarray(positions)
     if positions.ndim not in (1, 2):
         raise ValueError(f"positions must be [T] or [B, T], got shape {positions.shape}")
@@ -267,27 +267,43 @@ class Encoding:
             self.map_keys(params, k, k_positions, origin),
         )
 
-    def map_queries(self, params, q, q_positions, origin=0):
+    def map_queries(self, params, q, q_positions, origin=0, *, packed=False):
         """The query half of transform_qk: q2 = A(-(i - o))^{-T} q.
 
         q: floating [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
-        scalar or [B]. A query and a key give the encoded score only when both
-        are mapped from the same origin; with damping, keep |p - o| below
-        ~88 / gamma (float32 range), e.g. the window's first position.
+        scalar, [B], or [B|1, T] (one per query). A query and a key give the
+        encoded score only when both are mapped from the same origin, counted
+        in their own sequence's positions (per-position origins serve packed
+        rows: jrope.attention.packing, jrope.attention.blocks); with damping,
+        keep |p - o| below ~88 / gamma (float32 range), e.g. the window's
+        first position.
+        packed: the rows hold packed sequences whose positions restart at each
+        one's start (else refused); the caller masks by segment.
         Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
         """
         return self._map(
-            "q", q, q_positions, origin, lambda seg, x, pos, o: seg.map_queries(params, x, pos, o)
+            "q",
+            q,
+            q_positions,
+            origin,
+            lambda seg, x, pos, o: seg.map_queries(params, x, pos, o),
+            packed,
         )
 
-    def map_keys(self, params, k, k_positions, origin=0):
+    def map_keys(self, params, k, k_positions, origin=0, *, packed=False):
         """The key half of transform_qk: k2 = A(-(j - o)) k.
 
         k: floating [B, S, N, H]; k_positions: int32 [S] or [B, S] ([1] or [B, 1]
-        broadcast over S); origin: int32 scalar or [B]. Returns [B, S, N, H].
+        broadcast over S); origin: int32 scalar, [B], or [B|1, S] (one per key).
+        packed: as in map_queries. Returns [B, S, N, H].
         """
         return self._map(
-            "k", k, k_positions, origin, lambda seg, x, pos, o: seg.map_keys(params, x, pos, o)
+            "k",
+            k,
+            k_positions,
+            origin,
+            lambda seg, x, pos, o: seg.map_keys(params, x, pos, o),
+            packed,
         )
 
     def move_keys(self, params, k2, shift):
@@ -310,7 +326,7 @@ class Encoding:
             lambda seg, x, pos, o: seg.map_keys(params, x, pos, o, shear=shear),
         )
 
-    def _map(self, name, x, positions, origin, segment_map):
+    def _map(self, name, x, positions, origin, segment_map, packed=False):
         """Applies segment_map(segment, x_slice, positions, origin) on every segment's dims."""
         check_floating(name, x)
         if not self.segments:
@@ -320,12 +336,15 @@ class Encoding:
                 f"{name} must be [B, T, {self.num_heads}, {self.head_dim}], got {x.shape}"
             )
         check_positions_fit(f"{name}_positions", positions, name, x.shape[:2])
-        positions = _as_batched_positions(positions)
-        origin = jnp.asarray(origin, jnp.int32).reshape(-1, 1)
-        if origin.shape[0] not in (1, x.shape[0]):
+        positions = _as_batched_positions(positions, packed)
+        origin = jnp.asarray(origin, jnp.int32)
+        # A scalar or one origin per row [B] -> [B|1, 1]; one per position stays [B|1, T].
+        origin = origin if origin.ndim == 2 else origin.reshape(-1, 1)
+        if origin.shape[0] not in (1, x.shape[0]) or origin.shape[1] not in (1, x.shape[1]):
             raise ValueError(
-                f"origin must be a scalar or [B] = [{x.shape[0]}] (one per row of {name}), "
-                f"got {origin.shape[0]} values."
+                f"origin must be a scalar or [B] = [{x.shape[0]}] (one per row of {name}), or "
+                f"[B, T] = [{x.shape[0]}, {x.shape[1]}] (one per position); got shape "
+                f"{tuple(origin.shape)}."
             )
         parts = [
             segment_map(

@@ -86,6 +86,7 @@ def test_projection_values_and_gradients_equal_tensordot_autodiff(
         np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_model_with_the_cpu_projection_has_the_default_models_loss_and_gradients():
     cfg = ModelConfig(
         d_model=16,

@@ -163,6 +163,7 @@ def test_matches_plain_path_at_ragged_length_from_zero_to_65536(name):
     _compare_with_plain(name, batch=2, q_len=37, offsets=(0, 65536 - 37))
 
 
+@pytest.mark.slow
 def test_matches_plain_path_at_a_block_multiple():
     # No padding at all; the encoding matters little here, so a cheap one to compile.
     _compare_with_plain("rope_alibi", batch=1, q_len=3 * BLOCK, offsets=(0, 65536 - 3 * BLOCK))
@@ -179,6 +180,7 @@ def test_matches_plain_path_when_queries_are_the_last_keys(q_len):
     )
 
 
+@pytest.mark.slow
 def test_batched_positions_use_a_per_row_origin():
     name = "damped_rope_alibi"  # per-row damping origin and per-row [B, N, T, S] bias
     enc = _encoding(name)
@@ -194,6 +196,7 @@ def test_batched_positions_use_a_per_row_origin():
     )
 
 
+@pytest.mark.slow
 def test_non_causal_matches_full_softmax():
     enc = _encoding("rope_alibi")
     params = _trained_params(enc, 4)
@@ -206,6 +209,7 @@ def test_non_causal_matches_full_softmax():
     )
 
 
+@pytest.mark.slow
 def test_stays_exact_where_one_global_origin_overflows():
     # gamma near softplus(1.5) = 1.7: the plain factorized path measures positions
     # from one midpoint origin, so its key factors reach e^{gamma * 65} > e^{88}
@@ -228,6 +232,7 @@ def test_stays_exact_where_one_global_origin_overflows():
     np.testing.assert_allclose(got, oracle, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_inputs_track_the_float32_plain_path():
     enc = _encoding("jordan_exact_scaled")
     params = _trained_params(enc, 6)
@@ -247,6 +252,7 @@ def test_bfloat16_inputs_track_the_float32_plain_path():
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
 
 
+@pytest.mark.slow
 def test_gradient_memory_is_linear_in_length():
     """The compiled backward pass's scratch memory grows about linearly with T, not as T^2."""
     enc = _encoding("damped_rope")

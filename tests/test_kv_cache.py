@@ -175,6 +175,7 @@ def test_prefill_fills_the_same_cache_through_any_attention_kernel(impl):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_decoding_fills_every_slot_and_a_step_past_the_last_gives_nan():
     model = _model("jordan_rope")
     graphdef, params = nnx.split(model)
@@ -189,6 +190,7 @@ def test_decoding_fills_every_slot_and_a_step_past_the_last_gives_nan():
         kv_cache.prefill(model, tokens, lengths, lengths, max_length=5, rebase_bound=4)
 
 
+@pytest.mark.slow
 def test_offsets_whose_positions_would_reach_the_empty_marker_are_refused():
     model = _model("jordan_exact_scaled")
     tokens, lengths = _tokens(length=PROMPT), jnp.asarray((PROMPT, 2), jnp.int32)

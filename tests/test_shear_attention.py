@@ -51,6 +51,7 @@ def _relative_error(value, reference, mask):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COVERED)
 def test_shear_weight_logits_equal_the_maps_logits_and_the_float64_formula(name):
     enc, params, q, k, _ = _setup(name, 40)
@@ -91,6 +92,7 @@ def test_the_stabilized_time_lag_is_exact_at_any_offset():
         np.testing.assert_allclose(np.asarray(lag), exact, rtol=1e-6, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0, 65536, 2**30])
 def test_bfloat16_logits_keep_ropes_own_bfloat16_error(offset):
     """bfloat16 q, k and default-precision dots: every sheared variant within 1.5x RoPE's error.
@@ -180,6 +182,7 @@ def test_bfloat16_attention_outputs_and_gradients_keep_ropes_own_error():
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["jordan_rope", "jordan_exact_c150_eta010_alibi", "direct_sum"])
 def test_the_shear_weight_kernel_equals_the_einsum_kernel_in_float32(name):
     enc, params, q, k, v = _setup(name, 24, batch=2)
@@ -239,6 +242,7 @@ def test_packed_rows_equal_each_segment_run_alone(kernel):
         np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dot_product_attention_runs_the_raw_shear_in_bfloat16_without_highest_dots():
     enc, params, q, k, v = _setup("jordan_rope", 32)
     pe = jrope.PositionalEncoding(enc)
@@ -266,6 +270,7 @@ def test_dot_product_attention_runs_the_raw_shear_in_bfloat16_without_highest_do
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["shear"])
 def test_causal_attention_with_segment_ids_equals_each_segment_alone(kernel):
     enc, params, q, k, v = _setup("jordan_exact_c150_eta010_alibi", 24)
@@ -286,18 +291,3 @@ def test_causal_attention_with_segment_ids_equals_each_segment_alone(kernel):
         np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
         for got, want in zip(packed_grads, alone_grads, strict=True):
             np.testing.assert_allclose(got[:, part], want, rtol=1e-4, atol=1e-5)
-
-
-def test_kernels_without_segment_ids_refuse_packed_rows():
-    enc, params, q, k, v = _setup("rope", 8)
-    with pytest.raises(ValueError, match="segment ids"):
-        jrope.attention.causal_attention(
-            q,
-            k,
-            v,
-            enc=enc,
-            params=params,
-            positions=jnp.arange(8),
-            kernel="blockwise",
-            segment_ids=jnp.zeros((1, 8), jnp.int32),
-        )

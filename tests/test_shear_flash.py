@@ -93,6 +93,25 @@ def test_flash_gradients_equal_the_xla_kernels_on_packed_rows(name, queries):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
+def test_flash_damping_gradient_follows_the_row_coordinates_across_restarts():
+    """gamma's cotangent, which the Pallas backward assembles outside its kernels from the
+    blocks' origins, against the XLA kernel's autodiff: strong damping (0.2), positions far
+    from 0, and restarts inside blocks of 8, where row coordinates and positions part."""
+    enc, params, q, k, v = _setup("jordan_rope", 20, batch=2)
+    gamma = params["gamma_raw"]
+    noise = 0.1 * jax.random.normal(jax.random.PRNGKey(9), gamma.shape)
+    params["gamma_raw"] = jnp.full(gamma.shape, np.log(np.expm1(0.2)), jnp.float32) + noise
+    runs = [((500, 7), (0, 13)), ((3, 9), (200, 5), (0, 6))]
+    positions = jnp.asarray([np.concatenate([a + np.arange(n) for a, n in row]) for row in runs])
+    segments = jnp.asarray([np.repeat(np.arange(len(row)), [n for _, n in row]) for row in runs])
+    cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
+    args = (enc, params, q, k, v, positions.astype(jnp.int32), segments.astype(jnp.int32))
+    flash = _gradients(shear_flash.shear_flash_attention, *args, cotangent, block_size=8)
+    xla = _gradients(shear.shear_attention, *args, cotangent, precision=jax.lax.Precision.HIGHEST)
+    for got, want in zip(flash, xla, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
 def test_flash_gradients_hold_with_xlas_optimizations_on():
     """The tests turn XLA's optimizations off (conftest); on, products may fuse into
     multiply-adds, and the stabilized time lag must not rely on two equal products cancelling.

@@ -17,7 +17,9 @@ mapped keys to a block's origin with `move_keys`) and its additive bias
   shear_flash  jrope.attention.shear_flash: the same as a Pallas flash kernel,
                memory linear in length (interpret mode off TPU and GPU).
 
-The dots run at the precision `jrope.attention.precision` resolves.
+The dots run at the precision `jrope.attention.precision` resolves. Packed
+rows (segment ids, jrope.attention.packing) run on the PACKING_KERNELS: xla,
+einsum, blockwise, shear and shear_flash.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
@@ -31,6 +33,7 @@ import jax
 from jrope.attention.blockwise import blockwise_attention
 from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
+from jrope.attention.packing import check_segments, segment_midpoints
 from jrope.attention.precision import attention_precision, matmul_precision
 from jrope.attention.selection import KERNELS, choose_kernel
 from jrope.attention.settings import AttentionSettings
@@ -41,7 +44,7 @@ from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
 # The kernels that take segment ids of packed rows.
-PACKING_KERNELS = ("shear", "shear_flash")
+PACKING_KERNELS = ("xla", "einsum", "blockwise", "shear", "shear_flash")
 
 __all__ = [
     "KERNELS",
@@ -87,9 +90,11 @@ def causal_attention(
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
         backend's default). The fused kernels run at their own.
-      segment_ids: optional int32 [B, S] of packed rows (positions restart
-        at each segment, a query sees its own segment's keys only): the
-        shear and shear_flash kernels take them, the others refuse.
+      segment_ids: optional int32 [B, S] of packed rows (each sequence one
+        contiguous run of an id, its positions restarting there; a query
+        sees its own segment's keys only): the PACKING_KERNELS take them,
+        the others refuse (check_segments refuses concrete ids and positions
+        that break these rules).
     Returns:
       [B, T, N, H] in v's dtype.
     """
@@ -104,8 +109,11 @@ def causal_attention(
             f"{PACKING_KERNELS}."
         )
     check_positions(positions, packed=segment_ids is not None)
+    if segment_ids is not None:
+        check_segments(positions, segment_ids, q.shape[0], key_length)
     q_positions = positions[..., key_length - length :]
     q_segments = None if segment_ids is None else segment_ids[:, key_length - length :]
+    segments = None if segment_ids is None else (q_segments, segment_ids)
     if kernel == "blockwise":
         return blockwise_attention(
             q,
@@ -117,6 +125,7 @@ def causal_attention(
             k_positions=positions,
             block_size=block_size,
             precision=precision,
+            segment_ids=segment_ids,
         )
     if kernel == "shear_flash":
         with jax.named_scope("attention_kernel"):
@@ -148,13 +157,21 @@ def causal_attention(
             )
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
-        q, k = enc.transform_qk(params, q, k, q_positions, positions)
+        if segment_ids is None:
+            q, k = enc.transform_qk(params, q, k, q_positions, positions)
+        else:
+            # Each sequence's tokens are mapped from its own midpoint, as it would be alone.
+            origin = segment_midpoints(positions, segment_ids)
+            q = enc.map_queries(
+                params, q, q_positions, origin[:, key_length - length :], packed=True
+            )
+            k = enc.map_keys(params, k, positions, origin, packed=True)
         bias = enc.logit_bias(params, q_positions, positions) if enc.has_bias else None
     with jax.named_scope("attention_kernel"):
         if kernel == "xla":
-            return xla_attention(q, k, v, precision)
+            return xla_attention(q, k, v, precision, segments)
         if kernel == "cudnn":
             return cudnn_attention(q, k, v, bias)
         if kernel == "splash":
             return splash_attention_causal(q, k, v)
-        return einsum_attention(q, k, v, bias, precision)
+        return einsum_attention(q, k, v, bias, precision, segments)

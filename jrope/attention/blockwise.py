@@ -32,6 +32,12 @@ Causality is decided by positions: key j is visible to query i iff
 k_positions[j] <= q_positions[i]. For every query block only the key blocks
 up to the last one holding a visible key are visited (a dynamic trip count),
 so with increasing positions about half of the T x S pairs are skipped.
+Packed rows (segment ids; positions restart at each segment) add the
+segment to the mask, and measure block origins and the key blocks a query
+block needs on the rows' coordinates (jrope.attention.packing), which never
+go down: a block that straddles a restart still gets factors bounded by its
+extent (jrope.attention.blocks). A block pair in which some query row sees
+no key of its segment leaves that row's running statistics as they were.
 Lengths that are not multiples of the block size are padded (positions by
 repeating the last one, so the factors stay bounded) and the padded keys are
 masked. A query that sees no key at all gets a zero output (the plain softmax
@@ -67,7 +73,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jrope.attention import blocks
+from jrope.attention import blocks, packing
 from jrope.attention.dense import MASK_VALUE
 
 
@@ -83,6 +89,7 @@ def blockwise_attention(
     block_size: int,
     causal: bool = True,
     precision: jax.lax.Precision | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
 
@@ -99,6 +106,9 @@ def blockwise_attention(
         are not padded to a large block.
       causal: mask keys whose position exceeds the query's position.
       precision: of the q.k and p.v dots (jrope.attention.precision).
+      segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
+        the queries are then the last T keys, and a query sees only keys of
+        its own segment.
 
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
@@ -110,10 +120,24 @@ def blockwise_attention(
     layout = blocks.Layout(
         min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal), precision
     )
-    q, q_positions = blocks.pad_to_blocks(q, q_positions, layout.num_q_blocks * layout.q_block)
-    k, k_positions = blocks.pad_to_blocks(k, k_positions, layout.num_k_blocks * layout.k_block)
-    v, _ = blocks.pad_to_blocks(v, None, layout.num_k_blocks * layout.k_block)
-    out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions)
+    q_padded, k_padded = layout.num_q_blocks * layout.q_block, layout.num_k_blocks * layout.k_block
+    rows = None
+    if segment_ids is not None:
+        packing.check_segments(k_positions, segment_ids, k.shape[0], k_len)
+        k_positions = jnp.broadcast_to(k_positions, segment_ids.shape)
+        q_positions = jnp.broadcast_to(q_positions, (q.shape[0], q_len))
+        k_coords = packing.row_coordinates(k_positions, segment_ids)
+        queries = slice(k_len - q_len, k_len)
+        rows = blocks.Packing(
+            blocks.pad_positions(k_coords[:, queries], q_padded),
+            blocks.pad_positions(k_coords, k_padded),
+            blocks.pad_positions(segment_ids[:, queries], q_padded),
+            blocks.pad_positions(segment_ids, k_padded),
+        )
+    q, q_positions = blocks.pad_to_blocks(q, q_positions, q_padded)
+    k, k_positions = blocks.pad_to_blocks(k, k_positions, k_padded)
+    v, _ = blocks.pad_to_blocks(v, None, k_padded)
+    out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions, rows)
     return out[:, :q_len]
 
 
@@ -147,29 +171,67 @@ def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
             )
 
 
-def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positions):
-    """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T)."""
+def _key_block_ends(layout: blocks.Layout, q_positions, k_positions, rows):
+    if rows is None:
+        return blocks.key_block_ends(layout, q_positions, k_positions)
+    return blocks.key_block_ends(layout, rows.q_coords, rows.k_coords)
+
+
+def _query_rows(rows, q_start, bq):
+    """The query block's (coordinates, segment ids), or (None, None) for rows of one sequence."""
+    if rows is None:
+        return None, None
+    coords = blocks.slice_seq(rows.q_coords, q_start, bq)
+    return coords, blocks.slice_seq(rows.q_segments, q_start, bq)
+
+
+def _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk):
+    """(coords, segments) of a block pair for pair_logits and pair_mask, or (None, None)."""
+    if rows is None:
+        return None, None
+    return (
+        (qcoord_blk, blocks.slice_seq(rows.k_coords, k_start, bk)),
+        (qseg_blk, blocks.slice_seq(rows.k_segments, k_start, bk)),
+    )
+
+
+def _premapped_keys(enc, params, k, k_positions, layout, rows):
+    k_coords = None if rows is None else rows.k_coords
+    return blocks.premap_keys(enc, params, k, k_positions, layout, k_coords)
+
+
+def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positions, rows):
+    """Returns the output [B, T, N, H] (v's dtype) and the log-sum-exp float32 [B, N, T] (padded T).
+
+    rows: blocks.Packing of packed rows, or None.
+    """
     bq, bk = layout.q_block, layout.k_block
     batch, _, heads, head_dim = q.shape
-    ends = blocks.key_block_ends(layout, q_positions, k_positions)
+    ends = _key_block_ends(layout, q_positions, k_positions, rows)
     keys = (
-        blocks.premap_keys(enc, params, k, k_positions, layout) if blocks.premaps_keys(enc) else k
+        _premapped_keys(enc, params, k, k_positions, layout, rows)
+        if blocks.premaps_keys(enc)
+        else k
     )
 
     def query_block(qb):
         q_start = qb * bq
         qpos_blk = blocks.slice_seq(q_positions, q_start, bq)
-        q2 = blocks.transform_queries(enc, params, blocks.slice_seq(q, q_start, bq), qpos_blk)
+        qcoord_blk, qseg_blk = _query_rows(rows, q_start, bq)
+        q2 = blocks.transform_queries(
+            enc, params, blocks.slice_seq(q, q_start, bq), qpos_blk, qcoord_blk
+        )
 
         def key_block(kb, carry):
             acc, row_max, row_sum = carry  # [B, N, bq, H], [B, N, bq], [B, N, bq]
             k_start = kb * bk
             kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
             keys_blk = blocks.slice_seq(keys, k_start, bk)
+            coords, segments = _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk)
             logits = blocks.pair_logits(
-                enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype, layout.precision
+                enc, params, q2, keys_blk, qpos_blk, kpos_blk, k.dtype, layout.precision, coords
             )
-            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk, segments)
             logits = jnp.where(mask, logits, MASK_VALUE)
             new_max = jnp.maximum(row_max, logits.max(-1))
             correction = jnp.exp(row_max - new_max)
@@ -203,17 +265,17 @@ def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positio
 
 
 def _backward(enc, layout: blocks.Layout, residuals, d_out):
-    """Cotangents of (params, q, k, v, q_positions, k_positions), recomputing each pair's logits."""
-    params, q, k, v, q_positions, k_positions, out, lse = residuals
+    """Cotangents of (params, q, k, v, q_positions, k_positions, rows), recomputing each pair's logits."""
+    params, q, k, v, q_positions, k_positions, rows, out, lse = residuals
     bq, bk = layout.q_block, layout.k_block
-    ends = blocks.key_block_ends(layout, q_positions, k_positions)
+    ends = _key_block_ends(layout, q_positions, k_positions, rows)
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
     delta = jnp.einsum("btnh,btnh->bnt", d_out, out.astype(jnp.float32), precision=layout.precision)
     if blocks.premaps_keys(enc):
         # dk collects the premapped keys' cotangent, pulled back through the premap once.
         keys, keys_pullback = jax.vjp(
-            lambda p, kk: blocks.premap_keys(enc, p, kk, k_positions, layout), params, k
+            lambda p, kk: _premapped_keys(enc, p, kk, k_positions, layout, rows), params, k
         )
     else:
         keys, keys_pullback = k, None
@@ -222,10 +284,11 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
         dq, dk, dv, dparams = carry
         q_start = qb * bq
         qpos_blk = blocks.slice_seq(q_positions, q_start, bq)
+        qcoord_blk, qseg_blk = _query_rows(rows, q_start, bq)
         # The query map is shared by all of this block's pairs: its cotangent is
         # summed over the key loop and pulled back (to q and params) once.
         q2, q_pullback = jax.vjp(
-            lambda p, qq: blocks.transform_queries(enc, p, qq, qpos_blk),
+            lambda p, qq: blocks.transform_queries(enc, p, qq, qpos_blk, qcoord_blk),
             params,
             blocks.slice_seq(q, q_start, bq),
         )
@@ -237,15 +300,16 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
             dq2, dk, dv, dparams = inner
             k_start = kb * bk
             kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
+            coords, segments = _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk)
             logits, pullback = jax.vjp(
                 lambda p, qq, kk: blocks.pair_logits(
-                    enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision
+                    enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision, coords
                 ),
                 params,
                 q2,
                 blocks.slice_seq(keys, k_start, bk),
             )
-            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk)
+            mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk, segments)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
             v_blk = blocks.slice_seq(v, k_start, bk).astype(jnp.float32)
             d_probs = jnp.einsum("btnh,bsnh->bnts", d_out_blk, v_blk, precision=layout.precision)
@@ -277,19 +341,22 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
         d_params_keys, dk = keys_pullback(dk.astype(keys.dtype))
         dparams = jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), dparams, d_params_keys)
     dparams = jax.tree.map(lambda g, p: g.astype(p.dtype), dparams, params)
-    return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+    return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
 
 def _make_attend(enc, layout: blocks.Layout):
-    """attend(params, q, k, v, q_positions, k_positions) -> [B, T_padded, N, H] with a memory-linear VJP."""
+    """attend(params, q, k, v, q_positions, k_positions, rows) -> [B, T_padded, N, H] with a memory-linear VJP.
+
+    rows: blocks.Packing of packed rows, or None.
+    """
 
     @jax.custom_vjp
-    def attend(params, q, k, v, q_positions, k_positions):
-        return _forward(enc, layout, params, q, k, v, q_positions, k_positions)[0]
+    def attend(params, q, k, v, q_positions, k_positions, rows):
+        return _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)[0]
 
-    def attend_fwd(params, q, k, v, q_positions, k_positions):
-        out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions)
-        return out, (params, q, k, v, q_positions, k_positions, out, lse)
+    def attend_fwd(params, q, k, v, q_positions, k_positions, rows):
+        out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
+        return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
     def attend_bwd(residuals, d_out):
         return _backward(enc, layout, residuals, d_out)

@@ -9,6 +9,9 @@ cannot serve here: they map raw keys themselves and mask by index, while
 cache slots are masked by position (an unused slot holds a position after
 every query, jrope.model.kv_cache.EMPTY).
 
+One sequence per row: the cache takes no segment ids (packed rows), see
+jrope.model.kv_cache.prefill.
+
 Numerics follow jrope.attention.dense: logits and softmax in float32, a
 finite mask value, the division by the row sum applied to the [B, T, N, H]
 output.

@@ -8,6 +8,11 @@ Both take queries and keys already mapped by the encoding:
              and a hand-written VJP: any encoding. On CPU its train step is
              faster than xla's (see QUERY_CHUNKS).
 
+Both take optional segment ids of packed rows (several sequences in a row,
+each a contiguous run): the mask then also requires the query's and the
+key's segment to agree. Causality stays by index, which within one segment
+is the order of its positions.
+
 Numerics: logits and softmax in float32 whatever the compute dtype; the
 causal mask is a finite large negative, so a fully masked row cannot turn
 into NaN. The q.k and p.v dots, forward and backward, run at the precision
@@ -44,16 +49,33 @@ def suffix_causal_mask(length: int, key_length: int) -> jax.Array:
     return jnp.arange(key_length)[None, :] <= (key_length - length + jnp.arange(length))[:, None]
 
 
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """bool [B, 1, T, S]: the query's and the key's segment ids agree (q [B, T], k [B, S])."""
+    return (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
+
+
 def xla_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, precision: jax.lax.Precision | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    precision: jax.lax.Precision | None = None,
+    segments: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """jax.nn.dot_product_attention with a causal mask: q [B, T, N, H] (the last T of S), k, v [B, S, N, H]."""
+    """jax.nn.dot_product_attention with a causal mask: q [B, T, N, H] (the last T of S), k, v [B, S, N, H].
+
+    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries
+    and the keys; a query sees only keys of its own segment.
+    """
     # Raw-shear encodings return float32 q, k (their cancellation is not
     # bf16-safe); the fused kernel wants one dtype, so v follows them.
     common = jnp.promote_types(q.dtype, v.dtype)
     length, key_length = q.shape[1], k.shape[1]
     # is_causal aligns query 0 with key 0; queries that are the last rows need the mask spelled out.
-    mask = None if length == key_length else suffix_causal_mask(length, key_length)[None, None]
+    mask = None
+    if length != key_length or segments is not None:
+        mask = suffix_causal_mask(length, key_length)[None, None]
+    if segments is not None:
+        mask = mask & segment_mask(*segments)
     with precision_scope(precision):
         out = jax.nn.dot_product_attention(
             q.astype(common),
@@ -72,9 +94,14 @@ def einsum_attention(
     v: jax.Array,
     bias: jax.Array | None,
     precision: jax.lax.Precision | None = None,
+    segments: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale."""
-    return _chunked_causal_attention(q, k, v, bias, precision)
+    """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale.
+
+    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries
+    and the keys; a query sees only keys of its own segment.
+    """
+    return _chunked_causal_attention(q, k, v, bias, segments, precision)
 
 
 def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
@@ -91,12 +118,12 @@ def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
     return bounds
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _chunked_causal_attention(q, k, v, bias, precision):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _chunked_causal_attention(q, k, v, bias, segments, precision):
     """Causal attention with queries cut into QUERY_CHUNKS row blocks.
 
     q [B, T, N, H] (the last T of S positions), k, v [B, S, N, H]; bias None,
-    [N, T, S] or [B, N, T, S] -> [B, T, N, H].
+    [N, T, S] or [B, N, T, S]; segments None or int32 ([B, T], [B, S]) -> [B, T, N, H].
     Each row block attends only to the keys at or before its last row:
     for T = S, (n + 1) / (2n) of the T x T logits are formed, and only the
     diagonal block needs its mask. Inside, q, k and v are transposed once to
@@ -107,7 +134,7 @@ def _chunked_causal_attention(q, k, v, bias, precision):
     padded key gradients per block) than the gradient needs, and on CPU
     attention time is spent passing over them.
     """
-    return _chunked_forward(q, k, v, bias, precision)[0]
+    return _chunked_forward(q, k, v, bias, segments, precision)[0]
 
 
 def _head_major(x: jax.Array) -> jax.Array:
@@ -115,13 +142,21 @@ def _head_major(x: jax.Array) -> jax.Array:
     return jnp.transpose(x, (0, 2, 1, 3))
 
 
-def _chunked_forward(q, k, v, bias, precision):
+def _chunked_forward(q, k, v, bias, segments, precision):
     q, k, v = _head_major(q), _head_major(k), _head_major(v)
     outputs, saved = [], []
     for start, stop, key_stop in _chunk_bounds(q.shape[2], k.shape[2]):
         chunk_bias = None if bias is None else bias[..., start:stop, :key_stop]
+        same_segment = None
+        if segments is not None:
+            same_segment = segment_mask(segments[0][:, start:stop], segments[1][:, :key_stop])
         out, unnormalised, row_sum = _chunk_forward(
-            q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop], chunk_bias, precision
+            q[:, :, start:stop],
+            k[:, :, :key_stop],
+            v[:, :, :key_stop],
+            chunk_bias,
+            same_segment,
+            precision,
         )
         outputs.append(out)
         saved.append((unnormalised, row_sum))
@@ -129,10 +164,11 @@ def _chunked_forward(q, k, v, bias, precision):
     return _head_major(out), (q, k, v, bias, out, saved)
 
 
-def _chunk_forward(q, k, v, bias, precision):
+def _chunk_forward(q, k, v, bias, same_segment, precision):
     """The last T query rows over S >= T keys: row t sits at key index S - T + t.
 
-    q [B, N, T, H], k and v [B, N, S, H]. Returns the output [B, N, T, H], the
+    q [B, N, T, H], k and v [B, N, S, H]; same_segment None or bool [B, 1, T, S].
+    A row always sees its own key (its segment's), so no row is fully masked. Returns the output [B, N, T, H], the
     unnormalised probabilities E [B, N, T, S] (float32, 0 where masked) and
     their row sums [B, N, T].
     """
@@ -143,7 +179,10 @@ def _chunk_forward(q, k, v, bias, precision):
     logits = logits * (1.0 / math.sqrt(head_dim))
     if bias is not None:
         logits = add_bias(logits, bias.astype(jnp.float32))
-    logits = jnp.where(suffix_causal_mask(length, key_length)[None, None], logits, MASK_VALUE)
+    visible = suffix_causal_mask(length, key_length)[None, None]
+    if same_segment is not None:
+        visible = visible & same_segment
+    logits = jnp.where(visible, logits, MASK_VALUE)
     # The division by the row sum is applied to the [B, N, T, H] output, not
     # to the [B, N, T, S] matrix.
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
@@ -187,7 +226,8 @@ def _chunked_backward(precision, residuals, d_out):
     d_k = _head_major(_sum_key_prefixes(d_k_parts, bounds) * scale)
     d_v = _head_major(_sum_key_prefixes(d_v_parts, bounds))
     d_bias = None if bias is None else jnp.concatenate(d_bias_rows, axis=-2).astype(bias.dtype)
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias
+    # Segment ids are integers: they take no cotangent.
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None
 
 
 _chunked_causal_attention.defvjp(_chunked_forward, _chunked_backward)

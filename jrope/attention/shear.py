@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jrope.attention import packing
 from jrope.attention.dense import MASK_VALUE
 from jrope.encodings import add_bias
 
@@ -91,8 +92,10 @@ def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array)
         return cfg.shear_scale * lag
     length = float(cfg.train_context)
     i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
-    # i |j| - j |i|: the same product twice (0 exactly) for same signs, else two terms of one sign.
-    cross = i * jnp.abs(j) - j * jnp.abs(i)
+    # i |j| - j |i| is 0 for same signs: selected, not left to cancel, which a compiler's fused
+    # multiply-add (allowed on accelerators) would not do exactly. Else two terms of one sign.
+    same_sign = (q_positions < 0) == (k_positions < 0)
+    cross = jnp.where(same_sign, 0.0, i * jnp.abs(j) - j * jnp.abs(i))
     numerator = length * (length * lag + cross)
     return cfg.shear_scale * numerator / ((length + jnp.abs(i)) * (length + jnp.abs(j)))
 
@@ -199,19 +202,23 @@ def shear_logits(
     k_positions,
     *,
     precision: jax.lax.Precision | None = None,
+    origins: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """The encoded logits as weighted dots, float32 [B, N, T, S], scaled by 1/sqrt(H), bias added.
 
     Equal to jrope.attention_logits for every covered encoding; the dots take
     q's dtype (bfloat16 inputs give bfloat16 dots with float32 accumulation)
     at `precision` (None: the backend's default).
-    q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [T] / [S] or [B, T] / [B, S].
+    q: [B, T, N, H]; k: [B, S, N, H]; positions int32 [T] / [S] or [B, T] / [B, S];
+    origins: optional per-token origins (int32 [B, T], [B, S]) of packed rows
+    (packed_origins), else the window's midpoint.
     """
     problem = shear_weight_problem(encoding)
     if problem:
         raise ValueError(f"shear_logits: {problem}; use jrope.attention_logits.")
     q_pos, k_pos = _batched(q_positions), _batched(k_positions)
-    terms = shear_terms(encoding, params, q, k, q_pos, k_pos, window_origin(q_pos, k_pos))
+    q_origin, k_origin = (window_origin(q_pos, k_pos), None) if origins is None else origins
+    terms = shear_terms(encoding, params, q, k, q_pos, k_pos, q_origin, k_origin)
     dots = [
         jnp.einsum(
             "btnh,bsnh->bnts",
@@ -225,6 +232,19 @@ def shear_logits(
     time_lag = pair_time_lag(encoding, q_pos, k_pos)[:, None] if len(dots) > 1 else None
     logits = combine_terms(dots, time_lag) / math.sqrt(encoding.head_dim)
     return add_bias(logits, encoding.logit_bias(params, q_positions, k_positions))
+
+
+def packed_origins(q_positions, k_positions, q_segments, k_segments):
+    """Per-token origins of packed rows: each sequence's midpoint, int32 ([B, T], [B, S]).
+
+    The keys' from their segment (jrope.attention.packing.segment_midpoints);
+    a query takes its segment's (from the keys), or its own position when no
+    key shares its segment (it then sees none). Positions, segments [B|1, T] / [B|1, S].
+    """
+    k_origin = packing.segment_midpoints(k_positions, k_segments)
+    same = k_segments[:, None, :] == q_segments[:, :, None]  # [B, T, S]
+    q_origin = jnp.max(jnp.where(same, k_origin[:, None, :], jnp.iinfo(jnp.int32).min), -1)
+    return jnp.where(same.any(-1), q_origin, q_positions), k_origin
 
 
 def visibility(
@@ -274,9 +294,14 @@ def shear_attention(
       [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
     """
     q_pos, k_pos = _batched(q_positions), _batched(k_positions)
-    logits = shear_logits(enc, params, q, k, q_pos, k_pos, precision=precision)
+    origins = None
     if q_segments is not None:
         q_segments, k_segments = _batched(q_segments), _batched(k_segments)
+        # Each packed sequence mapped from its own midpoint, as it would be alone.
+        q_pos = jnp.broadcast_to(q_pos, q_segments.shape)
+        k_pos = jnp.broadcast_to(k_pos, k_segments.shape)
+        origins = packed_origins(q_pos, k_pos, q_segments, k_segments)
+    logits = shear_logits(enc, params, q, k, q_pos, k_pos, precision=precision, origins=origins)
     visible = visibility(q_pos, k_pos, q_segments, k_segments, causal=causal)
     if mask is not None:
         visible = visible & mask

@@ -11,8 +11,10 @@ accumulator), so no T x S array exists. Inside, per key block:
 The damped-rotated terms (jrope.attention.shear.shear_terms) are mapped once
 outside the kernel, the queries from their block's first position o and the
 keys from theirs o_k, as the blockwise kernel maps them: every factor stays
-within e^{gamma * block} at any absolute position. The move is one damped
-rotation per (re, im) pair of the key block, with the pair's rates
+within e^{gamma * block} at any absolute position. Packed rows take o and
+o_k on the row coordinates (jrope.attention.packing), translated into each
+token's own sequence, so a block that straddles a restart stays bounded too.
+The move is one damped rotation per (re, im) pair of the key block, with the pair's rates
 (`term_rates`); the time-lag weight is formed per pair from the integer
 positions (`pair_time_lag`'s forms). The term dots take the inputs' dtype
 (bfloat16 in, float32 accumulation) at the default precision.
@@ -54,7 +56,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from jrope.attention import shear
+from jrope.attention import packing, shear
 from jrope.attention.dense import MASK_VALUE
 
 # Query and key block length: TPU lanes want multiples of 128.
@@ -167,12 +169,15 @@ _attend.defvjp(_attend_forward, _attend_backward)
 
 
 class _Rows(NamedTuple):
-    """Padded positions and segments: int32 q_pos, q_seg [B, Tp, 1]; k_pos, k_seg [B, 1, Sp]."""
+    """Padded positions, segments and row coordinates (jrope.attention.packing): int32
+    q_pos, q_seg, q_coord [B, Tp, 1]; k_pos, k_seg, k_coord [B, 1, Sp]."""
 
     q_pos: jax.Array
     k_pos: jax.Array
     q_seg: jax.Array
     k_seg: jax.Array
+    q_coord: jax.Array
+    k_coord: jax.Array
 
 
 class _Inputs(NamedTuple):
@@ -226,11 +231,16 @@ class _Layout(NamedTuple):
     def rows(self, q_pos, k_pos, q_seg, k_seg) -> _Rows:
         # Padded queries and keys: positions repeat the last, and segments that
         # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
+        # Origins are taken on the row coordinates, which never go down even where
+        # packed positions restart (the positions themselves in a row of one sequence).
+        k_coord = packing.row_coordinates(k_pos, k_seg)
         return _Rows(
             _pad_rows(q_pos, self.q_len)[:, :, None],
             _pad_rows(k_pos, self.k_len)[:, None, :],
             _pad_rows(q_seg, self.q_len, -2)[:, :, None],
             _pad_rows(k_seg, self.k_len, -1)[:, None, :],
+            _pad_rows(k_coord[:, self.key_offset :], self.q_len)[:, :, None],
+            _pad_rows(k_coord, self.k_len)[:, None, :],
         )
 
     def inputs(self, terms, gammas, omegas, v) -> _Inputs:
@@ -261,6 +271,7 @@ def _kernel_terms(layout, rows, params, q, k):
     """The term halves (float32 [B, N, Tp|Sp, d], q re, q im, k re, k im per term) and each term's
     gamma [N, 1, d]: the differentiable map from (params, q, k) to the kernels' operands."""
     q_pos, k_pos = rows.q_pos[:, :, 0], rows.k_pos[:, 0, :]
+    q_coord, k_coord = rows.q_coord[:, :, 0], rows.k_coord[:, 0, :]
     terms = shear.shear_terms(
         layout.enc,
         params,
@@ -268,8 +279,8 @@ def _kernel_terms(layout, rows, params, q, k):
         _pad_rows(k, layout.k_len, 0),
         q_pos,
         k_pos,
-        _block_origins(q_pos, layout.bq),
-        _block_origins(k_pos, layout.bk),
+        _block_origins(q_pos, q_coord, layout.bq),
+        _block_origins(k_pos, k_coord, layout.bk),
     )
     halves = []
     for q_r, k_r in zip(terms.queries, terms.keys, strict=True):
@@ -288,16 +299,18 @@ def _omegas(layout, params):
 def _gamma_gradients(layout, rows, terms, d_terms):
     """Each term's gamma cotangent [N, 1, d] from the key blocks' move inside the kernels.
 
-    A moved key's pair carries e^{gamma (o_k - o)}, so d logit / d gamma is
-    (o_k - o) times the pair's share of the dot; summed over the visited
-    (query block, key block) pairs that is sum_keys o_k <dk, k> - sum_queries
-    o <dq, q> per pair (the dq, dk the kernels return). Origins are taken
-    relative to the row's first so the two sums stay small at any offset.
+    A moved key's pair carries e^{gamma (o_k - o)}, o and o_k the first row
+    coordinates of the query and key blocks (the kernels' move), so d logit /
+    d gamma is (o_k - o) times the pair's share of the dot; summed over the
+    visited (query block, key block) pairs that is sum_keys o_k <dk, k> -
+    sum_queries o <dq, q> per pair (the dq, dk the kernels return). The
+    coordinates are taken relative to the query row's first so the two sums
+    stay small at any offset.
     """
-    first = rows.q_pos[:, :1, :1]
-    q_origin = (_block_origins(rows.q_pos[:, :, 0], layout.bq)[:, :, None] - first)[:, None]
-    k_origin = _block_origins(rows.k_pos[:, 0, :], layout.bk)[:, None, :] - first
-    k_origin = jnp.transpose(k_origin, (0, 2, 1))[:, None]
+    first = rows.q_coord[:, :1, :1]
+    q_origin = _block_firsts(rows.q_coord[:, :, 0], layout.bq)[:, :, None] - first
+    k_origin = _block_firsts(rows.k_coord[:, 0, :], layout.bk)[:, :, None] - first
+    q_origin, k_origin = q_origin[:, None], k_origin[:, None]  # [B, 1, Tp|Sp, 1]
     gradients = []
     for r in range(layout.num_terms):
         total = 0.0
@@ -321,10 +334,15 @@ def _pad_rows(x, padded, value=None):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _block_origins(positions, block):
-    """Each index's block's first position, int32 [B, L] (L a multiple of block)."""
-    firsts = positions[:, ::block]
-    return jnp.repeat(firsts, block, axis=1)
+def _block_firsts(coords, block):
+    """Each index's block's first coordinate, int32 [B, L] (L a multiple of block)."""
+    return jnp.repeat(coords[:, ::block], block, axis=1)
+
+
+def _block_origins(positions, coords, block):
+    """Each index's origin, int32 [B, L] (L a multiple of block): its block's first coordinate
+    translated into its own segment's positions (jrope.attention.blocks.block_origin)."""
+    return _block_firsts(coords, block) - (coords - positions)
 
 
 def _halves(x):
@@ -340,18 +358,17 @@ def _time_lag(time, i, j):
     if kind == "raw":
         return shear_scale * lag
     fi, fj = i.astype(jnp.float32), j.astype(jnp.float32)
-    # i |j| - j |i| is 0 for same signs; said so rather than left to cancel, which a
-    # compiler's fused multiply-add would not do exactly. Otherwise two terms of one sign.
+    # i |j| - j |i| is 0 for same signs: selected, not left to cancel (jrope.attention.shear).
     cross = jnp.where((i < 0) == (j < 0), 0.0, fi * jnp.abs(fj) - fj * jnp.abs(fi))
     numerator = context * (context * lag + cross)
     return shear_scale * numerator / ((context + jnp.abs(fi)) * (context + jnp.abs(fj)))
 
 
 def _row_specs(bq, k_len):
-    """Positions and segments of one query block and of every key."""
+    """Positions, segments and coordinates of one query block and of every key."""
     query_block = pl.BlockSpec((1, bq, 1), lambda b, n, i: (b, i, 0))
     every_key = pl.BlockSpec((1, 1, k_len), lambda b, n, i: (b, 0, 0))
-    return [query_block, every_key, query_block, every_key]
+    return 3 * [query_block, every_key]
 
 
 def _rate_specs(rates):
@@ -430,7 +447,7 @@ def _key_gradients_call(layout, rows, inputs, d_out, lse, delta):
     bk, q_len, head_dim = layout.bk, layout.q_len, layout.head_dim
     query_rows = pl.BlockSpec((1, q_len, 1), lambda b, n, j: (b, 0, 0))
     key_block = pl.BlockSpec((1, 1, bk), lambda b, n, j: (b, 0, j))
-    in_specs = [query_rows, key_block, query_rows, key_block]
+    in_specs = 3 * [query_rows, key_block]
     for index, array in enumerate(inputs.terms):
         width = array.shape[-1]
         if index % 4 < 2:  # a query half: every query
@@ -500,7 +517,18 @@ def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, valu
 
 
 def _forward_kernel(
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
+    q_pos_ref,
+    k_pos_ref,
+    q_seg_ref,
+    k_seg_ref,
+    q_coord_ref,
+    k_coord_ref,
+    *refs,
+    num_terms,
+    time,
+    block,
+    key_offset,
+    scale,
 ):
     """One (batch row, head, query block): online softmax over its key blocks."""
     term_refs = refs[: 4 * num_terms]
@@ -509,7 +537,7 @@ def _forward_kernel(
     bq, bk = block
     q_pos = q_pos_ref[0]  # [bq, 1]
     q_seg = q_seg_ref[0]
-    origin = q_pos_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
+    origin = q_coord_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
     queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
     end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
 
@@ -518,7 +546,7 @@ def _forward_kernel(
         start = pl.multiple_of(kb * bk, bk)
         k_pos = k_pos_ref[0, :, pl.ds(start, bk)]  # [1, bk]
         k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
-        moved_by = (k_pos_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
+        moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
         keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
         moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
         logits = _logits(queries, moved, _time_lag(time, q_pos, k_pos), scale)
@@ -544,7 +572,18 @@ def _forward_kernel(
 
 
 def _query_gradients_kernel(
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
+    q_pos_ref,
+    k_pos_ref,
+    q_seg_ref,
+    k_seg_ref,
+    q_coord_ref,
+    k_coord_ref,
+    *refs,
+    num_terms,
+    time,
+    block,
+    key_offset,
+    scale,
 ):
     """One (batch row, head, query block): dq_r = sum_j time_lag^r ds k'_r over its key blocks."""
     term_refs = refs[: 4 * num_terms]
@@ -554,7 +593,7 @@ def _query_gradients_kernel(
     bq, bk = block
     q_pos = q_pos_ref[0]  # [bq, 1]
     q_seg = q_seg_ref[0]
-    origin = q_pos_ref[0, pl.ds(0, 1), :]
+    origin = q_coord_ref[0, pl.ds(0, 1), :]
     queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
     d_out, lse, delta = d_out_ref[0, 0], lse_ref[0, 0], delta_ref[0, 0]
     end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
@@ -563,7 +602,7 @@ def _query_gradients_kernel(
         start = pl.multiple_of(kb * bk, bk)
         k_pos = k_pos_ref[0, :, pl.ds(start, bk)]
         k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
-        moved_by = (k_pos_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
+        moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
         keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
         moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
         _, d_scores = _score_cotangents(
@@ -592,7 +631,18 @@ def _query_gradients_kernel(
 
 
 def _key_gradients_kernel(
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, *refs, num_terms, time, block, key_offset, scale
+    q_pos_ref,
+    k_pos_ref,
+    q_seg_ref,
+    k_seg_ref,
+    q_coord_ref,
+    k_coord_ref,
+    *refs,
+    num_terms,
+    time,
+    block,
+    key_offset,
+    scale,
 ):
     """One (batch row, head, key block): dk_r, dv over the query blocks that see it.
 
@@ -606,7 +656,7 @@ def _key_gradients_kernel(
     bq, bk = block
     k_pos = k_pos_ref[0]  # [1, bk]
     k_seg = k_seg_ref[0]
-    k_origin = k_pos_ref[0, :, pl.ds(0, 1)]  # [1, 1]
+    k_origin = k_coord_ref[0, :, pl.ds(0, 1)]  # [1, 1]
     keys = _key_block(term_refs, num_terms, slice(None))
     values = v_ref[0, 0]
     # The first query block whose causal end reaches this key block (as _key_block_end).
@@ -618,7 +668,7 @@ def _key_gradients_kernel(
         rows = pl.ds(start, bq)
         q_pos = q_pos_ref[0, rows, :]  # [bq, 1]
         q_seg = q_seg_ref[0, rows, :]
-        moved_by = (k_origin - q_pos_ref[0, pl.ds(start, 1), :]).astype(jnp.float32)
+        moved_by = (k_origin - q_coord_ref[0, pl.ds(start, 1), :]).astype(jnp.float32)
         rotations = _rotations(rate_refs, moved_by, num_terms)
         queries = [
             (term_refs[4 * r][0, 0, rows, :], term_refs[4 * r + 1][0, 0, rows, :])

@@ -221,6 +221,14 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
+    One prompt per row: there are no segment ids (packed rows) here, by
+    design. A decode step continues one sequence per row, with one origin,
+    one next position and every slot visible to the new token by position;
+    a packed prompt row would have to carry a segment id per slot and decode
+    only its last sequence, the others filling slots no step reads. Pack
+    for training (jrope.attention.causal_attention's segment_ids); give
+    prompts their own rows, right-padded to one length, to decode.
+
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).
       tokens: int32 [B, P], each row's prompt right-padded to P.

@@ -223,23 +223,29 @@ TOP_KEYS = (*SCALAR_KEYS, "pe", "data", "model", *SECTIONS)
 def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
     """(the run config, []) or (None, every problem of every section, a line each naming its key
     and the fix). `config`: a ConfigDict, or the nested dict that `to_json_dict` writes."""
-    try:  # resolves the keys derived from others (e.g. data.head_dim = d_model // num_heads)
-        raw = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
-    except Exception as err:  # any error of the config's own expressions
-        return None, [
-            f"{_failing_key(config)} cannot be computed ({type(err).__name__}: {err}); it is "
-            "derived from other keys (see the config file): fix those."
-        ]
-    problems = _key_problems("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int))
+    raw, unresolved = _resolved(config)
+    problems = [
+        f"{key} cannot be computed ({error}); it is derived from other keys (see the config "
+        "file): fix those."
+        for key, error in unresolved.items()
+    ]
+    problems += _key_problems("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int))
     if any(key not in raw or not isinstance(raw[key], dict) for key in TOP_KEYS[3:]):
         return None, problems  # a section to build is missing
     sections = {"model": ModelConfig, **SECTIONS, "pe": _pe_config}
     try:
-        sections["data"] = source_spec(dict(raw["data"]).get("source")).load()[0]
-    except (ValueError, TypeError) as err:
-        problems.append(str(err) if isinstance(err, ValueError) else "data must be a ConfigDict.")
+        sections["data"] = source_spec(raw["data"].get("source")).load()[0]
+    except ValueError as err:
+        problems.append(str(err))
     built = {key: raw.get(key) for key in SCALAR_KEYS}
-    built.update({name: _build(sections[name], raw[name], name, problems) for name in sections})
+    # A section holding a key that could not be computed is not built: its line says why.
+    built.update(
+        {
+            name: _build(sections[name], raw[name], name, problems)
+            for name in sections
+            if not any(key.startswith(f"{name}.") for key in unresolved)
+        }
+    )
     integers = {key: value for key, value in built.items() if type(value) is int}
     problems += [
         f"{key} must be an integer >= 1, got {integers[key]}."
@@ -250,7 +256,7 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
     if problems:
         return None, problems
-    cfg = TrainConfig(**built)
+    cfg = TrainConfig(**built)  # every section built
     refused, warned = keys_without_effect(cfg.data)
     for warning in warned:
         _warn_once(warning)
@@ -258,16 +264,21 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     return (None, problems) if problems else (cfg, [])
 
 
-def _failing_key(config: Any, prefix: str = "") -> str | None:
-    """The dotted name of the first key of `config` whose value fails to compute."""
+def _resolved(config: Any, prefix: str = "") -> tuple[Any, dict[str, str]]:
+    """(`config` as nested dicts, its FieldReferences resolved; {dotted key: error} of the keys
+    whose value failed to compute, left out). `config`: a ConfigDict or a nested mapping."""
+    if not hasattr(config, "keys"):
+        return config, {}
+    plain, unresolved = {}, {}
     for key in config.keys():
         try:
             value = config[key]
-        except Exception:  # any error of the config's own expression
-            return prefix + key
-        if hasattr(value, "keys") and (failing := _failing_key(value, f"{prefix}{key}.")):
-            return failing
-    return None
+        except Exception as err:  # any error of the config's own expression
+            unresolved[prefix + key] = f"{type(err).__name__}: {err}"
+            continue
+        plain[key], inner = _resolved(value, f"{prefix}{key}.")
+        unresolved.update(inner)
+    return plain, unresolved
 
 
 def _build(section: Callable, values: Any, where: str, problems: list[str]):
@@ -318,10 +329,10 @@ def _key_problems(prefix: str, values: Any, known, required, types) -> list[str]
     if not isinstance(values, dict):
         return [f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."]
     problems = []
-    for key in values.keys() - set(known):
+    for key in (key for key in values if key not in known):
         close = difflib.get_close_matches(prefix + key, [prefix + k for k in known], n=1)
         where = f"section {prefix.rstrip('.')!r}" if prefix else "the config"
-        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {sorted(known)}."
+        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {', '.join(known)}."
         problems.append(f"{prefix}{key}: no such key; {hint}")
     problems += [
         f"{prefix}{key} is missing; set it in the config file."
