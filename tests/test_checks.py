@@ -18,10 +18,10 @@ from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.trainer import train_and_evaluate
 
 GIB = 2**30
-EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu", memory_bytes=16 * GIB)
-TWO_HOSTS = RunEnvironment(num_devices=8, process_count=2, platform="cpu", memory_bytes=16 * GIB)
-THREE_HOSTS = RunEnvironment(num_devices=6, process_count=3, platform="cpu", memory_bytes=16 * GIB)
-ONE_GPU = RunEnvironment(num_devices=1, process_count=1, platform="gpu", memory_bytes=40 * GIB)
+EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu")
+TWO_HOSTS = RunEnvironment(num_devices=8, process_count=2, platform="cpu")
+THREE_HOSTS = RunEnvironment(num_devices=6, process_count=3, platform="cpu")
+ONE_GPU = RunEnvironment(num_devices=1, process_count=1, platform="gpu")
 
 
 def _problem_text(config_dict, workdir, env=EIGHT_CPUS, *, evaluation=False) -> str:
@@ -138,39 +138,11 @@ BAD_INPUTS = [
         r"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = \(-1, 0, 1\)",
     ),
     (
-        "eval_attention_does_not_fit_host_memory",
-        _tiny(**{"eval.lengths": (16, 65536), "model.attention_impl": "einsum"}),
-        EIGHT_CPUS,
-        "fresh",
-        (
-            r"eval\.lengths: the plain 'einsum' attention at length 65536 needs 128\.0 GiB for one layer's float32 "
-            r"logits \[4 rows, 2 heads, 65536, 65536\], more than half of the 16\.0 GiB available; "
-            r"set --config\.model\.attention_impl=blockwise"
-        ),
-    ),
-    (
-        "eval_attention_does_not_fit_device_memory",
-        _tiny(
-            **{
-                "eval.lengths": (32768,),
-                "model.blockwise_min_length": 65536,
-                "mesh.data": 1,
-                "pe.name": "rope",  # undamped: one map origin is safe at any length
-            }
-        ),
-        ONE_GPU,
-        "fresh",
-        (
-            r"the plain '\w+' attention at length 32768 needs 32\.0 GiB .* more than half of the 40\.0 GiB available; "
-            r".* or --config\.model\.blockwise_min_length=32768"
-        ),
-    ),
-    (
         "xla_attention_cannot_add_alibi",
         _tiny(**{"pe.name": "alibi", "model.attention_impl": "xla"}),
         EIGHT_CPUS,
         "fresh",
-        r"model\.attention_impl = 'xla': attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto'",
+        r"model\.attention_impl = 'xla' at length \d+: attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto'",
     ),
     (
         "workdir_is_a_file",

@@ -29,7 +29,7 @@ from jrope.train.checks import RunEnvironment, check_evaluation_run, check_train
 from jrope.train.outputs import JsonLinesLog, MetricsLogger
 from jrope.train.setup import set_up_run
 
-ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu", memory_bytes=2**34)
+ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu")
 RANDOM_BYTES = bytes(range(256))[::-1] + b"\x00\xff\n\xfe{not json"  # invalid UTF-8 and JSON
 
 

@@ -7,6 +7,7 @@ refused like a damaged one; Ctrl-C and SIGTERM end in one line with their status
 mistakes are one message each.
 """
 
+import dataclasses
 import os
 import re
 import signal
@@ -14,11 +15,10 @@ import subprocess
 import threading
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
+from helpers.tiny_config import tiny_config, tiny_config_dict
 from helpers.train_process import (
     RUN_CONFIG,
     log_tail,
@@ -42,7 +42,6 @@ from jrope.experiments.compare import comparison_axes
 from jrope.model.generation import GenerationSettings, SamplingSettings
 from jrope.train import checkpoints, checks, evaluation
 from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, config_differences
-from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import PreemptionWatch
 
@@ -206,53 +205,18 @@ def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
     checkpointer.close()
 
 
-# 3. Memory before step 1.
-
-
-def test_an_evaluation_length_that_does_not_fit_is_refused_with_the_longest_that_does(tmp_path):
-    one_gib = checks.RunEnvironment(
-        num_devices=1, process_count=1, platform="cpu", memory_bytes=GIB
-    )
-    config = tiny_config(**{"eval.lengths": (16, 1_000_000), "mesh.data": 1})
-    with pytest.raises(ConfigError) as refused:
-        checks.check_training_run(config, str(tmp_path / "run"), one_gib)
-    problem = str(refused.value)
-    longest = int(re.search(r"the longest length that fits is (\d+)", problem).group(1))
-    assert "eval.lengths: one evaluation forward at length 1000000" in problem
-    # The length named fits, one more does not.
-    source = checks.check_training_run(tiny_config(), str(tmp_path / "ok"), one_gib).source
-    outputs = source.vocab_size
-
-    def needed(length):
-        return checks.forward_bytes(config, 4, length, outputs, "blockwise")
-
-    assert needed(longest) <= GIB / 2 < needed(longest + 1)
-
-
-def test_sample_num_tokens_is_checked_against_positions_and_memory(tmp_path):
-    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    sampling = SamplingSettings(0.0, 0, 1.0, 0)
+def test_sample_num_tokens_is_checked_against_int32_positions():
+    settings = GenerationSettings(num_tokens=10**10, sampling=SamplingSettings(0.0, 0, 1.0, 0))
     prompt = [np.arange(10)]
     with pytest.raises(GenerationRequestError, match=r"--num_tokens=10000000000 .* int32") as big:
-        settings = GenerationSettings(num_tokens=10**10, sampling=sampling)
-        text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
-    # Blamed on --num_tokens, with a count that fits in positions (the last is 2**31 - 2) and in
-    # memory alike.
-    assert str(big.value).startswith("--num_tokens=")
-    most_for_big = int(re.search(r"at most (\d+) new tokens fit", str(big.value)).group(1))
-    assert 0 < most_for_big < 2**31 - 2 - 10
-    settings = GenerationSettings(num_tokens=10**8, sampling=sampling)
-    with pytest.raises(GenerationRequestError) as memory:
-        text_generation.check_request(cfg, settings, prompt, 16 * GIB, mesh)
-    most = int(re.search(r"at most (\d+) new tokens fit", str(memory.value)).group(1))
-    assert most == most_for_big
-    fitting = GenerationSettings(num_tokens=most, sampling=sampling)
-    text_generation.check_request(cfg, fitting, prompt, 16 * GIB, mesh)  # no error
-    # Without a memory figure only the positions bound it.
-    with pytest.raises(GenerationRequestError, match=f"at most {2**31 - 2 - 10} new tokens"):
-        unbounded = GenerationSettings(num_tokens=10**10, sampling=sampling)
-        text_generation.check_request(cfg, unbounded, prompt, None, mesh)
+        text_generation.check_request(settings, prompt)
+    # The count named fits: the last new token's position is 10 + most - 1 <= 2**31 - 2.
+    most = int(re.search(r"at most (\d+) new tokens fit", str(big.value)).group(1))
+    assert most == 2**31 - 2 - 10
+    text_generation.check_request(dataclasses.replace(settings, num_tokens=most), prompt)
+    with pytest.raises(GenerationRequestError, match="--position_offset="):
+        offset = dataclasses.replace(settings, num_tokens=1, position_offset=2**31 - 11)
+        text_generation.check_request(offset, prompt)
 
 
 # 6. Signals and command-line mistakes.

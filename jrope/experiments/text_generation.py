@@ -27,14 +27,13 @@ from absl import logging
 from jax.sharding import Mesh
 
 from jrope import commands, saved_run_config
-from jrope.attention import choose_kernel
 from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
 from jrope.model import kv_cache
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import checks, damping, setup
+from jrope.train import damping, setup
 from jrope.train.checkpoints import (
     CONFIG_ITEM,
     Checkpointer,
@@ -60,22 +59,14 @@ class TextRun:
     params: Any
     mesh: Mesh
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        settings: GenerationSettings,
-        environment: checks.RunEnvironment | None = None,
-    ) -> list[str]:
+    def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
         """The text generated after each prompt (bytes decoded as UTF-8 with replacement).
 
-        environment: the machine's memory the generation is checked against (default: this
-        one's). Raises GenerationRequestError before generating when --num_tokens does not fit.
+        Raises GenerationRequestError before generating when the positions leave int32.
         """
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
-        if environment is None:
-            environment = checks.RunEnvironment.detect()
-        check_request(self.cfg, settings, encoded, environment.memory_bytes, self.mesh)
+        check_request(settings, encoded)
         graphdef, settings = self._plan_for_damping(settings)
         generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)
@@ -143,35 +134,9 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     return TextRun(cfg, step, layout.graphdef, state["params"], mesh)
 
 
-def generation_bytes(
-    cfg: TrainConfig, rows: int, length: int, use_cache: bool, platform: str
-) -> int:
-    """Bytes that generating up to `length` positions for `rows` prompts holds (an estimate).
-
-    With the cache: float32 keys and values of every layer [rows, length,
-    d_model] each, and one forward over the prompt (bounded by the whole
-    length). Without: one forward over the whole sequence, for every token.
-    """
-    kernel = choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=platform)
-    forward = checks.forward_bytes(cfg, rows, length, cfg.data.vocab_size, kernel)
-    if not use_cache:
-        return forward
-    cache = 2 * cfg.model.num_layers * rows * length * cfg.model.d_model * 4
-    return cache + forward
-
-
-def check_request(
-    cfg: TrainConfig,
-    settings: GenerationSettings,
-    prompts: Sequence[Sequence[int]],
-    memory_bytes: int | None,
-    mesh: Mesh,
-) -> None:
-    """GenerationRequestError naming --num_tokens and the most that fits, when it does not.
-
-    Positions must stay inside int32 (the cache's empty marker is its largest
-    value), and the generation must fit in half of `memory_bytes` (None: not checked).
-    """
+def check_request(settings: GenerationSettings, prompts: Sequence[Sequence[int]]) -> None:
+    """GenerationRequestError naming the flag and the most that fits where a position would leave
+    int32 (the cache's empty marker is its largest value)."""
     prompt = max(len(tokens) for tokens in prompts)
     # The last new token's position is offset + prompt + num_tokens - 1; kv_cache.EMPTY is reserved.
     most_positions = kv_cache.EMPTY - 1 - prompt - settings.position_offset
@@ -181,32 +146,12 @@ def check_request(
             f"token after a prompt of {prompt} bytes; use an offset of at most "
             f"{kv_cache.EMPTY - 2 - prompt - settings.num_tokens}."
         )
-    budget = checks.PLAIN_ATTENTION_MEMORY_FRACTION * (memory_bytes or float("inf"))
-    rows, platform = len(prompts), mesh.devices.flat[0].platform
-
-    def needed(num_tokens: int) -> int:
-        return generation_bytes(cfg, rows, prompt + num_tokens, settings.use_cache, platform)
-
-    # The most new tokens that both int32 positions and the memory allow.
-    most = checks.largest_fitting(
-        lambda n: needed(n) <= budget, min(settings.num_tokens, most_positions)
-    )
     if settings.num_tokens > most_positions:
         raise GenerationRequestError(
             f"--num_tokens={settings.num_tokens} after a prompt of {prompt} bytes at "
             f"--position_offset={settings.position_offset} puts positions past the int32 range; "
-            f"at most {most} new tokens fit (in positions and in memory)."
+            f"at most {most_positions} new tokens fit."
         )
-    if most == settings.num_tokens:
-        return
-    kept = "the KV cache and a forward" if settings.use_cache else "a full forward per token"
-    raise GenerationRequestError(
-        f"--num_tokens={settings.num_tokens} for {rows} prompt(s) of up to {prompt} bytes needs "
-        f"about {needed(settings.num_tokens) / 2**30:.1f} GiB ({kept}), more than half of the "
-        f"{memory_bytes / 2**30:.1f} GiB available; at most {most} new tokens fit"
-        + ("" if most else " (not even one: use a shorter prompt)")
-        + "."
-    )
 
 
 def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:

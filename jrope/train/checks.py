@@ -9,7 +9,6 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -23,36 +22,21 @@ from jrope.errors import ConfigError, DataError
 from jrope.train import damping
 from jrope.train.checkpoints import accept_changes_problems, finished_steps
 from jrope.train.config import TrainConfig, first_line
-from jrope.train.setup import mesh_sizes, model_io
-
-# The plain attention path holds a [B, N, T, T] float32 logits tensor and its
-# softmax at once: it must fit in half of the memory available.
-PLAIN_ATTENTION_MEMORY_FRACTION = 0.5
-# Kernels that never hold the whole logits tensor.
-MEMORY_LINEAR_KERNELS = ("blockwise", "splash", "cudnn")
-_GIB = 2.0**30
+from jrope.train.setup import mesh_sizes
 
 
 @dataclasses.dataclass(frozen=True)
 class RunEnvironment:
-    """What the checks know of the machine (memory_bytes None: unknown, that check is skipped):
-    memory_bytes is what one attention tensor competes for: the host's available RAM on CPU (its
-    devices share it), one device's limit on accelerators."""
+    """What the checks know of the machine."""
 
     num_devices: int
     process_count: int
     platform: str  # 'cpu', 'gpu' or 'tpu'
-    memory_bytes: int | None
 
     @classmethod
     def detect(cls) -> RunEnvironment:
         """This machine."""
-        platform = jax.default_backend()
-        if platform == "cpu":
-            memory = _host_available_memory()
-        else:
-            memory = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-        return cls(jax.device_count(), jax.process_count(), platform, memory)
+        return cls(jax.device_count(), jax.process_count(), jax.default_backend())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +63,9 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     env = env or RunEnvironment.detect()
     problems = []
     try:
-        sizes = mesh_sizes(cfg.mesh, env.num_devices)
-        problems += _batch_problems(cfg, env, sizes)
+        problems += _batch_problems(cfg, env, mesh_sizes(cfg.mesh, env.num_devices))
     except ValueError as err:
-        sizes, problems = None, [str(err)]
+        problems = [str(err)]
     if not evaluation:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
@@ -93,8 +76,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
         source, data_problems = None, []
     else:
         source, data_problems = _data_problems(cfg, env, evaluation)
-    # The forward's size needs the data's vocabulary.
-    problems += _memory_problems(cfg, env, sizes, None if source is None else model_io(source))
+    problems += _kernel_problems(cfg, env.platform)
     if source is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
         readout = readout_problem(source.train_batch(0), cfg.model.readout)
@@ -135,89 +117,17 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment, sizes: dict[str, int]
     return problems
 
 
-def _memory_problems(cfg: TrainConfig, env: RunEnvironment, sizes, io) -> list[str]:
-    """Each evaluation length's attention kernel, its plain logits and (io: the model's sizes,
-    model_io, once the data are known) its whole forward against half the memory; the first
-    length that does not fit (longer ones only need more)."""
-    impl_key = f"model.attention_impl = {cfg.model.attention_impl!r}"
-
-    def kernel(length: int) -> str:
-        return choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=env.platform)
-
-    try:
-        kernel(cfg.pe.train_context)
-    except ValueError as err:
-        return [f"{impl_key}: {first_line(err)}"]
-    # The rows and heads whose logits share one pool: a process's CPU devices share its RAM.
-    rows, heads = max(cfg.eval.batch_size // env.process_count, 1), cfg.model.num_heads
-    if env.platform != "cpu" and sizes is not None:
-        data_parallel = math.prod(sizes[axis] for axis in _batch_mesh_axes(cfg))
-        rows = cfg.eval.batch_size
-        rows = rows // data_parallel if rows % data_parallel == 0 else rows
-        heads = heads // sizes["tensor"] if heads % sizes["tensor"] == 0 else heads
-    budget = PLAIN_ATTENTION_MEMORY_FRACTION * (env.memory_bytes or math.inf)
-    available = f"more than half of the {(env.memory_bytes or 0) / _GIB:.1f} GiB available"
-
-    def needed(rows: int, length: int) -> int:
-        outputs_per_position = io.get("output_channels") or io["vocab_size"]
-        return forward_bytes(cfg, rows, length, outputs_per_position, kernel(length))
-
-    forward_problem = []
-    for length in sorted(set(cfg.eval.lengths)):
+def _kernel_problems(cfg: TrainConfig, platform: str) -> list[str]:
+    """The refusal of an attention_impl that does not apply at the training length or at an
+    evaluation length (the first one)."""
+    for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
         try:
-            impl = kernel(length)
+            choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=platform)
         except ValueError as err:
-            return [f"{impl_key} at eval length {length}: {first_line(err)}"]
-        logits = rows * heads * length * length * 4
-        if impl not in MEMORY_LINEAR_KERNELS and logits > budget:
             return [
-                f"eval.lengths: the plain '{impl}' attention at length {length} needs "
-                f"{logits / _GIB:.1f} GiB for one layer's float32 logits [{rows} rows, {heads} "
-                f"heads, {length}, {length}], {available}; set "
-                f"--config.model.attention_impl=blockwise (memory linear in length, "
-                f"model.block_size={cfg.model.block_size}) or "
-                f"--config.model.blockwise_min_length={length}, or lower eval.batch_size."
+                f"model.attention_impl = {cfg.model.attention_impl!r} at length {length}: {first_line(err)}"
             ]
-        if io is None or forward_problem or needed(rows, length) <= budget:
-            continue
-        longest = largest_fitting(lambda n: needed(rows, n) <= budget, length)
-        fewer = largest_fitting(lambda n, length=length: needed(n, length) <= budget, rows)
-        lower_batch = (
-            f" or at most {fewer * env.process_count} rows at once (--config.eval.batch_size)"
-            if fewer
-            else f" (at length {length} not even one sequence at a time fits)"
-        )
-        forward_problem.append(
-            f"eval.lengths: one evaluation forward at length {length} ({rows} rows, "
-            f"eval.batch_size) needs about {needed(rows, length) / _GIB:.1f} GiB of activations, "
-            f"{available}; the longest length that fits is {longest}{lower_batch}."
-        )
-    return forward_problem
-
-
-def forward_bytes(cfg: TrainConfig, rows: int, length: int, outputs: int, kernel: str) -> int:
-    """Bytes of float32 activations of one forward of `rows` sequences of `length` (an estimate);
-    outputs: per position; kernel: the attention kernel at this length (its scores)."""
-    model = cfg.model
-    read_out = 1 if model.readout == "last" else length
-    # Alive at once in a block: six [rows, length, d_model] tensors (residual stream, normalised
-    # input, q, k, v, attention output) and the MLP's two of mlp_ratio * d_model; the output
-    # logits and their log-softmax.
-    stream = rows * length * model.d_model * (6 + 2 * model.mlp_ratio)
-    logits = rows * read_out * outputs * 2
-    keys = min(length, model.block_size) if kernel in MEMORY_LINEAR_KERNELS else length
-    scores = 2 * rows * model.num_heads * length * keys
-    batch = 3 * rows * length  # inputs, targets, weights
-    return 4 * (stream + logits + scores + batch)
-
-
-def largest_fitting(fits: Callable[[int], bool], largest: int) -> int:
-    """The largest n in 1..largest with fits(n) (fits grows false with n), 0 when none."""
-    low, high = 0, largest
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
+    return []
 
 
 def _batch_mesh_axes(cfg: TrainConfig) -> tuple[str, ...]:
@@ -339,17 +249,6 @@ def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[
             )
             problems.append(f"data.{field} = {path!r} does not exist; {fix}.")
     return problems
-
-
-def _host_available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux); None elsewhere (the memory checks are skipped)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            return next(
-                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable")
-            )
-    except (OSError, StopIteration):
-        return None
 
 
 def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:
