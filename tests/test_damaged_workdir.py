@@ -1,7 +1,7 @@
 """A workdir damaged outside its checkpoints: logs read tolerantly (damaged lines set aside in a
 side file, named once), a lock whose content cannot be read, a result table that cannot be read,
 entries of the wrong kind (a file where a folder belongs, or the reverse); and the unclear cases
-around them: a misspelt accept_changes, two damaged checkpoints, a full disk writing results."""
+around them: two damaged checkpoints, a full disk writing results."""
 
 import errno
 import fcntl
@@ -207,22 +207,6 @@ def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
     assert problem in str(refused.value)
     assert refused.value.exit_status == 2
     assert os.path.exists(entry)  # nothing moved or deleted
-
-
-def test_a_misspelt_name_in_accept_changes_is_named_with_the_closest_key(tmp_path):
-    config = tiny_config(**{"checkpoint.accept_changes": "opt.learing_rate, opt,eval"})
-    with pytest.raises(ConfigError) as refused:
-        check_training_run(config, str(tmp_path), ONE_CPU)
-    (problem,) = [line for line in str(refused.value).splitlines() if "accept_changes" in line]
-    assert (
-        "names 'opt.learing_rate', which is no key or section of the config; did you mean "
-        "opt.learning_rate?" in problem
-    )
-    check_training_run(
-        tiny_config(**{"checkpoint.accept_changes": "opt.learning_rate,model"}),
-        str(tmp_path),
-        ONE_CPU,
-    )
 
 
 @pytest.mark.slow

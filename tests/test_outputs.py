@@ -9,7 +9,6 @@ import re
 import numpy as np
 import pytest
 from flax import nnx
-from helpers.repository import ROOT
 from helpers.tiny_config import tiny_config
 
 from jrope.model import Transformer
@@ -220,45 +219,6 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
     assert flops["dense"] == 6 * matmul_params * tokens
 
 
-def test_next_commands_evaluate_longer_and_compare_with_the_config_file_and_overrides(
-    monkeypatch,
-):
-    import shlex
-
-    monkeypatch.chdir(ROOT)  # a clone's root: its scripts and config files
-    rows = [
-        {"length": length, "distance": None, "method": "jordan_exact_scaled"} for length in (8, 16)
-    ]
-    overrides = {"data.path": "a b.txt", "pe.name": "jordan_exact_scaled", "seed": 3}
-    text = outputs.next_commands("runs/one/", rows, "configs/wikitext_cpu.py", overrides)
-    evaluate, compare = [shlex.split(line) for line in text.splitlines() if line.startswith("  ")]
-    # The evaluation reads the config from the checkpoint: no --config.
-    assert evaluate == [
-        "python", "eval.py", "--workdir=runs/one/", "--config.eval.lengths=(8,16,32)"
-    ]  # fmt: skip
-    # The comparison varies pe.name and seed, and keeps the rest.
-    assert compare == [
-        "python", "-m", "jrope.compare", "--config=configs/wikitext_cpu.py",
-        "--config.data.path=a b.txt", "--methods=rope,jordan_exact_scaled", "--seeds=0,1",
-        "--workdir=runs/one_compare",
-    ]  # fmt: skip
-    rope = [{**row, "method": "rope"} for row in rows]
-    assert "--methods=rope,jordan_rope" in outputs.next_commands("w", rope, "c.py", {})
-
-
-def test_next_commands_from_outside_a_clone_s_root_name_the_module_and_the_experiment(
-    tmp_path, monkeypatch
-):
-    import shlex
-
-    monkeypatch.chdir(tmp_path)
-    rows = [{"length": 8, "distance": None, "method": "rope"}]
-    text = outputs.next_commands("run", rows, str(ROOT / "configs" / "quickstart.py"), {})
-    evaluate, compare = [shlex.split(line) for line in text.splitlines() if line.startswith("  ")]
-    assert evaluate[:4] == ["python", "-m", "jrope.eval", "--workdir=run"]
-    assert "--config=quickstart" in compare
-
-
 def test_a_later_evaluation_joins_the_metrics_and_tensorboard_under_the_training_names(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -282,17 +242,6 @@ def test_a_later_evaluation_joins_the_metrics_and_tensorboard_under_the_training
     events.Reload()
     (scalar,) = events.Scalars("eval_256/loss")
     assert (scalar.step, scalar.value) == (8, 0.25)
-
-
-def test_the_tensorboard_hint_names_what_to_install_when_it_is_missing(monkeypatch):
-    import importlib.util
-
-    assert outputs.tensorboard_command("runs/a b").startswith("tensorboard --logdir='runs/a b'")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name)
-    )
-    assert "pip install tensorboard" in outputs.tensorboard_command("runs/x")
 
 
 def test_the_start_record_names_the_code_version_and_its_commit():

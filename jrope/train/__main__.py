@@ -36,13 +36,9 @@ def main(argv):
         raise UsageError(f"Unexpected arguments: {argv[1:]}; training takes flags only (--help).")
     setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
-    from jrope.train.outputs import next_commands, say
     from jrope.train.trainer import train_and_evaluate
 
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
-    overrides = config_flags.get_override_values(flags.FLAGS["config"])
-    say(next_commands(_WORKDIR.value, result["eval"], config_file, overrides))
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 def run_main() -> None:

@@ -7,7 +7,6 @@ Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import json
 import os
@@ -181,28 +180,13 @@ def describe_latest(checkpointer: Checkpointer) -> str:
     return f"step {latest} at {checkpoint_path(checkpointer, latest)}"
 
 
-def describe_last_good(checkpointer: Checkpointer, streak_start: int | None = None) -> str:
-    """The latest checkpoint, or with updates skipped in a row from `streak_start`, the latest
-    saved before the step that led into them, and how to resume from it."""
+def describe_last_good(checkpointer: Checkpointer, before: int | None = None) -> str:
+    """The latest finished checkpoint (saved before step `before`, where given), for messages."""
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
-    steps = finished_steps(checkpointer.directory)
-    good = [step for step in steps if streak_start is None or step < streak_start - 1]
-    later = steps[len(good) :]
-    why = f"{', '.join(map(str, later))} led into or were saved during skipped updates"
-    if not good:
-        return (
-            f"none in {checkpointer.directory}{f' ({why})' if later else ''}; start again in a new "
-            "--workdir, or remove those checkpoints"
-        )
-    text = f"step {good[-1]} at {checkpoint_path(checkpointer, good[-1])}"
-    if not later:
-        return text
-    aside = checkpointer.directory.parent / "skipped_checkpoints"
-    moves = " ".join(str(checkpoint_path(checkpointer, step)) for step in later)
-    return (
-        f"{text} (later checkpoint(s) {why}; to resume from step {good[-1]}, move them aside: "
-        f"mkdir -p {aside} && mv {moves} {aside}/)"
-    )
+    steps = [s for s in finished_steps(checkpointer.directory) if before is None or s < before]
+    if not steps:
+        return f"none in {checkpointer.directory}"
+    return f"step {steps[-1]} at {checkpoint_path(checkpointer, steps[-1])}"
 
 
 def restore_or_initialize(
@@ -263,23 +247,6 @@ def restore_compatible(
             "from the digests saved with it. Nothing was deleted."
         )
     return state
-
-
-def accept_changes_problems(cfg: TrainConfig) -> list[str]:
-    """A problem per name in checkpoint.accept_changes that is no key or section of the config (a
-    misspelt name would leave its setting refused on resume, for a reason hard to see)."""
-    keys = set(flatten_dict(cfg.to_json_dict(), sep="."))
-    known = keys | {".".join(key.split(".")[:depth]) for key in keys for depth in (1, 2)}
-    problems = []
-    for name in filter(None, (n.strip() for n in cfg.checkpoint.accept_changes.split(","))):
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else "."
-            problems.append(
-                f"checkpoint.accept_changes names {name!r}, which is no key or section of the "
-                f"config{hint} Give keys or sections, comma-separated (e.g. opt.learning_rate)."
-            )
-    return problems
 
 
 def config_differences(

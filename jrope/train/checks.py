@@ -20,7 +20,7 @@ from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.train import damping
-from jrope.train.checkpoints import accept_changes_problems, finished_steps
+from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, first_line
 from jrope.train.setup import mesh_sizes
 
@@ -69,7 +69,6 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     if not evaluation:
         problems += damping.bound_problems(cfg)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
-    problems += accept_changes_problems(cfg)
     data_seed = getattr(cfg.data, "seed", 0)  # numpy takes no other seed
     if not (isinstance(data_seed, int) and 0 <= data_seed < 2**32):
         problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")

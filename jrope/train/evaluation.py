@@ -26,7 +26,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import command_line, commands, results
+from jrope import command_line, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
 from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
@@ -373,15 +373,6 @@ def log_evaluation(
 def metrics_logs(tensorboard: bool) -> str:
     """The run's logs that an evaluation goes to besides its eval_step<N>/ folder."""
     return outputs.METRICS_FILE + (" and TensorBoard" if tensorboard else "")
-
-
-def reevaluation(workdir: str, step: int, *, tensorboard: bool) -> str:
-    """How to evaluate checkpoint `step` again, and where its results go."""
-    return (
-        f"{commands.command('eval')} --workdir={workdir} [--config.eval.lengths=...]; its rows "
-        f"join {results_dir(workdir, step).name}/ by length (a length evaluated again takes the "
-        f"newer row) and the run's {metrics_logs(tensorboard)} as eval_<length>/... at step {step}"
-    )
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:

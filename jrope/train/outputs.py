@@ -1,5 +1,5 @@
 """What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s, FLOPs and
-MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), next commands, bucket checks.
+MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), bucket checks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
-from jrope import commands
 from jrope.data.files import BucketObject, is_uri, write_atomically
 from jrope.train.config import TrainConfig
 
@@ -436,33 +434,3 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def tensorboard_command(workdir: str) -> str:
-    """The command that shows the run's curves, and what to install where TensorBoard is missing."""
-    command = f"tensorboard --logdir={shlex.quote(workdir)}"
-    if importlib.util.find_spec("tensorboard") is None:
-        command += "  (TensorBoard is not installed here: pip install tensorboard)"
-    return command
-
-
-def next_commands(
-    workdir: str, rows: Sequence[Mapping[str, Any]], config_file: str, overrides: Mapping[str, Any]
-) -> str:
-    """An evaluation at one more, longer length (the config comes from the checkpoint), and a
-    comparison over seeds with the config file and its overrides but pe.name and seed.
-    rows: the run's result rows; overrides: dotted key -> value, as ml_collections parsed them."""
-    lengths = [row["length"] for row in rows if row["distance"] is None]
-    longer = ",".join(str(length) for length in [*lengths, 2 * max(lengths)])
-    evaluate = [*commands.command("eval").split(), f"--workdir={workdir}"]
-    evaluate.append(f"--config.eval.lengths=({longer})")
-    kept = {key: value for key, value in overrides.items() if key not in ("pe.name", "seed")}
-    method = rows[0]["method"]
-    compare = ["python", "-m", "jrope.compare", f"--config={commands.config_value(config_file)}"]
-    compare += [f"--config.{key}={value}" for key, value in kept.items()]
-    compare += [f"--methods=rope,{method if method != 'rope' else 'jordan_rope'}", "--seeds=0,1"]
-    compare.append(f"--workdir={workdir.rstrip('/') or workdir}_compare")
-    return (
-        f"Next, evaluate at more lengths:\n  {shlex.join(evaluate)}\n"
-        f"or compare encodings over seeds:\n  {shlex.join(compare)}"
-    )

@@ -190,8 +190,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
     if rows is not None:
         say(
             f"This run is finished: step {start} is trained and evaluated. Its results are left as "
-            "they are; to evaluate it again (other lengths, more sequences): "
-            f"{evaluation.reevaluation(workdir, start, tensorboard=cfg.log.tensorboard)}."
+            f"they are ({commands.command('eval')} --workdir={workdir} evaluates it again)."
         )
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
@@ -231,7 +230,6 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         ):
             rows, out_dir = evaluate(state, cfg.num_steps)
     checkpointer.wait_until_finished()
-    _show_outputs(workdir, cfg, out_dir)
     return {"state": state, "eval": rows}
 
 
@@ -328,11 +326,13 @@ def stop_if_nonfinite(
         "Step %d: %s is %s; update skipped (%d so far).", step, *bad, values["skipped_steps"]
     )
     if in_a_row >= max_in_a_row:
+        # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
         raise SkippedTooManySteps(
             f"Steps {first} to {step} were all skipped ({bad[0]} non-finite): {in_a_row} in a "
             "row, opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
-            f"diverging. Last good checkpoint: {checkpoints.describe_last_good(checkpointer, first)}"
-            f". {fix}."
+            "diverging. Last checkpoint before them: "
+            f"{checkpoints.describe_last_good(checkpointer, before=first - 1)} (move the later "
+            f"ones aside to resume from it). {fix}."
         )
 
 
@@ -354,25 +354,12 @@ def step_for_damping(
         return train_step, measured
     length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
     kernel, before = (_kernel_name(cfg, platform, m) for m in (measured, planned))
-    if step is None:
-        ran = f" runs the {kernel}" if kernel != before else f"'s {kernel} is safe"
-        say(
-            f"The starting state: {measured.describe()}: the attention kernels follow this "
-            f"damping instead of the bound (evaluations plan for it; the train step{ran} at "
-            f"length {length})."
-        )
-    elif kernel != before:
-        say(
-            f"Step {step}: {measured.describe()}; the train step's {before} would overflow "
-            f"float32 at length {length}, so it changes to the {kernel} (compiling it once more)."
-        )
-    elif planned is None or not planned.passed:
-        say(
-            f"Step {step}: {measured.describe()}; evaluations plan their kernels for it, and the "
-            f"train step's {kernel} stays safe at length {length}."
-        )
     if kernel == before:
         return train_step, measured
+    say(
+        f"{'The starting state' if step is None else f'Step {step}'}: {measured.describe()}; the "
+        f"train step runs the {kernel} at length {length}."
+    )
     layout = dataclasses.replace(run.layout, graphdef=graphdef)
     return make_train_step(dataclasses.replace(run, layout=layout), measured=measured), measured
 
@@ -384,17 +371,3 @@ def _kernel_name(cfg: TrainConfig, platform: str, measured: damping.MeasuredDamp
         return f"{name!r} kernel"
     blocks = cfg.model.block_size if measured is None else measured.block_size
     return f"{name!r} kernel in blocks of {blocks}"
-
-
-def _show_outputs(workdir: str, cfg: TrainConfig, results: epath.Path) -> None:
-    """Where every output of the run went."""
-    lines = [
-        f"checkpoints/{cfg.num_steps}/  the trained state (resume; "
-        f"{commands.command('eval')} for other lengths)",
-        f"{results.name}/  eval.md (above), eval.csv, eval.png",
-        f"{outputs.METRICS_FILE}  training and evaluation metrics, one JSON object per line",
-        f"{outputs.RECORD_FILE}  config, command line, versions and devices of each start",
-    ]
-    if cfg.log.tensorboard:
-        lines.append(f"tensorboard/  event files: {outputs.tensorboard_command(workdir)}")
-    say(f"Outputs in {workdir}:\n" + "\n".join(f"  {line}" for line in lines))
