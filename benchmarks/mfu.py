@@ -1,7 +1,7 @@
 """Model-FLOP utilisation (MFU) of the jitted train step against a measured matmul peak.
 
 For each shape and encoding: the model FLOPs of one train step, counted
-analytically from the config (`jrope.train.outputs.model_flops_per_step`), divided by the
+analytically from the config (`jrope.flops.model_flops_per_step`), divided by the
 measured step time, over the best float32 matmul throughput measured on this
 machine in the same process. Two shapes, one device:
 
@@ -65,10 +65,10 @@ import jax.numpy as jnp
 
 from benchmarks.random_bytes import RandomBytes
 from configs import synthetic_cpu, wikitext_scaled_exact
+from jrope.flops import model_flops_per_step
 from jrope.model.config import ATTENTION_IMPLS
 from jrope.train import runtime, setup
 from jrope.train.config import TrainConfig
-from jrope.train.outputs import model_flops_per_step
 from jrope.train.setup import RunSetup, model_io, set_up_run
 from jrope.train.trainer import make_train_step
 
@@ -135,7 +135,9 @@ def _prepare(shape: str, method: str) -> dict:
         "step_fn": step_fn,
         "batches": batches,
         "steps": steps,
-        "flops": model_flops_per_step(cfg, **model_io(run.source)),
+        "flops": model_flops_per_step(
+            cfg.model, cfg.batch_size, cfg.pe.train_context, **model_io(run.source)
+        ),
         "xla_flops": float(cost.get("flops", float("nan"))),
     }
 

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, commands, encodings, pe_math
+from jrope import attention, command_line, commands, encodings, flops, pe_math
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -252,8 +252,6 @@ def backend_problem(backend: str) -> str | None:
 def environment_rows(mesh_shape: dict[str, int], compute_dtype: str, requested: str) -> list[Row]:
     """Backend, devices, versions, mesh and peak FLOP/s (INFO), and a FAIL where JAX runs on the
     CPU although an accelerator's packages are installed and no backend was asked for."""
-    from jrope.train import outputs  # the peak table; the harness loads only here
-
     devices = jax.devices()
     backend = jax.default_backend()
     kinds = sorted({device.device_kind for device in devices})
@@ -286,9 +284,9 @@ def environment_rows(mesh_shape: dict[str, int], compute_dtype: str, requested: 
     )
     peaks = []
     for kind in kinds:
-        bf16, fp32 = outputs.PEAK_FLOPS.get(kind, (None, None))
+        bf16, fp32 = flops.PEAK_FLOPS.get(kind, (None, None))
         if bf16 is None and fp32 is None:
-            peaks.append(f"{kind}: unknown (no MFU; add it to jrope.train.outputs.PEAK_FLOPS)")
+            peaks.append(f"{kind}: unknown (no MFU; add it to jrope.flops.PEAK_FLOPS)")
         else:
             shown = [
                 f"{name} {value / 1e12:g} TFLOP/s"
@@ -944,7 +942,6 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
     mesh's shape (for section 1)."""
     from flax import nnx
 
-    from jrope.train import outputs
     from jrope.train.setup import set_up_run
     from jrope.train.trainer import make_train_step
 
@@ -962,7 +959,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
         )
     memory, memory_kind = device_memory()
     devices = run.mesh.devices.flatten().tolist()
-    peak_flops = outputs.peak_flops_per_sec(devices, cfg.model.compute_dtype)
+    peak_flops = flops.peak_flops_per_sec(devices, cfg.model.compute_dtype)
     io = (
         {"vocab_size": source.vocab_size}
         if source.task != "regression"
@@ -989,7 +986,9 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
         step_seconds = _timed(train_once, timed_steps)
         loss = float(train_once()["loss"])
         tokens = cfg.batch_size * cfg.pe.train_context
-        flops = outputs.model_flops_per_step(cfg, **io)["total"]
+        train_flops = flops.model_flops_per_step(
+            cfg.model, cfg.batch_size, cfg.pe.train_context, **io
+        )
         rows += _step_rows(
             "train step",
             cfg.pe.train_context,
@@ -997,7 +996,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
             compile_seconds,
             step_seconds,
             tokens,
-            flops,
+            train_flops["total"],
             peak_flops,
             peak_memory(compiled),
             memory,
@@ -1024,7 +1023,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
         eval_compile = time.perf_counter() - started
         eval_seconds = _timed(lambda: compiled_eval(params, eval_batch["inputs"]), timed_steps)
         eval_value = float(compiled_eval(params, eval_batch["inputs"]))
-        eval_flops = outputs.model_flops_per_step(cfg, **io, length=length, rows=rows_per_batch)
+        eval_flops = flops.model_flops_per_step(cfg.model, rows_per_batch, length, **io)
         rows += _step_rows(
             f"eval forward at {length}",
             length,

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 

@@ -11,9 +11,10 @@ import pytest
 from flax import nnx
 from helpers.tiny_config import tiny_config
 
+from jrope.flops import model_flops_per_step, peak_flops_per_sec
 from jrope.model import Transformer
 from jrope.train import outputs
-from jrope.train.outputs import MetricsLogger, Throughput, model_flops_per_step
+from jrope.train.outputs import MetricsLogger, Throughput
 
 
 @dataclasses.dataclass
@@ -22,18 +23,18 @@ class FakeDevice:
 
 
 def test_peak_of_known_devices_and_none_for_the_rest():
-    assert outputs.peak_flops_per_sec([FakeDevice("TPU v4")] * 8, "bfloat16") == 8 * 275e12
+    assert peak_flops_per_sec([FakeDevice("TPU v4")] * 8, "bfloat16") == 8 * 275e12
     # float32 at XLA's default precision: TF32 tensor cores on an A100.
-    assert outputs.peak_flops_per_sec([FakeDevice("NVIDIA A100-SXM4-80GB")], "float32") == 156e12
-    assert outputs.peak_flops_per_sec([FakeDevice("Tesla V100-SXM2-16GB")], "bfloat16") is None
-    assert outputs.peak_flops_per_sec([FakeDevice("cpu")], "float32") is None
+    assert peak_flops_per_sec([FakeDevice("NVIDIA A100-SXM4-80GB")], "float32") == 156e12
+    assert peak_flops_per_sec([FakeDevice("Tesla V100-SXM2-16GB")], "bfloat16") is None
+    assert peak_flops_per_sec([FakeDevice("cpu")], "float32") is None
 
 
 def test_tokens_per_second_and_mfu_from_the_step_rate():
     cfg = tiny_config()  # batch 8 x L 16
     rates = Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("TPU v5 lite")] * 2).rates(10.0)
     assert rates["tokens_per_sec"] == 10.0 * 8 * 16
-    flops = model_flops_per_step(cfg, 3)["total"]
+    flops = model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, 3)["total"]
     assert rates["mfu"] == pytest.approx(10.0 * flops / (2 * 197e12))
     assert "mfu" not in Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("cpu")]).rates(10.0)
 
@@ -163,7 +164,7 @@ def _by_hand(cfg, vocab):
 @pytest.mark.parametrize("readout", ["all", "last"])
 def test_count_matches_a_matmul_by_matmul_count(readout):
     cfg = _config(readout)
-    flops = model_flops_per_step(cfg, VOCAB)
+    flops = model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, VOCAB)
     dense, attention = _by_hand(cfg, VOCAB)
     assert flops["dense"] == dense and flops["attention"] == attention
     assert flops["total"] == dense + attention
@@ -179,7 +180,10 @@ def test_dense_part_is_six_times_matmul_parameters_times_tokens():
         kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
     matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
     tokens = cfg.batch_size * cfg.pe.train_context
-    assert model_flops_per_step(cfg, VOCAB)["dense"] == 6 * matmul_params * tokens
+    assert (
+        model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, VOCAB)["dense"]
+        == 6 * matmul_params * tokens
+    )
 
 
 def test_the_flop_count_takes_the_sizes_and_builds_no_data_source(monkeypatch):
@@ -191,9 +195,9 @@ def test_the_flop_count_takes_the_sizes_and_builds_no_data_source(monkeypatch):
     monkeypatch.setattr(source, "build_source", refuse)
     monkeypatch.setattr(source, "source_spec", refuse)
     cfg = _config("last")
-    assert model_flops_per_step(cfg, 3)["total"] > 0
+    assert model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, 3)["total"] > 0
     with pytest.raises(ValueError, match="needs vocab_size"):
-        model_flops_per_step(cfg)
+        model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context)
 
 
 def test_a_signal_model_counts_its_input_projection_and_regression_head():
@@ -215,7 +219,13 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
         kernels += [block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down]
     matmul_params = sum(math.prod(kernel.shape) for kernel in kernels)
     tokens = cfg.batch_size * cfg.pe.train_context
-    flops = model_flops_per_step(cfg, input_channels=channels_in, output_channels=channels_out)
+    flops = model_flops_per_step(
+        cfg.model,
+        cfg.batch_size,
+        cfg.pe.train_context,
+        input_channels=channels_in,
+        output_channels=channels_out,
+    )
     assert flops["dense"] == 6 * matmul_params * tokens
 
 

@@ -283,14 +283,7 @@ def evaluate_and_report(
         )
         check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
         out_dir = results_dir(workdir, step)
-        earlier = readable_results(out_dir) or []
-        merged = merge_rows(earlier, rows)
-        if earlier:
-            before, now = {row["length"] for row in earlier}, {row["length"] for row in rows}
-            kept, replaced = sorted(before - now), sorted(before & now)
-            notes = [f"earlier rows kept at lengths {kept}"] * bool(kept)
-            notes += [f"rows replaced by this evaluation's at lengths {replaced}"] * bool(replaced)
-            say(f"Merged into {out_dir / RESULTS_CSV}: {'; '.join(notes)}.")
+        merged = merge_rows(readable_results(out_dir) or [], rows)
         if jax.process_index() == 0:
             write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
@@ -345,15 +338,12 @@ def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> l
         rows, _ = evaluate_and_report(
             EvalStep(run), state["params"], run, workdir, step, checkpoint
         )
-        logged = logged_scalars(rows, run.source.task)
-        log_evaluation(workdir, step, logged, tensorboard=cfg.log.tensorboard)
-    names = ", ".join(name for name, _ in logged)
-    say(f"Added to the run's {metrics_logs(cfg.log.tensorboard)} at step {step}: {names}.")
+        log_evaluation(workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard)
     return rows
 
 
 def log_evaluation(
-    workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], *, tensorboard: bool
+    workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], tensorboard: bool
 ) -> None:
     """Appends a later evaluation of checkpoint `step` (logged_scalars) to the run's metrics.jsonl
     and, where the run logs to it, TensorBoard, under the training run's names."""
@@ -368,11 +358,6 @@ def log_evaluation(
     with contextlib.closing(logger):
         for name, scalars in logged:
             logger.write_scalars(step, scalars, name)
-
-
-def metrics_logs(tensorboard: bool) -> str:
-    """The run's logs that an evaluation goes to besides its eval_step<N>/ folder."""
-    return outputs.METRICS_FILE + (" and TensorBoard" if tensorboard else "")
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
