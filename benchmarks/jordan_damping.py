@@ -18,7 +18,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from jrope.train import evaluation, setup
+from jrope import losses
+from jrope.train import setup
 from jrope.train.config import convert_config, load_config_file
 from jrope.train.trainer import make_train_step
 
@@ -46,7 +47,7 @@ def main(argv):
 
         def loss(params):
             model = setup.model_from_params(run.layout.graphdef, params)
-            sums = evaluation.task_sums(
+            sums = losses.task_sums(
                 model(batch["inputs"], positions), batch, run.source.task, run.source.num_classes
             )
             return sums["loss_sum"] / sums["weight_sum"]

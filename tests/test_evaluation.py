@@ -10,6 +10,7 @@ import pytest
 from helpers.task_configs import tiny_retrieval_config, tiny_signal_config
 from helpers.tiny_config import apply_overrides, tiny_config, tiny_text_config_dict
 
+from jrope import losses
 from jrope.data import signal
 from jrope.data.source import build_source
 from jrope.errors import ConfigError
@@ -57,7 +58,7 @@ def _evaluate_recording(cfg):
             outputs = batch["inputs"]
         else:
             outputs = jax.nn.one_hot(batch["inputs"], source.vocab_size, dtype=jnp.float32)
-        return evaluation.task_sums(outputs, batch, source.task, source.num_classes)
+        return losses.task_sums(outputs, batch, source.task, source.num_classes)
 
     mesh = setup.make_mesh(cfg.mesh, devices=jax.devices()[:1])
     rows = evaluation.evaluate_lengths(step, None, source, cfg, mesh, step=0)
@@ -120,12 +121,12 @@ def test_regression_reports_the_mean_of_per_sequence_r2_and_the_pooled_r2_beside
     noise = rng.standard_normal(targets.shape) * np.array([0.05, 0.5, 0.2, 3.0])[:, None, None]
     predictions = targets + noise
     weights = np.ones(targets.shape[:2])
-    sums = evaluation.squared_error_sums(
+    sums = losses.squared_error_sums(
         jnp.asarray(predictions, jnp.float32),
         jnp.asarray(targets, jnp.float32),
         jnp.asarray(weights, jnp.float32),
     )
-    metrics = evaluation.metrics_from_sums(jax.device_get(sums), "regression")
+    metrics = losses.metrics_from_sums(jax.device_get(sums), "regression")
     per_sequence = signal.sequence_r2(predictions, targets)
     pooled = 1 - np.mean(noise**2) / np.var(targets)
     assert float(metrics["r2"]) == pytest.approx(per_sequence.mean(), rel=1e-4)
@@ -133,12 +134,12 @@ def test_regression_reports_the_mean_of_per_sequence_r2_and_the_pooled_r2_beside
     assert abs(float(metrics["r2"]) - float(metrics["r2_pooled"])) > 0.1
     # A sequence of zero weight is not one of the sequences averaged.
     weights[3] = 0.0
-    sums = evaluation.squared_error_sums(
+    sums = losses.squared_error_sums(
         jnp.asarray(predictions, jnp.float32),
         jnp.asarray(targets, jnp.float32),
         jnp.asarray(weights, jnp.float32),
     )
-    metrics = evaluation.metrics_from_sums(jax.device_get(sums), "regression")
+    metrics = losses.metrics_from_sums(jax.device_get(sums), "regression")
     assert float(metrics["r2"]) == pytest.approx(per_sequence[:3].mean(), rel=1e-4)
 
 

@@ -12,9 +12,9 @@ from flax import nnx
 from helpers.task_configs import tiny_retrieval_config, tiny_signal_config
 from helpers.tiny_config import tiny_config
 
+from jrope import losses
 from jrope.experiments import compare
 from jrope.model import Transformer
-from jrope.train import evaluation
 from jrope.train.checkpoints import config_differences
 from jrope.train.trainer import train_and_evaluate
 
@@ -67,13 +67,13 @@ def test_regression_metrics_are_mse_and_r2():
     targets = rng.standard_normal((3, 6, 2)).astype(np.float32) + 0.5
     predictions = (targets[:, 2:] + 0.1 * rng.standard_normal((3, 4, 2))).astype(np.float32)
     weights = rng.uniform(0, 1, (3, 6)).astype(np.float32)
-    sums = evaluation.task_sums(
+    sums = losses.task_sums(
         jnp.asarray(predictions),
         {"targets": jnp.asarray(targets), "weights": jnp.asarray(weights)},
         "regression",
         None,
     )
-    metrics = evaluation.metrics_from_sums(sums, "regression")
+    metrics = losses.metrics_from_sums(sums, "regression")
     # Independently: the last 4 positions (the predictions cover those), weights per position.
     y, w = targets[:, 2:].astype(np.float64), np.repeat(weights[:, 2:, None], 2, axis=2)
     mse = np.sum(w * (predictions - y) ** 2) / np.sum(w)

@@ -14,10 +14,11 @@ from helpers.tiny_config import tiny_config
 import jrope
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteLossError, SkippedTooManySteps, TrainingPreempted
+from jrope.losses import weighted_sums
 from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.checks import readout_problem
-from jrope.train.evaluation import evaluate_checkpoint, weighted_sums
+from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.outputs import first_nonfinite
 from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.trainer import make_train_step, stop_if_nonfinite, train_and_evaluate

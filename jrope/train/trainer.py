@@ -29,7 +29,7 @@ from etils import epath
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from jrope import command_line, commands
+from jrope import command_line, commands, losses
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -108,14 +108,14 @@ def make_train_step(
         def loss_fn(params):
             model = setup.model_from_params(layout.graphdef, params)
             outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
-            sums = evaluation.task_sums(outputs, batch, task, num_classes)
+            sums = losses.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
         (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
-            **evaluation.metrics_from_sums(sums, task),
+            **losses.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
