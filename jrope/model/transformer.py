@@ -48,6 +48,7 @@ class LayerCache(Protocol):
     """
 
     decoding: bool  # a decode step (attend over the cache), else a prefill
+    kernel: str | None  # 'shear' when the keys are stored as shear terms (attention_precision)
 
     def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None: ...
 
