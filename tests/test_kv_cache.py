@@ -266,14 +266,15 @@ def test_a_bfloat16_decode_step_over_shear_terms_keeps_ropes_own_error(offset):
         assert error <= 1.5 * rope_error, (name, offset, error, rope_error)
 
 
+@pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
 @pytest.mark.parametrize(("impl", "highest"), [("auto", False), ("xla", True)])
-def test_the_decode_step_exported_for_tpu_has_highest_dots_only_without_shear_terms(
-    monkeypatch, impl, highest
+def test_the_exported_decode_step_has_highest_dots_only_without_shear_terms(
+    monkeypatch, platform, backend, impl, highest
 ):
-    """jordan_rope in bfloat16 on TPU: with 'auto' the cache keeps shear terms and the decode
-    step (rebase included) lowers with no HIGHEST dot; with 'xla' it keeps float32 mapped keys,
-    whose q . k, p . v and rebase dots run at HIGHEST."""
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    """jordan_rope in bfloat16 on TPU and GPU: with 'auto' the cache keeps shear terms and the
+    decode step (rebase included) lowers with no HIGHEST dot; with 'xla' it keeps float32 mapped
+    keys, whose q . k, p . v and rebase dots run at HIGHEST."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     model = _model("jordan_rope", dtype="bfloat16", impl=impl)
     assert kv_cache.keeps_shear_terms(model) is not highest
     graphdef, params = nnx.split(model)
@@ -286,7 +287,7 @@ def test_the_decode_step_exported_for_tpu_has_highest_dots_only_without_shear_te
         params,
     )
     step = jax.jit(lambda params, cache, tokens: _decode(graphdef, params, cache, tokens))
-    text = export.export(step, platforms=("tpu",))(params, cache, tokens[:, 0]).mlir_module()
+    text = export.export(step, platforms=(platform,))(params, cache, tokens[:, 0]).mlir_module()
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     assert dots
     assert any("HIGHEST" in line for line in dots) is highest
