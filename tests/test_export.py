@@ -142,3 +142,25 @@ def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_instal
         pytest.skip(f"the cuDNN step cannot be lowered on a host without cuDNN: {error}")
     assert "cudnn" in text.lower()
     assert _attention_dot_precisions(text, length) == []  # inside cuDNN's fused kernel
+
+
+def test_the_bfloat16_flash_step_exports_for_tpu_on_a_mesh_of_eight_devices(tmp_path, monkeypatch):
+    """attention_impl='shear_flash' on a (data 2, fsdp 2, tensor 2) mesh: the Pallas kernels,
+    which XLA cannot partition, run in shard_map over the batch; every layer's forward and
+    two backward kernels are there, and no attention dot is left outside them."""
+    run = _run(
+        tmp_path,
+        **{
+            "pe.name": RAW_SHEAR,
+            "model.compute_dtype": "bfloat16",
+            "model.attention_impl": "shear_flash",
+            "mesh.data": 2,
+            "mesh.fsdp": 2,
+            "mesh.tensor": 2,
+        },
+    )
+    assert run.mesh.size == 8
+    text = _export_train_step(run, "tpu", monkeypatch)
+    assert text.count("@tpu_custom_call") == 3 * run.cfg.model.num_layers
+    assert "sdy.manual_computation" in text
+    assert _attention_dot_precisions(text, run.cfg.pe.train_context) == []

@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers.tiny_config import tiny_config
+from jax import export
 
 from jrope.model import Transformer, kv_cache
+from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms
+from tests.test_shear_attention import _setup as _shear_setup
 
 VOCAB = 11
 PROMPT = 6
@@ -37,6 +40,16 @@ ENCODINGS = (
     "jordan_jetmix_m3_c150_g050_g030",
 )
 QUICK = ("jordan_exact_scaled_alibi",)  # in the quick loop; the others are marked slow
+# The raw-shear encodings whose shear is an exact per-pair weight: every shear time and order.
+SHEAR_TERM_ENCODINGS = (
+    "jordan_rope",
+    "jordan_raw_tau",
+    "jordan_exact_m3_eta1",
+    "jordan_m3",
+    "direct_sum",
+    "real_jordan",
+    "jordan_rope_alibi",
+)
 
 
 def _model(name, dtype="float32", impl="einsum"):
@@ -205,3 +218,76 @@ def test_offsets_whose_positions_would_reach_the_empty_marker_are_refused():
         model, tokens, lengths, np.asarray([0, kv_cache.EMPTY - 8]), max_length=8, rebase_bound=4
     )
     assert np.all(np.isfinite(logits))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHEAR_TERM_ENCODINGS)
+def test_a_cache_of_shear_terms_equals_the_shear_kernels_forward_up_to_offset_2_30(name):
+    """attention_impl='shear': the cache stores the keys' shear terms, the decode step weights
+    the term dots by the exact time lag, and a rebase moves the terms' pairs elementwise. Its
+    logits equal the full forward through the shear kernel (itself equal to the float64 formula
+    at these offsets, tests/test_shear_attention.py), and, where float32 maps still resolve the
+    lag, the forward through the maps at HIGHEST."""
+    model = _model(name, impl="shear")
+    assert kv_cache.keeps_shear_terms(model)
+    _assert_matches_full_forward(model, (0, 65536), tolerance=1e-4)
+    _assert_matches_full_forward(model, (2**30, 2**30 + 17), tolerance=1e-4)
+    tokens, offsets = _tokens(), jnp.asarray((0, 65536), jnp.int32)
+    cached, _ = _cached_logits(model, tokens, jnp.full((2,), PROMPT, jnp.int32), offsets)
+    graphdef, params = nnx.split(_model(name, impl="einsum"))
+    full = _full_forward(graphdef, params, tokens, offsets)[:, PROMPT - 1 : LENGTH]
+    assert float(jnp.max(jnp.abs(cached - full))) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offset", [0, 65536, 2**30])
+def test_a_bfloat16_decode_step_over_shear_terms_keeps_ropes_own_error(offset):
+    """bfloat16 q, k, v, the shear terms stored in bfloat16, their dots at the default precision:
+    the decoded output's error against the float64 formula is within 1.5x RoPE's own (its
+    queries scaled to the variant's logit RMS)."""
+    length = 96
+    positions = np.arange(length) + offset
+    rope, rope_params, rq, rk, rv = _shear_setup("rope", length)
+    for name in ("jordan_rope", "jordan_exact_m3_eta1", "jordan_m3"):
+        enc, params, q, k, v = _shear_setup(name, length)
+        scale = logit_rms(enc, params, q, k, positions) / logit_rms(
+            rope, rope_params, rq, rk, positions
+        )
+        low = [x.astype(jnp.bfloat16) for x in (rq * scale, rk, rv)]
+        reference = reference_output(rope, rope_params, *low, positions)
+        options = dict(shear_terms=False, key_dtype=jnp.bfloat16)
+        rope_error = relative_rms(
+            decoded_output(rope, rope_params, *low, positions, **options), reference
+        )
+        low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+        reference = reference_output(enc, params, *low, positions)
+        options = dict(shear_terms=True, key_dtype=jnp.bfloat16)
+        error = relative_rms(decoded_output(enc, params, *low, positions, **options), reference)
+        assert error <= 1.5 * rope_error, (name, offset, error, rope_error)
+
+
+@pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
+@pytest.mark.parametrize(("impl", "highest"), [("auto", False), ("xla", True)])
+def test_the_exported_decode_step_has_highest_dots_only_without_shear_terms(
+    monkeypatch, platform, backend, impl, highest
+):
+    """jordan_rope in bfloat16 on TPU and GPU: with 'auto' the cache keeps shear terms and the
+    decode step (rebase included) lowers with no HIGHEST dot; with 'xla' it keeps float32 mapped
+    keys, whose q . k, p . v and rebase dots run at HIGHEST."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    model = _model("jordan_rope", dtype="bfloat16", impl=impl)
+    assert kv_cache.keeps_shear_terms(model) is not highest
+    graphdef, params = nnx.split(model)
+    tokens = _tokens(length=PROMPT)
+    lengths, offsets = jnp.full((2,), PROMPT, jnp.int32), jnp.zeros((2,), jnp.int32)
+    cache = jax.eval_shape(
+        lambda params: kv_cache.prefill(
+            nnx.merge(graphdef, params), tokens, lengths, offsets, max_length=16, rebase_bound=4
+        )[1],
+        params,
+    )
+    step = jax.jit(lambda params, cache, tokens: _decode(graphdef, params, cache, tokens))
+    text = export.export(step, platforms=(platform,))(params, cache, tokens[:, 0]).mlir_module()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert dots
+    assert any("HIGHEST" in line for line in dots) is highest

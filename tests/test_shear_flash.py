@@ -112,6 +112,41 @@ def test_flash_damping_gradient_follows_the_row_coordinates_across_restarts():
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
+def test_flash_under_a_device_mesh_equals_one_device():
+    """A Pallas call cannot be partitioned automatically: under a (2, 4) mesh the kernel runs in
+    shard_map, the two packed rows split over 'data' and replicated over 'fsdp'. Output and every
+    cotangent, the replicated parameters' summed over the devices, equal the unsplit call's."""
+    enc, params, q, k, v = _setup("jordan_rope", 20, batch=2)
+    positions, segments = _packed_rows(20)
+    cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
+    args = (enc, params, q, k, v, positions, segments, cotangent)
+
+    def attend(q):
+        return shear_flash.shear_flash_attention(
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            q_positions=positions,
+            k_positions=positions,
+            q_segments=segments,
+            k_segments=segments,
+            block_size=8,
+        )
+
+    want_out = np.asarray(jax.jit(attend)(q))
+    want = _gradients(shear_flash.shear_flash_attention, *args, block_size=8)
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    with jax.set_mesh(mesh):
+        assert "shard_map" in str(jax.make_jaxpr(attend)(q))
+        got_out = np.asarray(jax.jit(attend)(q))
+        got = _gradients(shear_flash.shear_flash_attention, *args, block_size=8)
+    np.testing.assert_allclose(got_out, want_out, rtol=0, atol=1e-6)
+    for got_grad, want_grad in zip(got, want, strict=True):
+        np.testing.assert_allclose(got_grad, want_grad, rtol=0, atol=1e-6 * np.abs(want_grad).max())
+
+
 def test_flash_gradients_hold_with_xlas_optimizations_on():
     """The tests turn XLA's optimizations off (conftest); on, products may fuse into
     multiply-adds, and the stabilized time lag must not rely on two equal products cancelling.
@@ -242,3 +277,38 @@ def test_flash_forward_and_backward_lower_for_tpu_and_cuda(monkeypatch, platform
     assert text.count(kernel) == 3
     assert not [line for line in text.splitlines() if "dot_general" in line and "256x256" in line]
     assert "HIGHEST" not in text
+
+
+@pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
+def test_flash_under_a_multi_device_mesh_lowers_per_device(monkeypatch, platform, backend):
+    """Under a mesh of two devices the Pallas calls sit inside shard_map's manual computation,
+    each device on its batch row: the TPU lowering refuses a Mosaic call it would have to
+    partition ('cannot be automatically partitioned')."""
+    cfg = jrope.pe_config_from_name("jordan_rope", train_context=256)
+    enc = jrope.make_encoding(cfg, 2, 64)
+    params, positions = enc.init_params(), jnp.arange(256)
+
+    def loss(q, k, v):
+        out = shear_flash.shear_flash_attention(
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            q_positions=positions,
+            k_positions=positions,
+            interpret=False,
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    spec = jax.ShapeDtypeStruct((2, 256, 2, 64), jnp.bfloat16)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+        exported = export.export(step, platforms=(platform,), disabled_checks=[triton])
+        text = exported(spec, spec, spec).mlir_module()
+    kernel = "@tpu_custom_call" if platform == "tpu" else "@__gpu$xla.gpu.triton"
+    assert text.count(kernel) == 3
+    assert "sdy.manual_computation" in text

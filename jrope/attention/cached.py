@@ -12,6 +12,11 @@ every query, jrope.model.kv_cache.EMPTY).
 One sequence per row: the cache takes no segment ids (packed rows), see
 jrope.model.kv_cache.prefill.
 
+Keys may also come as the shear kernels' terms (jrope.attention.shear): q2
+and the keys then hold each term's damped-rotated dims side by side, and the
+score is sum_r lag^r (q_r . k_r), the lag formed exactly from the positions,
+so that no dot cancels large products (jrope.model.kv_cache says when).
+
 Numerics follow jrope.attention.dense: logits and softmax in float32, a
 finite mask value, the division by the row sum applied to the [B, T, N, H]
 output.
@@ -25,8 +30,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jrope.attention.dense import MASK_VALUE
+from jrope.attention.shear import combine_terms
 
 
 def cached_attention(
@@ -39,6 +46,8 @@ def cached_attention(
     key_positions: jax.Array,
     bias: jax.Array | None,
     precision: jax.lax.Precision | None = None,
+    term_widths: tuple[int, ...] | None = None,
+    time_lag: jax.Array | None = None,
 ) -> jax.Array:
     """softmax(q2 . k2 / sqrt(H) + bias, keys not after the query) @ v over the cache and the new keys.
 
@@ -59,33 +68,53 @@ def cached_attention(
         key j is visible to query i iff key_positions[j] <= q_positions[i].
       bias: None or float32 [B, N, T, M + T] (ALiBi, from positions).
       precision: of the q.k and p.v dots (jrope.attention.attention_precision).
+      term_widths: the widths d_r of the shear terms along q2's and the keys'
+        last axis, in order (default: one term, the whole axis).
+      time_lag: float32 [B, T, M + T], the shear's time(i) - time(j) per pair
+        (jrope.attention.shear.pair_time_lag); needed for more than one term.
     Returns:
       [B, T, N, H] in the values' dtype.
     """
     dtype = jnp.promote_types(q2.dtype, cached_keys.dtype)
     q2 = q2.astype(dtype)
-    logits = jnp.concatenate(
-        [
-            jnp.einsum(
-                "btnh,bnhs->bnts",
-                q2,
-                cached_keys.astype(dtype),
-                preferred_element_type=jnp.float32,
-                precision=precision,
-            ),
-            jnp.einsum(
-                "btnh,bsnh->bnts",
-                q2,
-                new_keys.astype(dtype),
-                preferred_element_type=jnp.float32,
-                precision=precision,
-            ),
-        ],
-        axis=-1,
-    ) * (1.0 / math.sqrt(q2.shape[-1]))  # [B, N, T, M + T]
+    widths = term_widths or (q2.shape[-1],)
+    splits = [int(x) for x in np.cumsum(widths)[:-1]]
+
+    def terms(x, axis):  # x's term slices along `axis`
+        return jnp.split(x, splits, axis) if splits else [x]
+
+    visible = key_positions[:, None, None, :] <= q_positions[:, None, :, None]  # [B, 1, T, M + T]
+    dots = [
+        jnp.concatenate(
+            [
+                jnp.einsum(
+                    "btnh,bnhs->bnts",
+                    q_r,
+                    cached_r.astype(dtype),
+                    preferred_element_type=jnp.float32,
+                    precision=precision,
+                ),
+                jnp.einsum(
+                    "btnh,bsnh->bnts",
+                    q_r,
+                    new_r.astype(dtype),
+                    preferred_element_type=jnp.float32,
+                    precision=precision,
+                ),
+            ],
+            axis=-1,
+        )  # [B, N, T, M + T]
+        for q_r, cached_r, new_r in zip(
+            terms(q2, -1), terms(cached_keys, 2), terms(new_keys, -1), strict=True
+        )
+    ]
+    if len(dots) > 1:
+        # Empty slots' positions (kv_cache.EMPTY) would give huge lags: zeroed, as they are masked.
+        time_lag = jnp.where(visible, time_lag[:, None], 0.0)
+    head_dim = cached_values.shape[-1]
+    logits = combine_terms(dots, time_lag) * (1.0 / math.sqrt(head_dim))  # [B, N, T, M + T]
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    visible = key_positions[:, None, None, :] <= q_positions[:, None, :, None]  # [B, 1, T, M + T]
     logits = jnp.where(visible, logits, MASK_VALUE)
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)  # [B, N, T]

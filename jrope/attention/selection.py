@@ -165,6 +165,24 @@ def cache_rebase_bound(rebase_bound: int, damping: float) -> int:
     return max(1, int(limit / damping))
 
 
+def cache_keeps_shear_terms(
+    settings: AttentionSettings, encoding: Any, backend: str | None = None
+) -> bool:
+    """Whether a KV cache (jrope.model.kv_cache) stores the shear kernels' key terms.
+
+    Where the model's attention takes the shear-weight kernels for an
+    encoding that would otherwise need float32 q, k and HIGHEST dots: an
+    explicit 'shear' or 'shear_flash', or 'auto' on TPU and GPU (step 3
+    above). The decode step's dots then run in the compute dtype at the
+    backend's default precision; elsewhere the cache stores the mapped keys.
+    """
+    if not encoding.keeps_float32 or shear_weight_problem(encoding):
+        return False
+    impl = settings.attention_impl
+    backend = backend or jax.default_backend()
+    return impl in ("shear", "shear_flash") or (impl == "auto" and backend in _FUSED_KERNEL)
+
+
 def fused_kernel_problem(
     kernel: str,
     settings: AttentionSettings,

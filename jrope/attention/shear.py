@@ -112,31 +112,46 @@ def shear_terms(
     one per key block, [B|1, S], for a kernel that moves them per pair.
     """
     k_origin = origin if k_origin is None else k_origin
+    return ShearTerms(
+        query_terms(encoding, params, q, q_positions, origin),
+        key_terms(encoding, params, k, k_positions, k_origin),
+    )
+
+
+def query_terms(encoding: Any, params, q, positions, origin) -> tuple[jax.Array, ...]:
+    """ShearTerms.queries alone: each term's damped-rotated queries [B, T, N, d_r], float32."""
+    return _side_terms(encoding, params, q, positions, origin, queries=True)
+
+
+def key_terms(encoding: Any, params, k, positions, origin) -> tuple[jax.Array, ...]:
+    """ShearTerms.keys alone: each term's damped-rotated keys [B, S, N, d_r], float32."""
+    return _side_terms(encoding, params, k, positions, origin, queries=False)
+
+
+def _side_terms(encoding, params, x, positions, origin, *, queries: bool):
+    """One side's terms: term 0 the whole damped-rotated head; term r >= 1 chain elements
+    a < m - r times eta^r / r! (queries) or elements a + r (keys), per shearing segment."""
     if not encoding.segments:
-        return ShearTerms((q.astype(jnp.float32),), (k.astype(jnp.float32),))
+        return (x.astype(jnp.float32),)
     order = shear_order(encoding)
-    heads_0, keys_0 = [], []
-    shifted_q = [[] for _ in range(order)]
-    shifted_k = [[] for _ in range(order)]
+    heads_0, shifted = [], [[] for _ in range(order)]
     for segment in encoding.segments:
         window = slice(segment.start, segment.start + segment.width)
-        q_rot = segment.map_queries(params, q[..., window], q_positions, origin, shear=False)
-        k_rot = segment.map_keys(params, k[..., window], k_positions, k_origin, shear=False)
-        heads_0.append(q_rot)
-        keys_0.append(k_rot)
+        apply = segment.map_queries if queries else segment.map_keys
+        rotated = apply(params, x[..., window], positions, origin, shear=False)
+        heads_0.append(rotated)
         if segment.shear != "eta":
             continue
         m = segment.order
-        q_blocks = q_rot.reshape(q_rot.shape[:-1] + (segment.num_blocks, m, 2))
-        k_blocks = k_rot.reshape(k_rot.shape[:-1] + (segment.num_blocks, m, 2))
+        blocks = rotated.reshape(rotated.shape[:-1] + (segment.num_blocks, m, 2))
         eta = segment.physical_params(params)["eta"]  # [N, nb]
         for r in range(1, m):
-            weight = (eta**r / math.factorial(r)).reshape((1, 1) + eta.shape + (1, 1))
-            shifted_q[r].append(_flat(q_blocks[..., : m - r, :] * weight))
-            shifted_k[r].append(_flat(k_blocks[..., r:, :]))
-    queries = [_concat(heads_0)] + [_concat(parts) for parts in shifted_q[1:]]
-    keys = [_concat(keys_0)] + [_concat(parts) for parts in shifted_k[1:]]
-    return ShearTerms(tuple(queries), tuple(keys))
+            if queries:
+                weight = (eta**r / math.factorial(r)).reshape((1, 1) + eta.shape + (1, 1))
+                shifted[r].append(_flat(blocks[..., : m - r, :] * weight))
+            else:
+                shifted[r].append(_flat(blocks[..., r:, :]))
+    return (_concat(heads_0), *[_concat(parts) for parts in shifted[1:]])
 
 
 def term_rates(encoding: Any, params) -> list[tuple[jax.Array, jax.Array]]:

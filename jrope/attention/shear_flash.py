@@ -41,6 +41,11 @@ the term cotangents flow to q, k and the parameters through the VJP of the
 outside-kernel map. No T x S array exists in either direction; padded and
 invisible pairs get p = 0, as in the forward.
 
+Under a device mesh of more than one device the kernels run inside
+`jax.shard_map` (a Pallas call cannot be partitioned automatically), each
+device on its batch rows, the parameters replicated
+(jrope.attention.mesh_split).
+
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 d the width of one term's re (or im) half, bq / bk block lengths.
 """
@@ -58,6 +63,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jrope.attention import packing, shear
 from jrope.attention.dense import MASK_VALUE
+from jrope.attention.mesh_split import split_over_batch
 
 # Query and key block length: TPU lanes want multiples of 128.
 BLOCK = 128
@@ -115,7 +121,10 @@ def shear_flash_attention(
         q_seg = jnp.broadcast_to(shear._batched(q_segments), q_pos.shape)
         k_seg = jnp.broadcast_to(shear._batched(k_segments), k_pos.shape)
     settings = (enc, block_size, bool(interpret))
-    return _attend(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg)
+    attend = split_over_batch(
+        functools.partial(_attend, settings), batch, batched=(False, *[True] * 7)
+    )
+    return attend(params, q, k, v, q_pos, k_pos, q_seg, k_seg)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

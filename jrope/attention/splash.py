@@ -16,7 +16,8 @@ What the kernel wants, and how it gets it:
     blocks are the largest of 512, 256, 128 that divide T;
   - no automatic partitioning (a Mosaic kernel is one custom call): under a
     device mesh the call runs inside `jax.shard_map`, the batch split over
-    as many mesh axes as divide it, the rest replicated.
+    as many mesh axes as divide it, the rest replicated
+    (jrope.attention.mesh_split).
 Off TPU the same kernel runs in Pallas interpret mode (slow; for tests on CPU).
 
 Shape legend: B batch, T length, N heads, H head dim.
@@ -30,7 +31,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention
-from jax.sharding import PartitionSpec
+
+from jrope.attention.mesh_split import split_over_batch
 
 # Key blocks must be multiples of the TPU's 128 lanes.
 LENGTH_MULTIPLE = 128
@@ -61,23 +63,8 @@ def splash_attention_causal(
         heads_major = [jnp.swapaxes(x, 1, 2).astype(common) for x in (q * scale, k, v)]
         return jnp.swapaxes(jax.vmap(kernel)(*heads_major), 1, 2)
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
-        spec = PartitionSpec(_batch_axes(mesh, batch))
-        attend = jax.shard_map(
-            attend, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
-        )
+    attend = split_over_batch(attend, batch, batched=(True, True, True))
     return attend(q, k, v).astype(v.dtype)
-
-
-def _batch_axes(mesh, batch: int) -> tuple[str, ...] | None:
-    """The mesh axes the batch is split over: each in turn while the product divides it."""
-    axes, size = [], 1
-    for name in mesh.axis_names:
-        if mesh.shape[name] > 1 and batch % (size * mesh.shape[name]) == 0:
-            axes.append(name)
-            size *= mesh.shape[name]
-    return tuple(axes) or None
 
 
 @functools.cache

@@ -18,8 +18,24 @@ shear. Keys far behind the origin get factors e^{-gamma (o - j)} that may
 underflow to zero, which is their true contribution to float32 accuracy.
 ALiBi's bias is computed from the stored positions.
 
+The raw-shear encodings (Encoding.keeps_float32) map keys whose entries
+include shear products that the score partly cancels: stored so, their keys
+stay float32 and the dots that touch them (the decode step's q . k and p . v,
+the rebase's move) run at the encoding's dot_precision, HIGHEST: at a TPU's
+default (one bfloat16 pass) the stabilized variants' decoded outputs would
+carry up to 4.7 times RoPE's own bfloat16 error (docs/numerics.md, 3b). Where
+the model's attention takes the shear-weight kernels
+(selection.cache_keeps_shear_terms: 'shear', 'shear_flash', or 'auto' on TPU
+and GPU), the cache stores instead each key's shear terms
+(jrope.attention.shear.key_terms: damped rotations of chain elements, no
+larger than RoPE's keys) in the compute dtype; the decode step weights the
+term dots by each pair's exact time lag, and a rebase moves each (re, im)
+pair of the terms by its damped rotation, elementwise. No dot of that
+decoding path needs more than the backend's default precision.
+
 Layout: per layer, keys [B, N, H, M] (float32 when the encoding keeps
-mapped keys in float32, Encoding.keeps_float32, else the compute dtype) and
+mapped keys in float32, Encoding.keeps_float32, else the compute dtype; as
+shear terms [B, N, W, M], W the terms' widths together, in the compute dtype) and
 values [B, N, M, H] in buffers of M slots allocated once: the layouts the
 decode step's matmuls read as they lie (q . k contracts H, p . v contracts
 M); stored [B, M, N, H], XLA:CPU transposed them in every step
@@ -52,7 +68,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrope.attention import shear
 from jrope.attention.cached import cached_attention
+from jrope.attention.selection import cache_keeps_shear_terms
 from jrope.encodings import Encoding, check_positions
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
 from jrope.model.transformer import Transformer
@@ -72,7 +90,8 @@ ROW_AXES = (BATCH,)
 class KVCache:
     """The cache of every layer (a pytree; rebase_bound is static).
 
-    keys: per layer [B, N, H, M], A(-(j - origin)) k_j for the key at slot j.
+    keys: per layer [B, N, H, M], A(-(j - origin)) k_j for the key at slot j
+      (or its shear terms, [B, N, W, M]: keeps_shear_terms).
     values: per layer [B, N, M, H], in the compute dtype.
     positions: int32 [B, M], the position of each slot's key (EMPTY: none).
     origin: int32 [B], where each row's keys are mapped from.
@@ -128,11 +147,22 @@ class LayerCache:
     int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
     new tokens (prompt pads included); origin: int32 [B]; write_index: int32
     [] of the first new slot; filled: bool [B, T], False for prompt pads
-    (their slots are zeroed); decoding: a decode step (else a prefill).
+    (their slots are zeroed); decoding: a decode step (else a prefill);
+    shear_terms: keys are stored as their shear terms (keeps_shear_terms).
     """
 
     def __init__(
-        self, keys, values, slot_positions, positions, origin, write_index, filled, *, decoding
+        self,
+        keys,
+        values,
+        slot_positions,
+        positions,
+        origin,
+        write_index,
+        filled,
+        *,
+        decoding,
+        shear_terms,
     ):
         self.keys = keys
         self.values = values
@@ -142,6 +172,12 @@ class LayerCache:
         self.write_index = write_index
         self.filled = filled
         self.decoding = decoding
+        self.shear_terms = shear_terms
+
+    @property
+    def kernel(self) -> str | None:
+        """The kernel whose dots a decode step computes, for attention_precision."""
+        return "shear" if self.shear_terms else None
 
     def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None:
         """Takes the new raw keys and values [B, T, N, H], keys mapped from the origin.
@@ -149,7 +185,13 @@ class LayerCache:
         A prefill writes them now; a decode step writes them in `attend`.
         """
         filled = self.filled[..., None, None]
-        k2 = encoding.map_keys(params, k, self.positions, self.origin).astype(self.keys.dtype)
+        if self.shear_terms:
+            k2 = jnp.concatenate(
+                shear.key_terms(encoding, params, k, self.positions, self.origin[:, None]), -1
+            )
+        else:
+            k2 = encoding.map_keys(params, k, self.positions, self.origin)
+        k2 = k2.astype(self.keys.dtype)
         self.new_keys = jnp.where(filled, k2, 0)
         self.new_values = jnp.where(filled, v, 0).astype(self.values.dtype)
         if not self.decoding:
@@ -159,8 +201,16 @@ class LayerCache:
         self, q: jax.Array, encoding: Encoding, params, precision: jax.lax.Precision | None = None
     ) -> jax.Array:
         """Attention of the new raw queries q [B, T, N, H] over the stored keys and their own -> [B, T, N, H]."""
-        q2 = encoding.map_queries(params, q, self.positions, self.origin)
         key_positions = jnp.concatenate([self.slot_positions, self.positions], axis=-1)
+        term_widths, time_lag = None, None
+        if self.shear_terms:
+            terms = shear.query_terms(encoding, params, q, self.positions, self.origin[:, None])
+            q2 = jnp.concatenate(terms, -1).astype(self.keys.dtype)
+            term_widths = tuple(term.shape[-1] for term in terms)
+            if len(terms) > 1:
+                time_lag = shear.pair_time_lag(encoding, self.positions, key_positions)
+        else:
+            q2 = encoding.map_queries(params, q, self.positions, self.origin)
         bias = None
         if encoding.has_bias:
             bias = encoding.logit_bias(params, self.positions, key_positions)
@@ -174,6 +224,8 @@ class LayerCache:
             key_positions,
             bias,
             precision,
+            term_widths,
+            time_lag,
         )
         self._write(_after(self.new_keys, y), _after(self.new_values, y))
         return y
@@ -203,11 +255,26 @@ def _pe_params(attention) -> dict[str, jax.Array]:
     return {name: param[...] for name, param in attention.pe_params.items()}
 
 
+def keeps_shear_terms(model: Transformer) -> bool:
+    """Whether the cache stores the keys' shear terms (selection.cache_keeps_shear_terms)."""
+    return cache_keeps_shear_terms(model.cfg.attention, _attention_layers(model)[0].encoding)
+
+
 def key_dtype(model: Transformer) -> jnp.dtype:
-    """The dtype of the cached keys: the one the encoding's map_keys returns in this model."""
-    if _attention_layers(model)[0].encoding.keeps_float32:
+    """The dtype of the cached keys: the one the encoding's map_keys returns in this model,
+    or the compute dtype for shear terms."""
+    if _attention_layers(model)[0].encoding.keeps_float32 and not keeps_shear_terms(model):
         return jnp.dtype(jnp.float32)
     return jnp.dtype(model.cfg.compute_dtype)
+
+
+def key_width(model: Transformer) -> int:
+    """The cached keys' width: the head dim, or the shear terms' widths together."""
+    attention = _attention_layers(model)[0]
+    if not keeps_shear_terms(model):
+        return attention.encoding.head_dim
+    rates = shear.term_rates(attention.encoding, _pe_params(attention))
+    return sum(2 * omega.shape[-1] for _, omega in rates)
 
 
 def prefill(
@@ -257,7 +324,7 @@ def prefill(
     heads, head_dim = attentions[0].encoding.num_heads, attentions[0].encoding.head_dim
     layers = [
         LayerCache(
-            jnp.zeros((batch, heads, head_dim, max_length), key_dtype(model)),
+            jnp.zeros((batch, heads, key_width(model), max_length), key_dtype(model)),
             jnp.zeros((batch, heads, max_length, head_dim), model.cfg.compute_dtype),
             empty,
             positions,
@@ -265,6 +332,7 @@ def prefill(
             jnp.int32(0),
             filled,
             decoding=False,
+            shear_terms=keeps_shear_terms(model),
         )
         for _ in attentions
     ]
@@ -314,8 +382,9 @@ def rebase(model: Transformer, cache: KVCache) -> KVCache:
     def move(cache: KVCache) -> KVCache:
         origin = jnp.where(due, cache.next_position, cache.origin)
         shift = origin - cache.origin  # 0 for rows that stay
+        move = _move_terms if keeps_shear_terms(model) else _move
         keys = tuple(
-            _move(attention.encoding, _pe_params(attention), keys, shift)
+            move(attention.encoding, _pe_params(attention), keys, shift)
             for attention, keys in zip(_attention_layers(model), cache.keys, strict=False)
         )
         return dataclasses.replace(cache, keys=keys, origin=origin)
@@ -332,6 +401,12 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
     Calling move_keys on the cache itself would need the cache transposed to
     [B, M, N, H] and back, and XLA:CPU then chose that layout for the loop's
     cache and transposed it in every step (docs/performance.md, Decoding).
+
+    The matmul runs at HIGHEST: for the raw-shear encodings the stored keys
+    are float32 for the decode step's HIGHEST dots, and a one-pass bfloat16
+    matmul (a TPU's default for float32) would round every moved key to
+    bfloat16, again at each rebase; it runs once per rebase, not per token.
+    A cache of shear terms moves by _move_terms instead, with no matmul.
     """
     batch, heads, head_dim, _ = keys.shape
     units = jnp.broadcast_to(
@@ -346,6 +421,27 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
         preferred_element_type=jnp.float32,
     )
     return moved.astype(keys.dtype)
+
+
+def _move_terms(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
+    """Cached shear terms [B, N, W, M] moved by `shift` [B], elementwise.
+
+    Each (re, im) pair of the terms (jrope.attention.shear.term_rates'
+    layout) is multiplied by e^{-gamma shift} R(omega shift): the damped
+    rotation that takes a key mapped from the old origin to one mapped from
+    the new. The shear needs no move (its lag comes from the positions), and
+    no dot is involved.
+    """
+    rates = shear.term_rates(encoding, params)
+    gamma = jnp.concatenate([g for g, _ in rates], -1)[None, :, :, None]  # [1, N, W/2, 1]
+    omega = jnp.concatenate([w for _, w in rates], -1)[None, None, :, None]  # [1, 1, W/2, 1]
+    shift = shift.astype(jnp.float32)[:, None, None, None]  # [B, 1, 1, 1]
+    decay = jnp.exp(-gamma * shift)
+    cos, sin = decay * jnp.cos(omega * shift), -decay * jnp.sin(omega * shift)
+    pairs = keys.astype(jnp.float32).reshape(keys.shape[:2] + (-1, 2) + keys.shape[3:])
+    re, im = pairs[:, :, :, 0], pairs[:, :, :, 1]  # [B, N, W/2, M]
+    moved = jnp.stack([cos * re + sin * im, cos * im - sin * re], axis=3)
+    return moved.reshape(keys.shape).astype(keys.dtype)
 
 
 def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
@@ -368,6 +464,7 @@ def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[
             cache.length,
             jnp.ones(positions.shape, bool),
             decoding=True,
+            shear_terms=keeps_shear_terms(model),
         )
         for keys, values in zip(cache.keys, cache.values, strict=False)
     ]

@@ -48,6 +48,7 @@ class LayerCache(Protocol):
     """
 
     decoding: bool  # a decode step (attend over the cache), else a prefill
+    kernel: str | None  # 'shear' when the keys are stored as shear terms (attention_precision)
 
     def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None: ...
 
@@ -151,7 +152,9 @@ class CausalSelfAttention(nnx.Module):
             cache.add(k, v, self.encoding, pe_params)
         if cache is not None and cache.decoding:
             # A decode step attends over all the cache holds.
-            precision_of_cache = attention.attention_precision(self.cfg.attention, self.encoding)
+            precision_of_cache = attention.attention_precision(
+                self.cfg.attention, self.encoding, cache.kernel
+            )
             y = cache.attend(q, self.encoding, pe_params, precision_of_cache)
         else:
             damping = self._damping(pe_params)
