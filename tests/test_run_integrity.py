@@ -109,9 +109,7 @@ def test_finished_run_is_left_as_it_is_and_damage_is_refused_with_nothing_change
     again = _train(workdir, env, "--config.num_steps=16")
     assert again.returncode == 0, again.stderr
     assert "This run is finished: step 16 is trained and evaluated." in again.stdout
-    # How to evaluate it again, and where that goes: eval.py's own behaviour.
-    assert f"python eval.py --workdir={workdir} [--config.eval.lengths=...]" in again.stdout
-    assert "join eval_step16/ by length" in again.stdout and "metrics.jsonl" in again.stdout
+    assert f"python eval.py --workdir={workdir} evaluates it again" in again.stdout
     assert "| 8 |" in again.stdout  # the results table, read back
     assert _contents(workdir) == finished
 

@@ -123,9 +123,8 @@ def _kernel_problems(cfg: TrainConfig, platform: str) -> list[str]:
         try:
             choose_kernel(cfg.model.attention, cfg.encoding, length=length, backend=platform)
         except ValueError as err:
-            return [
-                f"model.attention_impl = {cfg.model.attention_impl!r} at length {length}: {first_line(err)}"
-            ]
+            impl = cfg.model.attention_impl
+            return [f"model.attention_impl = {impl!r} at length {length}: {first_line(err)}"]
     return []
 
 
