@@ -151,3 +151,12 @@ def test_the_kernel_follows_the_longest_sequence_not_the_row():
     assert np.isfinite(np.asarray(logits)).all()
     with pytest.raises(ValueError, match="overflows float32"):
         model(tokens, jnp.concatenate([jnp.arange(8), jnp.arange(8) + 1000])[None])
+
+
+def test_a_kv_cache_refuses_segment_ids():
+    """The cache continues one sequence per row (jrope.model.kv_cache.prefill); the refusal
+    comes before the cache is touched, so any stand-in shows it."""
+    model = _model("rope")
+    tokens, positions, segments = _packed_rows()
+    with pytest.raises(ValueError, match="KV cache .* takes no segment ids"):
+        model(tokens, positions, cache=[object()] * len(model.blocks), segment_ids=segments)
