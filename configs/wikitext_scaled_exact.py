@@ -69,6 +69,11 @@ def get_config() -> config_dict.ConfigDict:
     # How the rows become bytes: 'reference' is the paper's code's stream (blank lines empty,
     # every other line followed by an empty one); 'file' is the official file's text.
     config.data.wikitext_rows = "reference"
+    # True: each training window is cut into articles at their title lines, positions restarting
+    # at each, attention within an article only (jrope/data/text_bytes.py, "packing"); the
+    # evaluation windows stay whole. The synthetic task does not pack (its label sits at the last
+    # position of one fixed-length sequence).
+    config.data.pack = False
 
     config.opt.learning_rate = 3e-4  # constant learning rate
     config.opt.weight_decay = 0.1  # decoupled AdamW weight decay

@@ -35,7 +35,7 @@ from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
 from jrope.attention.packing import check_segments, segment_midpoints
 from jrope.attention.precision import attention_precision, matmul_precision
-from jrope.attention.selection import KERNELS, choose_kernel
+from jrope.attention.selection import KERNELS, PACKING_KERNELS, choose_kernel
 from jrope.attention.settings import AttentionSettings
 from jrope.attention.shear import shear_attention
 from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
@@ -43,17 +43,16 @@ from jrope.attention.shear_flash import shear_flash_attention
 from jrope.attention.splash import splash_attention_causal
 from jrope.encodings import check_positions
 
-# The kernels that take segment ids of packed rows.
-PACKING_KERNELS = ("xla", "einsum", "blockwise", "shear", "shear_flash")
-
 __all__ = [
     "KERNELS",
     "MASK_VALUE",
+    "PACKING_KERNELS",
     "AttentionSettings",
     "attention_precision",
     "blockwise_attention",
     "causal_attention",
     "check_positions",
+    "check_segments",
     "choose_kernel",
     "matmul_precision",
     "shear_attention",

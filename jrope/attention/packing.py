@@ -55,6 +55,27 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
         )
 
 
+def largest_segment_span(positions, segment_ids) -> int:
+    """The largest last-minus-first position of one segment, over every row (concrete values).
+
+    What one map origin must cover in a packed row: each sequence is mapped
+    from its own origin (segment_midpoints, or the blocks' origins), so the
+    row's own span, across restarts, does not matter.
+    positions: integers [S] or [B, S]; segment_ids: integers [B, S], as
+    check_segments accepts them.
+    """
+    segments = np.asarray(segment_ids)
+    rows = np.broadcast_to(np.asarray(positions, np.int64), segments.shape)
+    starts = np.concatenate(
+        [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
+    )
+    # Each segment's first position, carried along its run; positions never go down in a run.
+    run_index = np.cumsum(starts, axis=1) - 1
+    firsts = [row[start] for row, start in zip(rows, starts, strict=True)]
+    offsets = np.stack([first[index] for first, index in zip(firsts, run_index, strict=True)])
+    return int(np.max(rows - offsets))
+
+
 def segment_midpoints(positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """int32 [B, S]: each token's segment's midpoint position.
 

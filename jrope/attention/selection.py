@@ -17,7 +17,8 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
      e^{gamma * block_size}: `blockwise_block_size` gives the blocks that
      carry a measured damping (the model's layers run in them).
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
-     GPU (see fused_kernel_problem for when they do not);
+     GPU (see fused_kernel_problem for when they do not; never for packed
+     rows, whose segment ids they do not take);
   3. on TPU and GPU, for the encodings whose maps would need float32 q, k
      and HIGHEST dots (Encoding.keeps_float32) and whose shear is an exact
      per-pair weight (jrope.attention.shear): the shear kernel, below
@@ -48,6 +49,8 @@ from jrope.attention.shear_flash import shear_flash_problem
 
 # The concrete kernels `choose_kernel` returns.
 KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear", "shear_flash")
+# The kernels that take segment ids of packed rows (jrope.attention.packing).
+PACKING_KERNELS = ("xla", "einsum", "blockwise", "shear", "shear_flash")
 # Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).
 SINGLE_ORIGIN_EXPONENT_LIMIT = 80.0
 # The fused kernel of each accelerator backend.
@@ -63,6 +66,7 @@ def choose_kernel(
     backend: str | None = None,
     span: int | None = None,
     damping: float | None = None,
+    packed: bool = False,
 ) -> str:
     """The kernel (one of KERNELS) for attention of `num_queries` queries over `length` keys.
 
@@ -72,10 +76,14 @@ def choose_kernel(
     backend: 'cpu', 'gpu' or 'tpu' (default: JAX's default backend).
     span: max - min of the key positions of any row (default length - 1,
       contiguous positions); one map origin must cover span + 1 positions.
+      Packed rows: the largest span of one segment's positions (each
+      sequence is mapped from an origin of its own).
     damping: the largest damping of the parameters being run, measured on the
       host (Encoding.largest_damping); the bound planned for is the
       larger of it and model.max_damping. A single-origin kernel asked for
       explicitly is refused where the measured damping would overflow it.
+    packed: the rows hold packed sequences (segment ids): only the
+      PACKING_KERNELS run them; 'auto' picks one of them.
 
     Raises:
       ValueError: the requested kernel cannot run this encoding here; the
@@ -89,7 +97,12 @@ def choose_kernel(
     extent = single_origin_extent(length, span)
     bound = damping_bound(settings, damping)
     if impl == "auto":
-        return _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend)
+        return _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend, packed)
+    if packed and impl not in PACKING_KERNELS:
+        raise ValueError(
+            f"attention_impl={impl!r} does not take segment ids (packed rows); use 'auto' or one "
+            f"of {PACKING_KERNELS}, or give each sequence a row of its own."
+        )
     if (
         impl != "blockwise"
         and damping is not None
@@ -261,6 +274,7 @@ def _auto_kernel(
     num_queries: int,
     length: int,
     backend: str,
+    packed: bool,
 ) -> str:
     flash = (
         backend in _FUSED_KERNEL
@@ -271,7 +285,8 @@ def _auto_kernel(
     if not single_origin_is_safe(encoding, bound, extent):
         # The flash kernel measures positions from each block's first, as blockwise does.
         return "shear_flash" if flash else "blockwise"
-    fused = _FUSED_KERNEL.get(backend)
+    # The fused kernels take no segment ids; every other kernel below does.
+    fused = None if packed else _FUSED_KERNEL.get(backend)
     if fused and not fused_kernel_problem(
         fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
     ):

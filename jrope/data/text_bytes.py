@@ -32,6 +32,18 @@ Sampling (all host-side numpy; ``L = seq_len``):
              rows ``[process_index * b, (process_index + 1) * b)`` with
              ``b = global_batch_size / process_count``: the shares are
              disjoint, cover the global batch, and resume exactly.
+  packing    with ``pack`` the training windows are the same bytes, cut into
+             articles: a segment starts at the window's first byte and at
+             every article title line (a line opening with ``" = "`` and not
+             ``" = = "``: WikiText's level-1 headings; text without such lines
+             is one segment per window). Batches then also hold
+             'segment_ids' and 'positions' int32 [b, T], positions counting
+             from 0 at each segment's start; the model attends within a
+             segment only (jrope.attention.packing). The last token of a
+             segment keeps its target, the next article's first byte, as a
+             window of that segment alone would. Evaluation windows stay
+             whole, so packed and unpacked runs are scored on the same
+             sequences.
   evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
              of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``
              (jrope.data.source.DEFAULT_EVAL_SEED unless eval.seed says
@@ -102,6 +114,9 @@ class TextDataConfig:
       wikitext_rows: 'wikitext103' / 'wikitext2': how rows become the byte stream,
         'file' (the official file's text) or 'reference' (the reference code's
         stream; WIKITEXT_ROWS).
+      pack: cut each training window into segments at article titles (see
+        "packing" above); not for 'audio_tokens', whose tokens have no
+        articles.
     """
 
     source: str = "text"
@@ -117,6 +132,7 @@ class TextDataConfig:
     data_dir: str = ""
     manual_dir: str = ""
     wikitext_rows: str = "file"
+    pack: bool = False
     # Keys only some sources read: (chooser, its values that read the keys, whether setting
     # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).
     KEYS_READ_ONLY_BY: ClassVar = {
@@ -124,6 +140,7 @@ class TextDataConfig:
         ("source", ("wikitext103", "wikitext2"), True): (
             *("train_split", "eval_split", "data_dir", "manual_dir"),
         ),
+        ("source", ("wikitext103", "wikitext2", "text"), True): ("pack",),
     }
 
     def __post_init__(self):
@@ -182,7 +199,9 @@ class ByteTextSource:
 
     Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the inputs
     shifted by one), 'weights' float32 [b, T] of ones; ``b`` is this
-    process's share of the batch, T = seq_len for training.
+    process's share of the batch, T = seq_len for training. Training
+    batches with ``pack`` also hold 'segment_ids' and 'positions' int32
+    [b, T] (see the module docstring).
     """
 
     task = "language_model"
@@ -212,7 +231,10 @@ class ByteTextSource:
             )
             for row in self.share.train_rows()
         ]
-        return self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
+        batch = self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
+        if self.data_cfg.pack:
+            batch.update(article_segments(self.train_corpus, starts, self.data_cfg.seq_len))
+        return batch
 
     def eval_batches(
         self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
@@ -250,6 +272,40 @@ class ByteTextSource:
             "targets": windows[:, 1:],
             "weights": np.ones((len(starts), length), np.float32),
         }
+
+
+# An article's title line: a newline, then " = " and a title (" = = " opens a section).
+_TITLE_OPENING = np.frombuffer(b"\n = ", np.uint8)
+_SECTION_MARK = ord("=")
+
+
+def article_segments(corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
+    """'segment_ids' and 'positions' int32 [b, length] of the windows at ``starts``.
+
+    A segment starts at each window's first byte and at every byte that
+    opens an article title line (see "packing" in the module docstring);
+    segment ids count from 0 in each row, positions from 0 in each segment.
+    """
+    opening = len(_TITLE_OPENING)
+    starts_of_segments = np.zeros((len(starts), length), bool)
+    for row, start in enumerate(starts):
+        # Byte t of the window opens a title when bytes t-1 .. t+2 are "\n = " and byte t+3 is
+        # no "=": read one byte before the window and the title's first bytes after it.
+        front = int(start == 0)  # no byte before the corpus: a zero stands in
+        text = np.asarray(corpus[start - 1 + front : start + length + opening - 1])
+        text = np.pad(text, (front, length + opening - front - len(text)))
+        windows = np.lib.stride_tricks.sliding_window_view(text, opening + 1)[:length]
+        starts_of_segments[row] = np.all(windows[:, :opening] == _TITLE_OPENING, axis=1) & (
+            windows[:, opening] != _SECTION_MARK
+        )
+    starts_of_segments[:, 0] = True
+    index = np.arange(length)
+    segment_ids = np.cumsum(starts_of_segments, axis=1) - 1
+    first = np.maximum.accumulate(np.where(starts_of_segments, index, 0), axis=1)
+    return {
+        "segment_ids": segment_ids.astype(np.int32),
+        "positions": (index - first).astype(np.int32),
+    }
 
 
 def _check_long_enough(corpus: np.ndarray, length: int, description: str) -> None:

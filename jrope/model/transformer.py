@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jrope import attention
+from jrope.attention.packing import largest_segment_span
 from jrope.attention.selection import blockwise_block_size
 from jrope.encodings import Encoding
 from jrope.model.axes import EMBED, HEAD_DIM, HEADS, LOGICAL_AXES_KEY, MLP, VOCAB
@@ -129,12 +130,21 @@ class CausalSelfAttention(nnx.Module):
         positions: jax.Array,
         num_queries: int | None = None,
         cache: LayerCache | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """x [B, S, D], positions int32 [S] or [B, S] -> [B, T, D].
 
         The output covers the last T = num_queries positions (default: all S).
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
+        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing:
+        each sequence one contiguous run of an id, its positions restarting
+        there); a query attends to its own sequence only.
         """
+        if segment_ids is not None and cache is not None:
+            raise ValueError(
+                "the KV cache holds one sequence per row and takes no segment ids; generate "
+                "from each packed sequence in a row of its own."
+            )
         qkv = self.qkv[...].astype(x.dtype)
         precision = attention.matmul_precision(self.cfg.attention)
         with jax.named_scope("qkv_projection"):
@@ -158,13 +168,16 @@ class CausalSelfAttention(nnx.Module):
             y = cache.attend(q, self.encoding, pe_params, precision_of_cache)
         else:
             damping = self._damping(pe_params)
+            if segment_ids is not None:
+                attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
             kernel = attention.choose_kernel(
                 self.cfg.attention,
                 self.encoding,
                 length=k.shape[1],
                 num_queries=q.shape[1],
-                span=_concrete_span(positions),
+                span=_concrete_span(positions, segment_ids),
                 damping=damping,
+                packed=segment_ids is not None,
             )
             y = attention.causal_attention(
                 q,
@@ -176,6 +189,7 @@ class CausalSelfAttention(nnx.Module):
                 kernel=kernel,
                 block_size=blockwise_block_size(self.cfg.block_size, damping),
                 precision=attention.attention_precision(self.cfg.attention, self.encoding, kernel),
+                segment_ids=segment_ids,
             )
         with jax.named_scope("out_projection"):
             return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
@@ -187,11 +201,14 @@ class CausalSelfAttention(nnx.Module):
         return self.encoding.largest_damping(pe_params)
 
 
-def _concrete_span(positions: jax.Array) -> int | None:
-    """max - min of concrete positions over every row (None under jit: assumed contiguous)."""
-    if isinstance(positions, jax.core.Tracer):
+def _concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int | None:
+    """max - min of concrete positions over every row, or over every segment of packed rows
+    (None under jit: assumed contiguous, a row's span below its length)."""
+    if isinstance(positions, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
         return None
-    attention.check_positions(positions)
+    attention.check_positions(positions, packed=segment_ids is not None)
+    if segment_ids is not None:
+        return largest_segment_span(positions, segment_ids)
     # numpy, not jnp: inside a trace jnp would stage even a constant's arithmetic.
     positions = np.asarray(positions, np.int64)
     return int(np.max(positions[..., -1] - positions[..., 0]))
@@ -235,17 +252,19 @@ class TransformerBlock(nnx.Module):
         num_queries: int | None = None,
         dropout_key: jax.Array | None = None,
         cache: LayerCache | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """x [B, S, D] -> [B, T, D] for the last T = num_queries positions (default: all).
 
         dropout_key: drops each branch output with probability model.dropout_rate
         before it joins the residual stream; None (evaluation) drops nothing.
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
+        segment_ids: optional int32 [B, S] of packed rows (CausalSelfAttention).
         """
         residual = x if num_queries is None else x[:, x.shape[1] - num_queries :]
         attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         x = residual + self._dropout(
-            self.attn(self.attn_norm(x), positions, num_queries, cache), attn_key
+            self.attn(self.attn_norm(x), positions, num_queries, cache, segment_ids), attn_key
         )
         return x + self._dropout(self.mlp(self.mlp_norm(x)), mlp_key)
 
@@ -258,9 +277,13 @@ class TransformerBlock(nnx.Module):
 
 
 def _run_block(
-    block: TransformerBlock, x: jax.Array, positions: jax.Array, dropout_key: jax.Array | None
+    block: TransformerBlock,
+    x: jax.Array,
+    positions: jax.Array,
+    dropout_key: jax.Array | None,
+    segment_ids: jax.Array | None,
 ) -> jax.Array:
-    return block(x, positions, dropout_key=dropout_key)
+    return block(x, positions, dropout_key=dropout_key, segment_ids=segment_ids)
 
 
 class Transformer(nnx.Module):
@@ -340,10 +363,20 @@ class Transformer(nnx.Module):
         *,
         dropout_key: jax.Array | None = None,
         cache: Sequence[LayerCache] | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """tokens int32 [B, T] or signals [B, T, C_in], positions int32 [T] or [B, T] ->
-        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode)."""
-        return self.decode(self.embed(inputs), positions, dropout_key=dropout_key, cache=cache)
+        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode).
+
+        segment_ids: optional int32 [B, T] for packed rows, several sequences
+        per row (see decode)."""
+        return self.decode(
+            self.embed(inputs),
+            positions,
+            dropout_key=dropout_key,
+            cache=cache,
+            segment_ids=segment_ids,
+        )
 
     def follow_damping(self) -> float:
         """Reads every layer's largest damping on the host and plans the kernels for it.
@@ -383,6 +416,7 @@ class Transformer(nnx.Module):
         *,
         dropout_key: jax.Array | None = None,
         cache: Sequence[LayerCache] | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Embedded inputs [B, T, D] -> the blocks, final norm and readout: float32 [B, T', V | C_out].
 
@@ -394,6 +428,11 @@ class Transformer(nnx.Module):
 
         cache: one LayerCache per block (jrope.model.kv_cache.prefill and
         decode_step): every position is computed, without remat.
+        segment_ids: optional int32 [B, T] of packed rows: each sequence a
+        contiguous run of one id, its positions restarting at its first token
+        (jrope.attention.packing); every position then gives what its own
+        sequence alone in a row would. Runs on the kernels that take them
+        (jrope.attention.PACKING_KERNELS; 'auto' picks one); no KV cache.
         """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)
@@ -405,11 +444,11 @@ class Transformer(nnx.Module):
             # Each block draws its dropout masks from its own stream.
             key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
             if cache is not None:
-                x = block(x, positions, cache=cache[index])
+                x = block(x, positions, cache=cache[index], segment_ids=segment_ids)
             elif index == last and self.cfg.readout == "last":
-                x = block(x, positions, num_queries=1, dropout_key=key)
+                x = block(x, positions, num_queries=1, dropout_key=key, segment_ids=segment_ids)
             else:
-                x = run_block(block, x, positions, key)
+                x = run_block(block, x, positions, key, segment_ids)
         x = self.final_norm(x)
         if self.reads_signals:
             head = self.regression_head[...].astype(dtype)

@@ -20,6 +20,7 @@ from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
+from jrope.attention.selection import PACKING_KERNELS
 from jrope.command_line import make_importable
 from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
 from jrope.encodings import Encoding, make_encoding
@@ -403,6 +404,12 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
                 f"data.{field} = {getattr(cfg.data, field)} disagrees with the model/pe value "
                 f"{expected}; set both from one place (see configs/)."
             )
+    impl = cfg.model.attention_impl
+    if getattr(cfg.data, "pack", False) and impl not in ("auto", *PACKING_KERNELS):
+        problems.append(
+            f"data.pack needs a kernel that takes segment ids, and model.attention_impl = "
+            f"{impl!r} does not; set it to 'auto' or one of {PACKING_KERNELS}."
+        )
     return problems
 
 

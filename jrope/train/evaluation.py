@@ -65,8 +65,9 @@ class EvalStep:
 
         def eval_sums(graphdef, params, batch):
             inputs = batch["inputs"]
-            positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)
-            outputs = model_from_params(graphdef, params)(inputs, positions)
+            positions = batch.get("positions", jnp.arange(inputs.shape[1], dtype=jnp.int32))
+            model = model_from_params(graphdef, params)
+            outputs = model(inputs, positions, segment_ids=batch.get("segment_ids"))
             return task_sums(outputs, batch, task, num_classes)
 
         self._cfg = run.cfg

@@ -88,7 +88,8 @@ def make_train_step(
 
     measured: the damping its layers plan for where it passed model.max_damping.
     compiler_options: XLA's options ({}: its defaults); default runtime.step_compiler_options.
-    Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]).
+    Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]);
+    packed rows add 'positions' and 'segment_ids' int32 [B, T].
     Metrics: 'loss', 'accuracy' (regression: 'r2', 'r2_pooled'), 'grad_norm' (before clipping),
     'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped' (1.0: this
     update was dropped), 'skipped_steps' and 'skipped_in_a_row' (up to this step).
@@ -99,7 +100,8 @@ def make_train_step(
     optimizer = layout.optimizer
 
     def train_step(state, batch):
-        positions = jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32)
+        # Packed batches carry positions restarting at each segment (jrope.data.text_bytes).
+        positions = batch.get("positions", jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32))
         dropout_key = None
         if cfg.model.dropout_rate > 0.0:
             stream = jax.random.fold_in(jax.random.key(cfg.seed), _DROPOUT_STREAM)
@@ -107,7 +109,12 @@ def make_train_step(
 
         def loss_fn(params):
             model = setup.model_from_params(layout.graphdef, params)
-            outputs = model(batch["inputs"], positions, dropout_key=dropout_key)
+            outputs = model(
+                batch["inputs"],
+                positions,
+                dropout_key=dropout_key,
+                segment_ids=batch.get("segment_ids"),
+            )
             sums = losses.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
