@@ -17,7 +17,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.tiny_config import tiny_config, tiny_config_dict
+from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 from helpers.train_process import (
     RUN_CONFIG,
     log_tail,
@@ -32,6 +32,7 @@ from jrope.errors import (
     ConfigError,
     CorruptCheckpointError,
     GenerationRequestError,
+    IncompatibleCheckpointError,
     TrainingPreempted,
     UsageError,
     WorkdirBusy,
@@ -41,10 +42,10 @@ from jrope.experiments.compare import comparison_axes
 from jrope.model.generation import GenerationSettings, SamplingSettings
 from jrope.train import checkpoints, checks, evaluation
 from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, config_differences
+from jrope.train.config import TrainConfig
 from jrope.train.setup import set_up_run
 from jrope.train.trainer import PreemptionWatch
 
-GIB = 2**30
 TINY = f"--config={RUN_CONFIG}"
 
 
@@ -200,6 +201,25 @@ def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
     accepting = tiny_config(**{"mesh.data": -1, "checkpoint.accept_missing_digests": True})
     state = checkpoints.restore_compatible(accepting, checkpointer, run.layout.abstract, 2)
     assert int(state["step"]) == 0
+    checkpointer.close()
+
+
+def test_a_checkpoint_written_before_a_key_existed_resumes_with_its_default(tmp_path):
+    cfg = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path))
+    run = set_up_run(cfg)
+    older = cfg.to_json_dict()
+    del older["data"]["pack"]  # a key this checkpoint's code did not have yet
+    older["eval"]["max_hours"] = 1.0  # and a retired one
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=2, config_json=older
+    )
+    checkpointer.save(2, run.init_state(), force=True)
+    checkpointer.wait_until_finished()
+    state = checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, 2)
+    assert int(state["step"]) == 0
+    packed = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path, **{"data.pack": True}))
+    with pytest.raises(IncompatibleCheckpointError, match="data.pack is False there, True now"):
+        checkpoints.restore_compatible(packed, checkpointer, run.layout.abstract, 2)
     checkpointer.close()
 
 

@@ -24,9 +24,9 @@ from absl import logging
 from etils import epath
 from flax.traverse_util import flatten_dict
 
-from jrope import commands, errors
+from jrope import commands, errors, saved_run_config
 from jrope.data.files import is_uri, resolved
-from jrope.train.config import TrainConfig
+from jrope.train.config import TrainConfig, convert_config
 from jrope.train.outputs import say
 
 STATE_ITEM = "state"
@@ -221,6 +221,9 @@ def restore_compatible(
         saved_config = checkpointer.restore_json(CONFIG_ITEM, step)
     except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
         raise corrupt(_unreadable(path, "its saved config", err)) from err
+    # A key added since the checkpoint was written takes its default, as the config converts.
+    saved_cfg, _ = convert_config(saved_run_config.without_retired_keys(saved_config))
+    saved_config = saved_config if saved_cfg is None else saved_cfg.to_json_dict()
     incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
     if incompatible:
         raise errors.IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
