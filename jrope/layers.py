@@ -41,6 +41,7 @@ import numpy as np
 from flax import nnx
 
 from jrope import attention
+from jrope.attention.packing import largest_segment_span
 from jrope.attention.precision import precision_scope
 from jrope.attention.selection import (
     SINGLE_ORIGIN_EXPONENT_LIMIT,
@@ -318,6 +319,7 @@ def causal_self_attention(
     blockwise_min_length: int = 4096,
     max_damping: float = 0.02,
     backend: str | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Causal self-attention of raw q, k, v through a jrope kernel, chosen as the jrope model chooses.
 
@@ -341,6 +343,9 @@ def causal_self_attention(
         kernel's blocks are chosen for the larger of the two. Traced
         parameters (a jitted call) plan for max_damping alone.
       backend: 'cpu', 'gpu' or 'tpu' for the choice (default: JAX's).
+      segment_ids: optional int32 [B, S] of packed rows: each key attends only to the
+        queries of its segment, positions [B, S] restart per segment
+        (jrope.attention.packing); 'auto' then picks a kernel that takes them.
     Returns:
       [B, T, N, H] in v's dtype.
     Raises:
@@ -369,6 +374,13 @@ def causal_self_attention(
         max_damping=max_damping,
     )
     damping = _concrete_damping(pe)
+    if segment_ids is None:
+        span = _positions_extent(k.shape[1], positions) - 1
+    else:
+        attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
+        traced = any(isinstance(x, jax.core.Tracer) for x in (positions, segment_ids))
+        # Traced: assumed contiguous within a segment, as a row's positions without segments.
+        span = None if traced else largest_segment_span(positions, segment_ids)
     try:
         chosen = attention.choose_kernel(
             settings,
@@ -376,8 +388,9 @@ def causal_self_attention(
             length=k.shape[1],
             num_queries=q.shape[1],
             backend=backend,
-            span=_positions_extent(k.shape[1], positions) - 1,
+            span=span,
             damping=damping,
+            packed=segment_ids is not None,
         )
     except ValueError as refusal:
         raise ValueError(f"causal_self_attention(kernel={kernel!r}): {refusal}") from None
@@ -388,6 +401,7 @@ def causal_self_attention(
         enc=encoding,
         params=pe.param_values(),
         positions=positions,
+        segment_ids=segment_ids,
         kernel=chosen,
         # Blocks that carry the damping planned for (the blockwise kernel's factors reach
         # e^(gamma * (block_size - 1))).

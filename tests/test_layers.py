@@ -182,6 +182,19 @@ def test_causal_self_attention_equals_the_reference_over_attention_logits(name, 
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
 
+@pytest.mark.parametrize("name", [ALIBI, RAW_SHEAR])
+def test_causal_self_attention_of_packed_rows_equals_each_sequence_alone(name):
+    pe = _layer(name)
+    q, k, v = _qkv()
+    first = T // 2 - 1  # two sequences per row, of first and T - first positions
+    positions = jnp.concatenate([jnp.arange(first), jnp.arange(T - first)])
+    segment_ids = jnp.broadcast_to((jnp.arange(T) >= first).astype(jnp.int32), (B, T))
+    out = causal_self_attention(pe, q, k, v, positions, segment_ids=segment_ids)
+    for part in (slice(0, first), slice(first, T)):
+        alone = causal_self_attention(pe, q[:, part], k[:, part], v[:, part], positions[part])
+        np.testing.assert_allclose(out[:, part], alone, atol=2e-5)
+
+
 def test_the_xla_kernel_takes_the_encodings_without_a_bias():
     pe = _layer(RAW_SHEAR)
     q, k, v = _qkv()
