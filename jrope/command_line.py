@@ -1,11 +1,12 @@
 """What every command of the project shares, without starting JAX: `run(main)` (flags, log level,
-exit statuses as in docs/runs.md, signals), help, and the --config file's argument.
+exit statuses as in docs/runs.md, signals), help, the --config file's argument, and the process
+flags of a multi-process run (`define_process_flags`, `start_processes`).
 
 `--help` (also -?, -h, --helpshort) prints the command's usage and the
 flags of the command itself and of the project's modules it uses (the
 process flags, --verbose, ...), then exits 0; `--helpfull` adds every
 library's flags. absl's own help lists only the flags of the main module
-and exits 1, which hides the flags a module like jrope.train.setup defines
+and exits 1, which hides the flags a module like this one defines
 and reads as a failure to a shell or a CI step.
 
     app.run(main, flags_parser=parse_flags)
@@ -35,7 +36,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from jrope import commands
-from jrope.errors import ConfigError, JropeError, RunIOError
+from jrope.errors import ConfigError, JropeError, RunIOError, UsageError
 
 SHORT_HELP = ("--help", "-help", "--helpshort", "-helpshort", "-?", "-h")
 FULL_HELP = ("--helpfull", "-helpfull")
@@ -142,7 +143,62 @@ def make_importable(path: str | None) -> None:
 
 
 VERBOSE_ENV = "JROPE_VERBOSE"
-_PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes")  # setup's flags
+_PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
+
+
+def define_process_flags() -> None:
+    """Defines the flags of a multi-process run (once, in the entry point that takes them)."""
+    flags.DEFINE_bool(
+        "multiprocess",
+        False,
+        "Start JAX's distributed runtime, detecting the cluster (Cloud TPU, Slurm, Open MPI).",
+    )
+    flags.DEFINE_string(
+        "coordinator_address",
+        None,
+        "HOST:PORT of process 0's coordinator service (reachable from every process).",
+    )
+    flags.DEFINE_integer("num_processes", None, "Number of processes of the run.", lower_bound=1)
+    flags.DEFINE_integer(
+        "process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0
+    )
+
+
+def start_processes() -> None:
+    """Starts JAX's distributed runtime when the process flags ask for it, before anything touches
+    a JAX backend; then logs this process's devices."""
+    import jax  # not at import: a mistake on the command line is reported without loading JAX
+
+    multiprocess, *explicit = (flags.FLAGS[name].value for name in _PROCESS_FLAGS)
+    if multiprocess or any(value is not None for value in explicit):
+        initialize_processes(*explicit)
+    absl_logging.info(
+        "JAX process %d of %d; local devices %s; all devices %d.",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_devices(),
+        jax.device_count(),
+    )
+
+
+def initialize_processes(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """`jax.distributed.initialize` (unset arguments detected by JAX: Cloud TPU, Slurm, Open MPI,
+    JAX_COORDINATOR_ADDRESS), with gloo for cross-process collectives on CPU."""
+    import jax
+
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        raise UsageError(
+            f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
+            "number the processes 0 .. num_processes - 1."
+        )
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
 
 
 def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:

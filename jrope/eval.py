@@ -16,7 +16,7 @@ evaluates with that config instead (it must describe the same model). A probe
 config (one `probe` section, configs/kernel_probe*.py) runs the closed-form
 kernel probe, which trains no model. Errors end with their message and an
 exit status per kind (jrope.command_line). Multi-process runs take the process
-flags of training (jrope.train.setup).
+flags of training.
 """
 
 import sys
@@ -27,7 +27,6 @@ from ml_collections import config_flags
 from jrope import command_line, saved_run_config
 from jrope.command_line import config_argument
 from jrope.errors import ConfigError, NoCheckpointError, UsageError
-from jrope.train import setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -38,7 +37,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory holding the run (and receiving results)."
 )
-_PROCESS_FLAGS = setup.define_flags()
+command_line.define_process_flags()
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -47,7 +46,7 @@ def main(argv):
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise NoCheckpointError(saved_run_config.no_saved_config_message(_WORKDIR.value))
-    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    command_line.start_processes()  # before anything starts a JAX backend
     config = _CONFIG.value
     if "probe" in config:
         # Imported only here: the probe needs no trained model.

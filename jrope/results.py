@@ -1,21 +1,24 @@
-"""Result files, written whole: CSV, markdown tables and PNG plots, local or on a bucket. The
-one module that the harness (jrope.train) and the experiments (jrope.experiments) both write
-their tables and figures through; it imports neither."""
+"""Result files, written whole: CSV, markdown tables and PNG plots, local or on a bucket; and
+JSON-lines logs, read tolerantly. The one module that the harness (jrope.train) and the experiments
+(jrope.experiments) both write their tables, figures and logs through; it imports neither."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 import io
+import json
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from etils import epath
 
-from jrope.data.files import is_uri
+from jrope.data.files import BucketObject, is_uri, write_atomically
 
 
 def write_csv(path: epath.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
@@ -107,3 +110,89 @@ def write_folder_atomically(
         raise OSError(error.errno, error.strerror or str(error), str(out_dir)) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
+    """(the whole records, the damaged bytes) of a JSON-lines log's contents.
+
+    A record is a line that decodes as UTF-8 and parses as one JSON object; it
+    comes back ending in a newline (a last line that lost only its newline is
+    whole). Every other line (random bytes, a line cut short by a full disk or
+    a kill, a hand edit that broke it) goes to the damaged bytes, as it was.
+    """
+    records, damaged = [], []
+    pieces = data.split(b"\n")  # not bytes.splitlines, which also splits at \r, \f, ...
+    for raw in [piece + b"\n" for piece in pieces[:-1]] + [pieces[-1]]:
+        try:
+            text = raw.decode("utf-8")
+            whole = isinstance(json.loads(text), dict)
+        except (UnicodeDecodeError, ValueError):
+            whole = False
+        if whole:
+            records.append(text if text.endswith("\n") else text + "\n")
+        elif raw.strip():
+            damaged.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    return records, b"".join(damaged)
+
+
+class JsonLinesLog:
+    """A log of one line per record at `path` (its folder made), continued when it exists;
+    `keep` chooses which of the records already there stay (None: all).
+
+    Logs are read tolerantly: damaged lines (split_json_lines) are set aside, their bytes appended
+    to `<path>.damaged` and named once on the console, and the log goes on with the rest, so that
+    every line of it parses and a line cut short never fuses with the next record.
+    """
+
+    def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
+        self._path = epath.Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        history = self._path.read_bytes() if self._path.exists() else b""
+        records, damaged = split_json_lines(history)
+        if damaged:
+            self._set_aside(damaged)
+        kept = "".join(line for line in records if keep is None or keep(line)).encode()
+        if is_uri(self._path):  # uploaded an interval after the first line, not line by line
+            self._file = BucketObject(self._path, kept, uploaded_at=time.monotonic())
+            return
+        if kept != history:
+            write_atomically(str(self._path), [kept])
+        self._file = self._path.open("ab")
+
+    def _set_aside(self, damaged: bytes) -> None:
+        """Appends the damaged bytes to the side file (before the log is rewritten without them)."""
+        side = self._path.parent / (self._path.name + DAMAGED_SUFFIX)
+        earlier = side.read_bytes() if side.exists() else b""
+        side.write_bytes(earlier + damaged)
+        lines = damaged.count(b"\n")
+        print(  # only process 0 writes logs
+            f"{self._path}: {lines} damaged line(s) ({len(damaged)} bytes: not a JSON record, or "
+            f"cut short) set aside in {side}; the log goes on with its whole records.",
+            flush=True,
+        )
+
+    def write(self, line: str) -> None:
+        """Appends `line` (no newline) to the log."""
+        with self._naming_the_file():
+            self._file.write(f"{line}\n".encode())
+            self._file.flush()
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:  # a file object's errors do not name the file
+            raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
+
+    def flush(self) -> None:
+        """Everything written so far is in the file (a local file is flushed at every line)."""
+        if isinstance(self._file, BucketObject):
+            self._file.upload()
+
+    def close(self) -> None:
+        self.flush()
+        with self._naming_the_file():  # closing writes what a failed write left buffered
+            self._file.close()

@@ -16,6 +16,7 @@ from helpers.tiny_config import tiny_config
 
 from jrope import results, saved_run_config
 from jrope.errors import ConfigError, CorruptCheckpointError, UsageError, WorkdirBusy
+from jrope.results import JsonLinesLog
 from jrope.train import evaluation, outputs
 from jrope.train.checkpoints import (
     DIGESTS_ITEM,
@@ -26,7 +27,7 @@ from jrope.train.checkpoints import (
     restore_compatible,
 )
 from jrope.train.checks import RunEnvironment, check_evaluation_run, check_training_run
-from jrope.train.outputs import JsonLinesLog, MetricsLogger
+from jrope.train.outputs import MetricsLogger
 from jrope.train.setup import set_up_run
 
 ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu")

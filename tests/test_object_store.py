@@ -19,9 +19,10 @@ from helpers import fake_gcs
 from tensorboardX.proto import event_pb2
 
 from configs import kernel_probe as kernel_probe_config
+from jrope import results
 from jrope.data import files
 from jrope.experiments import compare, kernel_probe
-from jrope.train import checkpoints, evaluation, outputs
+from jrope.train import checkpoints, evaluation
 from jrope.train.outputs import MetricsLogger
 
 RUN = "gs://bucket/run"
@@ -80,7 +81,7 @@ def test_a_resumed_run_keeps_the_metrics_already_in_the_bucket(bucket):
 
 
 def test_the_bucket_log_is_rewritten_whole_at_most_every_interval(bucket, monkeypatch):
-    log = outputs.JsonLinesLog(epath.Path(RUN) / "log.jsonl")
+    log = results.JsonLinesLog(epath.Path(RUN) / "log.jsonl")
     log.write("a")
     assert not (epath.Path(RUN) / "log.jsonl").exists()  # buffered: no upload per line
     monkeypatch.setattr(files, "UPLOAD_INTERVAL_S", 0.0)

@@ -222,7 +222,7 @@ def test_the_leftovers_of_a_failed_checkpoint_read_print_nothing(monkeypatch, ca
 
 def test_a_process_id_outside_the_processes_is_a_usage_error():
     with pytest.raises(UsageError, match=r"number the processes 0 \.\. num_processes - 1"):
-        setup.initialize(num_processes=2, process_id=2)  # before any JAX start-up
+        command_line.initialize_processes(num_processes=2, process_id=2)  # before any JAX start-up
 
 
 # How XLA:CPU names a YNNPACK library fusion in compiled HLO text.

@@ -41,7 +41,7 @@ from ml_collections import config_flags
 
 from jrope import command_line, results
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, evaluation, setup
+from jrope.train import checks, evaluation
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
@@ -52,7 +52,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Root directory of the comparison.")
 _METHODS = flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
-_PROCESS_FLAGS = setup.define_flags()
+command_line.define_process_flags()
 
 
 def run_comparison(
@@ -269,7 +269,7 @@ def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
     methods, seeds = comparison_axes(_METHODS.value, _SEEDS.value)
-    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    command_line.start_processes()  # before anything starts a JAX backend
     run_comparison(_CONFIG.value, methods, seeds, _WORKDIR.value)
 
 

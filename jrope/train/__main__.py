@@ -13,7 +13,7 @@ exits with status 143; the same command resumes it. Errors end with their
 message and an exit status per kind (jrope.command_line; --verbose adds the
 traceback). Multi-process runs (one process per host) add --multiprocess, or
 --coordinator_address, --num_processes and --process_id
-(jrope.train.setup).
+(jrope.command_line).
 """
 
 from absl import flags
@@ -21,20 +21,19 @@ from ml_collections import config_flags
 
 from jrope import command_line
 from jrope.errors import UsageError
-from jrope.train import setup
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config: its name (quickstart, ...) or file.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
-_PROCESS_FLAGS = setup.define_flags()
+command_line.define_process_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}; training takes flags only (--help).")
-    setup.initialize_from_flags(_PROCESS_FLAGS)  # before anything starts a JAX backend
+    command_line.start_processes()  # before anything starts a JAX backend
     # Imported here: a mistake on the command line is reported without loading the trainer.
     from jrope.train.trainer import train_and_evaluate
 

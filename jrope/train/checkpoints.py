@@ -43,11 +43,20 @@ class Checkpointer:
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
-        self._every_steps = every_steps
+        policies = ocp.checkpoint_managers
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True
+                max_to_keep=max_to_keep,
+                create=True,
+                cleanup_tmp_directories=True,
+                # No initial save: a run's first checkpoint is at step every_steps.
+                save_decision_policy=policies.AnySavePolicy(
+                    [
+                        policies.FixedIntervalPolicy(every_steps),
+                        policies.PreemptionCheckpointingPolicy(),
+                    ]
+                ),
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )
@@ -66,9 +75,13 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        # Not CheckpointManager.should_save: it asks JAX's preemption sync point, which the train
-        # loop asks once per step itself (PreemptionWatch).
-        return step % self._every_steps == 0
+        """Whether `step` is due (every `every_steps`, or a multi-process run's preemption point)."""
+        return self._manager.should_save(step)
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether the processes of a multi-process run agreed to stop at `step` (JAX's
+        coordination service caught a SIGTERM); False in a single process."""
+        return self._manager.reached_preemption(step)
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Save `state` as checkpoint `step` when due (or `force`); returns whether it saved.

@@ -1,8 +1,8 @@
-"""What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s and MFU, the start record (starts.jsonl), result files (CSV, markdown, PNG), bucket checks."""
+"""What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s and MFU,
+the start record (starts.jsonl)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +22,8 @@ from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
-from jrope.data.files import BucketObject, is_uri, write_atomically
+from jrope import results
+from jrope.data.files import BucketObject
 from jrope.flops import model_flops_per_step, peak_flops_per_sec
 from jrope.train.config import TrainConfig
 
@@ -83,7 +84,7 @@ class MetricsLogger:
                 if start_step is None
                 else (lambda line: _keeps_record(line, start_step, num_steps))
             )
-            self._jsonl = JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
+            self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
 
@@ -152,7 +153,7 @@ def _metrics_record(step: int, scalars: Mapping[str, float]) -> str:
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
     """Whether a record of an earlier start stays: not one this start writes again (a later step,
     or the final evaluation of a run resumed at its last step). Damaged lines never get here
-    (JsonLinesLog sets them aside); a record without a step is kept as it is."""
+    (results.JsonLinesLog sets them aside); a record without a step is kept as it is."""
     record = json.loads(line)
     step = record.get("step")
     if not isinstance(step, int):
@@ -188,91 +189,6 @@ def _si(value: float) -> str:
 record_writer.register_writer_factory(
     "gs", types.SimpleNamespace(open=BucketObject, directory_check=lambda path: None)
 )
-
-
-DAMAGED_SUFFIX = ".damaged"
-
-
-def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
-    """(the whole records, the damaged bytes) of a JSON-lines log's contents.
-
-    A record is a line that decodes as UTF-8 and parses as one JSON object; it
-    comes back ending in a newline (a last line that lost only its newline is
-    whole). Every other line (random bytes, a line cut short by a full disk or
-    a kill, a hand edit that broke it) goes to the damaged bytes, as it was.
-    """
-    records, damaged = [], []
-    pieces = data.split(b"\n")  # not bytes.splitlines, which also splits at \r, \f, ...
-    for raw in [piece + b"\n" for piece in pieces[:-1]] + [pieces[-1]]:
-        try:
-            text = raw.decode("utf-8")
-            whole = isinstance(json.loads(text), dict)
-        except (UnicodeDecodeError, ValueError):
-            whole = False
-        if whole:
-            records.append(text if text.endswith("\n") else text + "\n")
-        elif raw.strip():
-            damaged.append(raw if raw.endswith(b"\n") else raw + b"\n")
-    return records, b"".join(damaged)
-
-
-class JsonLinesLog:
-    """A log of one line per record at `path` (its folder made), continued when it exists;
-    `keep` chooses which of the records already there stay (None: all).
-
-    Logs are read tolerantly: damaged lines (split_json_lines) are set aside, their bytes appended
-    to `<path>.damaged` and named once on the console, and the log goes on with the rest, so that
-    every line of it parses and a line cut short never fuses with the next record.
-    """
-
-    def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
-        self._path = epath.Path(path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        history = self._path.read_bytes() if self._path.exists() else b""
-        records, damaged = split_json_lines(history)
-        if damaged:
-            self._set_aside(damaged)
-        kept = "".join(line for line in records if keep is None or keep(line)).encode()
-        if is_uri(self._path):  # uploaded an interval after the first line, not line by line
-            self._file = BucketObject(self._path, kept, uploaded_at=time.monotonic())
-            return
-        if kept != history:
-            write_atomically(str(self._path), [kept])
-        self._file = self._path.open("ab")
-
-    def _set_aside(self, damaged: bytes) -> None:
-        """Appends the damaged bytes to the side file (before the log is rewritten without them)."""
-        side = self._path.parent / (self._path.name + DAMAGED_SUFFIX)
-        earlier = side.read_bytes() if side.exists() else b""
-        side.write_bytes(earlier + damaged)
-        lines = damaged.count(b"\n")
-        say(
-            f"{self._path}: {lines} damaged line(s) ({len(damaged)} bytes: not a JSON record, or "
-            f"cut short) set aside in {side}; the log goes on with its whole records."
-        )
-
-    def write(self, line: str) -> None:
-        """Appends `line` (no newline) to the log."""
-        with self._naming_the_file():
-            self._file.write(f"{line}\n".encode())
-            self._file.flush()
-
-    @contextlib.contextmanager
-    def _naming_the_file(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as error:  # a file object's errors do not name the file
-            raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
-
-    def flush(self) -> None:
-        """Everything written so far is in the file (a local file is flushed at every line)."""
-        if isinstance(self._file, BucketObject):
-            self._file.upload()
-
-    def close(self) -> None:
-        self.flush()
-        with self._naming_the_file():  # closing writes what a failed write left buffered
-            self._file.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,7 +265,7 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
 
 def append_start_record(workdir: str, record: dict[str, Any]) -> None:
     """Append `record` as one line of `<workdir>/starts.jsonl` (local, or a bucket)."""
-    log = JsonLinesLog(epath.Path(workdir) / RECORD_FILE)
+    log = results.JsonLinesLog(epath.Path(workdir) / RECORD_FILE)
     log.write(json.dumps(record))
     log.close()
 

@@ -1,5 +1,4 @@
-"""What every run builds from its config: data source, device mesh, train-state layout, and the
-distributed start. `run = set_up_run(cfg)`, then `run.init_state()` (or restore into
+"""What every run builds from its config: data source, device mesh and train-state layout. `run = set_up_run(cfg)`, then `run.init_state()` (or restore into
 `run.layout.abstract`).
 
 The mesh always has the axes (data, fsdp, tensor), size 1 when unused, so one set of rules (logical
@@ -20,12 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import flags, logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.data.source import DataSource, build_source
-from jrope.errors import UsageError
 from jrope.model import Transformer
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
 from jrope.train import runtime
@@ -189,75 +186,6 @@ def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Sta
 def model_from_params(graphdef: Any, params: Any) -> Transformer:
     """The model view of a params state (cheap: no copy)."""
     return nnx.merge(graphdef, params)
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessFlags:
-    """Flag holders returned by `define_flags` (read after absl has parsed argv)."""
-
-    multiprocess: flags.FlagHolder
-    coordinator_address: flags.FlagHolder
-    num_processes: flags.FlagHolder
-    process_id: flags.FlagHolder
-
-
-def define_flags() -> ProcessFlags:
-    """Define the process flags (once per program, in the entry point)."""
-    return ProcessFlags(
-        multiprocess=flags.DEFINE_bool(
-            "multiprocess",
-            False,
-            "Start JAX's distributed runtime, detecting the cluster (Cloud TPU, Slurm, Open MPI).",
-        ),
-        coordinator_address=flags.DEFINE_string(
-            "coordinator_address",
-            None,
-            "HOST:PORT of process 0's coordinator service (reachable from every process).",
-        ),
-        num_processes=flags.DEFINE_integer(
-            "num_processes", None, "Number of processes of the run.", lower_bound=1
-        ),
-        process_id=flags.DEFINE_integer(
-            "process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0
-        ),
-    )
-
-
-def initialize_from_flags(process_flags: ProcessFlags) -> None:
-    """Start the distributed runtime when the flags ask for it (before anything touches a JAX
-    backend), then log this process's devices."""
-    explicit = {
-        "coordinator_address": process_flags.coordinator_address.value,
-        "num_processes": process_flags.num_processes.value,
-        "process_id": process_flags.process_id.value,
-    }
-    if process_flags.multiprocess.value or any(value is not None for value in explicit.values()):
-        initialize(**explicit)
-    logging.info(
-        "JAX process %d of %d; local devices %s; all devices %d.",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_devices(),
-        jax.device_count(),
-    )
-
-
-def initialize(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-) -> None:
-    """`jax.distributed.initialize` (unset arguments detected by JAX: Cloud TPU, Slurm, Open MPI,
-    JAX_COORDINATOR_ADDRESS), with gloo for cross-process collectives on CPU."""
-    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
-        raise UsageError(
-            f"--process_id={process_id} must lie in [0, --num_processes={num_processes}); "
-            "number the processes 0 .. num_processes - 1."
-        )
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,6 @@ import optax
 from absl import logging
 from etils import epath
 from flax import traverse_util
-from jax.experimental import multihost_utils
 
 from jrope import command_line, commands, losses
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
@@ -39,20 +38,19 @@ from jrope.train.setup import RunSetup
 
 
 class PreemptionWatch:
-    """Context manager answering, once per step, whether to checkpoint and stop (every process
-    must call `reached` at every step, from the same first step)."""
+    """Context manager that turns SIGTERM and Ctrl-C into a request to checkpoint and stop
+    (`signum`); in a multi-process run JAX's coordination service catches SIGTERM instead, and
+    the processes agree on the step through orbax (Checkpointer.reached_preemption)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.signum: int | None = None  # the signal that asked to stop
         self._previous_handlers: dict[int, Any] = {}
-        self._multiprocess = jax.process_count() > 1
 
     def __enter__(self) -> PreemptionWatch:
         # signal.signal works only in the main thread; elsewhere the signals keep their action.
-        # Several processes: JAX's coordination service catches SIGTERM, a handler would replace it.
-        if not self._multiprocess and threading.current_thread() is threading.main_thread():
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         return self
@@ -61,12 +59,6 @@ class PreemptionWatch:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}
-
-    def reached(self, step: int) -> bool:
-        """Whether `step` is the step at which to save and stop."""
-        if self._multiprocess and multihost_utils.reached_preemption_sync_point(step):
-            self.signum = signal.SIGTERM
-        return self.signum is not None
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
@@ -284,11 +276,14 @@ def _train_steps(
             done = step + 1
             pending = (done, metrics)
             is_last = done == cfg.num_steps
-            preempted = preemption.reached(done)
+            # Every process asks at every step, from the same first step.
+            if checkpointer.reached_preemption(done):
+                preemption.signum = signal.SIGTERM
+            preempted = preemption.signum is not None
             if is_last or preempted or checkpointer.should_save(done):
                 read_pending()  # never checkpoint a state whose loss is not known to be finite
                 logger.flush()
-                checkpointer.save(done, state, force=is_last or preempted)
+                checkpointer.save(done, state, force=True)  # due, last or preempted
                 train_step, measured = step_for_damping(
                     run, state["params"], train_step, measured, step=done
                 )
