@@ -1,9 +1,10 @@
 """FLOP accounting for model-FLOP utilisation (MFU): a Transformer's model FLOPs per train step,
-and the devices' published dense matmul peaks. The trainer's progress line and the accelerator
-check divide the one by the other."""
+the devices' published dense matmul peaks, and the tokens/s and MFU of a step rate (Throughput).
+The trainer's progress line and the accelerator check divide the one by the other."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -84,3 +85,36 @@ def model_flops_per_step(
     else:
         dense += 2 * b * last_queries * d * v  # tied readout on the last block's rows
     return {"dense": 3.0 * dense, "attention": 3.0 * attention, "total": 3.0 * (dense + attention)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """What turns a step rate into tokens/s and MFU (model FLOPs x steps/s / the peak)."""
+
+    tokens_per_step: int  # global batch x training length
+    model_flops_per_step: float  # model_flops_per_step(...)["total"]
+    peak_flops_per_sec: float | None  # all devices together; None when unknown (no MFU)
+
+    @classmethod
+    def for_model(
+        cls,
+        model: ModelConfig,
+        rows: int,
+        length: int,
+        devices: Sequence[jax.Device],
+        **io: int | None,
+    ) -> Throughput:
+        """Train steps of `rows` x `length` tokens on `devices`; io: the model's vocab_size, or
+        input_channels and output_channels (as model_flops_per_step takes them)."""
+        return cls(
+            tokens_per_step=rows * length,
+            model_flops_per_step=model_flops_per_step(model, rows, length, **io)["total"],
+            peak_flops_per_sec=peak_flops_per_sec(devices, model.compute_dtype),
+        )
+
+    def rates(self, steps_per_sec: float) -> dict[str, float]:
+        """{'tokens_per_sec': ..., and 'mfu' (a fraction) when the peak is known}."""
+        rates = {"tokens_per_sec": steps_per_sec * self.tokens_per_step}
+        if self.peak_flops_per_sec:
+            rates["mfu"] = steps_per_sec * self.model_flops_per_step / self.peak_flops_per_sec
+        return rates

@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 from helpers.tiny_config import tiny_config
 
-from jrope.flops import model_flops_per_step, peak_flops_per_sec
+from jrope.flops import Throughput, model_flops_per_step, peak_flops_per_sec
 from jrope.model import Transformer
 from jrope.train import outputs
-from jrope.train.outputs import MetricsLogger, Throughput
+from jrope.train.outputs import MetricsLogger
 
 
 @dataclasses.dataclass
@@ -32,11 +32,13 @@ def test_peak_of_known_devices_and_none_for_the_rest():
 
 def test_tokens_per_second_and_mfu_from_the_step_rate():
     cfg = tiny_config()  # batch 8 x L 16
-    rates = Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("TPU v5 lite")] * 2).rates(10.0)
+    tpus = [FakeDevice("TPU v5 lite")] * 2
+    rates = Throughput.for_model(cfg.model, 8, 16, tpus, vocab_size=3).rates(10.0)
     assert rates["tokens_per_sec"] == 10.0 * 8 * 16
     flops = model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, 3)["total"]
     assert rates["mfu"] == pytest.approx(10.0 * flops / (2 * 197e12))
-    assert "mfu" not in Throughput.for_run(cfg, {"vocab_size": 3}, [FakeDevice("cpu")]).rates(10.0)
+    cpu = Throughput.for_model(cfg.model, 8, 16, [FakeDevice("cpu")], vocab_size=3)
+    assert "mfu" not in cpu.rates(10.0)
 
 
 def test_durations_are_shown_in_seconds_minutes_or_hours():

@@ -342,7 +342,7 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         tokens = audio.load_token_file(location, split)
         return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
-        files = _text_files(data_cfg.path if training else data_cfg.eval_path)
+        files = _text_files(data_cfg, training)
         key = {"files": [_file_identity(f) for f in files], "fraction": fraction}
         path = _cache_path(cache_dir, "text", key)
         if not os.path.exists(path):
@@ -398,12 +398,17 @@ def _local_copy(source: epath.Path, cache_dir: str) -> str:
     return path
 
 
-def _text_files(path: str) -> list[epath.Path]:
-    """The file, or the regular non-hidden files under the directory in sorted path order.
-
-    ``path`` is local or in a bucket (``gs://...``); either is read through epath.
+def _text_files(data_cfg: TextDataConfig, training: bool) -> list[epath.Path]:
+    """The file at data.path (or eval_path), or the regular non-hidden files under that directory
+    in sorted path order. The path is local or in a bucket (``gs://...``), read through epath.
     """
-    root = resolved(path)
+    root = resolved(data_cfg.path if training else data_cfg.eval_path)
+    if not root.exists():
+        key = "path" if training else "eval_path"
+        raise ValueError(
+            f"{describe_corpus(data_cfg, training)} does not exist; point --config.data.{key} at "
+            "a UTF-8 text file or a directory of them."
+        )
     if _is_regular_file(root):
         return [root]
     if not root.is_dir():  # a device such as /dev/zero or a pipe would be read without end

@@ -74,7 +74,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
         problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
         source, data_problems = None, []
     else:
-        source, data_problems = _data_problems(cfg, env, evaluation)
+        source, data_problems = _data_problems(cfg, env)
     problems += _kernel_problems(cfg, env.platform)
     if source is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.
@@ -205,48 +205,22 @@ def _misplaced_entries(path: str) -> list[str]:
     return problems
 
 
-def _data_problems(cfg: TrainConfig, env, evaluation: bool) -> tuple[DataSource | None, list]:
+def _data_problems(cfg: TrainConfig, env: RunEnvironment) -> tuple[DataSource | None, list]:
     """(the data source, the data's problems): built, then one evaluation batch per length."""
-    # The local text files the run reads: an evaluation reads no training text.
-    problems = _text_path_problems(cfg, ("eval_path",) if evaluation else ("path", "eval_path"))
-    if problems or cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count:
-        return None, problems  # the batch problems are reported already
+    if cfg.batch_size % env.process_count or cfg.eval.batch_size % env.process_count:
+        return None, []  # the batch problems are reported already
     try:
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), env.process_count)
     except (ValueError, OSError) as err:  # absent, unreadable or too short data
         text = str(err).strip()
         return None, [text if text.startswith("data") else f"data: {text}"]
+    problems = []
     for length in sorted(set(cfg.eval.lengths)):
         try:
             next(iter(source.eval_batches(length, cfg.eval.num_sequences, cfg.eval.batch_size)))
         except ValueError as err:
             problems.append(f"eval.lengths: at length {length}, {first_line(err)}.")
     return source, problems
-
-
-def _text_path_problems(cfg: TrainConfig, path_fields: tuple[str, ...]) -> list[str]:
-    # Local-file data configs (jrope.data.text_bytes: text, audio tokens) name their files;
-    # other sources (synthetic, the WikiText builders) need none or check their own.
-    source = getattr(cfg.data, "source", None)
-    if source not in ("text", "audio_tokens"):
-        return []
-    problems = []
-    for field in path_fields:
-        path = getattr(cfg.data, field)
-        if is_uri(path):
-            problem = files.uri_problem(path, f"data.{field} =", must_exist=True)
-            problems += [problem] if problem else []
-        elif not os.path.exists(os.path.expanduser(path)):
-            fix = (
-                f"point --config.data.{field} at a UTF-8 text file or a directory of them"
-                if source == "text"
-                else f"prepare the audio tokens first with python -m jrope.data.audio "
-                f"--wav_dir=WAVS --out_dir={path} (WAVS: any folder of .wav files, e.g. MusicNet's "
-                "musicnet.tar.gz from https://zenodo.org/records/5120004, unpacked), or point "
-                f"--config.data.{field} at a folder that command wrote"
-            )
-            problems.append(f"data.{field} = {path!r} does not exist; {fix}.")
-    return problems
 
 
 def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | None:

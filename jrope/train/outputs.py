@@ -1,9 +1,8 @@
-"""What a run writes and shows: console lines, metrics.jsonl and TensorBoard, tokens/s and MFU,
-the start record (starts.jsonl)."""
+"""What a run writes and shows: console lines, metrics.jsonl and TensorBoard (with tokens/s and
+MFU), the start record (starts.jsonl)."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -14,7 +13,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -22,9 +21,8 @@ from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 from tensorboardX.summary import hparams as hparams_summary
 
-from jrope import results
+from jrope import flops, results
 from jrope.data.files import BucketObject
-from jrope.flops import model_flops_per_step, peak_flops_per_sec
 from jrope.train.config import TrainConfig
 
 
@@ -71,7 +69,7 @@ class MetricsLogger:
         tensorboard: bool,
         is_writer: bool = True,
         start_step: int | None = 0,
-        throughput: Throughput | None = None,
+        throughput: flops.Throughput | None = None,
     ):
         self._every_steps = every_steps
         self._num_steps = num_steps
@@ -189,35 +187,6 @@ def _si(value: float) -> str:
 record_writer.register_writer_factory(
     "gs", types.SimpleNamespace(open=BucketObject, directory_check=lambda path: None)
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Throughput:
-    """What turns a step rate into tokens/s and MFU (model FLOPs x steps/s / the peak)."""
-
-    tokens_per_step: int  # global batch x training length
-    model_flops_per_step: float  # jrope.flops.model_flops_per_step(...)["total"]
-    peak_flops_per_sec: float | None  # all devices together; None when unknown (no MFU)
-
-    @classmethod
-    def for_run(
-        cls, cfg: TrainConfig, io: dict[str, int | None], devices: Sequence[jax.Device]
-    ) -> Throughput:
-        """io: the model's input and output sizes (jrope.train.setup.model_io)."""
-        return cls(
-            tokens_per_step=cfg.batch_size * cfg.pe.train_context,
-            model_flops_per_step=model_flops_per_step(
-                cfg.model, cfg.batch_size, cfg.pe.train_context, **io
-            )["total"],
-            peak_flops_per_sec=peak_flops_per_sec(devices, cfg.model.compute_dtype),
-        )
-
-    def rates(self, steps_per_sec: float) -> dict[str, float]:
-        """{'tokens_per_sec': ..., and 'mfu' (a fraction) when the peak is known}."""
-        rates = {"tokens_per_sec": steps_per_sec * self.tokens_per_step}
-        if self.peak_flops_per_sec:
-            rates["mfu"] = steps_per_sec * self.model_flops_per_step / self.peak_flops_per_sec
-        return rates
 
 
 RECORD_FILE = "starts.jsonl"

@@ -28,7 +28,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from jrope import command_line, commands, losses
+from jrope import command_line, commands, flops, losses
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
 from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -202,7 +202,9 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         tensorboard=cfg.log.tensorboard,
         is_writer=jax.process_index() == 0,
         start_step=start,
-        throughput=outputs.Throughput.for_run(cfg, setup.model_io(run.source), devices),
+        throughput=flops.Throughput.for_model(
+            cfg.model, cfg.batch_size, cfg.pe.train_context, devices, **setup.model_io(run.source)
+        ),
     )
     if start == 0:
         logger.write_hparams(
