@@ -2,7 +2,7 @@
 
 A damping past model.max_damping moves evaluation from the single-origin
 kernel ('auto' on CPU below model.blockwise_min_length: einsum) to the
-blockwise kernel, in blocks that carry the damping (jrope.train.damping:
+blockwise kernel, in blocks that carry the damping (jrope.model.damping:
 128 for gamma = 0.5). The synthetic CPU config's model (d_model 128, 4 heads,
 3 layers, mlp 2, float32, readout 'last' or, as text, 'all') evaluates a batch of 8 sequences of
 --length tokens with each kernel, jitted, in interleaved rounds in one

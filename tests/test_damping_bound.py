@@ -14,8 +14,9 @@ import pytest
 
 from jrope.errors import ConfigError, NonFiniteEvaluationError, NonFiniteLossError, UsageError
 from jrope.experiments.text_generation import TextRun
+from jrope.model import damping
 from jrope.model.generation import GenerationSettings
-from jrope.train import checks, damping, evaluation, trainer
+from jrope.train import checks, evaluation, trainer
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params, set_up_run
 from tests.helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
@@ -75,10 +76,10 @@ def test_measure_names_the_layer_and_head_of_the_largest_damping():
     cfg = tiny_config()
     run = set_up_run(cfg, devices=jax.devices()[:1])
     params = run.init_state()["params"]
-    within = damping.measure(cfg, params)
+    within = damping.measure(cfg.model, cfg.encoding, params)
     assert not within.passed and within.largest == pytest.approx(cfg.pe.init_gamma, rel=1e-3)
     measured = damping.measure(
-        cfg, _with_gamma(cfg, params, LEARNED_GAMMA, DAMPED_LAYER, DAMPED_HEAD)
+        cfg.model, cfg.encoding, _with_gamma(cfg, params, LEARNED_GAMMA, DAMPED_LAYER, DAMPED_HEAD)
     )
     assert measured.passed
     assert (measured.layer, measured.head) == (DAMPED_LAYER, DAMPED_HEAD)
@@ -183,12 +184,12 @@ def test_fused_kernels_obey_the_measured_damping(backend, fused):
     passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
     # A kernel that maps each block from its own origin: the shear-weight flash kernel for the
     # raw shear, blockwise for the others.
-    assert damping.kernel(cfg, 512, backend, passed) == "shear_flash"
+    assert damping.kernel(cfg.model, cfg.encoding, 512, backend, passed) == "shear_flash"
     rope = tiny_config(**{"model.compute_dtype": "bfloat16", "pe.name": "damped_rope"})
-    assert damping.kernel(rope, 512, backend, passed) == "blockwise"
+    assert damping.kernel(rope.model, rope.encoding, 512, backend, passed) == "blockwise"
     explicit = tiny_config(**{"model.compute_dtype": "bfloat16", "model.attention_impl": fused})
     with pytest.raises(UsageError) as refused:
-        damping.kernel(explicit, 512, backend, passed)
+        damping.kernel(explicit.model, explicit.encoding, 512, backend, passed)
     message = str(refused.value)
     assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
     assert f"attention_impl={fused!r}" in message
@@ -210,6 +211,8 @@ def test_decoding_moves_the_cache_origin_often_enough_for_the_damping(tmp_path, 
 def test_an_encoding_without_parameters_measures_no_damping():
     cfg = tiny_config(**{"pe.name": "rope"})
     run = set_up_run(cfg, devices=jax.devices()[:1])
-    graphdef, measured = damping.plan(cfg, run.layout.graphdef, run.init_state()["params"])
+    graphdef, measured = damping.plan(
+        cfg.model, cfg.encoding, run.layout.graphdef, run.init_state()["params"]
+    )
     assert measured.per_layer == (0.0, 0.0) and not measured.passed
     assert graphdef is run.layout.graphdef  # nothing recompiles

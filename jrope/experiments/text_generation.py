@@ -31,9 +31,9 @@ from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
-from jrope.model import kv_cache
+from jrope.model import damping, kv_cache
 from jrope.model.generation import GenerationSettings, Generator
-from jrope.train import damping, setup
+from jrope.train import setup
 from jrope.train.checkpoints import (
     CONFIG_ITEM,
     Checkpointer,
@@ -73,13 +73,15 @@ class TextRun:
         return [decode_tokens(row, vocab_size) for row in rows]
 
     def _plan_for_damping(self, settings: GenerationSettings) -> tuple[Any, GenerationSettings]:
-        """The graphdef and settings that carry the parameters' damping (jrope.train.damping).
+        """The graphdef and settings that carry the parameters' damping (jrope.model.damping).
 
         Past model.max_damping the prompt's forward plans its kernels for the
         measured damping, and the cache moves its origin before its key factors
         e^(gamma * rebase_bound) would overflow float32.
         """
-        graphdef, measured = damping.plan(self.cfg, self.graphdef, self.params)
+        graphdef, measured = damping.plan(
+            self.cfg.model, self.cfg.encoding, self.graphdef, self.params
+        )
         if not measured.passed:
             return graphdef, settings
         rebase_bound = cache_rebase_bound(settings.rebase_bound, measured.largest)

@@ -19,7 +19,7 @@ from jrope.data import files
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
-from jrope.train import damping
+from jrope.model import damping
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, first_line
 from jrope.train.setup import mesh_sizes
@@ -67,7 +67,7 @@ def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: 
     except ValueError as err:
         problems = [str(err)]
     if not evaluation:
-        problems += damping.bound_problems(cfg)
+        problems += damping.bound_problems(cfg.model, cfg.encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
     data_seed = getattr(cfg.data, "seed", 0)  # numpy takes no other seed
     if not (isinstance(data_seed, int) and 0 <= data_seed < 2**32):

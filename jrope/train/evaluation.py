@@ -30,7 +30,8 @@ from jrope import command_line, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteEvaluationError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
-from jrope.train import checkpoints, checks, damping, outputs, runtime, setup
+from jrope.model import damping
+from jrope.train import checkpoints, checks, outputs, runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
@@ -57,7 +58,7 @@ PROGRESS_INTERVAL_S = 30.0
 
 class EvalStep:
     """step(params, batch) -> weighted sums, compiled once per length for the damping of new
-    params (jrope.train.damping.plan); blockwise lengths compile with other XLA options
+    params (jrope.model.damping.plan); blockwise lengths compile with other XLA options
     (jrope.train.runtime), and `for_length` gives the jitted function of a length."""
 
     def __init__(self, run: RunSetup):
@@ -87,7 +88,9 @@ class EvalStep:
         """Reads the damping of `params` and compiles for it (said on the console past the bound)."""
         if params is self._planned_params:
             return self.measured
-        self._graphdef, self.measured = damping.plan(self._cfg, self._planned_graphdef, params)
+        self._graphdef, self.measured = damping.plan(
+            self._cfg.model, self._cfg.encoding, self._planned_graphdef, params
+        )
         self._planned_params = params
         if self.measured.passed:
             say(
@@ -100,7 +103,9 @@ class EvalStep:
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens (of the params last planned for)."""
         try:
-            kernel = damping.kernel(self._cfg, length, self._platform, self.measured)
+            kernel = damping.kernel(
+                self._cfg.model, self._cfg.encoding, length, self._platform, self.measured
+            )
         except ValueError as err:
             raise UsageError(
                 f"Evaluation at length {length}: {err} Set --config.model.attention_impl=auto "

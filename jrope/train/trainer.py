@@ -30,7 +30,8 @@ from flax import traverse_util
 
 from jrope import command_line, commands, flops, losses
 from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
-from jrope.train import checkpoints, checks, damping, evaluation, outputs, runtime, setup
+from jrope.model import damping
+from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
@@ -128,7 +129,7 @@ def make_train_step(
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
-        kernel = damping.kernel(cfg, cfg.pe.train_context, platform, measured)
+        kernel = damping.kernel(cfg.model, cfg.encoding, cfg.pe.train_context, platform, measured)
         compiler_options = runtime.step_compiler_options(
             blockwise=kernel == "blockwise", platform=platform
         )
@@ -353,7 +354,7 @@ def step_for_damping(
     bound, where its kernel would overflow float32 at the training length, a step on the blockwise
     kernel in blocks that carry the damping is compiled instead (blocks only shrink)."""
     cfg = run.cfg
-    graphdef, measured = damping.plan(cfg, run.layout.graphdef, params)
+    graphdef, measured = damping.plan(cfg.model, cfg.encoding, run.layout.graphdef, params)
     if not measured.passed:
         return train_step, measured
     length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
@@ -370,7 +371,7 @@ def step_for_damping(
 
 def _kernel_name(cfg: TrainConfig, platform: str, measured: damping.MeasuredDamping | None) -> str:
     """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
-    name = damping.kernel(cfg, cfg.pe.train_context, platform, measured)
+    name = damping.kernel(cfg.model, cfg.encoding, cfg.pe.train_context, platform, measured)
     if name != "blockwise":
         return f"{name!r} kernel"
     blocks = cfg.model.block_size if measured is None else measured.block_size

@@ -1,10 +1,11 @@
 """The damping bound: model.max_damping held against the damping of the parameters being run.
 
-Before step 1 a bound the blockwise kernel's blocks cannot carry is refused
+Before training, a bound the blockwise kernel's blocks cannot carry is refused
 (`bound_problems`). Before an evaluation or decoding step is compiled, and at
 every checkpoint, the damping is read on the host (`measure`); past the bound
 the model's layers plan their kernels and blocks for it (`plan`). A
 non-finite loss or evaluation names a passed bound first (`diagnosis`).
+Each function takes the model's config and its Encoding (`TrainConfig.encoding`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from jax.experimental import multihost_utils
 
 from jrope.attention import choose_kernel
 from jrope.attention.selection import SINGLE_ORIGIN_EXPONENT_LIMIT, blockwise_block_size
+from jrope.encodings import Encoding
 from jrope.errors import UsageError
-from jrope.train.config import TrainConfig
-from jrope.train.setup import model_from_params
+from jrope.model.config import ModelConfig
 
 # Relative slack of a damping against model.max_damping: float32 rounding (the softplus
 # round trip of pe.init_gamma lands an ulp above it) is not a damping past the bound.
@@ -56,23 +57,24 @@ class MeasuredDamping:
         )
 
 
-def bound_problems(cfg: TrainConfig) -> list[str]:
+def bound_problems(model: ModelConfig, encoding: Encoding) -> list[str]:
     """The refusal of a model.max_damping the blockwise kernel's blocks cannot carry, with the fix."""
-    limit, block_size = SINGLE_ORIGIN_EXPONENT_LIMIT, cfg.model.block_size
-    if not cfg.pe.learn_gamma or cfg.model.max_damping * (block_size - 1) <= limit:
+    limit, block_size = SINGLE_ORIGIN_EXPONENT_LIMIT, model.block_size
+    learned = any(segment.learn_gamma for segment in encoding.segments)
+    if not learned or model.max_damping * (block_size - 1) <= limit:
         return []
     return [
-        f"model.max_damping = {cfg.model.max_damping:g} with model.block_size = {block_size}: "
+        f"model.max_damping = {model.max_damping:g} with model.block_size = {block_size}: "
         f"the blockwise kernel's factors reach e^(max_damping * (block_size - 1)), past "
         f"float32's range beyond e^{limit:g}; set --config.model.block_size to at most "
-        f"{blockwise_block_size(block_size, cfg.model.max_damping)} or lower model.max_damping."
+        f"{blockwise_block_size(block_size, model.max_damping)} or lower model.max_damping."
     ]
 
 
-def measure(cfg: TrainConfig, params: Any) -> MeasuredDamping:
+def measure(model: ModelConfig, encoding: Encoding, params: Any) -> MeasuredDamping:
     """Every layer's largest damping, read on the host from the concrete params (nnx.State)."""
     blocks = _host_pe_params(params)["blocks"]
-    heads = [_head_dampings(cfg.encoding, block["attn"]) for _, block in sorted(blocks.items())]
+    heads = [_head_dampings(encoding, block["attn"]) for _, block in sorted(blocks.items())]
     per_layer = tuple(float(np.max(layer)) for layer in heads)
     # argmax takes the first NaN, so a non-finite damping is the one named.
     layer = int(np.argmax(per_layer))
@@ -80,29 +82,37 @@ def measure(cfg: TrainConfig, params: Any) -> MeasuredDamping:
         per_layer,
         layer,
         int(np.argmax(heads[layer])),
-        bound=cfg.model.max_damping,
-        block_size=min(blockwise_block_size(cfg.model.block_size, g) for g in per_layer),
+        bound=model.max_damping,
+        block_size=min(blockwise_block_size(model.block_size, g) for g in per_layer),
     )
 
 
-def plan(cfg: TrainConfig, graphdef: Any, params: Any) -> tuple[Any, MeasuredDamping]:
+def plan(
+    model: ModelConfig, encoding: Encoding, graphdef: Any, params: Any
+) -> tuple[Any, MeasuredDamping]:
     """The graphdef to compile with for `params` (after Transformer.follow_damping where the
     damping passed model.max_damping; else `graphdef`, nothing recompiles), and the damping."""
-    measured = measure(cfg, params)
+    measured = measure(model, encoding, params)
     if not measured.passed:
         return graphdef, measured
-    model = model_from_params(graphdef, _host_pe_params(params))
-    model.follow_damping()
-    return nnx.split(model, nnx.Param)[0], measured
+    transformer = nnx.merge(graphdef, _host_pe_params(params))
+    transformer.follow_damping()
+    return nnx.split(transformer, nnx.Param)[0], measured
 
 
-def kernel(cfg: TrainConfig, length: int, platform: str, measured: MeasuredDamping | None) -> str:
+def kernel(
+    model: ModelConfig,
+    encoding: Encoding,
+    length: int,
+    platform: str,
+    measured: MeasuredDamping | None,
+) -> str:
     """choose_kernel at `length` for the measured damping; UsageError naming the layer, the
     head's damping and model.max_damping where it rules out an explicit attention_impl."""
     damping = None if measured is None or not measured.passed else measured.largest
     try:
         return choose_kernel(
-            cfg.model.attention, cfg.encoding, length=length, backend=platform, damping=damping
+            model.attention, encoding, length=length, backend=platform, damping=damping
         )
     except ValueError as err:
         if damping is None:
