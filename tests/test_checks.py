@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from configs import wikitext_cpu
 from jrope.errors import ConfigError, DataError
-from jrope.train.checks import RunEnvironment, check_evaluation_run, check_training_run
+from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.trainer import train_and_evaluate
@@ -28,7 +28,7 @@ def _problem_text(config_dict, workdir, env=EIGHT_CPUS, *, evaluation=False) -> 
     """The message of the first check that fails (conversion, then the run checks); '' if none."""
     try:
         cfg = TrainConfig.from_config_dict(config_dict)
-        (check_evaluation_run if evaluation else check_training_run)(cfg, str(workdir), env)
+        check_run(cfg, str(workdir), env, evaluation=evaluation)
     except ValueError as err:
         return str(err)
     return ""
@@ -258,7 +258,7 @@ def test_all_problems_are_reported_together(tmp_path):
     (tmp_path / "a_file").write_text("")
     config = _tiny(**{"mesh.tensor": 3})
     with pytest.raises(ConfigError) as caught:
-        check_training_run(config, str(tmp_path / "a_file"), EIGHT_CPUS)
+        check_run(config, str(tmp_path / "a_file"), EIGHT_CPUS)
     problems = caught.value.problems
     assert len(problems) == 2
     assert problems[0].startswith("mesh.data=-1 x mesh.fsdp=1")
@@ -331,7 +331,7 @@ def test_absent_wikitext2_is_a_data_error_with_directions(tmp_path, monkeypatch)
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.manual_dir = str(tmp_path / "manual")
     with pytest.raises(DataError) as caught:
-        check_training_run(config, str(tmp_path / "run"), EIGHT_CPUS)
+        check_run(config, str(tmp_path / "run"), EIGHT_CPUS)
     message = str(caught.value)
     assert message.startswith(
         "1 problem(s) in the run's config, found before compiling (see docs/runs.md):\n  - "
@@ -353,7 +353,7 @@ def test_every_problem_of_the_config_at_once_then_every_problem_of_the_run(tmp_p
         },
     )
     with pytest.raises(ConfigError) as caught:
-        check_training_run(config, str(tmp_path), EIGHT_CPUS)
+        check_run(config, str(tmp_path), EIGHT_CPUS)
     problems = caught.value.problems
     assert [problem.split()[0] for problem in problems] == [
         "model.compute_dtype",
@@ -363,7 +363,7 @@ def test_every_problem_of_the_config_at_once_then_every_problem_of_the_run(tmp_p
     ]
     config = _tiny(batch_size=12, **{"eval.lengths": (1,)})
     with pytest.raises(ConfigError) as caught:
-        check_training_run(config, str(tmp_path), EIGHT_CPUS)
+        check_run(config, str(tmp_path), EIGHT_CPUS)
     assert [problem.split()[0] for problem in caught.value.problems] == ["eval.lengths"]
 
 
@@ -378,6 +378,6 @@ def test_a_workdir_that_cannot_be_written_is_refused_before_step_1(tmp_path, mon
 
     monkeypatch.setattr(os, "access", access)
     with pytest.raises(ConfigError, match="is not writable") as refusal:
-        check_training_run(tiny_config_dict(), str(denied / "run"), EIGHT_CPUS)
+        check_run(tiny_config_dict(), str(denied / "run"), EIGHT_CPUS)
     assert refusal.value.exit_status == 2 and "choose a writable --workdir" in str(refusal.value)
     assert not (denied / "run").exists()

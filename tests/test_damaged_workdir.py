@@ -26,7 +26,7 @@ from jrope.train.checkpoints import (
     describe_holder,
     restore_compatible,
 )
-from jrope.train.checks import RunEnvironment, check_evaluation_run, check_training_run
+from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.outputs import MetricsLogger
 from jrope.train.setup import set_up_run
 
@@ -196,14 +196,14 @@ WRONG_KINDS = [
 
 
 @pytest.mark.parametrize("name, kind, what", WRONG_KINDS, ids=[w[0] for w in WRONG_KINDS])
-@pytest.mark.parametrize("check", [check_training_run, check_evaluation_run])
+@pytest.mark.parametrize("evaluation", [False, True])
 def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
-    tmp_path, name, kind, what, check
+    tmp_path, name, kind, what, evaluation
 ):
     entry = tmp_path / name
     entry.mkdir() if kind == "folder" else entry.write_text("")
     with pytest.raises(ConfigError) as refused:
-        check(tiny_config(), str(tmp_path), ONE_CPU)
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=evaluation)
     problem = f"{entry} is a {kind}, where the run keeps {what}. Move it aside (mv {entry} "
     assert problem in str(refused.value)
     assert refused.value.exit_status == 2

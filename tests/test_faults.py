@@ -72,14 +72,12 @@ def test_an_evaluation_waits_for_another_and_training_is_refused_meanwhile(tmp_p
     assert "Waiting for the evaluation by process" in capsys.readouterr().out
 
 
-def test_an_evaluation_during_training_is_refused_naming_the_latest_step(tmp_path):
+def test_an_evaluation_during_training_is_refused(tmp_path):
     workdir = tmp_path / "run"
-    (workdir / "checkpoints" / "8").mkdir(parents=True)
-    (workdir / "checkpoints" / "8" / "_CHECKPOINT_METADATA").write_text("{}")
     with WorkdirLock(str(workdir), role="training"):
         with pytest.raises(WorkdirBusy) as busy:
             WorkdirLock(str(workdir), role="evaluation").__enter__()
-    assert "A training run is using" in str(busy.value)
+    assert "Another training run is using" in str(busy.value)
     assert busy.value.exit_status == 6
 
 
@@ -286,9 +284,7 @@ def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, pr
 
 def test_a_negative_seed_is_one_config_problem(tmp_path):
     with pytest.raises(ConfigError) as refused:
-        checks.check_training_run(
-            tiny_config_dict(seed=-1, **{"mesh.data": -1}), str(tmp_path / "run")
-        )
+        checks.check_run(tiny_config_dict(seed=-1, **{"mesh.data": -1}), str(tmp_path / "run"))
     assert refused.value.problems == ("seed must be an integer in 0 .. 2**32 - 1, got -1.",)
 
 

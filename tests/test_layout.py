@@ -86,7 +86,7 @@ def test_every_document_the_repository_cites_is_in_the_repository():
 def test_every_attention_layer_holds_the_runs_one_encoding(tmp_path):
     cfg = tiny_config()
     one_cpu = checks.RunEnvironment(1, 1, "cpu")
-    checks.check_training_run(cfg, str(tmp_path / "run"), one_cpu)
+    checks.check_run(cfg, str(tmp_path / "run"), one_cpu)
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
     make_train_step(run)

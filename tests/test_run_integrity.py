@@ -151,8 +151,9 @@ def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(tmp_path, env)
         wait_for_checkpoint(workdir, 8, first)
         second = _train(workdir, env, "--config.num_steps=100000")
         assert second.returncode == 6, second.stderr
-        assert f"Another run is using {workdir}: process {first.pid} on {socket.gethostname()}" in (
-            second.stderr
+        assert (
+            f"Another training run is using {workdir}: process {first.pid} on {socket.gethostname()}"
+            in (second.stderr)
         )
         assert "choose another --workdir" in second.stderr
     finally:

@@ -103,7 +103,7 @@ def _check_every_run(runs: dict) -> dict:
     checked, problems, only_data = {}, collections.defaultdict(list), True
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
-            checked[method, seed] = checks.check_training_run(run_config, str(run_dir)).cfg
+            checked[method, seed] = checks.check_run(run_config, str(run_dir)).cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)
             for problem in error.problems:

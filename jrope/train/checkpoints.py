@@ -397,7 +397,12 @@ class WorkdirLock:
             holder = _read_holder(handle)
             if self.role != "evaluation" or (holder or {}).get("role") != "evaluation":
                 handle.close()
-                raise errors.WorkdirBusy(self._busy_message(workdir, holder)) from None
+                roles = {"training": "training run", "evaluation": "evaluation"}
+                raise errors.WorkdirBusy(
+                    f"Another {roles.get((holder or {}).get('role'), 'run')} is using {workdir}: "
+                    f"{describe_holder(holder)} holds {self.path}. Wait for it to end (or stop "
+                    "it), or choose another --workdir."
+                ) from None
             say(
                 f"Waiting for the evaluation by {describe_holder(holder)} on {workdir} to end "
                 "(one evaluation at a time writes a workdir's results) ..."
@@ -409,22 +414,6 @@ class WorkdirLock:
         _rewrite(handle, json.dumps({**me, "role": self.role}) + "\n")
         self._file = handle
         return self
-
-    def _busy_message(self, workdir: str, holder: dict | None) -> str:
-        holding = (holder or {}).get("role", "run")
-        if self.role == "evaluation" and holding == "training":
-            steps = finished_steps(os.path.join(workdir, "checkpoints"))
-            latest = f"its latest checkpoint is step {steps[-1]}" if steps else "no checkpoint yet"
-            return (
-                f"A training run is using {workdir} ({describe_holder(holder)} holds "
-                f"{self.path}; {latest}). Evaluate once it has finished (it evaluates its final "
-                "step itself), or stop it first."
-            )
-        return (
-            f"Another {'evaluation' if holding == 'evaluation' else 'run'} is using {workdir}: "
-            f"{describe_holder(holder)} holds {self.path}. Wait for it to end (or stop it), or "
-            "choose another --workdir."
-        )
 
     def __exit__(self, *exc_info) -> None:
         if self._file is not None:

@@ -47,18 +47,12 @@ class CheckedRun:
     source: DataSource
 
 
-def check_training_run(config, workdir: str, env: RunEnvironment | None = None) -> CheckedRun:
+def check_run(
+    config, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
+) -> CheckedRun:
     """Raise ConfigError (DataError: all the data's) listing every problem that would stop or
-    spoil a training run; `config`: a TrainConfig, or the ConfigDict to convert in this pass."""
-    return _check_run(config, workdir, env, evaluation=False)
-
-
-def check_evaluation_run(config, workdir: str, env: RunEnvironment | None = None) -> CheckedRun:
-    """Raise ConfigError (DataError) listing every problem that would stop an evaluation."""
-    return _check_run(config, workdir, env, evaluation=True)
-
-
-def _check_run(config, workdir: str, env: RunEnvironment | None, *, evaluation: bool) -> CheckedRun:
+    spoil a training run (or an evaluation); `config`: a TrainConfig, or the ConfigDict to convert
+    in this pass."""
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_config_dict(config)
     env = env or RunEnvironment.detect()
     problems = []

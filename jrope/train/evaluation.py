@@ -248,7 +248,7 @@ def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> l
     (waits for another, WorkdirBusy while training runs). ConfigError before compiling
     anything; Incompatible- or CorruptCheckpointError for a checkpoint it cannot evaluate.
     """
-    checked = checks.check_evaluation_run(config, workdir)
+    checked = checks.check_run(config, workdir, evaluation=True)
     cfg = checked.cfg
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):

@@ -150,7 +150,7 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
     Raises jrope.errors' errors: ConfigError (before anything is built), WorkdirBusy, a
     checkpoint's, TrainingPreempted (the step saved), NonFinite*Error, RunIOError.
     """
-    checked = checks.check_training_run(config, workdir)
+    checked = checks.check_run(config, workdir)
     cfg = checked.cfg
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with WorkdirLock(workdir, enabled=jax.process_index() == 0) as lock:
