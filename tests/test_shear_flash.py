@@ -1,5 +1,7 @@
 """The Pallas flash shear-weight kernel: interpret mode against the float64 formula, and lowering."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,8 +245,9 @@ def test_flash_bfloat16_gradients_keep_ropes_own_error(name):
     assert all(e <= 2 * max(rope_errors) for e in got[1:-3]), (got, rope_errors)
 
 
-@pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
-def test_flash_forward_and_backward_lower_for_tpu_and_cuda(monkeypatch, platform, backend):
+def _exported_flash_gradient(monkeypatch, platform, backend, batch, mesh=None) -> str:
+    """The MLIR text of jordan_rope's flash attention, forward and backward, exported for
+    `platform` with bfloat16 q, k, v [batch, 256, 2, 64] (under `mesh` where given)."""
     cfg = jrope.pe_config_from_name("jordan_rope", train_context=256)
     enc = jrope.make_encoding(cfg, 2, 64)
     params, positions = enc.init_params(), jnp.arange(256)
@@ -262,16 +265,19 @@ def test_flash_forward_and_backward_lower_for_tpu_and_cuda(monkeypatch, platform
         )
         return jnp.sum(out.astype(jnp.float32))
 
-    spec = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    spec = jax.ShapeDtypeStruct((batch, 256, 2, 64), jnp.bfloat16)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     # Triton's custom call has no compatibility guarantee across jax versions; export says so.
     triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-    exported = export.export(
-        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))),
-        platforms=(platform,),
-        disabled_checks=[triton],
-    )(spec, spec, spec)
-    text = exported.mlir_module()
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        exported = export.export(step, platforms=(platform,), disabled_checks=[triton])
+        return exported(spec, spec, spec).mlir_module()
+
+
+@pytest.mark.parametrize(("platform", "backend"), [("tpu", "tpu"), ("cuda", "gpu")])
+def test_flash_forward_and_backward_lower_for_tpu_and_cuda(monkeypatch, platform, backend):
+    text = _exported_flash_gradient(monkeypatch, platform, backend, batch=1)
     # Three kernels: the forward, and the backward's dK/dV and dQ; no attention dot outside them.
     kernel = "@tpu_custom_call" if platform == "tpu" else "@__gpu$xla.gpu.triton"
     assert text.count(kernel) == 3
@@ -284,31 +290,8 @@ def test_flash_under_a_multi_device_mesh_lowers_per_device(monkeypatch, platform
     """Under a mesh of two devices the Pallas calls sit inside shard_map's manual computation,
     each device on its batch row: the TPU lowering refuses a Mosaic call it would have to
     partition ('cannot be automatically partitioned')."""
-    cfg = jrope.pe_config_from_name("jordan_rope", train_context=256)
-    enc = jrope.make_encoding(cfg, 2, 64)
-    params, positions = enc.init_params(), jnp.arange(256)
-
-    def loss(q, k, v):
-        out = shear_flash.shear_flash_attention(
-            q,
-            k,
-            v,
-            enc=enc,
-            params=params,
-            q_positions=positions,
-            k_positions=positions,
-            interpret=False,
-        )
-        return jnp.sum(out.astype(jnp.float32))
-
-    spec = jax.ShapeDtypeStruct((2, 256, 2, 64), jnp.bfloat16)
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    with jax.set_mesh(mesh):
-        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-        exported = export.export(step, platforms=(platform,), disabled_checks=[triton])
-        text = exported(spec, spec, spec).mlir_module()
+    text = _exported_flash_gradient(monkeypatch, platform, backend, batch=2, mesh=mesh)
     kernel = "@tpu_custom_call" if platform == "tpu" else "@__gpu$xla.gpu.triton"
     assert text.count(kernel) == 3
     assert "sdy.manual_computation" in text
