@@ -50,7 +50,7 @@ def test_chunked_attention_matches_naive_values_and_gradients(length, key_length
     got = jax.jit(jax.value_and_grad(loss(dense.einsum_attention), argnums=range(len(operands))))(
         *operands
     )
-    want = jax.value_and_grad(loss(_naive_causal_attention), argnums=range(len(operands)))(
+    want = jax.jit(jax.value_and_grad(loss(_naive_causal_attention), argnums=range(len(operands))))(
         *operands
     )
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
@@ -113,7 +113,7 @@ def test_a_model_with_the_cpu_projection_has_the_default_models_loss_and_gradien
             logits = nnx.merge(graph, params)(tokens, positions)
             return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[..., 0])
 
-        return jax.value_and_grad(loss)(params)
+        return jax.jit(jax.value_and_grad(loss))(params)
 
     (got_loss, got_grads), (want_loss, want_grads) = (
         loss_and_grads(projection.cpu_projection),

@@ -138,7 +138,7 @@ def _attention_outputs_and_grads(enc, params, q, k, v, positions, kernel):
             )
         return jnp.sum(out.astype(jnp.float32) * cotangent), out
 
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     return [np.asarray(x, np.float64) for x in (out, *grads)]
 
 
@@ -282,7 +282,7 @@ def test_causal_attention_with_segment_ids_equals_each_segment_alone(kernel):
         out = attend(q, k, v, enc=enc, params=params, kernel=kernel, **where)
         return jnp.sum(out * v[:, -out.shape[1] :]), out
 
-    grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
     (_, packed), packed_grads = grad(q, k, v, positions=positions, segment_ids=segments)
     for part in (slice(0, 10), slice(10, 24)):
         (_, alone), alone_grads = grad(
