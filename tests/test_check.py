@@ -70,7 +70,7 @@ def test_the_tolerances_in_the_docs_are_the_codes():
 def test_the_command_checks_a_tiny_config_end_to_end_and_writes_its_table(tmp_path):
     result = run_command(
         ["-m", "jrope.check", *TINY_OVERRIDES, f"--output_dir={tmp_path}"],
-        subprocess_env(1, str(tmp_path / "cache")),
+        subprocess_env(1),
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -96,7 +96,7 @@ def test_the_command_checks_a_tiny_config_end_to_end_and_writes_its_table(tmp_pa
 def test_the_command_asked_for_a_tpu_on_a_cpu_host_exits_2_saying_what_to_install(tmp_path):
     result = run_command(
         ["-m", "jrope.check", *TINY_OVERRIDES, "--backend=tpu", f"--output_dir={tmp_path}"],
-        subprocess_env(1, str(tmp_path / "cache")),
+        subprocess_env(1),
     )
     assert result.returncode == 2
     assert 'pip install -e ".[train,tpu,gcs]"' in result.stderr

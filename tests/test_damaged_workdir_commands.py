@@ -22,7 +22,7 @@ RUN = (f"--config={train_process.RUN_CONFIG}", f"--config.num_steps={STEPS}")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    return train_process.subprocess_env(1, str(tmp_path_factory.mktemp("compilation_cache")))
+    return train_process.subprocess_env(1)
 
 
 @pytest.fixture(scope="module")

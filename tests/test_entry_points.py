@@ -158,7 +158,7 @@ BAD_INPUTS = [
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory):
     """Every case of BAD_INPUTS run once, three at a time: id -> (CompletedProcess, its tmp dir)."""
-    env = subprocess_env(1, str(tmp_path_factory.mktemp("jax_cache")))
+    env = subprocess_env(1)
 
     def run(case):
         name, args = case[0], case[1]
@@ -196,7 +196,7 @@ def test_bad_input_ends_in_a_short_message_naming_key_and_fix(
 @pytest.mark.slow
 def test_verbose_shows_the_traceback_too(tmp_path):
     args = ["train.py", TINY, f"--workdir={tmp_path}/run", "--config.pe.name=jordan_bogus"]
-    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    env = subprocess_env(1)
     verbose = run_command([*args, "--verbose"], env)
     assert verbose.returncode == 2
     assert "Traceback" in verbose.stderr and "pe.name = 'jordan_bogus'" in verbose.stderr
@@ -206,7 +206,7 @@ def test_verbose_shows_the_traceback_too(tmp_path):
 def test_a_short_run_shows_progress_and_results_on_one_screen(tmp_path):
     workdir = tmp_path / "run"
     args = ["train.py", TINY, f"--workdir={workdir}", "--config.num_steps=16"]
-    result = run_command([*args, "--config.log.every_steps=4"], subprocess_env(1, str(tmp_path)))
+    result = run_command([*args, "--config.log.every_steps=4"], subprocess_env(1))
     console = result.stdout + result.stderr
     assert result.returncode == 0, console
     lines = console.splitlines()
@@ -239,7 +239,7 @@ HELP_CASES = [
 
 @pytest.mark.slow
 def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    env = subprocess_env(1)
 
     def run(case):
         command, _ = case
@@ -279,7 +279,7 @@ def test_native_writes_to_stdout_go_to_stderr_and_results_stay_on_stdout():
 
 @pytest.mark.slow
 def test_a_multi_process_run_keeps_stdout_to_progress_and_results(tmp_path):
-    env = subprocess_env(2, str(tmp_path / "jax_cache"))
+    env = subprocess_env(2)
     port = free_port()
     args = [
         "train.py",

@@ -18,7 +18,7 @@ from jrope.train.checkpoints import Checkpointer
 def trained(tmp_path_factory):
     """(workdir, env, the train command's stdout) of a 16-step run with two overrides."""
     tmp = tmp_path_factory.mktemp("eval_entry")
-    env = subprocess_env(1, str(tmp / "jax_cache"))
+    env = subprocess_env(1)
     workdir = tmp / "run"
     args = [f"--config={RUN_CONFIG}", "--config.num_steps=16", "--config.eval.num_sequences=16"]
     result = run_command(["train.py", *args, f"--workdir={workdir}", "--log_level=warning"], env)
@@ -61,7 +61,7 @@ def test_eval_settings_change_freely_and_a_model_change_is_refused_for_an_evalua
 
 @pytest.mark.slow
 def test_a_workdir_without_a_checkpoint_names_what_to_pass(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    env = subprocess_env(1)
     result = run_command(["eval.py", f"--workdir={tmp_path}/empty"], env)
     assert result.returncode == 4, result.stdout + result.stderr
     assert "holds no finished checkpoint" in result.stderr and "--config=" in result.stderr

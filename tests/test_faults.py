@@ -290,7 +290,7 @@ def test_a_negative_seed_is_one_config_problem(tmp_path):
 
 @pytest.mark.slow
 def test_command_line_mistakes_end_in_one_line_with_their_status(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "cache"))
+    env = subprocess_env(1)
     bad_config = tmp_path / "raises.py"
     bad_config.write_text("def get_config():\n    settings = {}\n    return settings['foo']\n")
     result = run_command(["eval.py", f"--config={bad_config}", f"--workdir={tmp_path}"], env)
@@ -305,7 +305,7 @@ def test_command_line_mistakes_end_in_one_line_with_their_status(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_saves_the_current_step_and_sigterm_in_the_final_evaluation_says_so(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "cache"))
+    env = subprocess_env(1)
     workdir = tmp_path / "run"
     process = start_training(workdir, env)
     wait_for_step(workdir, 3, process)
@@ -331,7 +331,7 @@ def test_ctrl_c_saves_the_current_step_and_sigterm_in_the_final_evaluation_says_
 
 @pytest.mark.slow
 def test_the_named_last_good_checkpoint_resumes_and_a_changed_seed_is_refused(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "cache"))
+    env = subprocess_env(1)
     workdir = tmp_path / "run"
     # The warm-up's first step takes no update (learning rate 0), its second ruins the
     # parameters: step 3 is the first non-finite one, so checkpoint 2 is not good either.

@@ -133,7 +133,7 @@ def _venv_over_this_environment(path):
 
 
 def _env_without_pythonpath(tmp_path):
-    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    env = subprocess_env(1)
     env.pop("PYTHONPATH", None)
     return env
 

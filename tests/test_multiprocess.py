@@ -53,15 +53,14 @@ def _wait_all(processes, timeout=300):
 @pytest.fixture(scope="module")
 def pair_env(tmp_path_factory):
     """Environment of the 4-device processes; their compilation cache is shared by this module's runs."""
-    return subprocess_env(4, str(tmp_path_factory.mktemp("jax_cache_pair")))
+    return subprocess_env(4)
 
 
 @pytest.fixture(scope="module")
 def single_process_run(tmp_path_factory):
     """One process with 8 devices, the reference: started at once, awaited by `finished`."""
-    cache = str(tmp_path_factory.mktemp("jax_cache_single"))
     workdir = tmp_path_factory.mktemp("single") / "run"
-    process = start_training(workdir, subprocess_env(8, cache), STEPS_FLAG)
+    process = start_training(workdir, subprocess_env(8), STEPS_FLAG)
 
     def finished():
         assert process.wait(timeout=300) == 0, log_tail(process)

@@ -33,15 +33,10 @@ EVERY_STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, compilation_cache):
+def uninterrupted(tmp_path_factory):
     """Workdir of one run of train.py from start to end (it also fills the compilation cache)."""
     workdir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    run_training(workdir, subprocess_env(1, compilation_cache))
+    run_training(workdir, subprocess_env(1))
     return workdir
 
 
@@ -64,10 +59,8 @@ def _unfinished_saves(workdir) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(
-    tmp_path, uninterrupted, compilation_cache
-):
-    env = subprocess_env(1, compilation_cache)
+def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(tmp_path, uninterrupted):
+    env = subprocess_env(1)
     workdir = tmp_path / "run"
     process = start_training(workdir, env)
     wait_for_checkpoint(workdir, EVERY_STEPS, process)  # then kill at whatever step it is at
@@ -96,10 +89,8 @@ def test_sigkill_at_any_step_then_rerun_ends_bitwise_equal(
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_rerun_resumes_there(
-    tmp_path, uninterrupted, compilation_cache
-):
-    env = subprocess_env(1, compilation_cache)
+def test_sigterm_saves_the_current_step_and_rerun_resumes_there(tmp_path, uninterrupted):
+    env = subprocess_env(1)
     workdir = tmp_path / "run"
     process = start_training(workdir, env)
     wait_for_step(workdir, EVERY_STEPS + 3, process)

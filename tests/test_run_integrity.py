@@ -38,7 +38,7 @@ TINY = f"--config={RUN_CONFIG}"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    return subprocess_env(1, str(tmp_path_factory.mktemp("jax_cache")))
+    return subprocess_env(1)
 
 
 def _train(workdir, env, *args) -> subprocess.CompletedProcess:
@@ -185,7 +185,7 @@ def test_every_problem_of_the_config_is_reported_at_once(tmp_path):
             "--config.pe.name=jordan_ropee",  # the encoding
             "--config.batch_size=7",  # the batch against the 2 devices: once the config converts
         ],
-        subprocess_env(2, str(tmp_path / "jax_cache")),
+        subprocess_env(2),
     )
     assert result.returncode == 2
     problems = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
@@ -241,7 +241,7 @@ def test_a_full_disk_ends_with_one_message_and_the_last_checkpoint_resumes(tmp_p
     # A file-size limit stands in for a full disk: a write beyond it fails (EFBIG) as one beyond
     # the free space would (ENOSPC). Checkpoint files stay below it; metrics.jsonl grows past it.
     workdir = tmp_path / "run"
-    env = subprocess_env(1, str(tmp_path / "jax_cache"))
+    env = subprocess_env(1)
     del env["JAX_COMPILATION_CACHE_DIR"]  # its files would meet the limit too
     limit = 40_000
     # Set in a small Python that then becomes train.py (exec), not in a preexec_fn: forking

@@ -36,7 +36,7 @@ def text_workdir(tmp_path_factory):
 
 def _sample(workdir, *flags, tmp_path):
     command = [sys.executable, SAMPLE_SCRIPT, f"--workdir={workdir}", *flags]
-    env = subprocess_env(1, str(tmp_path / "compilation_cache"))
+    env = subprocess_env(1)
     return subprocess.run(
         command, check=False, capture_output=True, text=True, env=env, cwd=REPO_ROOT
     )

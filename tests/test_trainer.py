@@ -206,15 +206,20 @@ def test_dropout_off_without_a_key():
     """Evaluation passes no key: the model is deterministic; a key draws masks, the same for the same key."""
     cfg = tiny_config(**{"model.dropout_rate": 0.5})
     run = set_up_run(cfg, devices=_one_device())
-    state = run.init_state()
-    net = model_from_params(run.layout.graphdef, state["params"])
+    params = run.init_state()["params"]
     tokens = jnp.asarray(run.source.train_batch(0)["inputs"])
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    plain = net(tokens, positions)
-    np.testing.assert_array_equal(plain, net(tokens, positions))
-    dropped = net(tokens, positions, dropout_key=jax.random.key(0))
+
+    @jax.jit
+    def forward(params, dropout_key):
+        net = model_from_params(run.layout.graphdef, params)
+        return net(tokens, positions, dropout_key=dropout_key)
+
+    plain = forward(params, None)
+    np.testing.assert_array_equal(plain, forward(params, None))
+    dropped = forward(params, jax.random.key(0))
     assert not np.allclose(dropped, plain)
-    np.testing.assert_array_equal(dropped, net(tokens, positions, dropout_key=jax.random.key(0)))
+    np.testing.assert_array_equal(dropped, forward(params, jax.random.key(0)))
 
 
 BAD_STEP_INDEX = 2  # the third step (step number 3) gets a NaN loss

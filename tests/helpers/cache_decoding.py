@@ -6,6 +6,9 @@ decode step's own arithmetic (cached key layout, term dots, time lags,
 softmax) without the rest of a model, whose bfloat16 rounding would hide it.
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -20,6 +23,11 @@ def decoded_output(enc, params, q, k, v, positions, *, shear_terms, key_dtype):
 
     q, k, v: [1, S, N, H] in the compute dtype; positions: int32 [S].
     """
+    decode = functools.partial(_decoded, enc, shear_terms=shear_terms, key_dtype=key_dtype)
+    return np.asarray(jax.jit(decode)(params, q, k, v, positions), np.float64)
+
+
+def _decoded(enc, params, q, k, v, positions, *, shear_terms, key_dtype):
     _, length, heads, head_dim = k.shape
     width = head_dim
     if shear_terms:
@@ -51,7 +59,7 @@ def decoded_output(enc, params, q, k, v, positions, *, shear_terms, key_dtype):
         shear_terms=shear_terms,
     )
     step.add(k[:, -1:], v[:, -1:], enc, params)
-    return np.asarray(step.attend(q[:, -1:], enc, params), np.float64)
+    return step.attend(q[:, -1:], enc, params)
 
 
 def reference_output(enc, params, q, k, v, positions):

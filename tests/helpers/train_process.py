@@ -2,8 +2,8 @@
 
 Subprocesses do not run conftest.py, so their environment is set here: CPU
 only, a chosen number of fake devices, most XLA optimizations off (as in the
-test process) and a persistent compilation cache shared by the runs of one
-test, so that a rerun loads the executables the first run compiled instead
+test process) and a persistent compilation cache shared by the runs of the
+tests, so that a rerun loads the executables the first run compiled instead
 of compiling again (the same executables: results stay bitwise equal).
 """
 
@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -25,7 +26,18 @@ TRAIN_SCRIPT = os.path.join(REPO_ROOT, "train.py")
 RUN_CONFIG = os.path.join(REPO_ROOT, "tests", "helpers", "subprocess_run_config.py")
 
 
-def subprocess_env(num_devices: int, compilation_cache: str) -> dict[str, str]:
+# One compilation cache for every subprocess of a test session and the next: the tiny configs'
+# train and evaluation steps are compiled once, not by every run that trains them.
+SHARED_COMPILATION_CACHE = os.path.join(
+    tempfile.gettempdir(), f"jrope-tests-jax-cache-{os.getuid()}"
+)
+
+
+def subprocess_env(num_devices: int, compilation_cache: str | None = None) -> dict[str, str]:
+    """The environment of a subprocess run; compilation_cache: None for the shared one, '' for
+    none, or a folder of its own (a cache that starts empty)."""
+    if compilation_cache is None:
+        compilation_cache = SHARED_COMPILATION_CACHE
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
