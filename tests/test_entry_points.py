@@ -159,10 +159,11 @@ BAD_INPUTS = [
 def bad_input_runs(tmp_path_factory):
     """Every case of BAD_INPUTS run once, three at a time: id -> (CompletedProcess, its tmp dir)."""
     env = subprocess_env(1)
+    folders = {case[0]: tmp_path_factory.mktemp(case[0]) for case in BAD_INPUTS}  # not in threads
 
     def run(case):
         name, args = case[0], case[1]
-        tmp = tmp_path_factory.mktemp(name)
+        tmp = folders[name]
         (tmp / "train.txt").write_text("A line of training text.\n" * 200)
         (tmp / "short.txt").write_text("x" * 299 + "\n")
         (tmp / "empty.txt").write_text("")

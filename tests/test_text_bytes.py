@@ -178,7 +178,7 @@ def test_bad_input_raises_clear_errors(tmp_path, corpus_files):
         next(source.eval_batches(100_000, 4, 4))
     with pytest.raises(ValueError, match="divide num_sequences"):
         next(source.eval_batches(64, 6, 4))
-    with pytest.raises(ValueError, match="neither a regular file nor a directory"):
+    with pytest.raises(ValueError, match=r"data\.path = '.*missing\.txt' does not exist"):
         ByteTextSource(_config(corpus_files, path=str(tmp_path / "missing.txt")), 4, 0, 1)
     endless = tmp_path / "endless"  # a pipe, as /dev/zero a device: read, neither would end
     os.mkfifo(endless)

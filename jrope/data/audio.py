@@ -382,9 +382,11 @@ def load_token_file(path: str, split: str) -> np.ndarray:
     path = os.fspath(token_file(path, split))
     if not os.path.isfile(path):
         raise ValueError(
-            f"Audio token file {path} does not exist; write it with\n"
-            "    python -m jrope.data.audio --wav_dir=WAVS --out_dir=DIR\n"
-            "and point the data config's path and eval_path at DIR."
+            f"Audio token file {path} does not exist; write the reference's corpus with\n"
+            "    python -m jrope.data.audio --archive=musicnet.tar.gz --max_files=16 --out_dir=DIR\n"
+            "(musicnet.tar.gz from https://zenodo.org/records/5120004), or any folder of .wav "
+            "files with\n    python -m jrope.data.audio --wav_dir=WAVS --out_dir=DIR\n"
+            "and point data.path and data.eval_path at DIR."
         )
     if os.path.getsize(path) == 0:
         raise ValueError(f"Audio token file {path} is empty; prepare it again from the WAVs.")
