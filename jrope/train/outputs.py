@@ -199,10 +199,14 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
     and whether tracked files had no uncommitted change), library versions, devices, config."""
     code: dict[str, Any] = {"version": _version("jrope")}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
+    try:  # --no-optional-locks: a status the timeout kills leaves no index.lock behind
         commit, changes = [
             subprocess.run(
-                ["git", "-C", root, *ask], capture_output=True, text=True, timeout=10, check=True
+                ["git", "--no-optional-locks", "-C", root, *ask],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             ).stdout.strip()
             for ask in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
         ]
