@@ -182,7 +182,7 @@ def test_causal_self_attention_equals_the_reference_over_attention_logits(name, 
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
 
-@pytest.mark.parametrize("name", [ALIBI, RAW_SHEAR])
+@pytest.mark.parametrize("name", [ALIBI, pytest.param(RAW_SHEAR, marks=pytest.mark.slow)])
 def test_causal_self_attention_of_packed_rows_equals_each_sequence_alone(name):
     pe = _layer(name)
     q, k, v = _qkv()

@@ -75,9 +75,11 @@ def _value_and_grads(
 
 
 def _kernel_cases():
+    """Every kernel and encoding; one case in the quick loop (each compiles for 5 to 10 s)."""
     for kernel in ("einsum", "xla", "blockwise"):
         for name in ENCODINGS if kernel != "xla" else BIAS_FREE:
-            yield kernel, name
+            quick = (kernel, name) == ("einsum", "alibi")
+            yield pytest.param(kernel, name, marks=() if quick else pytest.mark.slow)
 
 
 @pytest.mark.parametrize("kernel,name", list(_kernel_cases()))
@@ -156,8 +158,13 @@ def test_kernels_without_segment_ids_refuse_packed_rows(kernel):
 
 @pytest.mark.parametrize(
     "kernel",
-    # Pallas interpret mode: over 10 s on 2 CPU cores.
-    ["einsum", "xla", "blockwise", "shear", pytest.param("shear_flash", marks=pytest.mark.slow)],
+    # blockwise over 5 s, shear_flash (Pallas interpret mode) over 10 s on 2 CPU cores.
+    [
+        "einsum",
+        "xla",
+        "shear",
+        *(pytest.param(kernel, marks=pytest.mark.slow) for kernel in ("blockwise", "shear_flash")),
+    ],
 )
 def test_strong_damping_stays_finite_across_a_restart(kernel):
     """gamma 0.5, positions 1000..1009 then 0..9, blocks of 8 (one holds 1008, 1009, 0..5).

@@ -71,6 +71,7 @@ def _logits_and_grads(model, tokens, positions, segment_ids, weight):
     "name,impl",
     [("rope", "auto"), ("jordan_rope", "auto"), ("alibi", "auto"), ("jordan_rope", "blockwise")],
 )
+@pytest.mark.slow  # a model compiled several times: 10 to 25 s each
 def test_packed_rows_equal_each_sequence_alone(name, impl):
     """Logits (eager, concrete positions; and jitted) and parameter gradients, float32.
 
@@ -135,6 +136,7 @@ def test_auto_picks_a_packing_kernel(backend, name):
         assert kernel in attention.PACKING_KERNELS
 
 
+@pytest.mark.slow
 def test_the_kernel_follows_the_longest_sequence_not_the_row():
     """Positions 1000..1007 then 0..7, damping 0.5: the row's positions span 1000, each
     sequence's 8. Mapping 1000 positions from one origin would overflow (0.5 * 1000 > 80), so

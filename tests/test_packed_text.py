@@ -79,6 +79,7 @@ def test_pack_is_refused_where_it_cannot_apply(tmp_path):
         TrainConfig.from_config_dict(config)
 
 
+@pytest.mark.slow
 def test_packed_losses_equal_the_losses_of_the_articles_alone(tmp_path):
     """The train and evaluation steps' losses on a packed batch, against each article in a row
     of its own.

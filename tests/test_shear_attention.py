@@ -204,7 +204,8 @@ def test_the_shear_weight_kernel_equals_the_einsum_kernel_in_float32(name):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("kernel", ["shear", pytest.param("shear_flash", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["shear", "shear_flash"])
 def test_packed_rows_equal_each_segment_run_alone(kernel):
     """Two sequences in one row (positions restart, segment ids) give each one's own output."""
     from jrope.attention import shear_flash
