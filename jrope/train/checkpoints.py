@@ -43,6 +43,7 @@ class Checkpointer:
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
+        self._every_steps = every_steps
         policies = ocp.checkpoint_managers
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -50,13 +51,9 @@ class Checkpointer:
                 max_to_keep=max_to_keep,
                 create=True,
                 cleanup_tmp_directories=True,
-                # No initial save: a run's first checkpoint is at step every_steps.
-                save_decision_policy=policies.AnySavePolicy(
-                    [
-                        policies.FixedIntervalPolicy(every_steps),
-                        policies.PreemptionCheckpointingPolicy(),
-                    ]
-                ),
+                # No initial save: a run's first checkpoint is at step every_steps. The loop
+                # asks for the preemption point itself (reached_preemption), once per step.
+                save_decision_policy=policies.FixedIntervalPolicy(every_steps),
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )
@@ -75,8 +72,8 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        """Whether `step` is due (every `every_steps`, or a multi-process run's preemption point)."""
-        return self._manager.should_save(step)
+        """Whether `step` is due (every `every_steps`); the loop asks for preemption apart."""
+        return step % self._every_steps == 0
 
     def reached_preemption(self, step: int) -> bool:
         """Whether the processes of a multi-process run agreed to stop at `step` (JAX's
