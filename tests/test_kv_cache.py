@@ -1,4 +1,5 @@
-"""The KV cache: prefill + decode steps give the full forward's logits, for every encoding class.
+"""The KV cache: prefill + decode steps give the full forward's logits, for every encoding class
+(and a packed prompt row continues its last prompt as that prompt alone).
 
 The model is tiny and random, its encoding parameters moved off their
 initial values (damping gamma ~ 0.05, for which e^{gamma p} at p = 65536
@@ -86,10 +87,16 @@ def _full_forward(graphdef, params, tokens, offsets):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
-def _prefill(graphdef, params, tokens, lengths, offsets, max_length, bound):
+def _prefill(graphdef, params, tokens, lengths, offsets, max_length, bound, segment_ids=None):
     model = nnx.merge(graphdef, params)
     return kv_cache.prefill(
-        model, tokens, lengths, offsets, max_length=max_length, rebase_bound=bound
+        model,
+        tokens,
+        lengths,
+        offsets,
+        max_length=max_length,
+        rebase_bound=bound,
+        segment_ids=segment_ids,
     )
 
 
@@ -98,16 +105,19 @@ def _decode(graphdef, params, cache, tokens):
     return kv_cache.decode_step(nnx.merge(graphdef, params), cache, tokens)
 
 
-def _cached_logits(model, tokens, lengths, offsets, steps=LENGTH - PROMPT, bound=REBASE_BOUND):
+def _cached_logits(
+    model, tokens, lengths, offsets, steps=LENGTH - PROMPT, bound=REBASE_BOUND, segment_ids=None
+):
     """float32 [B, steps + 1, V]: the logits after the prompt, then after each decoded token.
 
-    Row b's prompt is tokens[b, :lengths[b]]; it then decodes the `steps`
-    tokens that follow it. Also returns the origins after each step ([steps + 1, B]).
+    Row b's prompt is tokens[b, :lengths[b]] (packed by segment_ids [B, max(lengths)] if
+    given); it then decodes the `steps` tokens that follow it. Also returns the origins
+    after each step ([steps + 1, B]).
     """
     graphdef, params = nnx.split(model)
     prompt = int(np.max(lengths))
     logits, cache = _prefill(
-        graphdef, params, tokens[:, :prompt], lengths, offsets, prompt + steps, bound
+        graphdef, params, tokens[:, :prompt], lengths, offsets, prompt + steps, bound, segment_ids
     )
     outputs, origins = [logits], [cache.origin]
     rows = jnp.arange(tokens.shape[0])
@@ -158,6 +168,32 @@ def test_a_batch_of_prompts_of_different_lengths_equals_each_prompt_alone():
         )
         error = float(jnp.max(jnp.abs(batched[row] - alone[0])))
         assert error <= 1e-4, f"row {row}: max logit error {error:.3g}"
+
+
+@pytest.mark.parametrize(
+    "name, impl",
+    [("jordan_exact_m3", "einsum"), pytest.param("jordan_rope", "shear", marks=pytest.mark.slow)],
+)
+def test_a_packed_prompt_row_decodes_its_last_prompt_as_that_prompt_alone(name, impl):
+    model = _model(name, impl=impl)
+    steps = 6
+    tokens = _tokens(batch=2, length=9 + steps, seed=4)
+    # Row 0 packs prompts of 4 and 5 tokens; row 1 holds one prompt of 8 and a pad (any id).
+    segment_ids = jnp.asarray([[3] * 4 + [8] * 5, [1] * 8 + [2]], jnp.int32)
+    lengths, offsets = jnp.asarray((9, 8), jnp.int32), jnp.asarray((0, 65536), jnp.int32)
+    packed, origins = _cached_logits(model, tokens, lengths, offsets, steps, 4, segment_ids)
+    for row, first in ((0, 4), (1, 0)):
+        alone, _ = _cached_logits(
+            model,
+            tokens[row : row + 1, first:],
+            lengths[row : row + 1] - first,
+            offsets[row : row + 1],
+            steps,
+        )
+        error = float(jnp.max(jnp.abs(packed[row] - alone[0])))
+        assert error <= 1e-4, f"row {row}: max logit error {error:.3g}"
+    # Row 0 continues its second prompt: positions restart at the row's offset.
+    assert origins[0, 0] == 0 + 5 - 1
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """A Transformer on packed rows (segment ids) gives each sequence what it gives alone."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,10 +157,12 @@ def test_the_kernel_follows_the_longest_sequence_not_the_row():
         model(tokens, jnp.concatenate([jnp.arange(8), jnp.arange(8) + 1000])[None])
 
 
-def test_a_kv_cache_refuses_segment_ids():
-    """The cache continues one sequence per row (jrope.model.kv_cache.prefill); the refusal
-    comes before the cache is touched, so any stand-in shows it."""
+def test_a_decode_step_refuses_segment_ids():
+    """A decode step continues one sequence per row (a packed prompt goes through
+    jrope.model.kv_cache.prefill); the refusal comes before the cache is touched, so a
+    stand-in shows it."""
     model = _model("rope")
     tokens, positions, segments = _packed_rows()
-    with pytest.raises(ValueError, match="KV cache .* takes no segment ids"):
-        model(tokens, positions, cache=[object()] * len(model.blocks), segment_ids=segments)
+    decoding = [types.SimpleNamespace(decoding=True)] * len(model.blocks)
+    with pytest.raises(ValueError, match="decode step .* takes no segment ids"):
+        model(tokens, positions, cache=decoding, segment_ids=segments)

@@ -9,8 +9,8 @@ cannot serve here: they map raw keys themselves and mask by index, while
 cache slots are masked by position (an unused slot holds a position after
 every query, jrope.model.kv_cache.EMPTY).
 
-One sequence per row: the cache takes no segment ids (packed rows), see
-jrope.model.kv_cache.prefill.
+One sequence per row: a decode step takes no segment ids (a packed prompt
+row continues its last prompt, jrope.model.kv_cache.prefill).
 
 Keys may also come as the shear kernels' terms (jrope.attention.shear): q2
 and the keys then hold each term's damped-rotated dims side by side, and the

@@ -50,6 +50,8 @@ the activations: batch over data, heads over tensor.
     logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
     logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
 
+A packed prompt row (prefill's segment_ids) continues its last prompt.
+
 The prefill runs the prompt through the model's ordinary forward (any
 attention kernel); each attention layer hands its keys and values to a
 LayerCache on the way. A decode step runs the same model code with the
@@ -285,24 +287,26 @@ def prefill(
     *,
     max_length: int,
     rebase_bound: int,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
-    One prompt per row: there are no segment ids (packed rows) here, by
-    design. A decode step continues one sequence per row, with one origin,
-    one next position and every slot visible to the new token by position;
-    a packed prompt row would have to carry a segment id per slot and decode
-    only its last sequence, the others filling slots no step reads. Pack
-    for training (jrope.attention.causal_attention's segment_ids); give
-    prompts their own rows, right-padded to one length, to decode.
+    A row may pack several prompts (segment_ids, as in training): each
+    attends to itself only, its positions restarting at the row's offset, and
+    the cache continues the row's last one, the one that holds the row's last
+    prompt token. A decode step continues one sequence per row (one origin,
+    one next position), so the slots of a row's earlier prompts stay empty:
+    the result equals the prefill of each row's last prompt alone.
 
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).
       tokens: int32 [B, P], each row's prompt right-padded to P.
-      lengths: int32 [B], each prompt's length (1 <= length <= P).
-      offsets: int32 [B], each prompt's first absolute position.
+      lengths: int32 [B], each row's filled length (1 <= length <= P).
+      offsets: int32 [B], the first absolute position of each row's prompts.
       max_length: M >= P, cache slots (the prompt's padded length plus the tokens to decode).
       rebase_bound: positive; see KVCache.
+      segment_ids: optional int32 [B, P], each packed prompt one contiguous run of an id
+        (jrope.attention.packing); the pads after `lengths` may carry any id.
     Returns:
       (float32 [B, V] logits at each row's last prompt token, the cache); the
       origin is each row's last prompt position.
@@ -316,9 +320,20 @@ def prefill(
     _check_offsets(offsets, max_length)
     lengths = jnp.asarray(lengths, jnp.int32)
     offsets = jnp.asarray(offsets, jnp.int32)
-    positions = offsets[:, None] + jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [B, P]
-    filled = jnp.arange(prompt_length)[None] < lengths[:, None]
-    origin = offsets + lengths - 1
+    slots = jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [1, P]
+    if segment_ids is None:
+        starts = jnp.zeros((batch, prompt_length), jnp.int32)
+    else:
+        segment_ids = jnp.asarray(segment_ids, jnp.int32)
+        new_run = jnp.concatenate(
+            [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+        )
+        # [B, P]: the slot where each slot's prompt starts.
+        starts = jax.lax.cummax(jnp.where(new_run, slots, 0), axis=1)
+    positions = offsets[:, None] + slots - starts  # [B, P], restarting with each prompt
+    last_start = jnp.take_along_axis(starts, (lengths - 1)[:, None], axis=1)  # [B, 1]
+    filled = (slots >= last_start) & (slots < lengths[:, None])  # the last prompt's slots
+    origin = offsets + lengths - 1 - last_start[:, 0]
     empty = jnp.full((batch, max_length), EMPTY, jnp.int32)
     attentions = _attention_layers(model)
     heads, head_dim = attentions[0].encoding.num_heads, attentions[0].encoding.head_dim
@@ -336,14 +351,14 @@ def prefill(
         )
         for _ in attentions
     ]
-    logits = model(tokens, positions, cache=layers)  # [B, P, V]
+    logits = model(tokens, positions, cache=layers, segment_ids=segment_ids)  # [B, P, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     cache = KVCache(
         keys=tuple(layer.keys for layer in layers),
         values=tuple(layer.values for layer in layers),
         positions=empty.at[:, :prompt_length].set(jnp.where(filled, positions, EMPTY)),
         origin=origin,
-        next_position=offsets + lengths,
+        next_position=origin + 1,
         length=jnp.int32(prompt_length),
         rebase_bound=rebase_bound,
     )

@@ -140,10 +140,10 @@ class CausalSelfAttention(nnx.Module):
         each sequence one contiguous run of an id, its positions restarting
         there); a query attends to its own sequence only.
         """
-        if segment_ids is not None and cache is not None:
+        if segment_ids is not None and cache is not None and cache.decoding:
             raise ValueError(
-                "the KV cache holds one sequence per row and takes no segment ids; generate "
-                "from each packed sequence in a row of its own."
+                "a decode step continues one sequence per row and takes no segment ids; pass "
+                "them to kv_cache.prefill, which keeps each row's last sequence."
             )
         qkv = self.qkv[...].astype(x.dtype)
         precision = attention.matmul_precision(self.cfg.attention)
@@ -432,7 +432,8 @@ class Transformer(nnx.Module):
         contiguous run of one id, its positions restarting at its first token
         (jrope.attention.packing); every position then gives what its own
         sequence alone in a row would. Runs on the kernels that take them
-        (jrope.attention.PACKING_KERNELS; 'auto' picks one); no KV cache.
+        (jrope.attention.PACKING_KERNELS; 'auto' picks one); with a KV cache, in a
+        prefill only (jrope.model.kv_cache.prefill).
         """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)
