@@ -3,7 +3,12 @@
 Eight fake CPU devices let the sharding tests build a (2, 4) mesh on one
 host. Rank promotion raises so that a silent broadcast of mismatched shapes is
 a bug, not a result. Most XLA optimizations are off: the tests compile many
-tiny programs, and compile time, not run time, dominates them.
+tiny programs, and compile time, not run time, dominates them. For the same
+reason the test processes share a persistent compilation cache with the
+subprocess runs (tests/helpers/train_process.py): many tests compile the same
+program in a new function (a train step per call of train_and_evaluate), and
+the second compilation loads the first one's executable, so the results stay
+bitwise equal.
 """
 
 import os
@@ -17,3 +22,8 @@ import jax  # noqa: E402  (must come after the environment is set)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_disable_most_optimizations", True)
+
+from helpers.train_process import SHARED_COMPILATION_CACHE  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", SHARED_COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
