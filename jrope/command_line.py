@@ -201,9 +201,16 @@ def initialize_processes(
     )
 
 
-def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
+def run(
+    main: Callable[[list[str]], None],
+    *,
+    usage: str | None = None,
+    define_flags: Callable[[list[str]], None] | None = None,
+) -> None:
     """`app.run(main)` with the project's flag parsing, log level and error reporting; `usage` is
-    what --help prints above the flags (default: the main module's docstring)."""
+    what --help prints above the flags (default: the main module's docstring); `define_flags`
+    defines flags that depend on argv, just before it is parsed (its errors are reported as a
+    bad flag's)."""
     if "verbose" not in flags.FLAGS:  # defined here: importing this module defines no flag
         flags.DEFINE_bool(
             "verbose", False, f"On an error, show its traceback too (or set {VERBOSE_ENV}=1)."
@@ -215,7 +222,9 @@ def run(main: Callable[[list[str]], None], *, usage: str | None = None) -> None:
             "Lowest level of library log records shown (JAX, orbax, absl); progress always shows.",
         )
     command_module = getattr(main, "__module__", None)  # where the command defines its flags
-    parse_flags = functools.partial(_parse_flags, usage=usage, command_module=command_module)
+    parse_flags = functools.partial(
+        _parse_flags, usage=usage, command_module=command_module, define_flags=define_flags
+    )
     app.run(functools.partial(_run_reporting_errors, main), flags_parser=parse_flags)
 
 
@@ -244,19 +253,27 @@ def _fail(text: str, code: int, error: BaseException, argv: Sequence[str] = ()) 
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str], *, usage: str | None, command_module: str | None) -> list[str]:
+def _parse_flags(
+    argv: list[str],
+    *,
+    usage: str | None,
+    command_module: str | None,
+    define_flags: Callable[[list[str]], None] | None,
+) -> list[str]:
     """absl's parsing of argv; a bad flag or config file ends with absl's (or the config file's)
     own message on one line, status 2."""
-    if help_requested(argv):
-        parse_flags(argv, usage, command_module)  # prints the help and exits 0
     # --config=quickstart names an experiment: its file's path instead. ml_collections reads the
     # overrides from sys.argv itself, so it gets the same list.
     argv = sys.argv = commands.with_config_paths(argv)
-    missing = _missing_config_file(config_argument(argv))
-    if missing:
-        _fail(missing, ConfigError.exit_status, FileNotFoundError(missing), argv)
-    make_importable(config_argument(argv))
     try:
+        if define_flags is not None:
+            define_flags(argv)
+        if help_requested(argv):
+            parse_flags(argv, usage, command_module)  # prints the help and exits 0
+        missing = _missing_config_file(config_argument(argv))
+        if missing:
+            _fail(missing, ConfigError.exit_status, FileNotFoundError(missing), argv)
+        make_importable(config_argument(argv))
         argv = flags.FLAGS(argv)
         if "config" in flags.FLAGS and flags.FLAGS.config is not None:
             flags.FLAGS.config.keys()  # ml_collections raises a config file's error only when read

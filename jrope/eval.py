@@ -19,8 +19,6 @@ exit status per kind (jrope.command_line). Multi-process runs take the process
 flags of training.
 """
 
-import sys
-
 from absl import flags
 from ml_collections import config_flags
 
@@ -28,12 +26,6 @@ from jrope import command_line, saved_run_config
 from jrope.command_line import config_argument
 from jrope.errors import ConfigError, NoCheckpointError, UsageError
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Experiment config (its name or file); default: the one saved with the run's latest checkpoint.",
-    lock_config=True,
-)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory holding the run (and receiving results)."
 )
@@ -41,13 +33,28 @@ command_line.define_process_flags()
 flags.mark_flags_as_required(["workdir"])
 
 
+def define_config_flag(argv: list[str]) -> None:
+    """Defines --config, its default the config saved with the latest checkpoint in argv's
+    --workdir (None without one), so that `--config.<key>=<value>` overrides apply to it as
+    to any config file: ml_collections reads them against the flag's value when it is defined."""
+    workdir = config_argument(argv, "workdir")
+    step = None if workdir is None else saved_run_config.latest_saved_config(workdir)[0]
+    config_flags.DEFINE_config_file(
+        "config",
+        None if step is None else f"{saved_run_config.__file__}:{workdir}",
+        "Experiment config (its name or file); default: the one saved with the run's latest "
+        "checkpoint.",
+        lock_config=True,
+    )
+
+
 def main(argv):
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
+    config = flags.FLAGS.config
+    if config is None:
         raise NoCheckpointError(saved_run_config.no_saved_config_message(_WORKDIR.value))
     command_line.start_processes()  # before anything starts a JAX backend
-    config = _CONFIG.value
     if "probe" in config:
         # Imported only here: the probe needs no trained model.
         from jrope.experiments import kernel_probe
@@ -63,23 +70,9 @@ def main(argv):
     evaluate_checkpoint(config, _WORKDIR.value)
 
 
-def with_saved_config(argv: list[str]) -> list[str]:
-    """argv with `--config=<the saved-config loader>:<workdir>` added when it names no config file
-    and its --workdir holds a finished checkpoint (otherwise `main` says what is missing)."""
-    workdir = config_argument(argv, "workdir")
-    if config_argument(argv) is not None or workdir is None:
-        return argv
-    step, _ = saved_run_config.latest_saved_config(workdir)
-    if step is None:
-        return argv
-    # Before the overrides: ml_collections reads them against the config flag's value.
-    return [argv[0], f"--config={saved_run_config.__file__}:{workdir}", *argv[1:]]
-
-
 def run_main() -> None:
     """The command line: python -m jrope.eval, jrope-eval, or a clone's eval.py."""
-    sys.argv = with_saved_config(sys.argv)
-    command_line.run(main, usage=__doc__)
+    command_line.run(main, usage=__doc__, define_flags=define_config_flag)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
     python eval.py --workdir=DIR --config.eval.lengths='(256,512,4096)'
 
-eval.py without --config adds `--config=<this file>:DIR`, so the
-`--config.<key>=<value>` overrides apply to the run's own config as to any
-config file (with the same type checks and the same names for an unknown key).
+eval.py's --config flag defaults to `<this file>:DIR` (DIR its --workdir),
+so the `--config.<key>=<value>` overrides apply to the run's own config as to
+any config file (with the same type checks and the same names for an unknown key).
 
 Every checkpoint keeps the config of the run that wrote it
 (jrope.train.checkpoints: the `config` item, which orbax writes as JSON in
