@@ -15,19 +15,17 @@ from ml_collections import config_dict
 def get_config(
     *, train_context: int, d_model: int, num_heads: int, num_layers: int, mlp_ratio: int
 ) -> config_dict.ConfigDict:
-    """Every section but `data`; `train_context` and `seed` are FieldReferences a data section shares."""
+    """Every section but `data`; `seed` is a FieldReference the data section shares (its length,
+    head dim and rotary base are set from the model and pe sections where it is built)."""
     config = config_dict.ConfigDict()
-    # Settings that two sections must share are FieldReferences: overriding one
-    # (e.g. --config.pe.train_context=512) updates the other.
+    # A FieldReference: the data section's seed follows an override (--config.seed=1).
     config.seed = config_dict.FieldReference(0)  # parameter initialisation and data seed
     config.num_steps = 1000  # optimizer steps
     config.batch_size = 4  # global batch (sequences per step)
 
     config.model = config_dict.ConfigDict()
-    config.model.d_model = config_dict.FieldReference(d_model)  # residual width
-    config.model.num_heads = config_dict.FieldReference(
-        num_heads
-    )  # heads; head_dim = d_model / num_heads
+    config.model.d_model = d_model  # residual width
+    config.model.num_heads = num_heads  # heads; head_dim = d_model / num_heads
     config.model.num_layers = num_layers  # Transformer blocks
     config.model.mlp_ratio = mlp_ratio  # MLP hidden width = mlp_ratio * d_model
     config.model.compute_dtype = "float32"  # activations: float32 | bfloat16 (the paper: float32)
@@ -53,10 +51,8 @@ def get_config(
     config.pe = config_dict.ConfigDict()
     config.pe.name = "rope"  # any paper name (docs/mathematics.md, section 4)
     # L of the encodings: tau(t) = t/(1+|t|/L), gamma = c/L; also the training length
-    config.pe.train_context = config_dict.FieldReference(train_context)
-    config.pe.theta = config_dict.FieldReference(
-        10000.0
-    )  # rotary base: omega_b = theta^(-2b/head_dim)
+    config.pe.train_context = train_context
+    config.pe.theta = 10000.0  # rotary base: omega_b = theta^(-2b/head_dim)
     config.pe.gamma_min = 1e-4  # damping floor: gamma = softplus(raw) + gamma_min
     config.pe.init_gamma = 1e-4  # initial damping
     config.pe.eta_max = 0.1  # shear bound: eta = eta_max * tanh(raw)

@@ -45,7 +45,6 @@ def get_config() -> config_dict.ConfigDict:
 
     config.data = config_dict.ConfigDict()  # jrope.data.retrieval.RetrievalConfig
     config.data.source = "retrieval"  # the data source (jrope.data.source.SOURCES)
-    config.data.seq_len = config.pe.get_ref("train_context")  # training length L
     config.data.seed = config.get_ref("seed")  # data seed (the same as the run's seed)
     config.data.num_pairs = 32  # (key, value) pairs per sequence
     config.data.num_keys = 128  # key tokens (distinct within a sequence)

@@ -27,7 +27,7 @@ def get_config():
     config.model.num_heads = 4  # head_dim 32
     config.model.num_layers = 2
     config.model.mlp_ratio = 2
-    config.pe.train_context = 64  # L (shared with data.seq_len)
+    config.pe.train_context = 64  # L (the data's seq_len too)
     config.num_steps = 3000
     config.batch_size = 64
     config.data.num_pairs = 4

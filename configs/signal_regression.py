@@ -53,16 +53,14 @@ def get_config() -> config_dict.ConfigDict:
 
     config.data = config_dict.ConfigDict()  # jrope.data.signal.SignalRegressionConfig
     config.data.source = "signal"  # the data source (jrope.data.source.SOURCES)
-    config.data.seq_len = config.pe.get_ref("train_context")  # training length L
     config.data.seed = config.get_ref("seed")  # data seed (the same as the run's seed)
     # seasonal_trend | damped_wave | rhythm_envelope | motif_spacing
     config.data.kernel = "seasonal_trend"
     config.data.input_channels = 1  # noise channels (input projection and regression head width)
-    # the kernel's frequencies are the model's
-    config.data.head_dim = config.model.get_ref("d_model") // config.model.get_ref("num_heads")
+    # The kernel's frequencies are the model's rotary ones (head_dim and theta from the model and
+    # pe sections, as the length seq_len = pe.train_context: set where the source is built).
     config.data.freq_index = 3  # w = theta^(-2*3/head_dim)
     config.data.second_freq_index = 5  # w2 (rhythm_envelope, motif_spacing)
-    config.data.theta = config.pe.get_ref("theta")  # rotary base of the kernel's frequencies
     config.data.gamma = 1e-4  # damping of damped_wave
 
     config.opt.learning_rate = 5e-4  # constant learning rate

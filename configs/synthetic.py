@@ -39,14 +39,12 @@ def get_config() -> config_dict.ConfigDict:
 
     config.data = config_dict.ConfigDict()  # jrope.data.synthetic.SyntheticTaskConfig
     config.data.source = "synthetic"  # the data source (jrope.data.source.SOURCES)
-    config.data.seq_len = config.pe.get_ref("train_context")  # training length L (bits then QUERY)
     config.data.seed = config.get_ref("seed")  # data seed (the same as the run's seed)
     config.data.kernel = "mixed_raw"  # K(d) = (d/L) cos(w d), the paper's kernel
-    # the kernel's frequencies are the model's
-    config.data.head_dim = config.model.get_ref("d_model") // config.model.get_ref("num_heads")
+    # The kernel's frequencies are the model's rotary ones (head_dim and theta from the model and
+    # pe sections, as the length seq_len = pe.train_context: set where the source is built).
     config.data.freq_index = 3  # w = theta^(-2*3/head_dim)
     config.data.second_freq_index = 5  # second carrier ('rhythm_envelope' only)
-    config.data.theta = config.pe.get_ref("theta")  # rotary base of the kernel's frequencies
     config.data.label_mode = "threshold"  # label = 1[S > 0] | 'stochastic'
     config.data.temperature = 1.0 / 3.0  # 'stochastic' labels: Bernoulli(sigmoid(S / temperature))
     config.data.jet_power = 2  # r of the 'high_jet' kernels

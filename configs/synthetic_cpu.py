@@ -38,7 +38,7 @@ from configs import synthetic
 
 def get_config():
     config = synthetic.get_config()
-    config.pe.train_context = 256  # L (shared with data.seq_len)
+    config.pe.train_context = 256  # L (the data's seq_len too)
     config.eval.lengths = (256, 512, 1024, 2048)  # 1x .. 8x the training length
     config.eval.batch_size = 8  # length 2048 fits easily in memory
     config.checkpoint.every_steps = 400  # three checkpoints over the run

@@ -38,7 +38,7 @@ def get_config():
     config.model.num_heads = 4  # head_dim 32
     config.model.num_layers = 3
     config.model.mlp_ratio = 2
-    config.pe.train_context = 256  # L (shared with data.seq_len)
+    config.pe.train_context = 256  # L (the data's seq_len too)
     config.batch_size = 8
     config.num_steps = 200
     config.opt.learning_rate = 1e-3

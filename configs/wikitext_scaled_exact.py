@@ -61,7 +61,6 @@ def get_config() -> config_dict.ConfigDict:
     config.data.train_fraction = 1.0  # leading fraction of the training rows (v2: 0.01)
     # 257: token = byte + 1, 0 reserved (the reference) | 256: the byte
     config.data.vocab_size = 257
-    config.data.seq_len = config.pe.get_ref("train_context")  # training window length L
     config.data.seed = config.get_ref("seed")  # data seed (the same as the run's seed)
     config.data.cache_dir = ""  # corpus byte caches ('' = ~/.cache/jrope/text_bytes)
     config.data.data_dir = ""  # TFDS data directory ('' = ~/tensorflow_datasets)

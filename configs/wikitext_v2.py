@@ -58,7 +58,7 @@ def get_config():
     config.model.num_heads = 4  # head_dim 48
     config.model.num_layers = 3
     config.model.mlp_ratio = 2
-    config.pe.train_context = 512  # L (shared with data.seq_len)
+    config.pe.train_context = 512  # L (the data's seq_len too)
     config.num_steps = 500
     config.opt.learning_rate = 5e-4
     config.opt.weight_decay = 0.05

@@ -27,7 +27,7 @@ from jrope.errors import CorruptCheckpointError
 CHECKPOINTS_FOLDER = "checkpoints"
 _CONFIG_FILE = ("config", "metadata")
 # Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
-RETIRED_KEYS = {"eval": ("max_hours",)}
+RETIRED_KEYS = {"eval": ("max_hours",), "data": ("seq_len", "head_dim", "theta")}
 
 
 def get_config(workdir: str) -> config_dict.ConfigDict:

@@ -97,7 +97,7 @@ BAD_INPUTS = [
         _tiny(**{"pe.train_context": 0}),
         EIGHT_CPUS,
         "fresh",
-        r"data: seq_len must be >= 2 \(bits then QUERY\), got 0",
+        r"pe settings: .*train_context must be a positive length, got 0; fix that pe\.\* value",
     ),
     (
         "eval_length_too_short",

@@ -99,8 +99,11 @@ def test_a_missing_section_or_key_is_named():
 
 
 def test_a_key_that_cannot_be_computed_is_named_with_the_keys_it_depends_on():
-    _, problems = convert_config(tiny_config_dict(**{"model.num_heads": 0}))
-    assert problems[0].startswith("data.head_dim cannot be computed (ZeroDivisionError")
+    config = tiny_config_dict()
+    config.eval.every_steps = config.get_ref("num_steps") // config.model.get_ref("num_heads")
+    config.model.num_heads = 0
+    _, problems = convert_config(config)
+    assert problems[0].startswith("eval.every_steps cannot be computed (ZeroDivisionError")
     assert problems[0].endswith("it is derived from other keys (see the config file): fix those.")
     assert "model.num_heads must be >= 1, got 0." in problems
 
@@ -174,7 +177,21 @@ def test_no_shipped_config_sets_a_key_without_effect():
 def test_a_saved_config_holding_a_retired_key_still_loads():
     saved = tiny_config().to_json_dict()
     saved["eval"]["max_hours"] = 24.0  # written by checkpoints of earlier versions
+    saved["data"].update(seq_len=16, head_dim=8, theta=10000.0)  # and these, once config keys
     with pytest.raises(ConfigError, match=r"eval\.max_hours: no such key"):
         TrainConfig.from_config_dict(saved)
     kept = saved_run_config.without_retired_keys(saved)
     assert TrainConfig.from_config_dict(kept) == tiny_config()
+
+
+def test_the_data_keys_that_are_the_models_are_set_from_it_and_refused_in_a_config():
+    cfg = tiny_config(**{"pe.train_context": 24, "model.d_model": 48, "pe.theta": 500.0})
+    assert (cfg.data.seq_len, cfg.data.head_dim, cfg.data.theta) == (24, 48 // 2, 500.0)
+    assert "seq_len" not in cfg.to_json_dict()["data"]
+    config = tiny_config_dict()
+    config.data.seq_len = 24
+    _, problems = convert_config(config)
+    assert problems == [
+        "data.seq_len: set from pe.train_context where the data section is built; drop it from "
+        "the config (and from --config.data.*)."
+    ]

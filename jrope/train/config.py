@@ -204,6 +204,8 @@ class TrainConfig:
         plain["pe"] = {key: getattr(self.pe, key) for key in PE_KEYS}
         for name in ("model", "data", *SECTIONS):
             plain[name] = dataclasses.asdict(getattr(self, name))
+        for key in DERIVED_DATA_KEYS:  # set again from the model's keys when read back
+            plain["data"].pop(key, None)
         return plain
 
 
@@ -240,13 +242,11 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         problems.append(str(err))
     built = {key: raw.get(key) for key in SCALAR_KEYS}
     # A section holding a key that could not be computed is not built: its line says why.
-    built.update(
-        {
-            name: _build(sections[name], raw[name], name, problems)
-            for name in sections
-            if not any(key.startswith(f"{name}.") for key in unresolved)
-        }
-    )
+    for name in sections:  # data last: it takes keys of the model and pe sections
+        if name == "data" and not _derive_data_keys(raw["data"], sections["data"], built, problems):
+            continue  # the model or pe section it derives from failed: their lines say why
+        if not any(key.startswith(f"{name}.") for key in unresolved):
+            built[name] = _build(sections[name], raw[name], name, problems)
     integers = {key: value for key, value in built.items() if type(value) is int}
     problems += [
         f"{key} must be an integer >= 1, got {integers[key]}."
@@ -263,6 +263,39 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         _warn_once(warning)
     problems = _cross_section_problems(cfg) + refused
     return (None, problems) if problems else (cfg, [])
+
+
+# Data keys that are the model's: set where the data section is built, never in a config.
+DERIVED_DATA_KEYS = {
+    "seq_len": "pe.train_context",  # the training length L
+    "head_dim": "model.d_model // model.num_heads",  # whose rotary frequencies a kernel uses
+    "theta": "pe.theta",  # the rotary base of those frequencies
+}
+
+
+def _derive_data_keys(
+    data: dict[str, Any], section: Callable, built: dict[str, Any], problems: list[str]
+) -> bool:
+    """Sets data[key] (in place) for each DERIVED_DATA_KEYS key that the data `section` takes,
+    from the built model and pe sections; appends a problem per derived key the config sets
+    itself. False when a section it derives from was not built."""
+    problems += [
+        f"data.{key}: set from {source} where the data section is built; drop it from the "
+        "config (and from --config.data.*)."
+        for key, source in DERIVED_DATA_KEYS.items()
+        if key in data
+    ]
+    pe, model = built.get("pe"), built.get("model")
+    derived = {}
+    if pe is not None:
+        derived.update(seq_len=pe.train_context, theta=pe.theta)
+    if model is not None:
+        derived.update(head_dim=model.head_dim)
+    takes = [key for key in DERIVED_DATA_KEYS if key in inspect.signature(section).parameters]
+    if any(key not in derived for key in takes):
+        return False
+    data.update({key: derived[key] for key in takes if key not in data})
+    return True
 
 
 def _resolved(config: Any, prefix: str = "") -> tuple[Any, dict[str, str]]:
@@ -393,17 +426,6 @@ def _cross_section_problems(cfg: TrainConfig) -> list[str]:
         problems.append(
             f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {first_line(err)}."
         )
-    shared = {
-        "seq_len": cfg.pe.train_context,
-        "head_dim": cfg.model.head_dim,
-        "theta": cfg.pe.theta,
-    }
-    for field, expected in shared.items():
-        if getattr(cfg.data, field, expected) != expected:
-            problems.append(
-                f"data.{field} = {getattr(cfg.data, field)} disagrees with the model/pe value "
-                f"{expected}; set both from one place (see configs/)."
-            )
     impl = cfg.model.attention_impl
     if getattr(cfg.data, "pack", False) and impl not in ("auto", *PACKING_KERNELS):
         problems.append(
