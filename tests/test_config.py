@@ -193,5 +193,5 @@ def test_the_data_keys_that_are_the_models_are_set_from_it_and_refused_in_a_conf
     _, problems = convert_config(config)
     assert problems == [
         "data.seq_len: set from pe.train_context where the data section is built; drop it from "
-        "the config (and from --config.data.*)."
+        "the config."
     ]

@@ -44,16 +44,14 @@ class Checkpointer:
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
         self._config_json = config_json
         self._every_steps = every_steps
-        policies = ocp.checkpoint_managers
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
                 create=True,
                 cleanup_tmp_directories=True,
-                # No initial save: a run's first checkpoint is at step every_steps. The loop
-                # asks for the preemption point itself (reached_preemption), once per step.
-                save_decision_policy=policies.FixedIntervalPolicy(every_steps),
+                # No initial save; the loop asks for the preemption point (reached_preemption).
+                save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )

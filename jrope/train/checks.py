@@ -35,7 +35,6 @@ class RunEnvironment:
 
     @classmethod
     def detect(cls) -> RunEnvironment:
-        """This machine."""
         return cls(jax.device_count(), jax.process_count(), jax.default_backend())
 
 
@@ -63,12 +62,7 @@ def check_run(
     if not evaluation:
         problems += damping.bound_problems(cfg.model, cfg.encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
-    data_seed = getattr(cfg.data, "seed", 0)  # numpy takes no other seed
-    if not (isinstance(data_seed, int) and 0 <= data_seed < 2**32):
-        problems.append(f"data.seed must be an integer in 0 .. 2**32 - 1, got {data_seed}.")
-        source, data_problems = None, []
-    else:
-        source, data_problems = _data_problems(cfg, env)
+    source, data_problems = _data_problems(cfg, env)
     problems += _kernel_problems(cfg, env.platform)
     if source is not None:
         # A source weights its positions by its task, in every batch alike: one batch settles it.

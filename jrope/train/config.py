@@ -253,7 +253,7 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         for key in ("num_steps", "batch_size")
         if integers.get(key, 1) < 1
     ]
-    if not 0 <= integers.get("seed", 0) < 2**32:
+    if not 0 <= integers.get("seed", 0) < 2**32:  # numpy takes no other seed
         problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
     if problems:
         return None, problems
@@ -273,26 +273,19 @@ DERIVED_DATA_KEYS = {
 }
 
 
-def _derive_data_keys(
-    data: dict[str, Any], section: Callable, built: dict[str, Any], problems: list[str]
-) -> bool:
-    """Sets data[key] (in place) for each DERIVED_DATA_KEYS key that the data `section` takes,
-    from the built model and pe sections; appends a problem per derived key the config sets
-    itself. False when a section it derives from was not built."""
+def _derive_data_keys(data: dict, section: Callable, built: dict, problems: list[str]) -> bool:
+    """Sets data[key] for each DERIVED_DATA_KEYS key the data `section` takes, from the built pe
+    and model sections (False if one was not built); a problem per such key the config sets."""
     problems += [
-        f"data.{key}: set from {source} where the data section is built; drop it from the "
-        "config (and from --config.data.*)."
+        f"data.{key}: set from {source} where the data section is built; drop it from the config."
         for key, source in DERIVED_DATA_KEYS.items()
         if key in data
     ]
     pe, model = built.get("pe"), built.get("model")
-    derived = {}
-    if pe is not None:
-        derived.update(seq_len=pe.train_context, theta=pe.theta)
-    if model is not None:
-        derived.update(head_dim=model.head_dim)
+    derived = {"seq_len": pe and pe.train_context, "theta": pe and pe.theta}
+    derived["head_dim"] = model and model.head_dim
     takes = [key for key in DERIVED_DATA_KEYS if key in inspect.signature(section).parameters]
-    if any(key not in derived for key in takes):
+    if any(derived[key] is None for key in takes):
         return False
     data.update({key: derived[key] for key in takes if key not in data})
     return True

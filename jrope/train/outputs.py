@@ -126,10 +126,9 @@ class MetricsLogger:
             self._jsonl.flush()
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        for writer in (self._jsonl, self._tensorboard):
+            if writer is not None:
+                writer.close()
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:

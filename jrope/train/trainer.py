@@ -102,11 +102,9 @@ def make_train_step(
 
         def loss_fn(params):
             model = setup.model_from_params(layout.graphdef, params)
+            segments = batch.get("segment_ids")
             outputs = model(
-                batch["inputs"],
-                positions,
-                dropout_key=dropout_key,
-                segment_ids=batch.get("segment_ids"),
+                batch["inputs"], positions, dropout_key=dropout_key, segment_ids=segments
             )
             sums = losses.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
