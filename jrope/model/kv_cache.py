@@ -306,7 +306,8 @@ def prefill(
       max_length: M >= P, cache slots (the prompt's padded length plus the tokens to decode).
       rebase_bound: positive; see KVCache.
       segment_ids: optional int32 [B, P], each packed prompt one contiguous run of an id
-        (jrope.attention.packing); the pads after `lengths` may carry any id.
+        (jrope.attention.packing); the pads after `lengths` continue the last prompt's id
+        or take one of their own.
     Returns:
       (float32 [B, V] logits at each row's last prompt token, the cache); the
       origin is each row's last prompt position.
