@@ -178,7 +178,7 @@ def test_a_packed_prompt_row_decodes_its_last_prompt_as_that_prompt_alone(name, 
     model = _model(name, impl=impl)
     steps = 6
     tokens = _tokens(batch=2, length=9 + steps, seed=4)
-    # Row 0 packs prompts of 4 and 5 tokens; row 1 holds one prompt of 8 and a pad (any id).
+    # Row 0 packs prompts of 4 and 5 tokens; row 1 holds one prompt of 8 and a pad (an id of its own).
     segment_ids = jnp.asarray([[3] * 4 + [8] * 5, [1] * 8 + [2]], jnp.int32)
     lengths, offsets = jnp.asarray((9, 8), jnp.int32), jnp.asarray((0, 65536), jnp.int32)
     packed, origins = _cached_logits(model, tokens, lengths, offsets, steps, 4, segment_ids)

@@ -76,6 +76,13 @@ def largest_segment_span(positions, segment_ids) -> int:
     return int(np.max(rows - offsets))
 
 
+def segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """int32 [B, S]: the index of the first token of each token's segment (its contiguous run)."""
+    change = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = jnp.pad(change, ((0, 0), (1, 0)), constant_values=True)
+    return jax.lax.cummax(jnp.where(starts, jnp.arange(segment_ids.shape[-1]), 0), axis=1)
+
+
 def segment_midpoints(positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
     """int32 [B, S]: each token's segment's midpoint position.
 
@@ -90,9 +97,8 @@ def segment_midpoints(positions: jax.Array, segment_ids: jax.Array) -> jax.Array
     length = segment_ids.shape[-1]
     index = jnp.arange(length)
     change = segment_ids[:, 1:] != segment_ids[:, :-1]
-    starts = jnp.pad(change, ((0, 0), (1, 0)), constant_values=True)
     ends = jnp.pad(change, ((0, 0), (0, 1)), constant_values=True)
-    first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    first = segment_starts(segment_ids)
     last = jax.lax.cummin(jnp.where(ends, index, length - 1), axis=1, reverse=True)
     low = jnp.take_along_axis(positions, first, axis=1)
     high = jnp.take_along_axis(positions, last, axis=1)

@@ -72,6 +72,7 @@ import numpy as np
 
 from jrope.attention import shear
 from jrope.attention.cached import cached_attention
+from jrope.attention.packing import segment_starts
 from jrope.attention.selection import cache_keeps_shear_terms
 from jrope.encodings import Encoding, check_positions
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
@@ -326,11 +327,7 @@ def prefill(
         starts = jnp.zeros((batch, prompt_length), jnp.int32)
     else:
         segment_ids = jnp.asarray(segment_ids, jnp.int32)
-        new_run = jnp.concatenate(
-            [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
-        )
-        # [B, P]: the slot where each slot's prompt starts.
-        starts = jax.lax.cummax(jnp.where(new_run, slots, 0), axis=1)
+        starts = segment_starts(segment_ids)  # [B, P]: the slot where each slot's prompt starts
     positions = offsets[:, None] + slots - starts  # [B, P], restarting with each prompt
     last_start = jnp.take_along_axis(starts, (lengths - 1)[:, None], axis=1)  # [B, 1]
     filled = (slots >= last_start) & (slots < lengths[:, None])  # the last prompt's slots

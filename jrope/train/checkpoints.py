@@ -49,9 +49,7 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
                 create=True,
-                cleanup_tmp_directories=True,
-                # No initial save; the loop asks for the preemption point (reached_preemption).
-                save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
+                cleanup_tmp_directories=True,  # every save is forced: should_save decides
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
         )
