@@ -27,3 +27,29 @@ from helpers.train_process import SHARED_COMPILATION_CACHE  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", SHARED_COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all-cases",
+        action="store_true",
+        help="run every case of the encoding and kernel matrices (marked exhaustive), not only "
+        "the representative ones",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves out the tests marked `published` unless -m names that marker (the quick start's
+    numbers and the install checks take minutes each; .ci/run runs them after the suite), and
+    the matrix cases marked `exhaustive` unless --all-cases is given."""
+    published = "published" in (config.getoption("markexpr") or "")
+    all_cases = config.getoption("--all-cases")
+    left_out = {
+        item
+        for item in items
+        if (item.get_closest_marker("published") and not published)
+        or (item.get_closest_marker("exhaustive") and not all_cases)
+    }
+    if left_out:
+        config.hook.pytest_deselected(items=list(left_out))
+        items[:] = [item for item in items if item not in left_out]

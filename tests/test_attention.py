@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.matrix import cases
 
 import jrope
 from jrope.attention import dense
@@ -28,9 +29,16 @@ def _naive_causal_attention(q, k, v, bias):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "length, key_length", [(1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11)]
+    "length, key_length, bias_rank",
+    cases(
+        [
+            (n, m, rank)
+            for rank in (None, 3, 4)
+            for n, m in ((1, 1), (7, 7), (13, 13), (16, 16), (1, 9), (6, 11))
+        ],
+        ((1, 1, None), (13, 13, None), (7, 7, 3), (1, 9, 3), (16, 16, 4), (6, 11, 4)),
+    ),
 )
-@pytest.mark.parametrize("bias_rank", [None, 3, 4])
 def test_chunked_attention_matches_naive_values_and_gradients(length, key_length, bias_rank):
     keys = jax.random.split(jax.random.PRNGKey(length), 6)
     q = jax.random.normal(keys[0], (2, length, 3, 4))

@@ -3,7 +3,8 @@
 Training and the probes are deterministic on a CPU: the same tree on the same machine gives the
 same bits, so the quoted figures are compared as printed (4 decimals for the quick start's
 console, the probe tables cell for cell). A change that moves the numerics fails here until the
-documents are regenerated from the commands they name.
+documents are regenerated from the commands they name. The reruns take minutes: they are marked
+`published`, selected by `-m published` only (.ci/run runs them after the suite).
 """
 
 import os
@@ -51,7 +52,7 @@ def test_every_probe_table_in_the_results_is_marked_with_its_config():
         assert f"python eval.py --config={config}" in RESULTS
 
 
-@pytest.mark.slow
+@pytest.mark.published
 @pytest.mark.parametrize(
     "config",
     sorted({config for config, _ in PROBE_MARKER.findall(RESULTS)}),
@@ -64,7 +65,7 @@ def test_the_probe_tables_regenerate(config, tmp_path):
         assert table.strip() in generated, f"docs/results.md's table of {config}:\n{table}"
 
 
-@pytest.mark.slow
+@pytest.mark.published
 def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
     console = _run(
         ["train.py", "--config=configs/quickstart.py", f"--workdir={tmp_path / 'quickstart'}"],

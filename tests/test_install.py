@@ -81,7 +81,7 @@ def _this_environments_versions(path):
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.published
 def test_the_core_install_alone_runs_the_readme_library_examples(tmp_path):
     constraints = _this_environments_versions(tmp_path / "constraints.txt")
     probe = _pip(
@@ -156,7 +156,7 @@ TINY_QUICKSTART = [
 ]  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.published
 def test_a_wheel_runs_the_quick_start_by_name_and_its_evaluation_from_another_folder(tmp_path):
     source = _copy_of_the_repository(tmp_path / "source")
     built = _pip(
@@ -195,7 +195,7 @@ def test_a_wheel_runs_the_quick_start_by_name_and_its_evaluation_from_another_fo
     assert "site-packages" in started["command"][1]
 
 
-@pytest.mark.slow
+@pytest.mark.published
 def test_the_folder_holding_a_clone_does_not_shadow_the_development_install(tmp_path):
     clone = _copy_of_the_repository(tmp_path / "parent" / "jrope")  # a clone in a folder `jrope`
     python = _venv_over_this_environment(tmp_path / "venv")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.matrix import cases
 from helpers.tiny_config import tiny_config
 from jax import export
 
@@ -146,7 +147,8 @@ def _assert_matches_full_forward(model, offsets, tolerance):
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in ENCODINGS]
+    "name",
+    cases(ENCODINGS, (*QUICK, "rope", "jordan_rope", "jordan_m3"), quick=QUICK),
 )
 def test_prefill_and_decode_equal_the_full_forward_at_offsets_0_and_65536(name):
     model = _model(name)
@@ -257,7 +259,10 @@ def test_offsets_whose_positions_would_reach_the_empty_marker_are_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SHEAR_TERM_ENCODINGS)
+@pytest.mark.parametrize(
+    "name",
+    cases(SHEAR_TERM_ENCODINGS, ("jordan_rope", "jordan_exact_m3_eta1", "jordan_rope_alibi")),
+)
 def test_a_cache_of_shear_terms_equals_the_shear_kernels_forward_up_to_offset_2_30(name):
     """attention_impl='shear': the cache stores the keys' shear terms, the decode step weights
     the term dots by the exact time lag, and a rebase moves the terms' pairs elementwise. Its

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.matrix import cases
 
 import jrope
 from jrope.attention import PACKING_KERNELS, causal_attention
@@ -74,15 +75,21 @@ def _value_and_grads(
     return out, grads
 
 
-def _kernel_cases():
-    """Every kernel and encoding; one case in the quick loop (each compiles for 5 to 10 s)."""
-    for kernel in ("einsum", "xla", "blockwise"):
-        for name in ENCODINGS if kernel != "xla" else BIAS_FREE:
-            quick = (kernel, name) == ("einsum", "alibi")
-            yield pytest.param(kernel, name, marks=() if quick else pytest.mark.slow)
+KERNEL_CASES = [
+    (kernel, name)
+    for kernel in ("einsum", "xla", "blockwise")
+    for name in (ENCODINGS if kernel != "xla" else BIAS_FREE)
+]
 
 
-@pytest.mark.parametrize("kernel,name", list(_kernel_cases()))
+@pytest.mark.parametrize(
+    "kernel,name",
+    cases(
+        KERNEL_CASES,
+        (("einsum", "alibi"), ("xla", "jordan_rope"), ("blockwise", "damped_rope")),
+        quick=(("einsum", "alibi"),),  # each case compiles for 5 to 10 s
+    ),
+)
 def test_packed_rows_equal_each_segment_alone_with_gradients(kernel, name):
     """Outputs and the gradients of q, k, v and the encoding's parameters, in float32.
 

@@ -5,6 +5,7 @@ flags and config keys that exist."""
 import importlib
 import importlib.util
 import re
+import subprocess
 import sys
 
 import pytest
@@ -77,17 +78,52 @@ def test_the_library_examples_print_what_their_comments_state(tmp_path):
         assert result.stdout.splitlines() == stated
 
 
+def _collected(*args: str) -> set[str]:
+    """The test ids `python -m pytest --collect-only <args>` selects."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line for line in listing.splitlines() if "::" in line}
+
+
+@pytest.mark.slow
+def test_the_suite_runs_representative_cases_and_leaves_the_published_checks_to_their_marker():
+    files = ("tests/test_packed_attention.py", "tests/test_documented_results.py")
+    suite, every_case, published = (
+        _collected(*files),
+        _collected(*files, "--all-cases"),
+        _collected(*files, "-m", "published"),
+    )
+    matrix = "test_packed_rows_equal_each_segment_alone_with_gradients"
+    in_suite = {test for test in suite if matrix in test}
+    assert {test.split("[")[1] for test in in_suite} == {
+        "einsum-alibi]",
+        "xla-jordan_rope]",
+        "blockwise-damped_rope]",
+    }
+    assert len([test for test in every_case if matrix in test]) == 12
+    assert published and not published & suite
+    assert all("test_documented_results" in test for test in published)
+    assert any("quick_start" in test for test in published)
+
+
 def test_the_readme_test_and_lint_commands_are_the_ones_ci_runs():
     ci_lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
     readme_commands = [line.split("#")[0].strip() for line in README.splitlines()]
     for command in (
         "python -m pytest -q -n 2 --dist loadfile",
+        "python -m pytest -q -n 2 --dist loadfile -m published",
         "ruff check .",
         "ruff format --check .",
     ):
         assert command in ci_lines
     assert "python -m pytest -q -n 2 --dist loadfile" in readme_commands
     assert 'python -m pytest -q -n 2 --dist loadfile -m "not slow"' in readme_commands
+    assert "python -m pytest -q -n 2 --dist loadfile -m published" in readme_commands
     assert "ruff check . && ruff format --check ." in readme_commands
     # The development install: the compat editable mode (tests/test_install.py says why).
     install = 'pip install -e ".[dev]" --config-settings editable_mode=compat'

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.matrix import cases
 
 import jrope
 from jrope.attention import shear
@@ -52,7 +53,13 @@ def _relative_error(value, reference, mask):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", COVERED)
+@pytest.mark.parametrize(
+    "name",
+    cases(
+        COVERED,
+        ("nope", "rope_alibi", "jordan_rope", "jordan_m3", "jordan_exact_c150_eta010_alibi"),
+    ),
+)
 def test_shear_weight_logits_equal_the_maps_logits_and_the_float64_formula(name):
     enc, params, q, k, _ = _setup(name, 40)
     positions = jnp.arange(40) + 9

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.matrix import cases
 from helpers.tiny_config import tiny_config
 
 import jrope
@@ -113,8 +114,14 @@ def test_parameters_are_really_sharded():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pe_name", jrope.PAPER_METHODS + EXTRA_METHODS)
-def test_every_encoding_trains_one_step(pe_name):
+@pytest.mark.parametrize(
+    "pe_name",
+    cases(
+        jrope.PAPER_METHODS + EXTRA_METHODS,
+        ("rope_alibi", "jordan_rope", "jordan_exact_scaled", "jordan_m3", "direct_sum"),
+    ),
+)
+def test_each_encoding_trains_one_step(pe_name):
     # Order-3 blocks span 6 dims: heads of 12 for jordan_m3, of 16 otherwise.
     d_model = 24 if pe_name == "jordan_m3" else 32
     cfg = tiny_config(**{"pe.name": pe_name, "model.num_layers": 1, "model.d_model": d_model})
