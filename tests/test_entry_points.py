@@ -244,11 +244,11 @@ def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
 
     def run(case):
         command, _ = case
-        return run_command([*command, "--help"], env), run_command([*command, "--helpfull"], env)
+        return run_command([*command, "--help"], env)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(run, HELP_CASES))
-    for (command, expected), (short, full) in zip(HELP_CASES, results, strict=True):
+    for (command, expected), short in zip(HELP_CASES, results, strict=True):
         assert short.returncode == 0, (command, short.stdout + short.stderr)
         for flag in expected:
             assert re.search(rf"^  {flag}[:=]|^  --\[no\]{flag[2:]}:", short.stdout, re.M), (
@@ -258,11 +258,12 @@ def test_help_of_every_entry_point_lists_its_flags_and_exits_0(tmp_path):
             )
         # The libraries' flags (absl's logging here): --helpfull only.
         assert "--[no]logtostderr" not in short.stdout, command
-        assert full.returncode == 0 and "--[no]logtostderr" in full.stdout, command
+    full = run_command(["train.py", "--helpfull"], env)  # absl's own, the same for every command
+    assert full.returncode == 0 and "--[no]logtostderr" in full.stdout
     # A clone's scripts run the package's commands: their flags are still this command's own.
-    for short, _ in results[:3]:
+    for short in results[:3]:
         assert "\nthis command:\n  --" in short.stdout
-    sample_help = results[2][0].stdout
+    sample_help = results[2].stdout
     # The usage example keeps its line break and continuation, as a shell takes it.
     assert "jordan_exact_scaled/0 \\\n        --prompt=" in sample_help
 

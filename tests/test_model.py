@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers.matrix import cases
 from helpers.tiny_config import tiny_config
 
 import jrope
@@ -161,7 +162,7 @@ def _damped_model(attention_impl: str, init_gamma: float, length: int) -> Transf
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("length", [256, 512])
+@pytest.mark.parametrize("length", cases([256, 512], (256,)))
 def test_a_damping_past_max_damping_evaluates_like_the_blockwise_kernel(length):
     """gamma 0.5 x 512 keys is far past float32's e^88 from one origin; 'auto' follows it."""
     tokens, positions = _tokens(length=length), _positions(length)
