@@ -13,42 +13,38 @@ nothing of the training harness (jrope.train) or the data (jrope.data).
     logits = jrope.attention_logits(enc, params, q, k, q_positions, k_positions)
 """
 
-from jrope import pe_math
-from jrope.encodings import Encoding, alibi_slopes, attention_logits, make_encoding
-from jrope.pe_config import ACCEPTED_NAMES, PAPER_METHODS, PEConfig, pe_config_from_name
+import importlib
 
 # The package's version, in this one place (pyproject.toml reads it without importing jrope).
 __version__ = "0.1.0"
 
-__all__ = [
-    "__version__",
-    "ACCEPTED_NAMES",
-    "Encoding",
-    "PAPER_METHODS",
-    "PEConfig",
-    "PositionalEncoding",
-    "alibi_slopes",
-    "attention_logits",
-    "causal_self_attention",
-    "dot_product_attention",
-    "make_encoding",
-    "pe_config_from_name",
-    "pe_math",
-]
-
-# jrope.layers builds on the model's config and axes: loaded on first use, so that
-# `import jrope` (and so `import jrope.attention`) does not load the model package.
-_LAYERS = ("PositionalEncoding", "causal_self_attention", "dot_product_attention")
+# Every public name is loaded on first use: `import jrope` (and so the commands' --help and their
+# command-line mistakes) does not load JAX, and `import jrope.attention` does not load the model
+# package (jrope.layers builds on the model's config and axes).
+_LAZY = {
+    "pe_math": "jrope.pe_math",
+    "Encoding": "jrope.encodings",
+    "alibi_slopes": "jrope.encodings",
+    "attention_logits": "jrope.encodings",
+    "make_encoding": "jrope.encodings",
+    "ACCEPTED_NAMES": "jrope.pe_config",
+    "PAPER_METHODS": "jrope.pe_config",
+    "PEConfig": "jrope.pe_config",
+    "pe_config_from_name": "jrope.pe_config",
+    "PositionalEncoding": "jrope.layers",
+    "causal_self_attention": "jrope.layers",
+    "dot_product_attention": "jrope.layers",
+}
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str):
-    if name in _LAYERS:
-        from jrope import layers
-
-        return getattr(layers, name)
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__ == f"jrope.{name}" else getattr(module, name)
     raise AttributeError(f"module 'jrope' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     """The loaded names and the lazy ones, so that dir() and help() list them all."""
-    return sorted(set(globals()) | set(_LAYERS))
+    return sorted(set(globals()) | set(_LAZY))

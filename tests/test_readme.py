@@ -2,6 +2,7 @@
 the ones CI runs, and every command in README.md and the guides in docs/ names files, modules,
 flags and config keys that exist."""
 
+import concurrent.futures
 import importlib
 import importlib.util
 import re
@@ -93,11 +94,10 @@ def _collected(*args: str) -> set[str]:
 @pytest.mark.slow
 def test_the_suite_runs_representative_cases_and_leaves_the_published_checks_to_their_marker():
     files = ("tests/test_packed_attention.py", "tests/test_documented_results.py")
-    suite, every_case, published = (
-        _collected(*files),
-        _collected(*files, "--all-cases"),
-        _collected(*files, "-m", "published"),
-    )
+    with concurrent.futures.ThreadPoolExecutor() as pool:  # three collections side by side
+        suite, every_case, published = pool.map(
+            lambda extra: _collected(*files, *extra), [(), ("--all-cases",), ("-m", "published")]
+        )
     matrix = "test_packed_rows_equal_each_segment_alone_with_gradients"
     in_suite = {test for test in suite if matrix in test}
     assert {test.split("[")[1] for test in in_suite} == {
