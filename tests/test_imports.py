@@ -24,11 +24,15 @@ def _loaded(modules: list[str], package: str) -> list[str]:
     return [name for name in modules if name == package or name.startswith(package + ".")]
 
 
-@pytest.mark.slow
-def test_import_jrope_loads_no_dataset_checkpoint_or_plotting_library():
-    modules = _modules_loaded_by("import jrope")
-    for package in HEAVY_MODULES:
+def test_import_jrope_and_the_training_command_load_no_jax_until_used():
+    # A command's --help and its command-line mistakes answer without loading JAX.
+    modules = _modules_loaded_by("import jrope, jrope.train.__main__")
+    for package in ("jax", "flax", *HEAVY_MODULES):
         assert not _loaded(modules, package), f"import jrope loaded {_loaded(modules, package)}"
+    # The public names load on first use.
+    modules = _modules_loaded_by("import jrope; jrope.make_encoding; from jrope import pe_math")
+    assert "jax" in modules and "jrope.encodings" in modules and "jrope.pe_math" in modules
+    assert not _loaded(modules, "jrope.model")
 
 
 def test_import_jrope_attention_loads_neither_the_model_nor_the_harness():
