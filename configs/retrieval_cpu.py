@@ -10,12 +10,12 @@ Command:
     python -m jrope.compare --config=configs/retrieval_cpu.py \
         --methods=rope,rope_alibi,jordan_rope,jordan_raw_tau --seeds=0 --workdir=runs/retrieval_cpu
 
-Hardware: a 2-core CPU; 10 to 25 minutes a run on the shared development machine.
+Hardware: a 2-core CPU; 8 to 15 minutes a run on the shared development machine.
 
-Measured (seed 0, 2026-12-01; docs/results.md, section 6): none of rope,
+Measured (seed 0, 2026-12-03; docs/results.md, section 6): none of rope,
 rope_alibi, jordan_rope, jordan_raw_tau learns the retrieval in 3000 steps;
-each stays at the plateau of picking one of the 4 values present (accuracy
-0.16 to 0.35 at every length), so this scale does not order the encodings.
+each stays near the plateau of picking one of the 4 values present (accuracy
+0.117 to 0.391 at every length), so this scale does not order the encodings.
 """
 
 from configs import retrieval
