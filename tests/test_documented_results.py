@@ -1,8 +1,11 @@
 """The numbers README.md and docs/results.md quote come back from their commands on this tree.
 
-Training and the probes are deterministic on a CPU: the same tree on the same machine gives the
-same bits, so the quoted figures are compared as printed (4 decimals for the quick start's
-console, the probe tables cell for cell). A change that moves the numerics fails here until the
+The probes are closed-form solves: their tables are compared cell for cell. Training is
+deterministic on one CPU, but XLA compiles for the instruction set of the CPU it runs on, and
+250 steps carry that difference into the quick start's losses: the same commit printed losses
+0.3 to 2.1 % apart, and the same accuracies, on two 2-core AMD EPYC machines with and without
+AVX-512. So the quick start's accuracies are compared as printed and its losses within 3 %: a
+change that moves the numerics by more, or flips one of the 32 sequences, fails here until the
 documents are regenerated from the commands they name. The reruns take minutes: they are marked
 `published`, selected by `-m published` only (.ci/run runs them after the suite).
 """
@@ -73,12 +76,17 @@ def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
     )
     printed = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(console)}
     quoted = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(README)}
-    assert quoted and all(printed[n] == quoted[n] for n in quoted), (printed, quoted)
-    final_step = re.search(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)", console)
-    assert (
-        final_step.groups()
-        == re.search(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)", README).groups()
+    final_step = re.compile(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)")
+    (loss, accuracy), (quoted_loss, quoted_accuracy) = (
+        final_step.search(text).groups() for text in (console, README)
     )
+    # (accuracy, loss) as printed and as quoted: lengths 256 and 2048, and the last training step.
+    pairs = [(printed[n], quoted[n]) for n in quoted]
+    pairs.append(((accuracy, loss), (quoted_accuracy, quoted_loss)))
+    assert len(pairs) == 3, quoted
+    for (accuracy, loss), (quoted_accuracy, quoted_loss) in pairs:
+        assert accuracy == quoted_accuracy, (printed, quoted)
+        assert float(loss) == pytest.approx(float(quoted_loss), rel=0.03), (printed, quoted)
     # The mean the README and the config's docstring quote, from the written table.
     accuracies = [float(acc) for acc, _ in printed.values()]
     mean = f"{sum(accuracies) / len(accuracies):.3f}"
