@@ -3,8 +3,8 @@
 The probes are closed-form solves: their tables are compared cell for cell. Training is
 deterministic on one CPU, but XLA compiles for the instruction set of the CPU it runs on, and
 250 steps carry that difference into the quick start's losses: the same commit printed losses
-0.3 to 2.1 % apart, and the same accuracies, on two 2-core AMD EPYC machines with and without
-AVX-512. So the quick start's accuracies are compared as printed and its losses within 3 %: a
+0.3 to 2.1 % apart, and the same accuracies, on two 2-core AMD EPYC machines of different
+models. So the quick start's accuracies are compared as printed and its losses within 3 %: a
 change that moves the numerics by more, or flips one of the 32 sequences, fails here until the
 documents are regenerated from the commands they name. The reruns take minutes: they are marked
 `published`, selected by `-m published` only (.ci/run runs them after the suite).
