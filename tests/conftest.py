@@ -13,8 +13,10 @@ bitwise equal.
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from helpers import SHARED_COMPILATION_CACHE, TEST_XLA_FLAGS
+
+os.environ["XLA_FLAGS"] = " ".join(
+    (os.environ.get("XLA_FLAGS", ""), TEST_XLA_FLAGS, "--xla_force_host_platform_device_count=8")
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -22,8 +24,6 @@ import jax  # noqa: E402  (must come after the environment is set)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_disable_most_optimizations", True)
-
-from helpers.train_process import SHARED_COMPILATION_CACHE  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", SHARED_COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import TEST_XLA_FLAGS
 from helpers.repository import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -29,9 +30,10 @@ LENGTH_LINE = re.compile(r"length (\d+): accuracy ([\d.]+)\s+loss ([\d.]+)")
 
 def _run(args, cwd):
     """Runs a command as a user would: one CPU device, not the 8 the test process fakes (a batch
-    split over 8 devices sums in another order)."""
+    split over 8 devices sums in another order), and XLA's default CPU compiler."""
     env = dict(os.environ)
     flags = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
+    flags = flags.replace(TEST_XLA_FLAGS, "")
     if flags.strip():
         env["XLA_FLAGS"] = flags.strip()
     else:  # XLA reads a blank value as a file name

@@ -1,10 +1,11 @@
 """Running `python train.py` as a subprocess in tests: start, watch the step, read the results.
 
 Subprocesses do not run conftest.py, so their environment is set here: CPU
-only, a chosen number of fake devices, most XLA optimizations off (as in the
-test process) and a persistent compilation cache shared by the runs of the
-tests, so that a rerun loads the executables the first run compiled instead
-of compiling again (the same executables: results stay bitwise equal).
+only, a chosen number of fake devices, the test process's compile-time
+settings (TEST_XLA_FLAGS, most XLA optimizations off) and a persistent
+compilation cache shared by the runs of the tests, so that a rerun loads the
+executables the first run compiled instead of compiling again (the same
+executables: results stay bitwise equal).
 """
 
 from __future__ import annotations
@@ -14,23 +15,17 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from . import SHARED_COMPILATION_CACHE, TEST_XLA_FLAGS
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SCRIPT = os.path.join(REPO_ROOT, "train.py")
 RUN_CONFIG = os.path.join(REPO_ROOT, "tests", "helpers", "subprocess_run_config.py")
-
-
-# One compilation cache for every subprocess of a test session and the next: the tiny configs'
-# train and evaluation steps are compiled once, not by every run that trains them.
-SHARED_COMPILATION_CACHE = os.path.join(
-    tempfile.gettempdir(), f"jrope-tests-jax-cache-{os.getuid()}"
-)
 
 
 def subprocess_env(num_devices: int, compilation_cache: str | None = None) -> dict[str, str]:
@@ -41,7 +36,7 @@ def subprocess_env(num_devices: int, compilation_cache: str | None = None) -> di
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
+        XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={num_devices}",
         JAX_DISABLE_MOST_OPTIMIZATIONS="true",
         JAX_COMPILATION_CACHE_DIR=compilation_cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
