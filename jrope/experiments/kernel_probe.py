@@ -406,14 +406,16 @@ def plot_fits(
     lags (log scale, fit window dashed), the bottom one the curves over the
     last 96 lags, where extrapolation is hardest.
     """
-    plt = results.pyplot()
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
     values = target_values(target, lags, probe)
     tail = lags[-96:]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9))
-    colors = plt.get_cmap("tab20").colors  # distinct colours for up to 20 methods
+    fig = results.new_figure((11, 9))
+    top, bottom = fig.subplots(2, 1)
+    import matplotlib  # loaded with the first figure, not with the module
+
+    colors = matplotlib.colormaps["tab20"].colors  # distinct colours for up to 20 methods
     for index, (method, prediction) in enumerate(curves.items()):
         windows = (prediction - values)[: longest // window * window].reshape(-1, window)
         rms = np.sqrt(np.mean(windows**2, axis=1))
