@@ -172,10 +172,8 @@ def test_a_batch_of_prompts_of_different_lengths_equals_each_prompt_alone():
         assert error <= 1e-4, f"row {row}: max logit error {error:.3g}"
 
 
-@pytest.mark.parametrize(
-    "name, impl",
-    [("jordan_exact_m3", "einsum"), pytest.param("jordan_rope", "shear", marks=pytest.mark.slow)],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("name, impl", [("jordan_exact_m3", "einsum"), ("jordan_rope", "shear")])
 def test_a_packed_prompt_row_decodes_its_last_prompt_as_that_prompt_alone(name, impl):
     model = _model(name, impl=impl)
     steps = 6

@@ -53,6 +53,14 @@ def _reference(pe: PositionalEncoding, q, k, v, positions) -> np.ndarray:
     return np.einsum("bnts,bsnh->btnh", probs, np.asarray(v, np.float64))
 
 
+# The helpers under nnx.jit, for the tests that compare numbers: one compiled program per shape,
+# where an eager call compiles one per operation (most of such a test's time on CPU).
+jitted_dot_product_attention = nnx.jit(dot_product_attention, static_argnames=("is_causal",))
+jitted_causal_self_attention = nnx.jit(
+    causal_self_attention, static_argnames=("kernel", "block_size")
+)
+
+
 def _dots(lowered_text: str) -> list[str]:
     """The precision of every dot_general of a lowered module (DEFAULT when none is given)."""
     found = []
@@ -157,7 +165,7 @@ def test_dot_product_attention_equals_the_reference_over_attention_logits(name):
     pe = _layer(name)
     q, k, v = _qkv()
     positions = jnp.arange(T) + 100
-    out = dot_product_attention(pe, q, k, v, positions, positions, is_causal=True)
+    out = jitted_dot_product_attention(pe, q, k, v, positions, positions, is_causal=True)
     assert out.shape == (B, T, N, H) and out.dtype == jnp.float32
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
@@ -178,7 +186,7 @@ def test_causal_self_attention_equals_the_reference_over_attention_logits(name, 
     pe = _layer(name)
     q, k, v = _qkv()
     positions = jnp.arange(T)
-    out = causal_self_attention(pe, q, k, v, positions, kernel=kernel, block_size=8)
+    out = jitted_causal_self_attention(pe, q, k, v, positions, kernel=kernel, block_size=8)
     np.testing.assert_allclose(out, _reference(pe, q, k, v, positions), atol=2e-5)
 
 
@@ -189,9 +197,11 @@ def test_causal_self_attention_of_packed_rows_equals_each_sequence_alone(name):
     first = T // 2 - 1  # two sequences per row, of first and T - first positions
     positions = jnp.concatenate([jnp.arange(first), jnp.arange(T - first)])
     segment_ids = jnp.broadcast_to((jnp.arange(T) >= first).astype(jnp.int32), (B, T))
-    out = causal_self_attention(pe, q, k, v, positions, segment_ids=segment_ids)
+    out = jitted_causal_self_attention(pe, q, k, v, positions, segment_ids=segment_ids)
     for part in (slice(0, first), slice(first, T)):
-        alone = causal_self_attention(pe, q[:, part], k[:, part], v[:, part], positions[part])
+        alone = jitted_causal_self_attention(
+            pe, q[:, part], k[:, part], v[:, part], positions[part]
+        )
         np.testing.assert_allclose(out[:, part], alone, atol=2e-5)
 
 
@@ -231,8 +241,8 @@ def test_bfloat16_inputs_give_bfloat16_outputs_close_to_the_float32_reference(na
     positions = jnp.arange(T)
     reference = _reference(pe, q, k, v, positions)
     for out in (
-        dot_product_attention(pe, q, k, v, positions, positions, is_causal=True),
-        causal_self_attention(pe, q, k, v, positions),
+        jitted_dot_product_attention(pe, q, k, v, positions, positions, is_causal=True),
+        jitted_causal_self_attention(pe, q, k, v, positions),
     ):
         assert out.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(out, np.float32), reference, atol=3e-2)

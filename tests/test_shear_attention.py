@@ -1,5 +1,7 @@
 """The shear as an exact per-pair weight: equal to the maps' logits, and bfloat16-safe."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +48,12 @@ def _setup(name, length, dtype=jnp.float32, batch=1):
     return enc, params, q, k, v
 
 
+def _compiled(function, **static):
+    """`function` with the `static` keywords fixed, under jax.jit: one program per shape, where
+    calling it eagerly compiles one per operation (most of such a test's time on CPU)."""
+    return jax.jit(functools.partial(function, **static))
+
+
 def _relative_error(value, reference, mask):
     return float(
         np.abs(np.asarray(value) - reference)[..., mask].max() / np.abs(reference[..., mask]).max()
@@ -65,7 +73,9 @@ def test_shear_weight_logits_equal_the_maps_logits_and_the_float64_formula(name)
     positions = jnp.arange(40) + 9
     reference = reference_logits(enc, params, q, k, positions, positions)
     highest = jax.lax.Precision.HIGHEST
-    new = shear.shear_logits(enc, params, q, k, positions, positions, precision=highest)
+    new = _compiled(shear.shear_logits, encoding=enc, precision=highest)(
+        params=params, q=q, k=k, q_positions=positions, k_positions=positions
+    )
     today = jrope.attention_logits(enc, params, q, k, positions, positions, precision=highest)
     everything = np.ones((40, 40), bool)
     assert _relative_error(today, reference, everything) < 2e-6
@@ -118,7 +128,9 @@ def test_bfloat16_logits_keep_ropes_own_bfloat16_error(offset):
         if name == "rope":
             logits = jrope.attention_logits(enc, params, q, k, positions, positions)
         else:
-            logits = shear.shear_logits(enc, params, q, k, positions, positions)
+            logits = _compiled(shear.shear_logits, encoding=enc)(
+                params=params, q=q, k=k, q_positions=positions, k_positions=positions
+            )
         errors[name] = _relative_error(logits, reference, causal)
     for name in SHEARED:
         assert errors[name] <= 1.5 * errors["rope"], errors
@@ -195,18 +207,11 @@ def test_the_shear_weight_kernel_equals_the_einsum_kernel_in_float32(name):
     enc, params, q, k, v = _setup(name, 24, batch=2)
     positions = jnp.arange(24) + 100
     highest = jax.lax.Precision.HIGHEST
-    got = shear.shear_attention(
-        q,
-        k,
-        v,
-        enc=enc,
-        params=params,
-        q_positions=positions,
-        k_positions=positions,
-        precision=highest,
+    got = _compiled(shear.shear_attention, enc=enc, precision=highest)(
+        q, k, v, params=params, q_positions=positions, k_positions=positions
     )
-    want = jrope.attention.causal_attention(
-        q, k, v, enc=enc, params=params, positions=positions, kernel="einsum", precision=highest
+    want = _compiled(jrope.attention.causal_attention, enc=enc, kernel="einsum", precision=highest)(
+        q, k, v, params=params, positions=positions
     )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -217,35 +222,30 @@ def test_packed_rows_equal_each_segment_run_alone(kernel):
     """Two sequences in one row (positions restart, segment ids) give each one's own output."""
     from jrope.attention import shear_flash
 
-    attend = {"shear": shear.shear_attention, "shear_flash": shear_flash.shear_flash_attention}[
-        kernel
-    ]
+    function = {"shear": shear.shear_attention, "shear_flash": shear_flash.shear_flash_attention}
     enc, params, q, k, v = _setup("jordan_rope", 24)
     positions = jnp.concatenate([jnp.arange(10), jnp.arange(14)])[None]
     segments = jnp.concatenate([jnp.zeros(10, jnp.int32), jnp.ones(14, jnp.int32)])[None]
     extra = {"block_size": 8} if kernel == "shear_flash" else {}
+    attend = _compiled(function[kernel], enc=enc, **extra)
     packed = attend(
         q,
         k,
         v,
-        enc=enc,
         params=params,
         q_positions=positions,
         k_positions=positions,
         q_segments=segments,
         k_segments=segments,
-        **extra,
     )
     for part in (slice(0, 10), slice(10, 24)):
         alone = attend(
             q[:, part],
             k[:, part],
             v[:, part],
-            enc=enc,
             params=params,
             q_positions=positions[:, part],
             k_positions=positions[:, part],
-            **extra,
         )
         np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
 
@@ -262,18 +262,11 @@ def test_dot_product_attention_runs_the_raw_shear_in_bfloat16_without_highest_do
 
     program = str(jax.make_jaxpr(attend)(*low))
     assert "HIGHEST" not in program and "bf16" in program
-    got = attend(*low)
+    got = jax.jit(attend)(*low)
     assert got.dtype == jnp.bfloat16
     highest = jax.lax.Precision.HIGHEST
-    want = jrope.attention.causal_attention(
-        q,
-        k,
-        v,
-        enc=enc,
-        params=pe.param_values(),
-        positions=positions,
-        kernel="einsum",
-        precision=highest,
+    want = _compiled(jrope.attention.causal_attention, enc=enc, kernel="einsum", precision=highest)(
+        q, k, v, params=pe.param_values(), positions=positions
     )
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=0.05)
 
