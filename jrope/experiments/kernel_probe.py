@@ -406,6 +406,8 @@ def plot_fits(
     lags (log scale, fit window dashed), the bottom one the curves over the
     last 96 lags, where extrapolation is hardest.
     """
+    import matplotlib  # loaded with the first figure, not with the module
+
     longest = max(probe.eval_contexts)
     window = max(1, longest // 128)
     lags = np.arange(longest)
@@ -413,8 +415,6 @@ def plot_fits(
     tail = lags[-96:]
     fig = results.new_figure((11, 9))
     top, bottom = fig.subplots(2, 1)
-    import matplotlib  # loaded with the first figure, not with the module
-
     colors = matplotlib.colormaps["tab20"].colors  # distinct colours for up to 20 methods
     for index, (method, prediction) in enumerate(curves.items()):
         windows = (prediction - values)[: longest // window * window].reshape(-1, window)

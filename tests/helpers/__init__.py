@@ -9,8 +9,8 @@ import tempfile
 
 # XLA's CPU compiler without its fusion emitters (the older elemental emitter): the tests compile
 # hundreds of small programs and run each a few times, and this compiles them in about 40 % less
-# time. Results differ from the default's in the last bits only; the published checks, which
-# compare with the documents, run without it (test_documented_results.py).
+# time. Its results can differ from the default compiler's in the last bits, so the published
+# checks, which compare with the documents, run without it (test_documented_results.py).
 TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 
 
