@@ -1,7 +1,6 @@
 """The Pallas flash shear-weight kernel: interpret mode against the float64 formula, and lowering."""
 
 import contextlib
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ from jax import export
 import jrope
 from jrope.attention import shear, shear_flash
 from tests.helpers.shear_oracle import reference_logits
-from tests.test_shear_attention import _setup
+from tests.test_shear_attention import _compiled, _setup
 
 pytestmark = pytest.mark.slow  # Pallas interpret mode: tens of seconds per call on 2 CPU cores
 
@@ -32,7 +31,7 @@ def _reference_attention(enc, params, q, k, v, q_positions, k_positions):
 def test_flash_equals_the_float64_formula_in_interpret_mode(name):
     enc, params, q, k, v = _setup(name, 24)
     positions = jnp.arange(24) + 65536
-    attend = jax.jit(functools.partial(shear_flash.shear_flash_attention, enc=enc, block_size=8))
+    attend = _compiled(shear_flash.shear_flash_attention, enc=enc, block_size=8)
     got = attend(q, k, v, params=params, q_positions=positions, k_positions=positions)
     want = _reference_attention(enc, params, q, k, v, positions, positions)
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-5)
