@@ -30,7 +30,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import splash_attention
 
 from jrope.attention.mesh_split import split_over_batch
 
@@ -75,6 +74,9 @@ def _kernel(length: int, heads: int, *, interpret: bool):
     numpy, and its tables are made concrete arrays even when the first call is
     being traced (a cached tracer would leak into later traces).
     """
+    # Imported here: the TPU kernel's module costs every process that never runs it 0.1 s.
+    from jax.experimental.pallas.ops.tpu import splash_attention
+
     block = next(size for size in _BLOCK_CHOICES if length % size == 0)
     blocks = splash_attention.BlockSizes(
         block_q=block,

@@ -18,8 +18,6 @@ from typing import Any
 
 import jax
 from etils import epath
-from tensorboardX import SummaryWriter, record_writer
-from tensorboardX.summary import hparams as hparams_summary
 
 from jrope import flops, results
 from jrope.data.files import BucketObject
@@ -84,7 +82,7 @@ class MetricsLogger:
             )
             self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
-                self._tensorboard = SummaryWriter(str(epath.Path(workdir) / "tensorboard"))
+                self._tensorboard = _summary_writer(epath.Path(workdir) / "tensorboard")
 
     def write_step(self, step: int, values: Mapping[str, float]) -> None:
         """The train metrics of `step` (host floats), written when `step` is due."""
@@ -116,6 +114,8 @@ class MetricsLogger:
             key: value if isinstance(value, (bool, int, float, str)) else str(value)
             for key, value in hparams.items()
         }
+        from tensorboardX.summary import hparams as hparams_summary
+
         for summary in hparams_summary(values, dict.fromkeys(metric_names, 0.0)):
             self._tensorboard.file_writer.add_summary(summary)
         self._tensorboard.flush()
@@ -182,10 +182,15 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
-# tensorboardX opens its gs:// event files through epath, as BucketObjects (no folders to make).
-record_writer.register_writer_factory(
-    "gs", types.SimpleNamespace(open=BucketObject, directory_check=lambda path: None)
-)
+def _summary_writer(folder: epath.Path):
+    """An event writer; tensorboardX (0.15 s to import, with boto3) loads only where one is made."""
+    from tensorboardX import SummaryWriter, record_writer
+
+    # gs:// event files open through epath, as BucketObjects (no folders to make).
+    record_writer.register_writer_factory(
+        "gs", types.SimpleNamespace(open=BucketObject, directory_check=lambda path: None)
+    )
+    return SummaryWriter(str(folder))
 
 
 RECORD_FILE = "starts.jsonl"
@@ -221,10 +226,7 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
         "cwd": os.getcwd(),
         "start_step": start_step,
         "jrope": code,
-        "versions": {
-            "python": platform.python_version(),
-            **{name: _version(name) for name in _VERSIONED},
-        },
+        "versions": {"python": platform.python_version()} | {n: _version(n) for n in _VERSIONED},
         "devices": {
             "platform": devices[0].platform,
             "kind": devices[0].device_kind,
