@@ -3,8 +3,10 @@
 Every command runs as a subprocess from the repository root (tests/helpers/train_process.py);
 they run a few at a time, and each case checks its own: a non-zero exit status of the kind
 documented in the README (jrope.command_line), no traceback, at most 25 lines, and the words that
-name the key or file and the fix. A short run's whole console fits on a screen and shows its
-results.
+name the key or file and the fix. There is a case per way a command can stop before it starts
+(the flag parser, the config's checks, the workdir, the data, eval.py, a probe, a comparison); the
+message of every config and data problem is checked in-process (test_checks.py, test_config.py,
+test_text_bytes.py). A short run's whole console fits on a screen and shows its results.
 """
 
 import concurrent.futures
@@ -30,15 +32,6 @@ def _text_data(tmp, train="train.txt", evaluation="short.txt"):
 # (id, arguments after `python` (format fields: {tmp}), exit status, patterns all to be found)
 BAD_INPUTS = [
     (
-        "text_path_for_wikitext",
-        ["train.py", WIKITEXT_CPU, "--workdir={tmp}/run", "--config.data.path={tmp}/train.txt"],
-        2,
-        [
-            r"data\.path = '.*train\.txt' has no effect with data\.source = 'wikitext2'",
-            r"drop --config\.data\.path, or set --config\.data\.source=text\.",
-        ],
-    ),
-    (
         "misspelt_key",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.nmae=rope"],
         2,
@@ -54,28 +47,10 @@ BAD_INPUTS = [
         [r"--config\.num_steps=abc: invalid literal for int\(\)", r"--helpshort lists the flags"],
     ),
     (
-        "unknown_encoding",
-        ["train.py", TINY, "--workdir={tmp}/run", "--config.pe.name=jordan_bogus"],
-        2,
-        [r"pe\.name = 'jordan_bogus' is not a known encoding", r"use e\.g\. nope, rope"],
-    ),
-    (
         "zero_heads",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.model.num_heads=0"],
         2,
         [r"^1 problem\(s\)", r"model\.num_heads must be >= 1, got 0"],
-    ),
-    (
-        "string_among_lengths",
-        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.lengths=(8,'x')"],
-        2,
-        [r"eval\.lengths must be a non-empty list of integer lengths >= 2, got \(8, 'x'\)"],
-    ),
-    (
-        "no_evaluation_sequences",
-        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.num_sequences=0"],
-        2,
-        [r"eval\.num_sequences must be >= 1, got 0"],
     ),
     (
         "no_config_file",
@@ -110,21 +85,6 @@ BAD_INPUTS = [
         ["train.py", *_text_data("{tmp}", train="absent.txt"), "--workdir={tmp}/run"],
         3,
         [r"data\.path = '.*/absent\.txt' does not exist; point --config\.data\.path at"],
-    ),
-    (
-        "evaluation_text_too_short",
-        ["train.py", *_text_data("{tmp}"), "--workdir={tmp}/run"],
-        3,
-        [
-            r"eval\.lengths: at length 512, data\.eval_path = '.*/short\.txt' has 300 bytes, "
-            r"too few for windows of 512 \+ 1 bytes; use more text or a shorter length"
-        ],
-    ),
-    (
-        "empty_training_text",
-        ["train.py", *_text_data("{tmp}", train="empty.txt"), "--workdir={tmp}/run"],
-        3,
-        [r"data\.path = '.*/empty\.txt' holds no text \(0 bytes\)"],
     ),
     (
         "evaluate_an_untrained_workdir",
@@ -166,7 +126,6 @@ def bad_input_runs(tmp_path_factory):
         tmp = folders[name]
         (tmp / "train.txt").write_text("A line of training text.\n" * 200)
         (tmp / "short.txt").write_text("x" * 299 + "\n")
-        (tmp / "empty.txt").write_text("")
         return name, (run_command([arg.format(tmp=tmp) for arg in args], env), tmp)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:

@@ -173,6 +173,9 @@ def test_bad_input_raises_clear_errors(tmp_path, corpus_files):
             ByteTextSource(_config(corpus_files, path=str(latin1)), 4, 0, 1)
     with pytest.raises(ValueError, match="too few for windows"):
         ByteTextSource(_config(corpus_files, seq_len=100_000), 4, 0, 1)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match=r"empty\.txt' holds no text \(0 bytes\); point it at"):
+        ByteTextSource(_config(corpus_files, path=str(tmp_path / "empty.txt")), 4, 0, 1)
     source = ByteTextSource(_config(corpus_files), 4, 0, 1)
     with pytest.raises(ValueError, match="too few for windows"):
         next(source.eval_batches(100_000, 4, 4))
