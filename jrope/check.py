@@ -901,31 +901,6 @@ def check_source(cfg):
     return build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
 
 
-def device_memory() -> tuple[int | None, str]:
-    """(bytes one device holds, what they are): the accelerator's limit, or the host's memory."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if "bytes_limit" in stats:
-        return int(stats["bytes_limit"]), "device memory"
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
-    except (ValueError, OSError):
-        return None, "memory"
-
-
-def peak_memory(compiled) -> int:
-    """The compiler's peak memory of a compiled program on one device, in bytes."""
-    stats = compiled.memory_analysis()
-    peak = getattr(stats, "peak_memory_in_bytes", 0)
-    if peak:
-        return int(peak)
-    return int(
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
-        + stats.temp_size_in_bytes
-    )
-
-
 def _timed(call: Callable[[], Any], repeats: int) -> float:
     """Median seconds of `repeats` calls after one warm-up (each call blocks on its result)."""
     jax.block_until_ready(call())
@@ -957,7 +932,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
                 f"{cfg.data.source!r} reads files, which the check leaves alone",
             )
         )
-    memory, memory_kind = device_memory()
+    memory, memory_kind = flops.device_memory()
     devices = run.mesh.devices.flatten().tolist()
     peak_flops = flops.peak_flops_per_sec(devices, cfg.model.compute_dtype)
     io = (
@@ -998,7 +973,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
             tokens,
             train_flops["total"],
             peak_flops,
-            peak_memory(compiled),
+            flops.peak_memory(compiled),
             memory,
             memory_kind,
             loss,
@@ -1033,7 +1008,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> tuple[list[R
             rows_per_batch * length,
             eval_flops["total"] / 3.0,
             peak_flops,
-            peak_memory(compiled_eval),
+            flops.peak_memory(compiled_eval),
             memory,
             memory_kind,
             eval_value,

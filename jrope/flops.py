@@ -1,10 +1,12 @@
-"""FLOP accounting for model-FLOP utilisation (MFU): a Transformer's model FLOPs per train step,
-the devices' published dense matmul peaks, and the tokens/s and MFU of a step rate (Throughput).
-The trainer's progress line and the accelerator check divide the one by the other."""
+"""What a step costs the devices: a Transformer's model FLOPs per train step, the devices'
+published dense matmul peaks, and the tokens/s and MFU of a step rate (Throughput), which the
+trainer's progress line and the accelerator check divide the one by the other; and a compiled
+program's peak memory against what one device holds."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import jax
@@ -118,3 +120,39 @@ class Throughput:
         if self.peak_flops_per_sec:
             rates["mfu"] = steps_per_sec * self.model_flops_per_step / self.peak_flops_per_sec
         return rates
+
+
+def device_memory() -> tuple[int | None, str]:
+    """(bytes one device holds, what they are): the accelerator's limit, or the host's memory."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), "device memory"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
+    except (ValueError, OSError):
+        return None, "memory"
+
+
+def peak_memory(compiled) -> int:
+    """The compiler's peak memory of a compiled program on one device, in bytes."""
+    stats = compiled.memory_analysis()
+    peak = getattr(stats, "peak_memory_in_bytes", 0)
+    if peak:
+        return int(peak)
+    return int(
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+        + stats.temp_size_in_bytes
+    )
+
+
+def memory_shortfall(compiled) -> str | None:
+    """'needs X GiB of <memory> (XLA's count), which holds Y GiB' where the compiled program's
+    peak exceeds one accelerator's memory, or the host's for all of its CPU devices; else None."""
+    limit, where = device_memory()
+    shared_by = jax.local_device_count() if where == "host memory" else 1
+    if limit is None or (peak := peak_memory(compiled) * shared_by) <= limit:
+        return None
+    needs, holds = peak / 2**30, limit / 2**30
+    return f"needs {needs:.2f} GiB of {where} (XLA's count), which holds {holds:.2f} GiB"

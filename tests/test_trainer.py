@@ -13,8 +13,9 @@ from helpers.matrix import cases
 from helpers.tiny_config import tiny_config
 
 import jrope
+from jrope import flops
 from jrope.data.synthetic import SyntheticSource
-from jrope.errors import NonFiniteLossError, SkippedTooManySteps, TrainingPreempted
+from jrope.errors import NonFiniteLossError, SkippedTooManySteps, TrainingPreempted, UsageError
 from jrope.losses import weighted_sums
 from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
@@ -244,6 +245,22 @@ def nan_batch_at_third_step(monkeypatch):
         return batch
 
     monkeypatch.setattr(SyntheticSource, "train_batch", train_batch)
+
+
+@pytest.mark.slow
+def test_a_train_step_larger_than_memory_is_refused_before_its_first_step(tmp_path, monkeypatch):
+    cfg = tiny_config(num_steps=2, **{"mesh.data": -1, "checkpoint.every_steps": 2})
+    train_and_evaluate(cfg, str(tmp_path))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    # XLA's peak of this step is some kilobytes per device; a device of 1 KiB cannot hold it.
+    monkeypatch.setattr(flops, "device_memory", lambda: (1024, "device memory"))
+    with pytest.raises(UsageError, match=r"^batch_size = 8: the train step needs [\d.]+ GiB of "):
+        train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}), str(tmp_path))
+    # Refused on resume, at step 2, with every file of the run as it was.
+    assert sorted(str(p) for p in tmp_path.rglob("*") if p.name != "starts.jsonl") == [
+        p for p in before if not p.endswith("starts.jsonl")
+    ]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
 
 
 @pytest.mark.slow

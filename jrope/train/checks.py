@@ -1,6 +1,6 @@
 """The checks before step 1 that need the machine, the workdir or the data (after the config's
-own): mesh, batches, the evaluation's memory, workdir, data (one evaluation batch per
-length). Every problem is raised in one ConfigError, a line each naming the key and the fix.
+own): mesh, batches, workdir, kernels and data (one evaluation batch per length). Every problem
+is raised in one ConfigError, a line each naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -143,10 +143,8 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             )
     if problem:
         return [problem]
-    if not is_uri(workdir) and os.path.isdir(path):
-        misplaced = _misplaced_entries(path)
-        if misplaced:
-            return misplaced
+    if not is_uri(workdir) and os.path.isdir(path) and (misplaced := _misplaced_entries(path)):
+        return misplaced
     steps = finished_steps(checkpoints)
     if evaluation and not steps:
         return [

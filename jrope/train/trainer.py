@@ -28,8 +28,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from jrope import command_line, commands, flops, losses
-from jrope.errors import NonFiniteLossError, RunIOError, SkippedTooManySteps, TrainingPreempted
+from jrope import command_line, commands, errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
@@ -59,7 +58,6 @@ class PreemptionWatch:
     def __exit__(self, *exc_info) -> None:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
-        self._previous_handlers = {}
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
@@ -163,9 +161,9 @@ def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) ->
             return _run(run, checkpointer, workdir)
         except Exception as error:
             failure = command_line.find_io_failure(error)
-            if failure is None or isinstance(error, RunIOError):
+            if failure is None or isinstance(error, errors.RunIOError):
                 raise
-            raise RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
+            raise errors.RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
         finally:
             # Also on errors: an in-flight save finishes, none is left half-written.
             checkpointer.close()
@@ -255,7 +253,8 @@ def _train_steps(
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
             stop_if_nonfinite(step, values, cfg.opt.max_consecutive_skips, checkpointer, measured)
             # 'skipped' and the streak decide above; the count of skipped updates is logged.
-            logger.write_step(step, {k: v for k, v in values.items() if k not in _STREAK_METRICS})
+            streak = ("skipped", "skipped_in_a_row")
+            logger.write_step(step, {k: v for k, v in values.items() if k not in streak})
 
     with (
         jax.set_mesh(mesh),
@@ -267,8 +266,14 @@ def _train_steps(
             if step == start:
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
+                train_step = train_step.lower(state, batch).compile()
+                if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
+                    raise errors.UsageError(
+                        f"batch_size = {cfg.batch_size}: the train step {shortfall}; lower "
+                        "--config.batch_size or shard over more devices (mesh.fsdp, mesh.tensor)."
+                    )
             trace.before_step(step)
-            state, metrics = train_step(state, batch)  # returns once compiled and dispatched
+            state, metrics = train_step(state, batch)
             trace.after_step(step, state)
             if step == start:
                 say(f"done in {outputs.duration(time.perf_counter() - compile_started)}.")
@@ -290,7 +295,7 @@ def _train_steps(
                 )
             if preempted:
                 checkpointer.wait_until_finished()
-                raise TrainingPreempted(
+                raise errors.TrainingPreempted(
                     done, checkpoints.checkpoint_path(checkpointer, done), preemption.signum
                 )
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
@@ -298,9 +303,6 @@ def _train_steps(
                 evaluate(state, done)
     read_pending()
     return state
-
-
-_STREAK_METRICS = ("skipped", "skipped_in_a_row")
 
 
 def stop_if_nonfinite(
@@ -316,7 +318,7 @@ def stop_if_nonfinite(
     bad = first_nonfinite(values)
     fix = "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint"
     if "skipped" not in values and bad is not None:
-        error = NonFiniteLossError(
+        error = errors.NonFiniteLossError(
             f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
             f"{checkpoints.describe_last_good(checkpointer)}. {fix} (or set "
             "opt.nonfinite='skip' to drop such steps)."
@@ -330,7 +332,7 @@ def stop_if_nonfinite(
     )
     if in_a_row >= max_in_a_row:
         # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
-        raise SkippedTooManySteps(
+        raise errors.SkippedTooManySteps(
             f"Steps {first} to {step} were all skipped ({bad[0]} non-finite): {in_a_row} in a "
             "row, opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
             "diverging. Last checkpoint before them: "
