@@ -22,22 +22,22 @@ jordan_raw_tau, and its kernels seasonal_trend and damped_wave):
         --methods=nope,rope,alibi,rope_alibi,damped_rope,direct_sum,jordan_rope,jordan_raw_tau \
         --seeds=0,1,2 --workdir=runs/signal/damped_wave
 
-Hardware: a CPU runs it (a run with its evaluation took 5 to 10 minutes on
-the shared 2-core development machine); evaluation at 4096 and 8192 runs
-blockwise.
+Hardware: a CPU runs it (a run with its evaluation took 2 to 7 minutes on
+the shared 2-core development machine on 2026-12-04); evaluation at 4096 and
+8192 runs blockwise.
 
 Expected result: the structured probe's ordering (docs/results.md,
 section 4): the Jordan encodings, which carry the features
 d e^{-gamma d} cos(w d), extrapolate a growing kernel better than RoPE and
 ALiBi.
 
-Measured (seasonal_trend, seed 0, 2026-12-01; R^2 at 512 / 1024 / 2048; all
+Measured (seasonal_trend, seed 0, 2026-12-04; r2 at 512 / 1024 / 2048; all
 methods in docs/results.md, section 5):
 
-    rope            0.873  0.617  0.163
-    damped_rope     0.970  0.752  0.397
-    jordan_rope     0.965  0.796  0.413
-    jordan_raw_tau  0.953  0.835  0.671
+    rope            0.820  0.635  0.241
+    damped_rope     0.957  0.788  0.434
+    jordan_rope     0.947  0.820  0.460
+    jordan_raw_tau  0.922  0.816  0.670
 """
 
 from ml_collections import config_dict

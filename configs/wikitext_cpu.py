@@ -18,14 +18,15 @@ Command (one run; docs/results.md, section 3, has the comparison over seeds):
     python train.py --config=configs/wikitext_cpu.py \
         --config.pe.name=jordan_exact_scaled --workdir=runs/wikitext_cpu_one
 
-Hardware: a 2-core CPU; a run took 1 to 2 minutes on 2026-12-01.
+Hardware: a 2-core CPU; a run with its evaluation took 1 to 1.5 minutes on
+2026-12-04.
 
-Measured result (docs/results.md, section 3; 2026-12-01, seeds 0-2): on WikiText-2's
+Measured result (docs/results.md, section 3; 2026-12-04, seeds 0-2): on WikiText-2's
 word-level validation text (training) and test text (evaluation) through
 --config.data.source=text, scaled-exact Jordan-RoPE and RoPE+ALiBi keep a
-nearly flat loss out to 8x the training length (mean test loss 2.162 and
-2.164 nats/byte) while RoPE (2.252), damped RoPE (2.289), the direct sum
-(2.290) and stabilized Jordan-RoPE (2.284) degrade.
+nearly flat loss out to 8x the training length (test loss at 2048: 2.164 and
+2.188 nats/byte, means over seeds) while RoPE (2.367), damped RoPE (2.380),
+the direct sum (2.370) and stabilized Jordan-RoPE (2.373) degrade.
 """
 
 from configs import wikitext_scaled_exact
