@@ -123,14 +123,17 @@ class Throughput:
 
 
 def device_memory() -> tuple[int | None, str]:
-    """(bytes one device holds, what they are): the accelerator's limit, or the host's memory."""
+    """(bytes one device may use, what they are): the accelerator's limit, or on CPU the host's
+    memory, shared by all of its devices."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), "device memory"
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return None, "memory"
+    devices = jax.local_device_count()
+    return host // devices, "host memory" if devices == 1 else f"host memory's 1/{devices} share"
 
 
 def peak_memory(compiled) -> int:
@@ -149,10 +152,9 @@ def peak_memory(compiled) -> int:
 
 def memory_shortfall(compiled) -> str | None:
     """'needs X GiB of <memory> (XLA's count), which holds Y GiB' where the compiled program's
-    peak exceeds one accelerator's memory, or the host's for all of its CPU devices; else None."""
+    peak on one device exceeds what that device may use (device_memory); else None."""
     limit, where = device_memory()
-    shared_by = jax.local_device_count() if where == "host memory" else 1
-    if limit is None or (peak := peak_memory(compiled) * shared_by) <= limit:
+    if limit is None or (peak := peak_memory(compiled)) <= limit:
         return None
     needs, holds = peak / 2**30, limit / 2**30
     return f"needs {needs:.2f} GiB of {where} (XLA's count), which holds {holds:.2f} GiB"
