@@ -11,9 +11,9 @@ compiling), the compile time and the time of one evaluation.
     python benchmarks/long_eval.py
     python benchmarks/long_eval.py --method=rope --lengths=2048,8192 --block_size=256
 
-'dense' is the kernel attention_impl='auto' picks below its blockwise
-threshold (jrope.attention.choose_kernel): it forms the T x T logits of
-every head. Dense runs whose logit matrices alone would
+'dense' is the kernel attention_impl='auto' picks below its thresholds
+(jrope.attention.choose_kernel; einsum on CPU, xla elsewhere), asked for by
+name: it forms the T x T logits of every head. Dense runs whose logit matrices alone would
 exceed --max_dense_gb are skipped (at 32768 they would need 16 GiB per layer).
 docs/performance.md's yardstick: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
 """
@@ -59,9 +59,11 @@ def _measure(kernel: str, length: int) -> dict:
 
     config = synthetic_cpu.get_config()
     config.pe.name = _METHOD.value
-    config.model.attention_impl = "blockwise" if kernel == "blockwise" else "auto"
-    # 'auto' never switches to blockwise here: dense means the materialised logits.
-    config.model.blockwise_min_length = 1 << 30
+    # 'dense' names the single-origin kernel 'auto' takes below its thresholds, asked for by
+    # name: 'auto' itself goes blockwise from model.blockwise_min_length on and wherever
+    # model.max_damping could overflow one origin (8192 tokens at the default bound).
+    dense = "einsum" if jax.default_backend() == "cpu" else "xla"
+    config.model.attention_impl = "blockwise" if kernel == "blockwise" else dense
     config.model.block_size = _BLOCK.value
     config.mesh.data = 1
     cfg = TrainConfig.from_config_dict(config)
