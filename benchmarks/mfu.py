@@ -45,9 +45,8 @@ XLA's own count for the compiled step (`cost_analysis()['flops']`, which also
 counts elementwise work, the optimizer, any rematerialised forward, and the
 attention logits the kernel actually forms: all T x T of them for 'xla',
 5/8 for the 4-block 'einsum' kernel), ms/step, achieved model GFLOP/s, the
-measured peak, and MFU = achieved / peak. The peak is float32 (about 450
-GFLOP/s on the idle development machine; bfloat16 matmuls were not faster
-there; docs/performance.md).
+measured peak, and MFU = achieved / peak. The peak is the float32 matmul's
+(docs/performance.md, Yardsticks).
 """
 
 import math

@@ -21,7 +21,7 @@ code, so the yardstick stays fixed as the library changes), which ran at 283
 ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed before and after the rounds says how
-loaded the machine was (about 450 GFLOP/s when idle). The last column counts the
+loaded the machine was. The last column counts the
 process's minor page faults per timed step (docs/performance.md: with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 set before the command, on huge pages).
 """
@@ -205,7 +205,7 @@ def _time_steps(run: dict, num_steps: int) -> float:
 
 
 def _matmul_gflops() -> float:
-    """Float32 2048^3 matmul throughput now: how busy the machine is (about 450 on an idle 2-core host)."""
+    """Float32 2048^3 matmul throughput now, in GFLOP/s: how busy the machine is."""
     a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
     matmul = jax.jit(lambda a: a @ a)
     matmul(a).block_until_ready()
@@ -266,7 +266,7 @@ def main(argv):
         f"L {cfg.pe.train_context}, batch {cfg.batch_size}, {_DTYPE.value}, remat {_REMAT.value}, "
         f"attention {_IMPL.value}, readout {cfg.model.readout}; median of {_ROUNDS.value} rounds x "
         f"{_STEPS.value} steps; {jax.devices()[0].platform}; plain 2048^3 matmul "
-        f"{gflops[0]:.0f} GFLOP/s before the rounds, {gflops[1]:.0f} after (idle: about 450); "
+        f"{gflops[0]:.0f} GFLOP/s before the rounds, {gflops[1]:.0f} after; "
         f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
     )
     print(
