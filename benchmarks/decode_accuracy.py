@@ -23,14 +23,16 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tests' set-up is reused as the tests import it: `helpers` from tests/, as pytest puts it.
+sys.path[:0] = [_REPO, os.path.join(_REPO, "tests")]
 
-import jax.numpy as jnp
-import numpy as np
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms
-from tests.test_shear_attention import TRAIN_CONTEXT
-from tests.test_shear_attention import _setup as setup
+from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms  # noqa: E402
+from tests.test_shear_attention import TRAIN_CONTEXT  # noqa: E402
+from tests.test_shear_attention import _setup as setup  # noqa: E402
 
 _LENGTH = flags.DEFINE_integer("length", 4 * TRAIN_CONTEXT, "S, the keys the decoded token sees.")
 NAMES = ("jordan_rope", "jordan_raw_tau", "jordan_exact_m3_eta1", "jordan_m3", "direct_sum")
