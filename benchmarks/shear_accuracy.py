@@ -7,7 +7,7 @@ error over the causal pairs relative to the largest logit. Three paths:
 
   rope        RoPE's maps, q2 and k2 rounded to bfloat16 (its usual path);
   shear       jrope.attention.shear.shear_logits with bfloat16 q, k;
-  maps bf16   today's maps with their float32 q2, k2 rounded to bfloat16 (what a
+  maps bf16   the maps with their float32 q2, k2 rounded to bfloat16 (what a
               bfloat16 kernel on the mapped q, k would see; keeps_float32 exists
               to prevent it).
 

@@ -1,4 +1,4 @@
-"""What the shear-weight kernels cost against today's path for the raw-shear encodings.
+"""What the shear-weight kernels cost against the maps for the raw-shear encodings.
 
 Two tables from one run:
 
@@ -7,19 +7,19 @@ Two tables from one run:
    jrope.attention.causal_attention, encoding included) and its compiled
    scratch memory (`memory_analysis().temp_size_in_bytes`, XLA's buffer
    assignment, not a measured RSS), for jordan_rope with
-     today     the einsum kernel on the maps' float32 q, k at HIGHEST,
+     maps      the einsum kernel on the maps' float32 q, k at HIGHEST,
      shear     the XLA shear-weight kernel (jrope.attention.shear),
      flash     the Pallas flash kernel in interpret mode (slow by nature on a
                CPU: it runs the kernel's body as XLA loops),
    at the synthetic shape (T 1024, N 4, H 32: configs/synthetic.py) and the
    WikiText shape (T 1024, N 6, H 64: configs/wikitext_scaled_exact.py),
-   batch 1, interleaved rounds, medians, ratios to `today` in the same group.
+   batch 1, interleaved rounds, medians, ratios to `maps` in the same group.
 
 2. Counted from programs exported for TPU and CUDA (jax.export, no
    hardware): per attention call (forward + backward), the dots over a
    [.., T, S] array with their precision, the kernel custom calls, and the
    number of distinct T x S float32 values the program holds outside custom
-   calls; for jordan_rope through today's path (XLA, HIGHEST), the shear and
+   calls; for jordan_rope through the maps (XLA, HIGHEST), the shear and
    flash kernels, and RoPE through splash (TPU) or cuDNN (CUDA, where this
    jax can lower it). Nothing here is a time or a byte count on an accelerator.
 
@@ -88,7 +88,7 @@ def measured_table(shapes, rounds, flash):
     for shape in shapes:
         length, heads, head_dim = SHAPES[shape]
         paths = [
-            ("today", "einsum", jnp.float32),
+            ("maps", "einsum", jnp.float32),
             ("shear", "shear", jnp.float32),
             ("shear", "shear", jnp.bfloat16),
         ]
