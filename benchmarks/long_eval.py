@@ -13,8 +13,9 @@ compiling), the compile time and the time of one evaluation.
 
 'dense' is the kernel attention_impl='auto' picks below its thresholds
 (jrope.attention.choose_kernel; einsum on CPU, xla elsewhere), asked for by
-name: it forms the T x T logits of every head. Dense runs whose logit matrices alone would
-exceed --max_dense_gb are skipped (at 32768 they would need 16 GiB per layer).
+name: it forms the T x T logits of every head. Dense runs whose logit
+matrices alone would exceed --max_dense_gb are skipped (at 32768 they would
+need 16 GiB per layer).
 docs/performance.md's yardstick: 8192 tokens in 8.0 s and 2.5 GB peak (PyTorch).
 """
 
