@@ -18,8 +18,8 @@ Jordan basis (jordan_raw_tau) has the lowest error at every context, clearly
 below rope, alibi and direct_sum; rope is exact on the phase target; the
 ALiBi-type bases are exact on the linear target.
 
-Measured (this config, the command above, CPU, 5 s; MSE, full table
-in docs/results.md, section 1):
+Measured (this config, the command above, 2-core CPU, 4 s, 2026-12-04; MSE,
+full table in docs/results.md, section 1):
 
     target  method               train (L)  T=2048   T=8192
     mixed   jordan_raw_tau       3.0e-05    0.028    2.04    lowest at 4096 and 8192 of all 13;

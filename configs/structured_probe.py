@@ -31,7 +31,7 @@ RoPE, ALiBi and the direct sum, the exact/raw basis (jordan_raw_tau) best
 beyond L; the Jordan tangent corrects phase_drift's frequency error to
 first order within L.
 
-Measured (the command above, 2026-12-01; MSE at T = 8192, full table in docs/results.md,
+Measured (the command above, 2026-12-04; MSE at T = 8192, full table in docs/results.md,
 section 4):
 
     target           rope    direct_sum  jordan_rope  jordan_raw_tau  jordan_m3

@@ -26,7 +26,7 @@ Expected result: on the high jets x^r cos(w d), the order-m bases fit r < m
 by orders of magnitude better than lower orders; the scaled jets of order m
 hold x^r e^{-0.1 x} cos(w d) for r < m exactly.
 
-Measured (the command above, 2026-12-02, float64 solver; train MSE on
+Measured (the command above, 2026-12-04, float64 solver; train MSE on
 [0, L), full table in docs/results.md, "Structured kernel probes"):
 
     method                  high_jet_r1  high_jet_r2  high_jet_r3

@@ -19,8 +19,9 @@ over the `data` axis, so use 1, 2, 3, 4, 6, 8, 12 or 24 devices, or fix
 --config.mesh.data and set --config.mesh.tensor=-1 for the rest).
 Evaluation reaches length 8192.
 
-Expected result (the paper's; not measured with this code at this scale): accuracy at length 8192 of about 0.906 for jordan_rope, 0.781 for
-rope and 0.500 for direct_sum.
+Expected result (the paper's, three seeds): accuracy at length 8192 of about 0.906 for
+jordan_rope, 0.781 for rope and 0.500 for direct_sum. This code's three-seed comparison at
+this scale has not finished (docs/results.md, section 2).
 """
 
 from ml_collections import config_dict
