@@ -12,9 +12,9 @@ Command:
 
 Hardware: a 2-core CPU; 8 to 15 minutes a run on the shared development machine.
 
-Measured (seed 0, 2026-12-03; rope_alibi rerun on 2026-12-04 gave its rows exactly;
-docs/results.md, section 6): none of rope,
-rope_alibi, jordan_rope, jordan_raw_tau learns the retrieval in 3000 steps;
+Measured (seed 0, 2026-12-03; rope_alibi rerun on 2026-12-04 gave its rows
+exactly; docs/results.md, section 6): none of rope, rope_alibi, jordan_rope,
+jordan_raw_tau learns the retrieval in 3000 steps;
 each stays near the plateau of picking one of the 4 values present (accuracy
 0.117 to 0.391 at every length), so this scale does not order the encodings.
 """
