@@ -3,7 +3,7 @@
 One decode step of a one-layer cache (tests/helpers/cache_decoding.py): the
 first S - 1 keys prefilled, the last token decoded over them, its output's
 relative RMS error against the float64 formula. q, k, v are bfloat16; eta
-near its bound, some damping (tests/test_shear_attention.py's set-up). Paths:
+near its bound, some damping (tests/helpers/shear_oracle.py's set-up). Paths:
 
   rope          RoPE's cache (bfloat16 mapped keys), its queries scaled to the
                 variant's logit RMS, so that both spread their logits alike;
@@ -23,16 +23,14 @@ import sys
 
 from absl import app, flags
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The tests' set-up is reused as the tests import it: `helpers` from tests/, as pytest puts it.
-sys.path[:0] = [_REPO, os.path.join(_REPO, "tests")]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms  # noqa: E402
-from tests.test_shear_attention import TRAIN_CONTEXT  # noqa: E402
-from tests.test_shear_attention import _setup as setup  # noqa: E402
+from tests.helpers.shear_oracle import TRAIN_CONTEXT  # noqa: E402
+from tests.helpers.shear_oracle import setup_encoding as setup  # noqa: E402
 
 _LENGTH = flags.DEFINE_integer("length", 4 * TRAIN_CONTEXT, "S, the keys the decoded token sees.")
 NAMES = ("jordan_rope", "jordan_raw_tau", "jordan_exact_m3_eta1", "jordan_m3", "direct_sum")

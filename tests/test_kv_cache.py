@@ -21,7 +21,7 @@ from jax import export
 
 from jrope.model import Transformer, kv_cache
 from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms
-from tests.test_shear_attention import _setup as _shear_setup
+from tests.helpers.shear_oracle import setup_encoding as _shear_setup
 
 VOCAB = 11
 PROMPT = 6

@@ -10,10 +10,9 @@ from helpers.matrix import cases
 
 import jrope
 from jrope.attention import shear
-from tests.helpers.shear_oracle import reference_logits
+from tests.helpers.shear_oracle import HEAD_DIM, TRAIN_CONTEXT, reference_logits
+from tests.helpers.shear_oracle import setup_encoding as _setup
 
-TRAIN_CONTEXT = 32
-HEAD_DIM = 48  # divisible by 2, 4, 6 and 8: every layout and order 3
 COVERED = (
     "nope",
     "rope",
@@ -33,19 +32,6 @@ COVERED = (
     "direct_sum",
 )
 SHEARED = ("jordan_rope", "jordan_raw_tau", "jordan_exact_scaled", "jordan_m3", "direct_sum")
-
-
-def _setup(name, length, dtype=jnp.float32, batch=1):
-    """An encoding with learned-looking parameters (eta near its bound, some damping) and q, k, v."""
-    cfg = jrope.pe_config_from_name(name, train_context=TRAIN_CONTEXT)
-    enc = jrope.make_encoding(cfg, 2, HEAD_DIM)
-    params = {}
-    for i, (key, value) in enumerate(enc.init_params().items()):
-        noise = 0.3 * jax.random.normal(jax.random.PRNGKey(i), value.shape)
-        params[key] = value + (2.0 if key == "eta_raw" else 0.0) + noise
-    keys = jax.random.split(jax.random.PRNGKey(7), 3)
-    q, k, v = (jax.random.normal(key, (batch, length, 2, HEAD_DIM)).astype(dtype) for key in keys)
-    return enc, params, q, k, v
 
 
 def _compiled(function, **static):

@@ -12,7 +12,8 @@ from jax import export
 import jrope
 from jrope.attention import shear, shear_flash
 from tests.helpers.shear_oracle import reference_logits
-from tests.test_shear_attention import _compiled, _setup
+from tests.helpers.shear_oracle import setup_encoding as _setup
+from tests.test_shear_attention import _compiled
 
 pytestmark = pytest.mark.slow  # Pallas interpret mode: tens of seconds per call on 2 CPU cores
 

@@ -3,15 +3,22 @@
 score(i, j) = sum over blocks of q_i^T A(-i)^{-1} A(-j) k_j (docs/mathematics.md,
 section 3) with A(-p) = e^{gamma p} R(omega p)^T exp(-s(p) N): the damped rotation
 of the lag i - j times the chain's exp((s_i - s_j) N), whose time lag is an exact
-fraction of the integer positions (no rounding at any offset).
+fraction of the integer positions (no rounding at any offset). And the encodings
+the shear tests and benchmarks run it on (setup_encoding).
 """
 
 import math
 from fractions import Fraction
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+import jrope
 from jrope.encodings import alibi_slopes
+
+TRAIN_CONTEXT = 32
+HEAD_DIM = 48  # divisible by 2, 4, 6 and 8: every layout and order 3
 
 
 def _time(cfg, p: int) -> Fraction:
@@ -72,3 +79,16 @@ def reference_logits(encoding, params, q, k, q_positions, k_positions) -> np.nda
         slopes = alibi_slopes(encoding.num_heads).astype(np.float64)
         logits -= slopes[:, None, None] * np.maximum(lag, 0.0)[None]
     return logits
+
+
+def setup_encoding(name, length, dtype=jnp.float32, batch=1):
+    """An encoding with learned-looking parameters (eta near its bound, some damping) and q, k, v."""
+    cfg = jrope.pe_config_from_name(name, train_context=TRAIN_CONTEXT)
+    enc = jrope.make_encoding(cfg, 2, HEAD_DIM)
+    params = {}
+    for i, (key, value) in enumerate(enc.init_params().items()):
+        noise = 0.3 * jax.random.normal(jax.random.PRNGKey(i), value.shape)
+        params[key] = value + (2.0 if key == "eta_raw" else 0.0) + noise
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    q, k, v = (jax.random.normal(key, (batch, length, 2, HEAD_DIM)).astype(dtype) for key in keys)
+    return enc, params, q, k, v
