@@ -344,8 +344,10 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
             handler.addFilter(_shown_record)
         sys.excepthook = _excepthook_without_closed_loop_noise
         sys.unraisablehook = _unraisablehook_without_abandoned_io_noise
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _stop_at_a_safe_point)
+    before = {
+        signum: signal.signal(signum, _stop_at_a_safe_point)
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         main(argv)
     except (KeyboardInterrupt, Stopped) as error:
@@ -356,6 +358,11 @@ def _run_reporting_errors(main: Callable[[list[str]], None], argv: list[str]) ->
         if reported is None:
             raise
         _fail(reported[1], reported[0], error)
+    else:
+        # Everything is written: a signal from here on (or one deferred out of a library above)
+        # takes its usual effect, never a stop message raised inside the interpreter's shutdown.
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 class Stopped(BaseException):

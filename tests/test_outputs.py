@@ -52,6 +52,30 @@ def _metrics(loss):
     return {"loss": np.float32(loss), "accuracy": np.float32(0.5), "grad_norm": np.float32(1.0)}
 
 
+class _StopAfterFirstWrite:
+    """A stdout at which a stop (SIGTERM's handler raising) arrives as its first write returns."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+        if len(self.text) == len(text):
+            raise KeyboardInterrupt
+
+    def flush(self):
+        pass
+
+
+def test_a_stop_while_a_line_is_shown_leaves_the_line_whole(monkeypatch):
+    """The stop message follows on a line of its own, not on the end of the interrupted one."""
+    stdout = _StopAfterFirstWrite()
+    monkeypatch.setattr("sys.stdout", stdout)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.say("  length 8: accuracy 0.3750  loss 4.4082  (1.6 s)")
+    assert stdout.text == "  length 8: accuracy 0.3750  loss 4.4082  (1.6 s)\n"
+
+
 def test_progress_line_shows_step_loss_rates_and_time_left(tmp_path, capsys):
     known = Throughput(tokens_per_step=1000, model_flops_per_step=1e12, peak_flops_per_sec=1e14)
     logger = MetricsLogger(

@@ -25,9 +25,14 @@ from jrope.train.config import TrainConfig
 
 
 def say(message: str, end: str = "\n") -> None:
-    """The program's output (not a log record): stdout, process 0 only, flushed at once."""
+    """The program's output (not a log record): stdout, process 0 only, flushed at once.
+
+    One write: print() writes the message and its end separately, and a SIGTERM between the
+    two would leave the stop message on the end of this line instead of on its own.
+    """
     if jax.process_index() == 0:
-        print(message, end=end, flush=True)
+        sys.stdout.write(message + end)
+        sys.stdout.flush()
 
 
 def duration(seconds: float) -> str:
