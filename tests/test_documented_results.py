@@ -24,6 +24,8 @@ RESULTS = (ROOT / "docs/results.md").read_text()
 QUICKSTART_DOC = (ROOT / "configs" / "quickstart.py").read_text()
 # In docs/results.md, a table copied from a probe's kernel_probe.md follows this marker.
 PROBE_MARKER = re.compile(r"<!-- kernel_probe\.md of (configs/\w+\.py) -->\n\n((?:\|.*\n)+)")
+# The finished runs of section 2's paper-scale comparison: each one's evaluation and logs.
+PAPER_SCALE_RUNS = ROOT / "docs/runs/synthetic"
 # The quick start's evaluation lines: "length 256: accuracy 0.9062  loss 0.1776"
 LENGTH_LINE = re.compile(r"length (\d+): accuracy ([\d.]+)\s+loss ([\d.]+)")
 
@@ -55,6 +57,23 @@ def test_every_probe_table_in_the_results_is_marked_with_its_config():
     }
     for config, _ in marked:  # the command that regenerates it is written out beside it
         assert f"python eval.py --config={config}" in RESULTS
+
+
+def test_the_paper_scale_tables_are_the_comparison_of_the_runs_kept_in_docs():
+    """Section 2's paper-scale tables are what the comparison makes of the runs in docs/runs."""
+    from jrope.experiments import compare
+    from jrope.train import evaluation
+
+    methods = ["jordan_rope", "rope", "direct_sum"]  # the comparison command's order
+    folders = sorted(
+        PAPER_SCALE_RUNS.glob("*/seed*/eval_step1200"),
+        key=lambda folder: (int(folder.parent.name[4:]), methods.index(folder.parent.parent.name)),
+    )
+    assert folders, f"no finished run in {PAPER_SCALE_RUNS}"
+    rows = [row for folder in folders for row in evaluation.read_results(folder)]
+    assert {row["num_sequences"] for row in rows} == {256}
+    for table in (compare.comparison_table(rows, "accuracy"), compare.seed_table(rows, "accuracy")):
+        assert table.split("\n\n", 1)[1].strip() in RESULTS, table
 
 
 @pytest.mark.published
