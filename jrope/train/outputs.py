@@ -25,14 +25,9 @@ from jrope.train.config import TrainConfig
 
 
 def say(message: str, end: str = "\n") -> None:
-    """The program's output (not a log record): stdout, process 0 only, flushed at once.
-
-    One write: print() writes the message and its end separately, and a SIGTERM between the
-    two would leave the stop message on the end of this line instead of on its own.
-    """
+    """The program's output on stdout (process 0), flushed; a line and its end in one write."""
     if jax.process_index() == 0:
-        sys.stdout.write(message + end)
-        sys.stdout.flush()
+        print(message + end, end="", flush=True)
 
 
 def duration(seconds: float) -> str:
