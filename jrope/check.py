@@ -32,7 +32,6 @@ H head dim, nb blocks per head, m chain order.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import importlib.metadata
@@ -42,14 +41,14 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, commands, encodings, flops, pe_math
+from jrope import attention, command_line, commands, encodings, flops, oracle
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -314,131 +313,6 @@ def environment_rows(mesh_shape: dict[str, int], compute_dtype: str, requested: 
 
 
 # ---------------------------------------------------------------------------------------------
-# The float64 reference: the encoding's formulas (docs/mathematics.md, section 3), evaluated
-# with jax.numpy in float64 and differentiated by autodiff.
-# ---------------------------------------------------------------------------------------------
-
-
-def _key_maps(enc: encodings.Encoding, params: dict[str, jax.Array], positions, origin):
-    """Per segment (segment, A(-(p - o)) [N, S, nb, 2m, 2m]) in float64.
-
-    A(t) = e^{-gamma t} R(omega t) (x) U(c(t)), measured from the origin o for the damping and
-    the rotation (both depend on i - j alone) and for the exact variants' shear; the stabilized
-    variants' shear reads the absolute position.
-    """
-    maps = []
-    num_positions = positions.shape[0]
-    for segment in enc.segments:
-        cfg, order, num_blocks = segment.cfg, segment.order, segment.num_blocks
-        physical = segment.physical_params(params)
-        omega = segment.frequencies().astype(jnp.float64)  # [nb], the model's own frequencies
-        relative = (positions - origin).astype(jnp.float64)  # [S]
-        time = -(relative if cfg.is_translation_invariant else positions.astype(jnp.float64))
-        if cfg.shear_time == "bounded":
-            time = time / (1.0 + jnp.abs(time) / cfg.train_context)
-        shear = cfg.shear_scale * time[None, :, None]  # [1, S, 1]
-        if segment.shear == "eta":
-            coefficients = pe_math.shear_series(physical["eta"][:, None, :] * shear, order)
-        elif segment.shear == "jet":
-            gates = physical["jet_gates"]  # [m - 1, N, nb]
-            base = physical["jet_base"][:, None, :] if "jet_base" in physical else 1.0
-            coefficients = [base] + [
-                gates[r - 1][:, None, :] * shear**r / math.factorial(r) for r in range(1, order)
-            ]
-        else:
-            coefficients = [1.0] + [0.0] * (order - 1)
-        shape = (segment.num_heads, num_positions, num_blocks)
-        unipotent = sum(
-            jnp.broadcast_to(jnp.asarray(c, jnp.float64), shape)[..., None, None]
-            * jnp.eye(order, k=r, dtype=jnp.float64)[None, None, None]
-            for r, c in enumerate(coefficients)
-        )  # [N, S, nb, m, m]
-        angle = -omega[None, :] * relative[:, None]  # [S, nb]
-        cos, sin = jnp.cos(angle), jnp.sin(angle)
-        rotation = jnp.stack([jnp.stack([cos, -sin], -1), jnp.stack([sin, cos], -1)], -2)
-        key_map = jnp.einsum("nsbxy,sbuv->nsbxuyv", unipotent, rotation)
-        key_map = key_map.reshape(shape + (2 * order, 2 * order))
-        if "gamma" in physical:
-            damping = jnp.exp(physical["gamma"][:, None, :] * relative[None, :, None])
-            key_map = key_map * damping[..., None, None]
-        maps.append((segment, key_map))
-    return maps
-
-
-def _apply_maps(maps, x: jax.Array, inverse_transpose: bool) -> jax.Array:
-    """x [B, S, N, H] through each segment's maps (A, or A^{-T} for queries), float64."""
-    if not maps:
-        return x
-    parts = []
-    for segment, matrix in maps:
-        if inverse_transpose:
-            matrix = jnp.swapaxes(jnp.linalg.inv(matrix), -1, -2)
-        window = x[..., segment.start : segment.start + segment.width]
-        blocks = window.reshape(window.shape[:-1] + (segment.num_blocks, 2 * segment.order))
-        mapped = jnp.einsum("nsbxy,zsnby->zsnbx", matrix, blocks)
-        parts.append(mapped.reshape(window.shape))
-    return jnp.concatenate(parts, -1)
-
-
-def reference_mapped(enc, params, q, k, positions, num_queries):
-    """(q2 [B, Q, N, H], k2 [B, S, N, H]): the float64 maps from the window's midpoint."""
-    origin = positions[0] + (positions[-1] - positions[0]) // 2
-    maps = _key_maps(enc, params, positions, origin)
-    length = positions.shape[0]
-    query_maps = [(segment, matrix[:, length - num_queries :]) for segment, matrix in maps]
-    return _apply_maps(query_maps, q, True), _apply_maps(maps, k, False)
-
-
-def reference_logits(enc, params, q, k, positions, num_queries):
-    """float64 logits [B, N, Q, S] of the last Q queries over all S keys (future pairs too)."""
-    q2, k2 = reference_mapped(enc, params, q, k, positions, num_queries)
-    logits = jnp.einsum("btnh,bsnh->bnts", q2, k2) / math.sqrt(enc.head_dim)
-    if enc.has_bias:
-        slopes = jnp.asarray(encodings.alibi_slopes(enc.num_heads), jnp.float64)
-        lag = positions[-num_queries:, None] - positions[None, :]
-        bias = slopes[:, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)[None]
-        logits = logits - bias[None]
-    return logits
-
-
-def reference_attention(enc, params, q, k, v, positions, num_queries):
-    """float64 causal attention [B, Q, N, H] of the last Q queries, in row chunks (memory)."""
-    q2, k2 = reference_mapped(enc, params, q, k, positions, num_queries)
-    chunk = math.gcd(num_queries, 256)
-    q_positions = positions[positions.shape[0] - num_queries :]
-    if enc.has_bias:
-        slopes = jnp.asarray(encodings.alibi_slopes(enc.num_heads), jnp.float64)
-
-    @jax.checkpoint
-    def rows(args):
-        q_rows, row_positions = args  # [B, c, N, H], [c]
-        logits = jnp.einsum("btnh,bsnh->bnts", q_rows, k2) / math.sqrt(enc.head_dim)
-        lag = (row_positions[:, None] - positions[None, :])[None, None]  # [1, 1, c, S]
-        if enc.has_bias:
-            logits = logits - slopes[None, :, None, None] * jnp.maximum(lag, 0).astype(jnp.float64)
-        logits = jnp.where(lag >= 0, logits, -jnp.inf)
-        return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits, -1), v)
-
-    batch, heads, width = q.shape[0], q.shape[2], q.shape[3]
-    chunks = q2.reshape(batch, num_queries // chunk, chunk, heads, width).swapaxes(0, 1)
-    out = jax.lax.map(rows, (chunks, q_positions.reshape(-1, chunk)))
-    return out.swapaxes(0, 1).reshape(batch, num_queries, heads, width)
-
-
-@contextlib.contextmanager
-def float64_on(device: jax.Device) -> Iterator[None]:
-    with jax.enable_x64(True), jax.default_device(device):
-        yield
-
-
-def reference_device() -> jax.Device:
-    """Where float64 runs: a GPU computes it natively, a TPU would emulate it, so the host CPU."""
-    if jax.default_backend() == "gpu":
-        return jax.devices()[0]
-    return jax.devices("cpu")[0]
-
-
-# ---------------------------------------------------------------------------------------------
 # 2. The kernels against float64.
 # ---------------------------------------------------------------------------------------------
 
@@ -495,23 +369,6 @@ class Problem:
         return self.q[:, first:], self.w[:, first:]
 
 
-def _float64(x) -> jax.Array:
-    return jnp.asarray(np.asarray(jnp.asarray(x, jnp.float32), np.float64))
-
-
-def _numpy(x) -> np.ndarray:
-    return np.asarray(
-        jnp.asarray(x).astype(jnp.float32) if x.dtype != jnp.float64 else x, np.float64
-    )
-
-
-def _named_gradients(grads) -> dict[str, np.ndarray]:
-    """{'dq', 'dk', 'dv', 'd<param>'} as numpy float64, from (dq, dk, dv, dparams)."""
-    dq, dk, dv, dparams = grads
-    named = {"dq": dq, "dk": dk, "dv": dv, **{f"d{name}": g for name, g in dparams.items()}}
-    return {name: _numpy(g) for name, g in named.items()}
-
-
 def _attention_loss(attend: Callable) -> Callable:
     """jit of value_and_grad of sum(attend(...) w): ((loss, out), (dq, dk, dv, dparams))."""
 
@@ -520,34 +377,6 @@ def _attention_loss(attend: Callable) -> Callable:
         return jnp.sum(out.astype(w.dtype) * w), out
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
-
-
-class Reference:
-    """The float64 outputs and gradients of one encoding's attention, per window and offset."""
-
-    def __init__(self, enc: encodings.Encoding, params: dict[str, jax.Array]):
-        self._enc = enc
-        self._device = reference_device()
-        with float64_on(self._device):
-            self._params = {name: _float64(value) for name, value in params.items()}
-        self._functions: dict[int, Callable] = {}
-
-    def __call__(self, problem: Problem, offset: int, num_queries: int):
-        """(out [B, Q, N, H], named gradients) as numpy float64."""
-        length = problem.k.shape[1]
-        enc = self._enc
-        with float64_on(self._device):
-            if num_queries not in self._functions:
-                self._functions[num_queries] = _attention_loss(
-                    lambda q, k, v, params, positions: reference_attention(
-                        enc, params, q, k, v, positions, num_queries
-                    )
-                )
-            q, w = (_float64(x) for x in problem.rows(num_queries))
-            k, v = _float64(problem.k), _float64(problem.v)
-            positions = offset + jnp.arange(length, dtype=jnp.int64)
-            (_, out), grads = self._functions[num_queries](q, k, v, self._params, w, positions)
-            return np.asarray(out), _named_gradients(grads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -644,7 +473,6 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     )
     params = check_parameters(enc)
     block_size = selection.blockwise_block_size(cfg.model.block_size, enc.largest_damping(params))
-    reference = Reference(enc, params)
     problems: dict[int, Problem] = {}
     rows = []
     for case in kernel_cases(cfg, enc, params, backend):
@@ -664,7 +492,7 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
         attend = _kernel_loss(enc, case.kernel, block_size, precision)
         try:
             errors = [
-                _case_errors(attend, reference, problems[case.length], params, offset, case)
+                _case_errors(attend, enc, problems[case.length], params, offset, case)
                 for offset in OFFSETS
             ]
         except Exception as error:  # a kernel that fails to compile or run is the finding
@@ -715,7 +543,7 @@ def _kernel_loss(enc, kernel: str, block_size: int, precision) -> Callable:
     )
 
 
-def _case_errors(attend, reference, problem: Problem, params, offset: int, case: KernelCase):
+def _case_errors(attend, enc, problem: Problem, params, offset: int, case: KernelCase):
     """(value error, (gradient error, worst tensor)) of one case at one offset.
 
     The stabilized encodings' shear reads the absolute position through the bounded time,
@@ -723,14 +551,16 @@ def _case_errors(attend, reference, problem: Problem, params, offset: int, case:
     about zero and float32 returns the rounding of the cancelling terms, so their parameter
     gradients are compared at offset 0 only (training positions start at 0).
     """
-    want_out, want_grads = reference(problem, offset, case.num_queries)
     q, w = problem.rows(case.num_queries)
     positions = jnp.arange(case.length, dtype=jnp.int32) + jnp.int32(offset)
+    want_out, want_grads = oracle.attention_and_gradients(
+        enc, params, q, problem.k, problem.v, w, positions
+    )
     (_, out), grads = attend(q, problem.k, problem.v, params, w, positions)
-    got_grads = _named_gradients(grads)
+    got_grads = oracle.named_gradients(grads)
     if offset and not case.translation_invariant:
         want_grads = {name: want_grads[name] for name in ("dq", "dk", "dv")}
-    return output_error(_numpy(out), want_out), gradient_error(got_grads, want_grads)
+    return output_error(oracle.as_float64(out), want_out), gradient_error(got_grads, want_grads)
 
 
 def _offset(offset: int) -> str:
@@ -795,15 +625,13 @@ def _precision_row(cfg, enc, length: int, backend: str) -> Row:
     problem = Problem.random(length, CHECK_HEADS, cfg.model.head_dim, cfg.model.compute_dtype)
     q, _ = problem.rows(num_queries)
     positions = jnp.arange(length, dtype=jnp.int32)
-    with float64_on(reference_device()):
+    with oracle.float64():
         want = np.asarray(
-            jax.jit(reference_logits, static_argnums=(0, 5))(
+            jax.jit(oracle.logits, static_argnums=0)(
                 enc,
-                {n: _float64(p) for n, p in params.items()},
-                _float64(q),
-                _float64(problem.k),
-                jnp.arange(length, dtype=jnp.int64),
-                num_queries,
+                *oracle.as_float64((params, q, problem.k)),
+                positions[length - num_queries :],
+                positions,
             )
         )
     visible = np.arange(length - num_queries, length)[:, None] >= np.arange(length)[None, :]

@@ -50,6 +50,24 @@ POSITION_RANGE = (-(2**31), 2**31 - 1)
 # coefficients can sum past this multiple of the rotation (docs/numerics.md, section 3).
 FLOAT32_SHEAR_TERM = 1.0
 
+# The features an encoding can have (Encoding.features). Each kernel declares the features it
+# supports (jrope.attention.selection.KERNEL_FEATURES) and refuses an encoding with any other by
+# name, so that no kernel computes another function than the encoding's.
+MAPS = "position maps"  # per-position linear maps of q and k (every variant but NoPE and ALiBi)
+DAMPING = "damping"  # a learned damping e^{-gamma |i - j|}
+SHEAR = "exponential shear"  # chain coefficients (eta s)^r / r! of one shear time s(p)
+GATED_SHEAR = "gated shear"  # the jet mixes: gated coefficients, not one exponential
+BIAS = "logit bias"  # ALiBi's additive -slope * max(i - j, 0)
+FLOAT32_DOTS = "float32 dots"  # logits that cancel large products (Encoding.keeps_float32)
+
+# What each family of hooks carries exactly: a kernel that reaches the encoding only through
+# one family supports these features (and BIAS where it adds logit_bias). A feature added to an
+# encoding joins the families whose hooks compute it, and no other.
+#   the maps: map_queries, map_keys, move_keys;
+MAP_FEATURES = frozenset({MAPS, DAMPING, SHEAR, GATED_SHEAR, FLOAT32_DOTS})
+#   the shear terms: shear_terms, term_rates, shear_time (jrope.attention.shear).
+TERM_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS})
+
 
 def check_positions(positions, what: str = "positions", *, packed: bool = False) -> None:
     """Raises ValueError for concrete positions jrope cannot take; traced ones pass unchecked.
@@ -189,14 +207,58 @@ class Encoding:
         return jax.lax.Precision.HIGHEST if self.keeps_float32 else None
 
     @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What a kernel must compute for this encoding: a subset of the feature names above."""
+        features = {BIAS} if self.cfg.alibi else set()
+        for segment in self.segments:
+            features.add(MAPS)
+            if segment.learn_gamma:
+                features.add(DAMPING)
+            features |= {"none": set(), "eta": {SHEAR}, "jet": {GATED_SHEAR}}[segment.shear]
+        if self.keeps_float32:
+            features.add(FLOAT32_DOTS)
+        return frozenset(features)
+
+    @property
+    def has_maps(self) -> bool:
+        """Whether q and k are mapped at all (False for NoPE and ALiBi)."""
+        return bool(self.segments)
+
+    @property
+    def learns_damping(self) -> bool:
+        return any(segment.learn_gamma for segment in self.segments)
+
+    @property
+    def shear_time(self) -> pe_math.ShearTime | None:
+        """The shear's time s(p) / eta of every shearing segment (None without a shear)."""
+        return self.cfg.clock
+
+    @property
     def param_logical_axes(self) -> dict[str, tuple[str | None, ...]]:
-        axes = {
-            "gamma_raw": ("heads", None),
-            "eta_raw": ("heads", None),
-            "jet_gates_raw": (None, "heads", None),
-            "jet_base_raw": ("heads", None),
+        """Each parameter's logical axes (jrope.model.axes), by name."""
+        return {
+            name: axes
+            for segment in self.segments
+            for name, (_, axes) in segment.parameters().items()
         }
-        return {name: axes[name] for name in self.init_params()}
+
+    def head_dampings(self, params) -> np.ndarray:
+        """The largest damping gamma of each head, float64 [N] on the host (zeros: undamped).
+
+        params: this encoding's parameter dict, concrete arrays (not tracers).
+        """
+        heads = np.zeros(self.num_heads)
+        # Inside a trace jnp would stage even concrete parameters' arithmetic; evaluate eagerly.
+        with jax.ensure_compile_time_eval():
+            for segment in self.segments:
+                if segment.learn_gamma:
+                    gamma = np.asarray(segment.physical_params(params)["gamma"], np.float64)
+                    heads = np.maximum(heads, gamma.reshape(gamma.shape[0], -1).max(axis=1))
+        return heads
 
     def largest_damping(self, params) -> float:
         """The largest damping gamma of one layer's parameters, a host-side float (0: undamped).
@@ -206,22 +268,15 @@ class Encoding:
         is fine, tracers are not. It is what a single-origin attention kernel
         must survive (jrope.attention.choose_kernel's damping).
         """
-        # Inside a trace jnp would stage even concrete parameters' arithmetic
-        # and hand back tracers; evaluate it eagerly instead.
-        with jax.ensure_compile_time_eval():
-            gammas = [
-                np.max(np.asarray(segment.physical_params(params)["gamma"]))
-                for segment in self.segments
-                if segment.learn_gamma
-            ]
-        return float(max(gammas, default=0.0))
+        return float(np.max(self.head_dampings(params), initial=0.0))
 
     def init_params(self) -> dict[str, jax.Array]:
         """The learnable parameters at their configured initial values (float32)."""
-        params = {}
-        for segment in self.segments:
-            params.update(segment.init_params())
-        return params
+        return {
+            name: jnp.asarray(value)
+            for segment in self.segments
+            for name, (value, _) in segment.parameters().items()
+        }
 
     def physical_params(self, params) -> dict[str, jax.Array]:
         """gamma, eta, jet gates, alpha_0 as the model sees them."""
@@ -326,6 +381,64 @@ class Encoding:
             lambda seg, x, pos, o: seg.map_keys(params, x, pos, o, shear=shear),
         )
 
+    @property
+    def shear_order(self) -> int:
+        """The shear kernels' number of terms: the largest chain order that shears (1: none)."""
+        return max((s.order for s in self.segments if s.shear == "eta"), default=1)
+
+    def shear_terms(self, params, x, positions, origin, *, queries: bool) -> tuple[jax.Array, ...]:
+        """One side's terms of the shear kernels' score sum_r lag^r q_r . k_r (jrope.attention.shear).
+
+        Term 0 is the whole damped-rotated head (the maps without the shear);
+        term r >= 1, per shearing segment, the damped-rotated chain elements
+        a < m - r times eta^r / r! (queries) or the elements a + r (keys).
+        x: [B, L, N, H]; positions int32 [B|1, L]; origin: int32 [B|1, 1] or one
+        per token [B|1, L]. Returns float32 (float64 for float64 x) [B, L, N, d_r] per term.
+        """
+        if not self.segments:
+            return (x.astype(pe_math.real_dtype(x)),)
+        heads_0, shifted = [], [[] for _ in range(self.shear_order)]
+        for segment in self.segments:
+            window = x[..., segment.start : segment.start + segment.width]
+            apply = segment.map_queries if queries else segment.map_keys
+            rotated = apply(params, window, positions, origin, shear=False)
+            heads_0.append(rotated)
+            if segment.shear != "eta":
+                continue
+            m = segment.order
+            blocks = rotated.reshape(rotated.shape[:-1] + (segment.num_blocks, m, 2))
+            eta = segment.physical_params(params)["eta"]  # [N, nb]
+            for r in range(1, m):
+                if queries:
+                    weight = (eta**r / math.factorial(r)).reshape((1, 1) + eta.shape + (1, 1))
+                    part = blocks[..., : m - r, :] * weight
+                else:
+                    part = blocks[..., r:, :]
+                shifted[r].append(part.reshape(part.shape[:3] + (-1,)))
+        return (_concat(heads_0), *[_concat(parts) for parts in shifted[1:]])
+
+    def term_rates(self, params) -> list[tuple[jax.Array, jax.Array]]:
+        """Per shear term, the damping and frequency of each (re, im) pair of its dims.
+
+        Laid out as shear_terms lays out the term's dims: (gamma float32 [N, d_r / 2],
+        omega float32 [d_r / 2]). Moving a key mapped from origin o_k to origin o
+        multiplies each pair by e^{gamma (o_k - o)} R(-omega (o_k - o)).
+        """
+        if not self.segments:
+            half = self.head_dim // 2
+            return [(jnp.zeros((self.num_heads, half)), jnp.zeros((half,)))]
+        rates = [([], []) for _ in range(self.shear_order)]
+        for segment in self.segments:
+            heads, blocks, m = segment.num_heads, segment.num_blocks, segment.order
+            physical = segment.physical_params(params)
+            gamma = physical.get("gamma", jnp.zeros((heads, blocks), jnp.float32))
+            gamma = jnp.broadcast_to(gamma[..., None], (heads, blocks, m))
+            omega = jnp.broadcast_to(segment.frequencies()[:, None], (blocks, m))
+            for r in range(min(m, self.shear_order) if segment.shear == "eta" else 1):
+                rates[r][0].append(gamma[..., r:].reshape(heads, -1))
+                rates[r][1].append(omega[..., r:].reshape(-1))
+        return [(_concat(g), _concat(w)) for g, w in rates]
+
     def _map(self, name, x, positions, origin, segment_map, packed=False):
         """Applies segment_map(segment, x_slice, positions, origin) on every segment's dims."""
         check_floating(name, x)
@@ -353,7 +466,9 @@ class Encoding:
             for segment in self.segments
         ]
         mapped = parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
-        return mapped.astype(jnp.float32 if self.keeps_float32 else x.dtype)
+        return mapped.astype(
+            jnp.promote_types(x.dtype, jnp.float32) if self.keeps_float32 else x.dtype
+        )
 
     def logit_bias(self, params, q_positions, k_positions):
         """ALiBi: -slope_h * max(i - j, 0), float32 [N, T, S] ([B, N, T, S] for batched positions).
@@ -411,6 +526,21 @@ class Encoding:
             )
         logits = logits / math.sqrt(self.head_dim)
         return add_bias(logits, self.logit_bias(params, q_positions, k_positions))
+
+
+def unsupported_features(encoding: Encoding, supported: frozenset[str]) -> list[str]:
+    """The encoding's features that a kernel supporting `supported` does not take, sorted."""
+    return sorted(encoding.features - supported)
+
+
+def check_supported(encoding: Encoding, supported: frozenset[str], kernel: str) -> None:
+    """Raises ValueError naming the first feature of `encoding` that `kernel` does not take."""
+    missing = unsupported_features(encoding, supported)
+    if missing:
+        raise ValueError(
+            f"{kernel} does not take {encoding.name}'s {missing[0]}; run it with "
+            "jrope.attention.causal_attention on a kernel that choose_kernel accepts."
+        )
 
 
 def make_encoding(
@@ -497,3 +627,7 @@ def add_bias(logits: jax.Array, bias: jax.Array | None) -> jax.Array:
     if bias is None:
         return logits
     return logits + (bias[None] if bias.ndim == 3 else bias)
+
+
+def _concat(parts: list[jax.Array]) -> jax.Array:
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)

@@ -49,12 +49,15 @@ from jrope.attention.selection import (
     damping_bound,
     single_origin_is_safe,
 )
-from jrope.attention.shear import shear_attention, shear_weight_problem
+from jrope.attention.shear import shear_attention
 from jrope.encodings import (
+    BIAS,
+    MAP_FEATURES,
     Encoding,
     attention_logits,
     check_floating,
     check_positions_fit,
+    check_supported,
 )
 from jrope.model.axes import LOGICAL_AXES_KEY
 
@@ -268,7 +271,8 @@ def dot_product_attention(
                 f"implementation='cudnn' takes bfloat16 or float16 inputs, got {v.dtype}; cast "
                 "q, k, v to bfloat16 or use implementation='xla'."
             )
-    if implementation != "cudnn" and encoding.keeps_float32 and not shear_weight_problem(encoding):
+    shear_kernel = attention.feature_refusal("shear", encoding) is None
+    if implementation != "cudnn" and encoding.keeps_float32 and shear_kernel:
         # The maps would need float32 q, k and HIGHEST dots; the shear as an exact per-pair
         # weight needs neither (jrope.attention.shear): dots in q's dtype, default precision.
         visible = mask
@@ -286,6 +290,7 @@ def dot_product_attention(
             causal=False,
             mask=visible,
         )
+    check_supported(encoding, MAP_FEATURES | {BIAS}, "dot_product_attention")
     q2, k2 = pe(q, k, q_positions, k_positions)
     bias = pe.logit_bias(q_positions, k_positions)
     if bias is not None:

@@ -11,10 +11,15 @@ suffixes override them).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import re
+import typing
 from typing import Literal
 
 from absl import logging
+
+from jrope import pe_math
 
 Layout = Literal["none", "rope", "jordan", "direct_sum"]
 Shear = Literal["none", "eta", "jet"]
@@ -47,6 +52,27 @@ accepted position-encoding names:
   an _eta{xyz} above eta_max is clamped to eta_max, as the reference code does
 kernel-probe baselines (features only, no encoding; the probe configs accept them):
   rope_matched_m{m} | direct_sum_poly_m{m} | jordan_scaled_m{m}[_c{100c}]"""
+
+# One name of every family of ACCEPTED_NAMES: the conformance tests run each through every
+# attention kernel, against the float64 oracle or refused by name (tests/test_conformance.py).
+FAMILY_EXAMPLES = (
+    "nope",
+    "rope",
+    "alibi",
+    "rope_alibi",
+    "damped_rope",
+    "real_jordan",
+    "direct_sum",
+    "jordan_rope",
+    "jordan_no_gamma",
+    "jordan_raw_tau",
+    "jordan_m3",
+    "jordan_eta020",
+    "jordan_exact_c150_eta010_alibi",
+    "jordan_exact_m3_c010_eta100_eta1",
+    "jordan_jetmix_m3_c150_g050_g030",
+    "jordan_jetmixfull_m3_c150_g100_g050_g030",
+)
 
 # The reference code's probe-only baselines (its causal_delta_features), with its defaults.
 _PROBE_BASELINE = re.compile(r"(rope_matched|direct_sum_poly|jordan_scaled)_m(\d+)(?:_c(\d+))?")
@@ -168,14 +194,30 @@ class PEConfig:
         def fail(msg):
             raise ValueError(f"PEConfig {self.name!r}: {msg}")
 
-        if self.layout not in ("none", "rope", "jordan", "direct_sum"):
-            fail(f"layout must be none, rope, jordan or direct_sum, got {self.layout!r}")
+        for field, choices in (("layout", Layout), ("shear", Shear), ("shear_time", ShearTime)):
+            value = getattr(self, field)
+            if value not in typing.get_args(choices):
+                fail(f"{field} must be one of {', '.join(typing.get_args(choices))}, got {value!r}")
+        fields = [(f.name, f.type) for f in dataclasses.fields(self) if f.type in ("int", "float")]
+        fields += [("jet_gates", "float")] * len(self.jet_gates)
+        gates = iter(self.jet_gates)
+        for key, kind in fields:
+            value = next(gates) if key == "jet_gates" else getattr(self, key)
+            allowed = numbers.Integral if kind == "int" else numbers.Real
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, allowed)
+                or not math.isfinite(value)
+            ):
+                fail(f"{key} must be a finite {kind}, got {value!r}")
         if self.train_context <= 0:
             fail(f"train_context must be a positive length, got {self.train_context}")
         if self.theta <= 1.0:
             fail(f"theta must be > 1, got {self.theta}")
-        if self.layout == "jordan" and self.order < 2:
-            fail(f"a Jordan layout needs order m >= 2, got {self.order}")
+        if self.order < 1 or (self.layout == "jordan" and self.order < 2):
+            fail(f"a {self.layout} layout needs order m >= {2 if self.layout == 'jordan' else 1}")
+        if self.shear_scale <= 0 or self.eta_max <= 0 or self.jet_gate_max <= 0:
+            fail("shear_scale, eta_max and jet_gate_max must be positive")
         if self.learn_gamma and not 0 <= self.gamma_min <= self.init_gamma:
             fail(
                 f"need 0 <= gamma_min <= init_gamma, got gamma_min={self.gamma_min}, "
@@ -202,9 +244,16 @@ class PEConfig:
             fail("jet_base (alpha_0) must be nonzero: it is inverted in the query map")
 
     @property
+    def clock(self) -> pe_math.ShearTime | None:
+        """The shear's time s(p) / eta (pe_math.ShearTime), None without a shear."""
+        if self.shear == "none":
+            return None
+        return pe_math.ShearTime(self.shear_time == "bounded", self.shear_scale, self.train_context)
+
+    @property
     def is_translation_invariant(self) -> bool:
         """True when logits depend on positions only through i - j (the group law holds)."""
-        return self.shear == "none" or (self.shear == "eta" and self.shear_time == "raw")
+        return self.shear == "none" or (self.shear == "eta" and not self.clock.bounded)
 
 
 def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:

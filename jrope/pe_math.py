@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,10 +49,56 @@ def rotary_frequencies(num_blocks: int, head_dim: int, theta: float) -> jax.Arra
     return jnp.power(jnp.float32(theta), exponents)
 
 
+def real_dtype(x) -> jnp.dtype:
+    """float64 for float64 x (the oracle, jrope.oracle), else float32: the maps' arithmetic."""
+    return jnp.dtype(jnp.float64 if jnp.result_type(x) == jnp.float64 else jnp.float32)
+
+
 def bounded_time(t: jax.Array, train_context: int) -> jax.Array:
     """tau(t) = t / (1 + |t| / L): the stabilized shear time, odd in t."""
-    t = jnp.asarray(t, jnp.float32)
+    t = jnp.asarray(t, real_dtype(t))
     return t / (1.0 + jnp.abs(t) / train_context)
+
+
+class ShearTime(NamedTuple):
+    """The shear's clock: s(p) / eta = scale * time(p), time the bounded tau(p) or the raw p.
+
+    The one place the shear time is formed: the maps (jrope.segments), the shear
+    kernels' per-pair weight (jrope.attention.shear, shear_flash) and the kernel
+    probe all call it. Static and hashable, so a Pallas kernel takes it as is.
+    """
+
+    bounded: bool  # tau(p) = p / (1 + |p| / L) (stabilized), else the raw p (exact)
+    scale: float  # 1, or 1 / L for the scaled-exact variants
+    train_context: float  # L of the bounded time
+
+    def unscaled(self, t, dtype=None) -> jax.Array:
+        """time(t) before the scale; float32 (float64 for float64 t, or `dtype`)."""
+        t = jnp.asarray(t, dtype or real_dtype(t))
+        return t / (1.0 + jnp.abs(t) / self.train_context) if self.bounded else t
+
+    def __call__(self, t, dtype=None) -> jax.Array:
+        """s(t) / eta = scale * time(t)."""
+        return self.scale * self.unscaled(t, dtype)
+
+    def lag(self, i: jax.Array, j: jax.Array) -> jax.Array:
+        """s(i) - s(j) over eta for integer positions i, j (broadcast), float32, cancellation-free.
+
+        Raw and scaled: scale * (i - j), the integer lag made float. Bounded:
+        tau(i) - tau(j) = L (L (i - j) + i |j| - j |i|) / ((L + |i|)(L + |j|)),
+        whose numerator's two terms are 0 (same signs) or of one sign. Either keeps
+        a relative error of a few float32 roundings at any position within int32.
+        """
+        lag = (i - j).astype(jnp.float32)
+        if not self.bounded:
+            return self.scale * lag
+        length = self.train_context
+        fi, fj = i.astype(jnp.float32), j.astype(jnp.float32)
+        # i |j| - j |i| is 0 for same signs: selected, not left to cancel, which a compiler's
+        # fused multiply-add (allowed on accelerators) would not do exactly.
+        cross = jnp.where((i < 0) == (j < 0), 0.0, fi * jnp.abs(fj) - fj * jnp.abs(fi))
+        numerator = length * (length * lag + cross)
+        return self.scale * numerator / ((length + jnp.abs(fi)) * (length + jnp.abs(fj)))
 
 
 # ----------------------------------------------------------------------------
@@ -176,7 +223,7 @@ def damped_phase(lag, gamma, omega) -> tuple[jax.Array, jax.Array]:
 
 
 def map_tables(cos, sin, coefficients: Coefficients) -> jax.Array:
-    """The per-position weights of a factorized map, float32 [..., nb, R, 2].
+    """The per-position weights of a factorized map, float32 (float64 from float64 cos) [..., nb, R, 2].
 
     Entry r holds (cos(phi) c_r, sin(phi) c_r): the rotation folded into each
     chain coefficient, so applying the map is R multiply-adds per element. A
@@ -195,10 +242,9 @@ def map_tables(cos, sin, coefficients: Coefficients) -> jax.Array:
     # another: XLA:CPU then keeps the [T, 1, nb, 2] rotation (the same in every
     # layer) as one table, instead of evaluating cos and sin again inside each
     # layer's [T, N, nb, R, 2] table and its gradient.
-    rotation = jnp.stack([jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)], -1)
-    weights = jnp.stack(
-        [jnp.broadcast_to(jnp.asarray(c, jnp.float32), shape) for c in coefficients], -1
-    )
+    dtype = real_dtype(cos)
+    rotation = jnp.stack([jnp.asarray(cos, dtype), jnp.asarray(sin, dtype)], -1)
+    weights = jnp.stack([jnp.broadcast_to(jnp.asarray(c, dtype), shape) for c in coefficients], -1)
     return weights[..., None] * rotation[..., None, :]
 
 

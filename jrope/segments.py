@@ -106,23 +106,28 @@ class JordanSegment:
             return jnp.zeros_like(omega)
         return -omega if self.order == 1 else omega
 
-    def init_params(self) -> dict[str, jax.Array]:
+    def parameters(self) -> dict[str, tuple[np.ndarray, tuple[str | None, ...]]]:
+        """Each learnable parameter's initial value, float32 [N, nb] ([m - 1, N, nb] for the jet
+        gates), with its logical axes (jrope.model.axes), by name."""
         cfg, shape = self.cfg, (self.num_heads, self.num_blocks)
+        per_head = ("heads", None)
         params = {}
         if self.learn_gamma:
-            params["gamma_raw"] = np.full(shape, _inverse_softplus(cfg.init_gamma - cfg.gamma_min))
+            gamma = _inverse_softplus(cfg.init_gamma - cfg.gamma_min)
+            params["gamma_raw"] = (np.full(shape, gamma), per_head)
         if self.shear == "eta":
-            params["eta_raw"] = np.full(shape, _inverse_tanh_bounded(cfg.init_eta, cfg.eta_max))
+            params["eta_raw"] = (
+                np.full(shape, _inverse_tanh_bounded(cfg.init_eta, cfg.eta_max)),
+                per_head,
+            )
         if self.shear == "jet":
             gates = [_inverse_tanh_bounded(g, cfg.jet_gate_max) for g in cfg.jet_gates]
-            params["jet_gates_raw"] = np.broadcast_to(
-                np.asarray(gates)[:, None, None], (len(gates),) + shape
-            ).copy()
+            gates = np.broadcast_to(np.asarray(gates)[:, None, None], (len(gates),) + shape)
+            params["jet_gates_raw"] = (gates.copy(), (None, "heads", None))
             if cfg.jet_base is not None:
-                params["jet_base_raw"] = np.full(
-                    shape, _inverse_tanh_bounded(cfg.jet_base, cfg.jet_gate_max)
-                )
-        return {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+                base = _inverse_tanh_bounded(cfg.jet_base, cfg.jet_gate_max)
+                params["jet_base_raw"] = (np.full(shape, base), per_head)
+        return {name: (value.astype(np.float32), axes) for name, (value, axes) in params.items()}
 
     def physical_params(self, params) -> dict[str, jax.Array]:
         """gamma, eta, jet gates and alpha_0 from the raw parameters (absent ones omitted)."""
@@ -153,8 +158,8 @@ class JordanSegment:
         cfg = self.cfg
         if self.shear == "none" or self.order < 2:
             return 0.0
-        time = float(cfg.train_context if cfg.shear_time == "bounded" else max_length)
-        time *= cfg.shear_scale
+        clock = cfg.clock
+        time = clock.scale * (clock.train_context if clock.bounded else max_length)
         if self.shear == "eta":
             return sum((cfg.eta_max * time) ** r / math.factorial(r) for r in range(1, self.order))
         total = sum(cfg.jet_gate_max * time**r / math.factorial(r) for r in range(1, self.order))
@@ -162,18 +167,15 @@ class JordanSegment:
             total /= JET_BASE_FLOOR_FRACTION * cfg.jet_gate_max
         return total
 
-    def shear_time(self, t: jax.Array) -> jax.Array:
-        """s(t) / eta: the scaled raw or bounded time, float32."""
-        t = jnp.asarray(t, jnp.float32)
-        if self.cfg.shear_time == "bounded":
-            t = pe_math.bounded_time(t, self.cfg.train_context)
-        return self.cfg.shear_scale * t
+    def shear_time(self, t: jax.Array, dtype=None) -> jax.Array:
+        """s(t) / eta: the scaled raw or bounded time (pe_math.ShearTime), float32 or `dtype`."""
+        return self.cfg.clock(t, dtype)
 
     def chain_coefficients(self, physical, t: jax.Array) -> list:
         """c_r of U(t), r < m, each [..., N, nb] for times t [...] (python 1.0 for c_0 = 1)."""
         if self.shear == "none":
             return [1.0] + [0.0] * (self.order - 1)
-        time = self.shear_time(t)[..., None, None]
+        time = self.shear_time(t, pe_math.real_dtype(t))[..., None, None]
         if self.shear == "eta":
             return pe_math.shear_series(_lead(physical["eta"], time.ndim - 2) * time, self.order)
         gates = _lead(physical["jet_gates"], time.ndim - 2)  # [..., m-1, N, nb]
@@ -183,36 +185,39 @@ class JordanSegment:
             coefficients.append(gates[..., r - 1, :, :] * time**r / math.factorial(r))
         return coefficients
 
-    def _rotation_and_scale(self, physical, positions, origin, sign):
+    def _rotation_and_scale(self, physical, positions, origin, sign, dtype):
         """cos, sin [B|1, T, 1, nb] of omega (p - o) and the damping e^{sign gamma (p - o)}.
 
         Damping and rotation depend only on i - j, so they are measured from
-        the origin; the damping is None for encodings without one.
+        the origin; the damping is None for encodings without one. dtype: of
+        the arithmetic (float32; float64 for the oracle).
         """
-        rel = (positions - origin).astype(jnp.float32)
-        angle = rel[..., None, None] * _lead(self.frequencies(), 3)
+        rel = (positions - origin).astype(dtype)
+        angle = rel[..., None, None] * _lead(self.frequencies().astype(dtype), 3)
         scale = None
         if "gamma" in physical:
             scale = jnp.exp(sign * _lead(physical["gamma"], 2) * rel[..., None, None])
         return jnp.cos(angle), jnp.sin(angle), scale
 
-    def _map_time(self, positions, origin):
+    def _map_time(self, positions, origin, dtype):
         """-p for the shear of U(-p): exact shear reads p - o, stabilized shear the true p."""
         shear_positions = positions - origin if self.cfg.is_translation_invariant else positions
-        return -shear_positions.astype(jnp.float32)
+        return -shear_positions.astype(dtype)
 
     def _blocks(self, x):
-        return x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2)).astype(jnp.float32)
+        """x [..., width] -> [..., nb, m, 2] in the maps' arithmetic (pe_math.real_dtype)."""
+        blocks = x.reshape(x.shape[:-1] + (self.num_blocks, self.order, 2))
+        return blocks.astype(pe_math.real_dtype(x))
 
     def map_queries(self, params, q, q_pos, origin, *, shear: bool = True):
-        """A(-(i - o))^{-T} q on this segment's dims, float32 [B, T, N, width].
+        """A(-(i - o))^{-T} q on this segment's dims, float32 (float64 for float64 q) [B, T, N, width].
 
         q: [B, T, N, width]; q_pos: int32 [B|1, T]; origin: int32 [B|1, 1].
         shear=False applies the damped rotation alone.
         """
-        physical = self.physical_params(params)
-        cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0)
-        time = self._map_time(q_pos, origin)
+        physical, dtype = self.physical_params(params), pe_math.real_dtype(q)
+        cos, sin, scale = self._rotation_and_scale(physical, q_pos, origin, -1.0, dtype)
+        time = self._map_time(q_pos, origin, dtype)
         if not shear:
             inverse = [1.0]
         elif self.shear == "eta":
@@ -227,16 +232,16 @@ class JordanSegment:
         return q2.reshape(q.shape)
 
     def map_keys(self, params, k, k_pos, origin, *, shear: bool = True):
-        """A(-(j - o)) k on this segment's dims, float32 [B, S, N, width].
+        """A(-(j - o)) k on this segment's dims, float32 (float64 for float64 k) [B, S, N, width].
 
         k: [B, S, N, width]; k_pos: int32 [B|1, S] (or [B|1, 1], broadcast
         over S); origin: int32 [B|1, 1]. shear=False applies the damped
         rotation alone.
         """
-        physical = self.physical_params(params)
-        cos, sin, scale = self._rotation_and_scale(physical, k_pos, origin, +1.0)
+        physical, dtype = self.physical_params(params), pe_math.real_dtype(k)
+        cos, sin, scale = self._rotation_and_scale(physical, k_pos, origin, +1.0, dtype)
         if shear:
-            coefficients = self.chain_coefficients(physical, self._map_time(k_pos, origin))
+            coefficients = self.chain_coefficients(physical, self._map_time(k_pos, origin, dtype))
         else:
             coefficients = [1.0]
         k2 = pe_math.key_map(self._blocks(k), cos, sin, _scaled(coefficients, scale))

@@ -142,7 +142,8 @@ BAD_INPUTS = [
         _tiny(**{"pe.name": "alibi", "model.attention_impl": "xla"}),
         EIGHT_CPUS,
         "fresh",
-        r"model\.attention_impl = 'xla' at length \d+: attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto'",
+        r"model\.attention_impl = 'xla' at length \d+: attention_impl='xla' does not apply: the xla "
+        r"kernel does not compute alibi's logit bias; the kernels that do: einsum, blockwise",
     ),
     (
         "workdir_is_a_file",

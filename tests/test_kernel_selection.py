@@ -109,12 +109,12 @@ def test_auto_keeps_cudnn_within_its_head_dims():
             {},
             r"bfloat16 or float16 only; set model\.compute_dtype='bfloat16'",
         ),
-        ("splash", "tpu", "rope_alibi", {}, "adds no logit bias"),
-        ("splash", "tpu", "jordan_raw_tau", {}, "cancel large products and need full float32"),
-        ("cudnn", "gpu", "jordan_rope", BF16, "cancel large products"),
-        ("xla", "cpu", "alibi", {}, "cannot add a logit bias"),
-        ("shear", "tpu", "jordan_jetmix_m3_c150_g050_g030", {}, "gated jets"),
-        ("shear_flash", "tpu", "jordan_exact_c150_eta010_alibi", {}, "adds no logit bias"),
+        ("splash", "tpu", "rope_alibi", {}, "splash kernel does not compute rope_alibi's logit bias"),
+        ("splash", "tpu", "jordan_raw_tau", {}, "not compute jordan_raw_tau's float32 dots"),
+        ("cudnn", "gpu", "jordan_rope", BF16, "not compute jordan_rope's float32 dots"),
+        ("xla", "cpu", "alibi", {}, "the kernels that do: einsum, blockwise, cudnn, shear"),
+        ("shear", "tpu", "jordan_jetmix_m3_c150_g050_g030", {}, "gated shear"),
+        ("shear_flash", "tpu", "jordan_exact_c150_eta010_alibi", {}, "logit bias"),
     ],
 )
 def test_an_explicit_kernel_that_cannot_run_is_refused_with_the_reason(

@@ -71,8 +71,8 @@ def test_shear_weight_logits_equal_the_maps_logits_and_the_float64_formula(name)
 def test_the_gated_jets_are_refused_with_the_reason():
     cfg = jrope.pe_config_from_name("jordan_jetmix_m3_c150_g050_g030", train_context=32)
     enc = jrope.make_encoding(cfg, 2, 48)
-    assert "time lag alone" in shear.shear_weight_problem(enc)
-    with pytest.raises(ValueError, match="jets"):
+    assert "gated shear" in jrope.attention.feature_refusal("shear", enc)
+    with pytest.raises(ValueError, match="gated shear"):
         shear.shear_logits(
             enc,
             enc.init_params(),

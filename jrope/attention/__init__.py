@@ -35,7 +35,7 @@ from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
 from jrope.attention.packing import check_segments, segment_midpoints
 from jrope.attention.precision import attention_precision, matmul_precision
-from jrope.attention.selection import KERNELS, PACKING_KERNELS, choose_kernel
+from jrope.attention.selection import KERNELS, PACKING_KERNELS, choose_kernel, feature_refusal
 from jrope.attention.settings import AttentionSettings
 from jrope.attention.shear import shear_attention
 from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
@@ -54,6 +54,7 @@ __all__ = [
     "check_positions",
     "check_segments",
     "choose_kernel",
+    "feature_refusal",
     "matmul_precision",
     "shear_attention",
     "shear_flash_attention",
@@ -85,7 +86,8 @@ def causal_attention(
       positions: int32 [S] or [B, S], the key positions (queries: the last T),
         nondecreasing in each row and within int32 (check_positions refuses
         concrete ones that are not; under jit that is the caller's care).
-      kernel: one of KERNELS, as choose_kernel returns it.
+      kernel: one of KERNELS, as choose_kernel returns it; one that does not compute
+        every feature of `enc` (selection.KERNEL_FEATURES) is refused.
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
         backend's default). The fused kernels run at their own.
@@ -102,6 +104,9 @@ def causal_attention(
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
     if kernel not in KERNELS:
         raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {KERNELS}.")
+    refusal = feature_refusal(kernel, enc)
+    if refusal:
+        raise ValueError(refusal[0].upper() + refusal[1:])
     if segment_ids is not None and kernel not in PACKING_KERNELS:
         raise ValueError(
             f"The {kernel!r} kernel does not take segment ids (packed rows); use one of "

@@ -136,7 +136,7 @@ def transform_queries(enc, params, q_blk, qpos_blk, qcoord_blk=None) -> jax.Arra
 
 def premaps_keys(enc) -> bool:
     """Whether the encoding maps keys at all; if so, once, each block from its first position."""
-    return bool(enc.segments)
+    return enc.has_maps
 
 
 def premap_keys(enc, params, k, k_positions, layout: Layout, k_coords=None) -> jax.Array:

@@ -28,8 +28,10 @@ evaluation step all ask `choose_kernel`, so they cannot disagree.
   4. otherwise: blockwise from model.blockwise_min_length on
      (memory linear in length); below it, on CPU the einsum kernel (its train
      step is faster there than xla's; jrope.attention.dense), elsewhere xla's
-     attention, or einsum for encodings with a bias.
-An explicit attention_impl is taken as asked, or refused with the reason.
+     attention, or einsum for the encodings xla does not take (a bias).
+Every kernel computes the encoding features KERNEL_FEATURES lists for it; an
+encoding with another is refused on it, by its feature's name. An explicit
+attention_impl is taken as asked, or refused with the reason.
 """
 
 from __future__ import annotations
@@ -40,15 +42,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jrope.attention import cudnn, splash
+from jrope import encodings
+from jrope.attention import cudnn, shear, shear_flash, splash
 from jrope.attention.precision import attention_precision
 from jrope.attention.settings import ATTENTION_IMPLS, AttentionSettings
-from jrope.attention.shear import shear_weight_problem
 from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
-from jrope.attention.shear_flash import shear_flash_problem
 
 # The concrete kernels `choose_kernel` returns.
 KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear", "shear_flash")
+# The encoding features each kernel computes (jrope.encodings); it refuses any other.
+_MAPS, _BIAS = encodings.MAP_FEATURES, frozenset({encodings.BIAS})
+KERNEL_FEATURES = {
+    "xla": _MAPS,  # jax.nn.dot_product_attention on the mapped q, k: no bias
+    "einsum": _MAPS | _BIAS,
+    "blockwise": _MAPS | _BIAS,  # maps per block and moves keys (Encoding.move_keys)
+    # The fused kernels run their dots at their own precision: not for FLOAT32_DOTS.
+    "cudnn": _MAPS - {encodings.FLOAT32_DOTS} | _BIAS,
+    "splash": _MAPS - {encodings.FLOAT32_DOTS},  # no bias
+    "shear": shear.FEATURES,
+    "shear_flash": shear_flash.FEATURES,
+}
 # The kernels that take segment ids of packed rows (jrope.attention.packing).
 PACKING_KERNELS = ("xla", "einsum", "blockwise", "shear", "shear_flash")
 # Largest gamma * S for which one map origin is used (float32 overflows past e^88.7).
@@ -97,7 +110,16 @@ def choose_kernel(
     extent = single_origin_extent(length, span)
     bound = damping_bound(settings, damping)
     if impl == "auto":
-        return _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend, packed)
+        kernel = _auto_kernel(
+            settings, encoding, extent, bound, num_queries, length, backend, packed
+        )
+        refusal = feature_refusal(kernel, encoding)
+        if refusal:  # a feature that no kernel 'auto' considers here computes
+            raise ValueError(f"attention_impl='auto' found no kernel: {refusal}")
+        return kernel
+    refusal = feature_refusal(impl, encoding)
+    if refusal:
+        raise ValueError(f"attention_impl={impl!r} does not apply: {refusal}")
     if packed and impl not in PACKING_KERNELS:
         raise ValueError(
             f"attention_impl={impl!r} does not take segment ids (packed rows); use 'auto' or one "
@@ -113,19 +135,6 @@ def choose_kernel(
             f"{damping:.4g} overflows float32 there (damping * positions > "
             f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); use 'blockwise' or 'auto'."
         )
-    if impl == "shear" and shear_weight_problem(encoding):
-        raise ValueError(
-            f"attention_impl='shear' does not apply: {shear_weight_problem(encoding)}; use 'auto'."
-        )
-    if impl == "shear_flash" and shear_flash_problem(encoding):
-        raise ValueError(
-            f"attention_impl='shear_flash' does not apply: {shear_flash_problem(encoding)}; "
-            "use 'auto'."
-        )
-    if impl == "xla" and encoding.has_bias:
-        raise ValueError(
-            "attention_impl='xla' cannot add a logit bias; use 'einsum' or 'auto' for ALiBi variants."
-        )
     if impl in ("cudnn", "splash"):
         problem = fused_kernel_problem(
             impl, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
@@ -133,6 +142,19 @@ def choose_kernel(
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
     return impl
+
+
+def feature_refusal(kernel: str, encoding: Any) -> str | None:
+    """The sentence refusing `encoding` on `kernel`: its first feature the kernel does not
+    compute, and the kernels that take the encoding (None: the kernel takes every feature)."""
+    missing = encodings.unsupported_features(encoding, KERNEL_FEATURES[kernel])
+    if not missing:
+        return None
+    takers = [name for name in KERNELS if encoding.features <= KERNEL_FEATURES[name]]
+    return (
+        f"the {kernel} kernel does not compute {encoding.name}'s {missing[0]}; "
+        f"the kernels that do: {', '.join(takers) or 'none'}."
+    )
 
 
 def single_origin_extent(length: int, span: int | None) -> int:
@@ -147,7 +169,7 @@ def damping_bound(settings: AttentionSettings, damping: float | None) -> float:
 
 def single_origin_is_safe(encoding: Any, damping: float, extent: int) -> bool:
     """Whether mapping `extent` positions from one origin keeps every factor finite at `damping`."""
-    if not encoding.cfg.learn_gamma:
+    if not encoding.learns_damping:
         return True
     return damping * extent <= SINGLE_ORIGIN_EXPONENT_LIMIT
 
@@ -189,7 +211,7 @@ def cache_keeps_shear_terms(
     above). The decode step's dots then run in the compute dtype at the
     backend's default precision; elsewhere the cache stores the mapped keys.
     """
-    if not encoding.keeps_float32 or shear_weight_problem(encoding):
+    if not encoding.keeps_float32 or feature_refusal("shear", encoding):
         return False
     impl = settings.attention_impl
     backend = backend or jax.default_backend()
@@ -226,19 +248,15 @@ def fused_kernel_problem(
             f"damping * positions > {SINGLE_ORIGIN_EXPONENT_LIMIT:g}); the blockwise kernel "
             "keeps the factors bounded"
         )
-    if encoding.keeps_float32:
-        return (
-            f"{encoding.cfg.name}'s logits cancel large products and need full float32 dots, "
-            "which the fused kernel does not take (docs/numerics.md, sections 3 and 4)"
-        )
+    refusal = feature_refusal(kernel, encoding)
+    if refusal:
+        return refusal.rstrip(".")
     if kernel == "splash":
         return _splash_problem(settings, encoding, length)
     return _cudnn_problem(settings, encoding, length)
 
 
 def _splash_problem(settings: AttentionSettings, encoding: Any, length: int) -> str | None:
-    if encoding.has_bias:
-        return "the splash kernel adds no logit bias (ALiBi)"
     if length % splash.LENGTH_MULTIPLE:
         return f"the length {length} is not a multiple of {splash.LENGTH_MULTIPLE}"
     if attention_precision(settings, encoding) is not None:
@@ -279,7 +297,7 @@ def _auto_kernel(
     flash = (
         backend in _FUSED_KERNEL
         and encoding.keeps_float32
-        and not shear_flash_problem(encoding)
+        and not feature_refusal("shear_flash", encoding)
         and bound * (SHEAR_FLASH_BLOCK - 1) <= SINGLE_ORIGIN_EXPONENT_LIMIT
     )
     if not single_origin_is_safe(encoding, bound, extent):
@@ -291,13 +309,17 @@ def _auto_kernel(
         fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
     ):
         return fused
-    if backend in _FUSED_KERNEL and encoding.keeps_float32 and not shear_weight_problem(encoding):
+    if (
+        backend in _FUSED_KERNEL
+        and encoding.keeps_float32
+        and not feature_refusal("shear", encoding)
+    ):
         if length < settings.blockwise_min_length:
             return "shear"
         if flash:
             return "shear_flash"
     if length >= settings.blockwise_min_length:
         return "blockwise"
-    if backend == "cpu" or encoding.has_bias:
+    if backend == "cpu" or feature_refusal("xla", encoding):
         return "einsum"
     return "xla"

@@ -18,18 +18,16 @@ resolve. The cancellation of the factorized maps (a difference of products
 of size s_i, s_j) happens instead in the scalar weight (time_i - time_j)^r,
 formed here from the integer positions without it:
 
-  raw and scaled-exact: shear_scale * (i - j), the integer lag made float;
-  stabilized: tau(i) - tau(j) = L (L (i - j) + i |j| - j |i|) / ((L + |i|)(L + |j|)),
-    whose numerator's two terms are 0 (same signs) or of one sign.
+formed from the integer positions without it (pe_math.ShearTime.lag).
 
-Covered: encodings whose segments have no shear or the exponential (`eta`)
-shear: rope, damped_rope, jordan_rope, jordan_raw_tau, jordan_exact*,
+The kernel reaches the encoding through its shear terms (Encoding.shear_terms,
+term_rates, shear_time) and its bias, and takes the features those carry
+(FEATURES): rope, damped_rope, jordan_rope, jordan_raw_tau, jordan_exact*,
 jordan_m{m}, jordan_eta{xyz}, jordan_no_gamma, real_jordan, direct_sum, their
-_alibi forms, nope and alibi. Not covered: the gated jet mixes
-(jordan_jetmix*, jordan_jetmixfull*). Their chain is not the exponential of
-one time: from order 3 on, the pair coefficient of N^2 is
-(t_i - t_j)(g_1^2 t_i - g_2 (t_i + t_j) / 2), not a function of t_i - t_j,
-so no weight of the lag alone carries it (`shear_weight_problem` says so).
+_alibi forms, nope and alibi. It refuses the gated jet mixes (jordan_jetmix*,
+jordan_jetmixfull*): their chain is not the exponential of one time (from
+order 3 on the pair coefficient of N^2 is (t_i - t_j)(g_1^2 t_i - g_2 (t_i +
+t_j) / 2), not a function of t_i - t_j), and any feature it does not know.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per segment, m chain order, d_r the width of term r.
@@ -43,61 +41,35 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jrope import encodings
 from jrope.attention import packing
 from jrope.attention.dense import MASK_VALUE
 from jrope.encodings import add_bias
+
+# The encoding features this kernel computes: the shear terms' and the bias.
+FEATURES = encodings.TERM_FEATURES | {encodings.BIAS}
 
 
 class ShearTerms(NamedTuple):
     """The dots of one call: score = sum_r weight^r queries[r] . keys[r] (before 1/sqrt(H)).
 
     queries[r]: [B, T, N, d_r]; keys[r]: [B, S, N, d_r], float32; term 0 is the
-    damped-rotary dot of the whole head, term r >= 1 the shifted chain.
+    damped-rotary dot of the whole head, term r >= 1 the shifted chain
+    (Encoding.shear_terms).
     """
 
     queries: tuple[jax.Array, ...]
     keys: tuple[jax.Array, ...]
 
 
-def shear_weight_problem(encoding: Any) -> str | None:
-    """Why `encoding` has no exact per-pair shear weight (None: it has one)."""
-    for segment in encoding.segments:
-        if segment.shear not in ("none", "eta"):
-            return (
-                f"{encoding.cfg.name}'s gated jets are not the exponential of one shear time: "
-                "from order 3 on a pair's coefficient is not a function of the time lag alone"
-            )
-    return None
-
-
-def shear_order(encoding: Any) -> int:
-    """The number of terms: the largest chain order among the shearing segments (1: none)."""
-    orders = [s.order for s in encoding.segments if s.shear == "eta"]
-    return max(orders, default=1)
-
-
 def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """time(i) - time(j) of the shear, formed from the integer positions, float32 [B|1, T, S].
 
-    q_positions: int32 [B|1, T]; k_positions: int32 [B|1, S]. The raw and
-    scaled times give shear_scale * (i - j); the bounded time tau(i) - tau(j)
-    by its cancellation-free form (module docstring). Both keep a relative
-    error of a few float32 roundings at any position within int32.
+    q_positions: int32 [B|1, T]; k_positions: int32 [B|1, S] (pe_math.ShearTime.lag).
     """
-    cfg = encoding.cfg
-    q_positions = q_positions.astype(jnp.int32)[:, :, None]
-    k_positions = k_positions.astype(jnp.int32)[:, None, :]
-    lag = (q_positions - k_positions).astype(jnp.float32)
-    if cfg.shear_time != "bounded":
-        return cfg.shear_scale * lag
-    length = float(cfg.train_context)
-    i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
-    # i |j| - j |i| is 0 for same signs: selected, not left to cancel, which a compiler's fused
-    # multiply-add (allowed on accelerators) would not do exactly. Else two terms of one sign.
-    same_sign = (q_positions < 0) == (k_positions < 0)
-    cross = jnp.where(same_sign, 0.0, i * jnp.abs(j) - j * jnp.abs(i))
-    numerator = length * (length * lag + cross)
-    return cfg.shear_scale * numerator / ((length + jnp.abs(i)) * (length + jnp.abs(j)))
+    i = q_positions.astype(jnp.int32)[:, :, None]
+    j = k_positions.astype(jnp.int32)[:, None, :]
+    return encoding.shear_time.lag(i, j)
 
 
 def shear_terms(
@@ -113,79 +85,9 @@ def shear_terms(
     """
     k_origin = origin if k_origin is None else k_origin
     return ShearTerms(
-        query_terms(encoding, params, q, q_positions, origin),
-        key_terms(encoding, params, k, k_positions, k_origin),
+        encoding.shear_terms(params, q, q_positions, origin, queries=True),
+        encoding.shear_terms(params, k, k_positions, k_origin, queries=False),
     )
-
-
-def query_terms(encoding: Any, params, q, positions, origin) -> tuple[jax.Array, ...]:
-    """ShearTerms.queries alone: each term's damped-rotated queries [B, T, N, d_r], float32."""
-    return _side_terms(encoding, params, q, positions, origin, queries=True)
-
-
-def key_terms(encoding: Any, params, k, positions, origin) -> tuple[jax.Array, ...]:
-    """ShearTerms.keys alone: each term's damped-rotated keys [B, S, N, d_r], float32."""
-    return _side_terms(encoding, params, k, positions, origin, queries=False)
-
-
-def _side_terms(encoding, params, x, positions, origin, *, queries: bool):
-    """One side's terms: term 0 the whole damped-rotated head; term r >= 1 chain elements
-    a < m - r times eta^r / r! (queries) or elements a + r (keys), per shearing segment."""
-    if not encoding.segments:
-        return (x.astype(jnp.float32),)
-    order = shear_order(encoding)
-    heads_0, shifted = [], [[] for _ in range(order)]
-    for segment in encoding.segments:
-        window = slice(segment.start, segment.start + segment.width)
-        apply = segment.map_queries if queries else segment.map_keys
-        rotated = apply(params, x[..., window], positions, origin, shear=False)
-        heads_0.append(rotated)
-        if segment.shear != "eta":
-            continue
-        m = segment.order
-        blocks = rotated.reshape(rotated.shape[:-1] + (segment.num_blocks, m, 2))
-        eta = segment.physical_params(params)["eta"]  # [N, nb]
-        for r in range(1, m):
-            if queries:
-                weight = (eta**r / math.factorial(r)).reshape((1, 1) + eta.shape + (1, 1))
-                shifted[r].append(_flat(blocks[..., : m - r, :] * weight))
-            else:
-                shifted[r].append(_flat(blocks[..., r:, :]))
-    return (_concat(heads_0), *[_concat(parts) for parts in shifted[1:]])
-
-
-def term_rates(encoding: Any, params) -> list[tuple[jax.Array, jax.Array]]:
-    """Per term, the damping and the frequency of each (re, im) pair of its dims.
-
-    Laid out as shear_terms lays out the term's dims: (gamma float32 [N, d_r / 2],
-    omega float32 [d_r / 2]). Moving a key mapped from origin o_k to origin o
-    multiplies each pair by e^{gamma (o_k - o)} R(-omega (o_k - o)).
-    """
-    order = shear_order(encoding)
-    rates = [([], []) for _ in range(order)]
-    for segment in encoding.segments:
-        heads, blocks, m = segment.num_heads, segment.num_blocks, segment.order
-        physical = segment.physical_params(params)
-        gamma = physical.get("gamma", jnp.zeros((heads, blocks), jnp.float32))
-        gamma = jnp.broadcast_to(gamma[..., None], (heads, blocks, m))
-        omega = jnp.broadcast_to(segment.frequencies()[:, None], (blocks, m))
-        for r in range(order if segment.shear == "eta" else 1):
-            if r < m:
-                rates[r][0].append(gamma[..., r:].reshape(heads, -1))
-                rates[r][1].append(omega[..., r:].reshape(-1))
-    if not encoding.segments:
-        half = encoding.head_dim // 2
-        return [(jnp.zeros((encoding.num_heads, half)), jnp.zeros((half,)))]
-    return [(_concat(g), _concat(w)) for g, w in rates]
-
-
-def _flat(x: jax.Array) -> jax.Array:
-    """[B, T, N, nb, a, 2] -> [B, T, N, nb * a * 2]."""
-    return x.reshape(x.shape[:3] + (-1,))
-
-
-def _concat(parts: list[jax.Array]) -> jax.Array:
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
 
 
 def _batched(positions) -> jax.Array:
@@ -228,9 +130,7 @@ def shear_logits(
     origins: optional per-token origins (int32 [B, T], [B, S]) of packed rows
     (packed_origins), else the window's midpoint.
     """
-    problem = shear_weight_problem(encoding)
-    if problem:
-        raise ValueError(f"shear_logits: {problem}; use jrope.attention_logits.")
+    encodings.check_supported(encoding, FEATURES, "the shear kernel")
     q_pos, k_pos = _batched(q_positions), _batched(k_positions)
     q_origin, k_origin = (window_origin(q_pos, k_pos), None) if origins is None else origins
     terms = shear_terms(encoding, params, q, k, q_pos, k_pos, q_origin, k_origin)
@@ -297,7 +197,7 @@ def shear_attention(
     Args:
       q: [B, T, N, H]; k, v: [B, S, N, H] raw (not position-encoded), float32
         or bfloat16: the term dots run in q's dtype with float32 accumulation.
-      enc: an Encoding that shear_weight_problem accepts.
+      enc: an Encoding whose features this kernel takes (FEATURES).
       q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
       q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids of
         packed rows: a query sees only keys of its own segment (positions

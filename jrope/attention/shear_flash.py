@@ -8,15 +8,15 @@ accumulator), so no T x S array exists. Inside, per key block:
                                                  origin moved to the query block's
     logit = sum_r (time_i - time_j)^r (q_r . k'_r) / sqrt(H)
 
-The damped-rotated terms (jrope.attention.shear.shear_terms) are mapped once
+The damped-rotated terms (Encoding.shear_terms) are mapped once
 outside the kernel, the queries from their block's first position o and the
 keys from theirs o_k, as the blockwise kernel maps them: every factor stays
 within e^{gamma * block} at any absolute position. Packed rows take o and
 o_k on the row coordinates (jrope.attention.packing), translated into each
 token's own sequence, so a block that straddles a restart stays bounded too.
 The move is one damped rotation per (re, im) pair of the key block, with the pair's rates
-(`term_rates`); the time-lag weight is formed per pair from the integer
-positions (`pair_time_lag`'s forms). The term dots take the inputs' dtype
+(Encoding.term_rates); the time-lag weight is formed per pair from the integer
+positions (pe_math.ShearTime.lag). The term dots take the inputs' dtype
 (bfloat16 in, float32 accumulation) at the default precision.
 
 Each term's dims come as separate re and im arrays, so the kernel neither
@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from jrope import encodings
 from jrope.attention import packing, shear
 from jrope.attention.dense import MASK_VALUE
 from jrope.attention.mesh_split import split_over_batch
@@ -69,14 +70,8 @@ from jrope.attention.mesh_split import split_over_batch
 BLOCK = 128
 
 
-def shear_flash_problem(encoding: Any) -> str | None:
-    """Why the flash kernel cannot run `encoding` (None: it can)."""
-    problem = shear.shear_weight_problem(encoding)
-    if problem:
-        return problem
-    if encoding.has_bias:
-        return "the flash kernel adds no logit bias (ALiBi); the 'shear' kernel does"
-    return None
+# The encoding features this kernel computes: the shear terms' (no logit bias).
+FEATURES = encodings.TERM_FEATURES
 
 
 def shear_flash_attention(
@@ -98,7 +93,7 @@ def shear_flash_attention(
     Args:
       q: [B, T, N, H], the last T of the S positions; k, v: [B, S, N, H],
         raw (not position-encoded), float32 or bfloat16.
-      enc: an Encoding that shear_flash_problem accepts.
+      enc: an Encoding whose features this kernel takes (FEATURES).
       q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
       q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids.
       block_size: query and key block length (T and S are padded to it).
@@ -106,9 +101,7 @@ def shear_flash_attention(
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v, params.
     """
-    problem = shear_flash_problem(enc)
-    if problem:
-        raise ValueError(f"shear_flash_attention: {problem}.")
+    encodings.check_supported(enc, FEATURES, "the shear_flash kernel")
     if interpret is None:
         interpret = jax.default_backend() not in ("tpu", "gpu")
     batch = q.shape[0]
@@ -233,7 +226,7 @@ class _Layout(NamedTuple):
             bk,
             -(-length // bq) * bq,
             -(-key_length // bk) * bk,
-            shear.shear_order(enc),
+            enc.shear_order,
             q.dtype,
         )
 
@@ -270,10 +263,7 @@ class _Layout(NamedTuple):
 
     @property
     def time(self):
-        cfg = self.enc.cfg
-        if cfg.shear_time == "bounded":
-            return ("bounded", float(cfg.shear_scale), float(cfg.train_context))
-        return ("raw", float(cfg.shear_scale), 0.0)
+        return self.enc.shear_time
 
 
 def _kernel_terms(layout, rows, params, q, k):
@@ -294,14 +284,14 @@ def _kernel_terms(layout, rows, params, q, k):
     halves = []
     for q_r, k_r in zip(terms.queries, terms.keys, strict=True):
         halves += [*_halves(q_r), *_halves(k_r)]
-    gammas = [gamma[:, None, :] for gamma, _ in shear.term_rates(layout.enc, params)]
+    gammas = [gamma[:, None, :] for gamma, _ in layout.enc.term_rates(params)]
     return halves, gammas
 
 
 def _omegas(layout, params):
     return [
         jnp.broadcast_to(omega, (layout.heads, 1, omega.shape[-1]))
-        for _, omega in shear.term_rates(layout.enc, params)
+        for _, omega in layout.enc.term_rates(params)
     ]
 
 
@@ -361,16 +351,9 @@ def _halves(x):
 
 
 def _time_lag(time, i, j):
-    """time(i) - time(j) float32 for int32 positions i [bq, 1], j [1, bk] (shear.pair_time_lag)."""
-    kind, shear_scale, context = time
-    lag = (i - j).astype(jnp.float32)
-    if kind == "raw":
-        return shear_scale * lag
-    fi, fj = i.astype(jnp.float32), j.astype(jnp.float32)
-    # i |j| - j |i| is 0 for same signs: selected, not left to cancel (jrope.attention.shear).
-    cross = jnp.where((i < 0) == (j < 0), 0.0, fi * jnp.abs(fj) - fj * jnp.abs(fi))
-    numerator = context * (context * lag + cross)
-    return shear_scale * numerator / ((context + jnp.abs(fi)) * (context + jnp.abs(fj)))
+    """s(i) - s(j) over eta, float32 [bq, bk], for int32 positions i [bq, 1], j [1, bk]; None
+    without a shear (one term: no weight)."""
+    return None if time is None else time.lag(i, j)
 
 
 def _row_specs(bq, k_len):

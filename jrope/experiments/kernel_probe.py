@@ -59,12 +59,17 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import pe_math, results
+from jrope import encodings, pe_math, results
 from jrope.data import synthetic
+from jrope.encodings import make_encoding, unsupported_features
 from jrope.experiments.probe_targets import check_target, target_values
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
+# The encoding features whose closed-form lag features the probe builds (basis_features).
+FEATURES = frozenset(
+    {encodings.MAPS, encodings.DAMPING, encodings.SHEAR, encodings.BIAS, encodings.FLOAT32_DOTS}
+)
 SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
@@ -176,14 +181,23 @@ class KernelProbeConfig:
 
 
 def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
-    """The method's PEConfig, with the probe's gamma as the base damping (its name may override it)."""
-    return pe_config_from_name(
+    """The method's PEConfig, with the probe's gamma as the base damping (its name may override it).
+
+    Raises ValueError for an encoding with a feature the probe's closed-form features lack.
+    """
+    cfg = pe_config_from_name(
         method,
         train_context=probe.train_context,
         theta=probe.theta,
         gamma_min=0.0,
         init_gamma=probe.gamma,
     )
+    missing = unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES)
+    if missing:
+        raise ValueError(
+            f"{method}: the kernel probe has no closed-form features of its {missing[0]}."
+        )
+    return cfg
 
 
 def _jordan_features(
@@ -196,11 +210,11 @@ def _jordan_features(
         carriers = pe_math.damped_phase(d, gamma, omegas[None, :])
     else:
         carriers = pe_math.damped_phase(d, gamma, 0.0)[:1]  # sin(0 d) = 0 carries nothing
-    if cfg.shear == "none":
+    clock = cfg.clock
+    if clock is None:
         coefficients = [1.0]
     else:
-        time = pe_math.bounded_time(d, cfg.train_context) if cfg.shear_time == "bounded" else d
-        coefficients = pe_math.shear_series(time / cfg.train_context, order)
+        coefficients = pe_math.shear_series(clock.unscaled(d) / cfg.train_context, order)
     return [np.asarray(c * carrier, np.float64) for c in coefficients for carrier in carriers]
 
 

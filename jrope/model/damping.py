@@ -60,8 +60,7 @@ class MeasuredDamping:
 def bound_problems(model: ModelConfig, encoding: Encoding) -> list[str]:
     """The refusal of a model.max_damping the blockwise kernel's blocks cannot carry, with the fix."""
     limit, block_size = SINGLE_ORIGIN_EXPONENT_LIMIT, model.block_size
-    learned = any(segment.learn_gamma for segment in encoding.segments)
-    if not learned or model.max_damping * (block_size - 1) <= limit:
+    if not encoding.learns_damping or model.max_damping * (block_size - 1) <= limit:
         return []
     return [
         f"model.max_damping = {model.max_damping:g} with model.block_size = {block_size}: "
@@ -157,9 +156,4 @@ def _head_dampings(encoding: Any, attn: Any) -> np.ndarray:
         name: leaf[...] if isinstance(leaf, nnx.Variable) else leaf
         for name, leaf in pe_params.items()
     }
-    heads = np.zeros(encoding.num_heads)
-    for segment in encoding.segments:
-        if segment.learn_gamma:
-            gamma = np.asarray(segment.physical_params(values)["gamma"], np.float64)
-            heads = np.maximum(heads, gamma.reshape(gamma.shape[0], -1).max(axis=1))
-    return heads
+    return encoding.head_dampings(values)

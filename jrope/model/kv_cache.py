@@ -27,7 +27,7 @@ carry up to 4.7 times RoPE's own bfloat16 error (docs/numerics.md, 3b). Where
 the model's attention takes the shear-weight kernels
 (selection.cache_keeps_shear_terms: 'shear', 'shear_flash', or 'auto' on TPU
 and GPU), the cache stores instead each key's shear terms
-(jrope.attention.shear.key_terms: damped rotations of chain elements, no
+(Encoding.shear_terms: damped rotations of chain elements, no
 larger than RoPE's keys) in the compute dtype; the decode step weights the
 term dots by each pair's exact time lag, and a rebase moves each (re, im)
 pair of the terms by its damped rotation, elementwise. No dot of that
@@ -74,7 +74,7 @@ from jrope.attention import shear
 from jrope.attention.cached import cached_attention
 from jrope.attention.packing import segment_starts
 from jrope.attention.selection import cache_keeps_shear_terms
-from jrope.encodings import Encoding, check_positions
+from jrope.encodings import BIAS, MAP_FEATURES, Encoding, check_positions, check_supported
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
 from jrope.model.transformer import Transformer
 
@@ -189,8 +189,9 @@ class LayerCache:
         """
         filled = self.filled[..., None, None]
         if self.shear_terms:
+            origin = self.origin[:, None]
             k2 = jnp.concatenate(
-                shear.key_terms(encoding, params, k, self.positions, self.origin[:, None]), -1
+                encoding.shear_terms(params, k, self.positions, origin, queries=False), -1
             )
         else:
             k2 = encoding.map_keys(params, k, self.positions, self.origin)
@@ -207,7 +208,8 @@ class LayerCache:
         key_positions = jnp.concatenate([self.slot_positions, self.positions], axis=-1)
         term_widths, time_lag = None, None
         if self.shear_terms:
-            terms = shear.query_terms(encoding, params, q, self.positions, self.origin[:, None])
+            origin = self.origin[:, None]
+            terms = encoding.shear_terms(params, q, self.positions, origin, queries=True)
             q2 = jnp.concatenate(terms, -1).astype(self.keys.dtype)
             term_widths = tuple(term.shape[-1] for term in terms)
             if len(terms) > 1:
@@ -276,7 +278,7 @@ def key_width(model: Transformer) -> int:
     attention = _attention_layers(model)[0]
     if not keeps_shear_terms(model):
         return attention.encoding.head_dim
-    rates = shear.term_rates(attention.encoding, _pe_params(attention))
+    rates = attention.encoding.term_rates(_pe_params(attention))
     return sum(2 * omega.shape[-1] for _, omega in rates)
 
 
@@ -320,6 +322,9 @@ def prefill(
             f"got max_length={max_length}, rebase_bound={rebase_bound}."
         )
     _check_offsets(offsets, max_length)
+    # A decode step computes the maps' features (or the shear terms') and the bias.
+    supported = shear.FEATURES if keeps_shear_terms(model) else MAP_FEATURES | {BIAS}
+    check_supported(_attention_layers(model)[0].encoding, supported, "the KV cache")
     lengths = jnp.asarray(lengths, jnp.int32)
     offsets = jnp.asarray(offsets, jnp.int32)
     slots = jnp.arange(prompt_length, dtype=jnp.int32)[None]  # [1, P]
@@ -439,13 +444,13 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
 def _move_terms(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
     """Cached shear terms [B, N, W, M] moved by `shift` [B], elementwise.
 
-    Each (re, im) pair of the terms (jrope.attention.shear.term_rates'
+    Each (re, im) pair of the terms (Encoding.term_rates'
     layout) is multiplied by e^{-gamma shift} R(omega shift): the damped
     rotation that takes a key mapped from the old origin to one mapped from
     the new. The shear needs no move (its lag comes from the positions), and
     no dot is involved.
     """
-    rates = shear.term_rates(encoding, params)
+    rates = encoding.term_rates(params)
     gamma = jnp.concatenate([g for g, _ in rates], -1)[None, :, :, None]  # [1, N, W/2, 1]
     omega = jnp.concatenate([w for _, w in rates], -1)[None, None, :, None]  # [1, 1, W/2, 1]
     shift = shift.astype(jnp.float32)[:, None, None, None]  # [B, 1, 1, 1]

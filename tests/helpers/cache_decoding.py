@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope.attention import shear
 from jrope.model import kv_cache
 from tests.helpers.shear_oracle import reference_logits
 
@@ -31,7 +30,7 @@ def _decoded(enc, params, q, k, v, positions, *, shear_terms, key_dtype):
     _, length, heads, head_dim = k.shape
     width = head_dim
     if shear_terms:
-        width = sum(2 * omega.shape[-1] for _, omega in shear.term_rates(enc, params))
+        width = sum(2 * omega.shape[-1] for _, omega in enc.term_rates(params))
     positions = jnp.asarray(positions, jnp.int32)[None]
     origin = positions[:, -2]
     empty = jnp.full((1, length), kv_cache.EMPTY, jnp.int32)

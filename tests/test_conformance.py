@@ -1,0 +1,200 @@
+"""Every family of encodings on every attention kernel: the float64 oracle's values and gradients,
+or a refusal that names the feature.
+
+The families are jrope.pe_config.FAMILY_EXAMPLES and the kernels jrope.attention.KERNELS, so a
+new name or kernel is covered with no edit here. Each case runs the kernel's forward and
+backward (jrope.attention.causal_attention) at position offsets 0 and 2^30 against
+jrope.oracle. By default every (family, kernel) pair runs at a short length, in rows of one
+sequence; --all-cases adds a longer length (several blocks) and packed rows. The quick loop
+runs every family on the kernel the CPU takes for it and every kernel on one family.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jrope
+from jrope import attention, oracle
+from jrope.attention import KERNELS, PACKING_KERNELS
+from jrope.attention.settings import AttentionSettings
+from jrope.pe_config import FAMILY_EXAMPLES
+from tests.helpers.matrix import cases
+
+LARGE_OFFSET = 2**30
+HEADS, HEAD_DIM = 2, 48  # 48: divisible by 2, 4, 6 and 8, every layout and order up to 4
+TRAIN_CONTEXT = 32
+BLOCK = 32  # the blockwise and shear_flash kernels' blocks: the long length spans several
+# Lengths per kernel: splash takes multiples of 128.
+LENGTHS = {"short": 40, "long": 160}
+SPLASH_LENGTHS = {"short": 128, "long": 256}
+# Where a kernel runs natively (elsewhere: interpret mode, or not at all).
+NATIVE = {"cudnn": ("gpu",), "splash": ("tpu", "cpu")}
+# Largest relative errors against float64: float32 dots at full precision, or a fused kernel's
+# (cuDNN's bfloat16; splash on TPU at its own precision).
+TOLERANCE = {"float32": (1e-4, 1e-3), "fused": (5e-2, 1e-1)}
+
+
+def _settings(name, kernel):
+    return AttentionSettings(
+        attention_impl=kernel,
+        blockwise_min_length=4096,
+        block_size=BLOCK,
+        max_damping=0.02,
+        compute_dtype="bfloat16" if kernel == "cudnn" else "float32",
+        head_dim=HEAD_DIM,
+        attention_precision="auto",
+    )
+
+
+def _encoding(name):
+    cfg = jrope.pe_config_from_name(name, train_context=TRAIN_CONTEXT)
+    enc = jrope.make_encoding(cfg, HEADS, HEAD_DIM)
+    # Learned-looking parameters: spread around their initial values, shears near their bound.
+    params = {}
+    for index, (key, value) in enumerate(enc.init_params().items()):
+        noise = 0.3 * jax.random.normal(jax.random.PRNGKey(index), value.shape)
+        params[key] = value + noise + (2.0 if key in ("eta_raw", "jet_gates_raw") else 0.0)
+    return enc, params
+
+
+def _problem(length, packed, dtype):
+    """q, k, v, the loss weights w [B, S, N, H], positions [B, S] from 0, segment ids or None."""
+    batch = 2 if packed else 1
+    keys = jax.random.split(jax.random.PRNGKey(length), 4)
+    shape = (batch, length, HEADS, HEAD_DIM)
+    q, k, v = (jax.random.normal(key, shape).astype(dtype) for key in keys[:3])
+    w = jax.random.normal(keys[3], shape)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if not packed:
+        return q, k, v, w, positions, None
+    # Row 0: two sequences (the second from a third of the row on); row 1: one.
+    cut = length // 3
+    segment_ids = jnp.stack([(jnp.arange(length) >= cut).astype(jnp.int32), jnp.zeros(length)])
+    segment_ids = segment_ids.astype(jnp.int32)
+    positions = positions.at[0, cut:].add(-cut)
+    return q, k, v, w, positions, segment_ids
+
+
+def _kernel_loss(enc, kernel):
+    def loss(q, k, v, params, w, positions, segment_ids):
+        out = attention.causal_attention(
+            q,
+            k,
+            v,
+            enc=enc,
+            params=params,
+            positions=positions,
+            kernel=kernel,
+            block_size=BLOCK,
+            precision=None if kernel in ("cudnn", "splash") else jax.lax.Precision.HIGHEST,
+            segment_ids=segment_ids,
+        )
+        return jnp.sum(out.astype(jnp.float32) * w), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+
+
+def _relative_error(got, want) -> float:
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
+
+
+def _refusal(name, kernel, packed):
+    """Why `kernel` does not run `name` (None: it does), as choose_kernel and causal_attention say."""
+    enc, _ = _encoding(name)
+    refusal = attention.feature_refusal(kernel, enc)
+    if refusal is None and packed and kernel not in PACKING_KERNELS:
+        refusal = "does not take segment ids"
+    return refusal
+
+
+def check_conformance(name, kernel, size="short", packed=False):
+    enc, params = _encoding(name)
+    backend = jax.default_backend()
+    if backend not in NATIVE.get(kernel, (backend,)):
+        pytest.skip(f"the {kernel} kernel runs on {' and '.join(NATIVE[kernel])} only")
+    length = (SPLASH_LENGTHS if kernel == "splash" else LENGTHS)[size]
+    dtype = jnp.bfloat16 if kernel == "cudnn" else jnp.float32
+    q, k, v, w, positions, segment_ids = _problem(length, packed, dtype)
+    value_tolerance, gradient_tolerance = TOLERANCE[
+        "fused" if kernel == "cudnn" or (kernel == "splash" and backend == "tpu") else "float32"
+    ]
+    attend = _kernel_loss(enc, kernel)
+    for offset in (0, LARGE_OFFSET):
+        shifted = positions + jnp.int32(offset)
+        want_out, want_grads = oracle.attention_and_gradients(
+            enc, params, q, k, v, w, shifted, segment_ids
+        )
+        (_, out), grads = attend(q, k, v, params, w, shifted, segment_ids)
+        got_grads = oracle.named_gradients(grads)
+        assert _relative_error(oracle.as_float64(out), want_out) < value_tolerance, offset
+        if offset and not enc.cfg.is_translation_invariant:
+            # Far out the bounded time is flat: its parameters' true gradient is about zero and
+            # float32 returns the rounding of cancelling terms. Training positions start at 0.
+            want_grads = {n: want_grads[n] for n in ("dq", "dk", "dv")}
+        for tensor, want in want_grads.items():
+            error = _relative_error(got_grads[tensor], want)
+            assert error < gradient_tolerance, (tensor, offset, error)
+
+
+def _cpu_kernel(name):
+    enc, _ = _encoding(name)
+    return attention.choose_kernel(_settings(name, "auto"), enc, length=40, backend="cpu")
+
+
+PAIRS = [(name, kernel) for name in FAMILY_EXAMPLES for kernel in KERNELS]
+# The quick loop: every family on the kernel the CPU picks for it, every kernel on one family.
+QUICK = {(name, _cpu_kernel(name)) for name in FAMILY_EXAMPLES} | {
+    ("jordan_rope", kernel) for kernel in ("xla", "blockwise", "shear", "shear_flash", "splash")
+}
+QUICK |= {("rope_alibi", "cudnn")}
+
+
+@pytest.mark.parametrize("name, kernel", cases(PAIRS, representative=PAIRS, quick=QUICK))
+def test_a_family_on_a_kernel_equals_the_oracle_or_is_refused(name, kernel):
+    refusal = _refusal(name, kernel, packed=False)
+    if refusal is None:
+        check_conformance(name, kernel)
+        return
+    enc, params = _encoding(name)
+    q, k, v, _, positions, _ = _problem(LENGTHS["short"], False, jnp.float32)
+    feature = refusal.split("'s ")[1].split(";")[0]
+    with pytest.raises(ValueError, match=f"does not compute {name}'s {feature}"):
+        attention.causal_attention(
+            q, k, v, enc=enc, params=params, positions=positions[0], kernel=kernel
+        )
+    with pytest.raises(ValueError, match=f"attention_impl='{kernel}' does not apply: .*{feature}"):
+        attention.choose_kernel(_settings(name, kernel), enc, length=LENGTHS["short"])
+
+
+@pytest.mark.parametrize(
+    "name, kernel, size, packed",
+    cases(
+        [(n, k, size, packed) for n, k in PAIRS for size in LENGTHS for packed in (False, True)],
+        representative=[],
+    ),
+)
+def test_a_family_on_a_kernel_at_every_length_packed_and_not(name, kernel, size, packed):
+    refusal = _refusal(name, kernel, packed)
+    if refusal is not None:
+        pytest.skip(refusal)  # test_a_family_on_a_kernel_equals_the_oracle_or_is_refused checks it
+    check_conformance(name, kernel, size, packed)
+
+
+def test_a_feature_no_kernel_knows_is_refused_by_every_kernel():
+    enc, params = _encoding("rope")
+    enc = dataclasses.replace(enc)
+    unknown = type(
+        "Unknown", (type(enc),), {"features": property(lambda self: frozenset({"a new feature"}))}
+    )
+    stranger = unknown(enc.cfg, enc.num_heads, enc.head_dim, enc.segments, enc.max_length)
+    q = jnp.ones((1, 8, HEADS, HEAD_DIM))
+    for kernel in KERNELS:
+        with pytest.raises(ValueError, match="does not compute rope's a new feature"):
+            attention.causal_attention(
+                q, q, q, enc=stranger, params=params, positions=jnp.arange(8), kernel=kernel
+            )
+    with pytest.raises(ValueError, match="'auto' found no kernel"):
+        attention.choose_kernel(_settings("rope", "auto"), stranger, length=8)
