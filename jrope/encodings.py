@@ -59,14 +59,17 @@ SHEAR = "exponential shear"  # chain coefficients (eta s)^r / r! of one shear ti
 GATED_SHEAR = "gated shear"  # the jet mixes: gated coefficients, not one exponential
 BIAS = "logit bias"  # ALiBi's additive -slope * max(i - j, 0)
 FLOAT32_DOTS = "float32 dots"  # logits that cancel large products (Encoding.keeps_float32)
+TEMPERATURE = "logit temperature"  # a learned per-head scale of the queries
 
 # What each family of hooks carries exactly: a kernel that reaches the encoding only through
 # one family supports these features (and BIAS where it adds logit_bias). A feature added to an
 # encoding joins the families whose hooks compute it, and no other.
 #   the maps: map_queries, map_keys, move_keys;
-MAP_FEATURES = frozenset({MAPS, DAMPING, SHEAR, GATED_SHEAR, FLOAT32_DOTS})
-#   the shear terms: shear_terms, term_rates, shear_time (jrope.attention.shear).
+MAP_FEATURES = frozenset({MAPS, DAMPING, SHEAR, GATED_SHEAR, FLOAT32_DOTS, TEMPERATURE})
+#   the shear terms: shear_terms, term_rates, shear_time (jrope.attention.shear);
 TERM_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS})
+#   the closed-form relative operators (Encoding.relative_logits).
+RELATIVE_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS, BIAS})
 
 
 def check_positions(positions, what: str = "positions", *, packed: bool = False) -> None:
@@ -221,6 +224,8 @@ class Encoding:
             features |= {"none": set(), "eta": {SHEAR}, "jet": {GATED_SHEAR}}[segment.shear]
         if self.keeps_float32:
             features.add(FLOAT32_DOTS)
+        if self.cfg.learn_temperature:
+            features.add(TEMPERATURE)
         return frozenset(features)
 
     @property
@@ -240,11 +245,14 @@ class Encoding:
     @property
     def param_logical_axes(self) -> dict[str, tuple[str | None, ...]]:
         """Each parameter's logical axes (jrope.model.axes), by name."""
-        return {
-            name: axes
-            for segment in self.segments
-            for name, (_, axes) in segment.parameters().items()
-        }
+        return {name: axes for name, (_, axes) in self._parameters().items()}
+
+    def _parameters(self) -> dict[str, tuple[np.ndarray, tuple[str | None, ...]]]:
+        """Every learnable parameter's initial value and logical axes, by name."""
+        params = {name: p for segment in self.segments for name, p in segment.parameters().items()}
+        if self.cfg.learn_temperature:
+            params["temperature"] = (np.zeros(self.num_heads, np.float32), ("heads",))
+        return params
 
     def head_dampings(self, params) -> np.ndarray:
         """The largest damping gamma of each head, float64 [N] on the host (zeros: undamped).
@@ -272,11 +280,7 @@ class Encoding:
 
     def init_params(self) -> dict[str, jax.Array]:
         """The learnable parameters at their configured initial values (float32)."""
-        return {
-            name: jnp.asarray(value)
-            for segment in self.segments
-            for name, (value, _) in segment.parameters().items()
-        }
+        return {name: jnp.asarray(value) for name, (value, _) in self._parameters().items()}
 
     def physical_params(self, params) -> dict[str, jax.Array]:
         """gamma, eta, jet gates, alpha_0 as the model sees them."""
@@ -336,7 +340,7 @@ class Encoding:
         one's start (else refused); the caller masks by segment.
         Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
         """
-        return self._map(
+        q2 = self._map(
             "q",
             q,
             q_positions,
@@ -344,6 +348,9 @@ class Encoding:
             lambda seg, x, pos, o: seg.map_queries(params, x, pos, o),
             packed,
         )
+        if self.cfg.learn_temperature:  # e^{t_h} q: the logits of head h times e^{t_h}
+            q2 = (q2 * jnp.exp(params["temperature"]).reshape(1, 1, -1, 1)).astype(q2.dtype)
+        return q2
 
     def map_keys(self, params, k, k_positions, origin=0, *, packed=False):
         """The key half of transform_qk: k2 = A(-(j - o)) k.
@@ -504,6 +511,7 @@ class Encoding:
             raise ValueError(
                 f"{self.cfg.name} is not translation invariant: it has no relative form"
             )
+        check_supported(self, RELATIVE_FEATURES, "relative_logits")
         q_pos = _as_batched_positions(q_positions)
         k_pos = _as_batched_positions(k_positions)
         lags = q_pos[:, :, None] - k_pos[:, None, :]

@@ -60,6 +60,7 @@ from jrope.encodings import (
     check_supported,
 )
 from jrope.model.axes import LOGICAL_AXES_KEY
+from jrope.pe_config import PEConfig
 
 # jax.nn.dot_product_attention's implementations that the helper accepts.
 IMPLEMENTATIONS = (None, "xla", "cudnn")
@@ -158,6 +159,10 @@ class PositionalEncoding(nnx.Module):
                 "This PositionalEncoding's state holds no readable encoding record; restore a "
                 "state saved from a PositionalEncoding."
             ) from None
+        # A record written before a PEConfig field existed holds that field's default.
+        fields = dataclasses.fields(PEConfig)
+        defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+        description["config"] = {**json.loads(json.dumps(defaults)), **description["config"]}
         differences = _differences(description, encoding_description(self.encoding))
         if differences:
             raise ValueError(

@@ -41,7 +41,7 @@ PAPER_METHODS = (
 
 ACCEPTED_NAMES = """\
 accepted position-encoding names:
-  nope | rope | alibi | rope_alibi | damped_rope | real_jordan | direct_sum
+  nope | rope | alibi | rope_alibi | damped_rope | real_jordan | direct_sum | rope_temperature
   jordan_rope | jordan_no_gamma | jordan_raw_tau | jordan_m{m} | jordan_eta{xyz}
   jordan_exact[_scaled][_c{100c}][_eta{1000 eta0}][_m{m}][_eta1]
   jordan_jetmix[_m{m}][_c{100c}]_g{100 g1}..._g{100 g(m-1)}
@@ -72,6 +72,7 @@ FAMILY_EXAMPLES = (
     "jordan_exact_m3_c010_eta100_eta1",
     "jordan_jetmix_m3_c150_g050_g030",
     "jordan_jetmixfull_m3_c150_g100_g050_g030",
+    "rope_temperature",
 )
 
 # The reference code's probe-only baselines (its causal_delta_features), with its defaults.
@@ -169,6 +170,7 @@ class PEConfig:
       jet_base: initial learned alpha_0 (jetmixfull), or None for a fixed c_0 = 1.
       jet_gate_max: gates and alpha_0 are jet_gate_max * tanh(raw).
       alibi: add the ALiBi bias -slope_h * max(i - j, 0).
+      learn_temperature: a learned logit temperature per head: queries times e^{t_h}, t_h from 0.
     """
 
     name: str
@@ -189,6 +191,7 @@ class PEConfig:
     jet_base: float | None = None
     jet_gate_max: float = 1.0
     alibi: bool = False
+    learn_temperature: bool = False
 
     def __post_init__(self):
         def fail(msg):
@@ -331,6 +334,7 @@ def _parse_base(name: str, base: dict) -> dict:
     fixed = {
         "nope": dict(layout="none"),
         "rope": dict(layout="rope", order=1),
+        "rope_temperature": dict(layout="rope", order=1, learn_temperature=True),
         "damped_rope": dict(layout="jordan", learn_gamma=True),
         "real_jordan": dict(stabilized, rotate=False),
         "direct_sum": dict(

@@ -19,9 +19,11 @@ import pytest
 import jrope
 from jrope import attention, oracle
 from jrope.attention import KERNELS, PACKING_KERNELS
+from jrope.attention.selection import KERNEL_FEATURES
 from jrope.attention.settings import AttentionSettings
 from jrope.pe_config import FAMILY_EXAMPLES
 from tests.helpers.matrix import cases
+from tests.helpers.repository import ROOT as REPOSITORY
 
 LARGE_OFFSET = 2**30
 HEADS, HEAD_DIM = 2, 48  # 48: divisible by 2, 4, 6 and 8, every layout and order up to 4
@@ -198,3 +200,31 @@ def test_a_feature_no_kernel_knows_is_refused_by_every_kernel():
             )
     with pytest.raises(ValueError, match="'auto' found no kernel"):
         attention.choose_kernel(_settings("rope", "auto"), stranger, length=8)
+
+
+def _documented(marker: str) -> list[str]:
+    text = (REPOSITORY / "docs" / "extending.md").read_text()
+    return text.split(f"<!-- {marker} -->", 1)[1].strip().split("\n\n", 1)[0].splitlines()
+
+
+def test_the_documented_kernel_features_are_the_declared_ones():
+    rows = [row.strip("|").split("|") for row in _documented("kernel features")]
+    header = [cell.strip() for cell in rows[0]]
+    assert header == ["feature", *KERNELS]
+    documented = {
+        kernel: {row[0].strip() for row in rows[2:] if row[index + 1].strip() == "yes"}
+        for index, kernel in enumerate(KERNELS)
+    }
+    assert documented == {kernel: set(features) for kernel, features in KERNEL_FEATURES.items()}
+
+
+def test_the_worked_example_is_the_librarys_code():
+    text = (REPOSITORY / "docs" / "extending.md").read_text()
+    example = text.split("## 2. A worked example", 1)[1].split("## 3.", 1)[0]
+    library = {
+        name: (REPOSITORY / "jrope" / name).read_text() for name in ("pe_config.py", "encodings.py")
+    }
+    blocks = [block.split("```", 1)[0] for block in example.split("```python\n")[1:]]
+    assert len(blocks) == 8
+    for block in blocks:
+        assert any(block in source for source in library.values()), block
