@@ -21,7 +21,7 @@ positions (pe_math.ShearTime.lag). The term dots take the inputs' dtype
 
 Each term's dims come as separate re and im arrays, so the kernel neither
 slices nor shuffles lanes. Keys after a query's index in the row are never
-visible to it (positions nondecreasing within a segment); packed rows pass
+visible to it (positions increasing within a segment); packed rows pass
 segment ids and a query sees its own segment only.
 
 Gradients: a custom VJP, flash style. The forward kernel also returns each
