@@ -469,7 +469,10 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     """Section 2: every kernel case against float64 at offsets 0 and LARGE_OFFSET."""
     dtype = cfg.model.compute_dtype
     enc = encodings.make_encoding(
-        cfg.pe, CHECK_HEADS, cfg.model.head_dim, max_length=cfg.encoding.max_length
+        cfg.pe,
+        CHECK_HEADS,
+        cfg.model.head_dim,
+        max_length=max(cfg.pe.train_context, *cfg.eval.lengths),
     )
     params = check_parameters(enc)
     block_size = selection.blockwise_block_size(cfg.model.block_size, enc.largest_damping(params))
@@ -597,15 +600,18 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     at HIGHEST and at the backend's default, against float64 (the last PRECISION_ROWS queries)."""
     length = max(cfg.pe.train_context, *cfg.eval.lengths)
     names = [RAW_SHEAR]
-    if cfg.encoding.keeps_float32 and cfg.pe.name != RAW_SHEAR:
+    if (
+        encodings.make_encoding(
+            cfg.pe, CHECK_HEADS, cfg.model.head_dim, max_length=length
+        ).keeps_float32
+        and cfg.pe.name != RAW_SHEAR
+    ):
         names.insert(0, cfg.pe.name)
     rows = []
     for name in names:
         pe = cfg.pe if name == cfg.pe.name else _pe_named(name, cfg)
         try:
-            enc = encodings.make_encoding(
-                pe, CHECK_HEADS, cfg.model.head_dim, max_length=cfg.encoding.max_length
-            )
+            enc = encodings.make_encoding(pe, CHECK_HEADS, cfg.model.head_dim, max_length=length)
         except ValueError as error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
             continue
@@ -942,7 +948,6 @@ PLATFORMS = {"cpu": "cpu", "gpu": "cuda,cpu", "tpu": "tpu,cpu"}
 def main(argv: Sequence[str]) -> None:
     from absl import flags
 
-    from jrope.command_line import config_argument
     from jrope.train.config import convert_config
 
     if len(argv) > 1:
@@ -957,7 +962,7 @@ def main(argv: Sequence[str]) -> None:
     cfg, problems = convert_config(values.config)
     if problems:
         raise ConfigError(problems)
-    config_path = config_argument(sys.argv) or DEFAULT_CONFIG
+    config_path = command_line.flag_argument(sys.argv, "config") or DEFAULT_CONFIG
     command = " ".join(["python -m jrope.check", *sys.argv[1:]])
     print(f"Checking {config_path} on {jax.default_backend()}:", flush=True)
     report = run_check(
@@ -978,35 +983,37 @@ def main(argv: Sequence[str]) -> None:
 def run_main() -> None:
     """The command line (flags defined here: importing this module defines none)."""
     from absl import flags
-    from ml_collections import config_flags
 
-    from jrope.command_line import config_argument
-
-    if config_argument(sys.argv) is None:
+    if command_line.flag_argument(sys.argv, "config") is None:
         sys.argv.insert(1, f"--config={DEFAULT_CONFIG}")
-    config_flags.DEFINE_config_file(
-        "config",
-        None,
-        "The run's config file (default: configs/wikitext_scaled_exact.py).",
-        lock_config=True,
-    )
-    flags.DEFINE_string(
-        "output_dir",
-        "runs/check",
-        "Where the report goes (<config>_<backend>.md and .json): beside the runs, under the "
-        "git-ignored runs/ of the working directory.",
-    )
-    flags.DEFINE_enum(
-        "backend",
-        "",
-        ["", *PLATFORMS],
-        "Check this backend (default: the one JAX picks); asked for and absent, the check says "
-        "what to install.",
-    )
-    flags.DEFINE_integer(
-        "timed_steps", 3, "Steps timed after the warm-up (the median counts).", lower_bound=1
-    )
-    command_line.run(main, usage=__doc__)
+
+    def define_flags(argv: Sequence[str]) -> None:
+        from ml_collections import config_flags
+
+        config_flags.DEFINE_config_file(
+            "config",
+            None,
+            "The run's config file (default: configs/wikitext_scaled_exact.py).",
+            lock_config=True,
+        )
+        flags.DEFINE_string(
+            "output_dir",
+            "runs/check",
+            "Where the report goes (<config>_<backend>.md and .json): beside the runs, under the "
+            "git-ignored runs/ of the working directory.",
+        )
+        flags.DEFINE_enum(
+            "backend",
+            "",
+            ["", *PLATFORMS],
+            "Check this backend (default: the one JAX picks); asked for and absent, the check says "
+            "what to install.",
+        )
+        flags.DEFINE_integer(
+            "timed_steps", 3, "Steps timed after the warm-up (the median counts).", lower_bound=1
+        )
+
+    command_line.run(main, define_flags)
 
 
 if __name__ == "__main__":

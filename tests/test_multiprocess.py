@@ -36,7 +36,7 @@ def _start_pair(workdir, env, tag):
             workdir,
             env,
             STEPS_FLAG,
-            "--log_level=info",  # each process's device line (an INFO record)
+            "--verbosity=0",  # each process's device line (an INFO record)
             f"--coordinator_address=127.0.0.1:{port}",
             "--num_processes=2",
             f"--process_id={index}",
