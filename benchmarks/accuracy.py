@@ -9,12 +9,9 @@ every query row, head and batch row of
   <kernel> jrope.attention.causal_attention's output with that kernel:
            max |o - o64| / max |o64| per row, o64 = softmax(logits64) v.
 
-The float64 reference is written from docs/mathematics.md alone, in numpy:
-A(t) = e^{-gamma t} U(t) (x) R(omega t) per block, U(t) = sum_r c_r(t) N^r,
-logit = q^T A(-i)^{-1} A(-j) k / sqrt(H) (+ ALiBi's -slope (i - j)). Damping
-and rotation are measured from the window's midpoint (exact by the group law,
-and what keeps e^{gamma p} finite at offset 2^30); the stabilized variants'
-shear reads the absolute position. q, k, v are rounded to the compute dtype
+The float64 reference is jrope.oracle: the encoding's maps and bias evaluated
+in float64 from the window's midpoint (exact by the group law, and what keeps
+e^{gamma p} finite at offset 2^30). q, k, v are rounded to the compute dtype
 first and the reference takes the rounded values, so only the computation's
 error is measured. The parameters are the initial ones perturbed (seeded),
 with eta at 0.9 eta_max and jet gates at 0.9 of their bound, the conditions
@@ -38,7 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jrope  # noqa: E402
-from jrope import attention  # noqa: E402
+from jrope import attention, oracle  # noqa: E402
 
 VARIANTS = (
     "rope",
@@ -80,87 +77,15 @@ def _parameters(enc: jrope.Encoding) -> dict[str, jax.Array]:
     return params
 
 
-def _block_maps(enc, physical, positions, origin):
-    """Per segment: key maps A(-(p)) [N, T, nb, 2m, 2m] and query maps A(-p)^{-T}, float64."""
-    out = []
-    positions = positions.astype(np.float64)
-    for segment in enc.segments:
-        cfg, order, nb = segment.cfg, segment.order, segment.num_blocks
-        omega = np.asarray(segment.frequencies(), np.float64)  # [nb]
-        gamma = (
-            np.asarray(physical["gamma"], np.float64)
-            if segment.learn_gamma
-            else np.zeros((NUM_HEADS, nb))
-        )
-        relative = positions - origin  # [T]
-        shear_position = relative if cfg.is_translation_invariant else positions
-        time = -shear_position
-        if cfg.shear_time == "bounded":
-            time = time / (1.0 + np.abs(time) / cfg.train_context)
-        s = cfg.shear_scale * time  # [T]
-        coefficients = np.zeros((NUM_HEADS, len(positions), nb, order))
-        coefficients[..., 0] = 1.0
-        if segment.shear == "eta":
-            eta = np.asarray(physical["eta"], np.float64)  # [N, nb]
-            for r in range(1, order):
-                coefficients[..., r] = (eta[:, None] * s[None, :, None]) ** r / math.factorial(r)
-        elif segment.shear == "jet":
-            gates = np.asarray(physical["jet_gates"], np.float64)  # [m-1, N, nb]
-            if "jet_base" in physical:
-                coefficients[..., 0] = np.asarray(physical["jet_base"], np.float64)[:, None]
-            for r in range(1, order):
-                coefficients[..., r] = (
-                    gates[r - 1][:, None] * s[None, :, None] ** r / math.factorial(r)
-                )
-        unipotent = np.zeros((NUM_HEADS, len(positions), nb, order, order))
-        for r in range(order):
-            for a in range(order - r):
-                unipotent[..., a, a + r] = coefficients[..., r]
-        angle = -omega[None, :] * relative[:, None]  # [T, nb]: R(omega t) at t = -(p - o)
-        rotation = np.stack(
-            [
-                np.stack([np.cos(angle), -np.sin(angle)], -1),
-                np.stack([np.sin(angle), np.cos(angle)], -1),
-            ],
-            -2,
-        )  # [T, nb, 2, 2]
-        damping = np.exp(gamma[:, None, :] * relative[None, :, None])  # [N, T, nb]
-        key_map = np.einsum("ntbxy,tbuv->ntbxuyv", unipotent, rotation)
-        key_map = key_map.reshape(NUM_HEADS, len(positions), nb, 2 * order, 2 * order)
-        key_map = key_map * damping[..., None, None]
-        query_map = np.swapaxes(np.linalg.inv(key_map), -1, -2)
-        out.append((segment, key_map, query_map))
-    return out
-
-
-def _apply(maps, x, which):
-    """x [B, T, N, H] float64 through the segments' maps (dims outside every segment unchanged)."""
-    y = x.copy()
-    for segment, key_map, query_map in maps:
-        matrix = key_map if which == "key" else query_map
-        block = 2 * segment.order
-        part = x[..., segment.start : segment.start + segment.width]
-        part = part.reshape(part.shape[:-1] + (segment.num_blocks, block))
-        mapped = np.einsum("ntbxy,ztnby->ztnbx", matrix, part)
-        y[..., segment.start : segment.start + segment.width] = mapped.reshape(
-            mapped.shape[:-2] + (segment.width,)
-        )
-    return y
-
-
 def reference_logits(enc, params, q, k, positions):
-    """float64 causal-window logits [B, N, T, T] (future pairs included, masked by the caller)."""
-    physical = {name: np.asarray(value) for name, value in enc.physical_params(params).items()}
-    origin = float(positions[0] + (positions[-1] - positions[0]) // 2)
-    maps = _block_maps(enc, physical, positions, origin)
-    q2 = _apply(maps, q, "query")
-    k2 = _apply(maps, k, "key")
-    logits = np.einsum("btnh,bsnh->bnts", q2, k2) / math.sqrt(enc.head_dim)
-    if enc.has_bias:
-        slopes = np.asarray(jrope.alibi_slopes(NUM_HEADS), np.float64)
-        lag = np.maximum(positions[:, None] - positions[None, :], 0).astype(np.float64)
-        logits = logits - slopes[:, None, None] * lag
-    return logits
+    """float64 logits [B, N, T, T] of every pair (jrope.oracle; the future ones masked by the caller)."""
+    positions = jnp.asarray(positions, jnp.int32)
+    with oracle.float64():
+        arrays = oracle.as_float64((params, q, k))
+        return np.asarray(_ORACLE_LOGITS(enc, *arrays, positions, positions))
+
+
+_ORACLE_LOGITS = jax.jit(oracle.logits, static_argnums=0)
 
 
 def _head_error(got, want, visible):
@@ -215,18 +140,18 @@ def main(argv):
                     )
                 )
                 for kernel in _KERNELS.value
-                if not (kernel == "xla" and enc.has_bias)
+                if attention.feature_refusal(kernel, enc) is None
             }
             for length in lengths:
                 keys = jax.random.split(jax.random.PRNGKey(length), 3)
                 shape = (BATCH, length, NUM_HEADS, HEAD_DIM)
                 q, k, v = (jax.random.normal(key, shape).astype(dtype) for key in keys)
-                q64, k64, v64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (q, k, v))
+                v64 = oracle.as_float64(v)
                 visible = np.tril(np.ones((length, length), bool))[None, None]
                 for offset in (int(o) for o in _OFFSETS.value):
                     positions = offset + np.arange(length, dtype=np.int64)
                     pos32 = jnp.asarray(positions, jnp.int32)
-                    want = reference_logits(enc, params, q64, k64, positions)
+                    want = reference_logits(enc, params, q, k, positions)
                     got = np.asarray(logits_fn(params, q, k, pos32), np.float64)
                     row = [_head_error(got, want, visible)]
                     masked = np.where(visible, want, -np.inf)

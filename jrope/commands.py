@@ -16,12 +16,14 @@ CONFIGS = next(
 )  # fmt: skip
 
 
+def _in_clone_root() -> bool:
+    return (_CLONE / "train.py").is_file() and pathlib.Path.cwd().resolve() == _CLONE
+
+
 def command(entry_point: str) -> str:
     """How to run 'train', 'eval' or 'sample' from here: `python eval.py` in a clone's root, else
     `python -m jrope.eval`."""
-    if (_CLONE / "train.py").is_file() and pathlib.Path.cwd().resolve() == _CLONE:
-        return f"python {entry_point}.py"
-    return f"python -m jrope.{entry_point}"
+    return f"python {entry_point}.py" if _in_clone_root() else f"python -m jrope.{entry_point}"
 
 
 def config_names() -> list[str]:
@@ -49,6 +51,18 @@ def with_config_paths(argv: Sequence[str]) -> list[str]:
         elif arg in ("--config", "-config") and index + 1 < len(resolved):
             resolved[index + 1] = config_path(resolved[index + 1])
     return resolved
+
+
+def config_value(path: str) -> str:
+    """The --config value that names the config file `path` (may end in ':ARG') from here: an
+    experiment's as `configs/<name>.py` in a clone's root and by name elsewhere; any other file
+    as it is."""
+    file, colon, argument = path.partition(":")
+    resolved = pathlib.Path(file).resolve()
+    if CONFIGS is None or resolved.parent != CONFIGS or resolved.stem == "base":
+        return path
+    in_clone = _in_clone_root() and CONFIGS == _CLONE / "configs"
+    return f"{f'configs/{resolved.name}' if in_clone else resolved.stem}{colon}{argument}"
 
 
 def make_importable(config: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -73,19 +74,27 @@ RELATIVE_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS, BIAS})
 
 
 def check_positions(positions, what: str = "positions", *, packed: bool = False) -> None:
-    """Raises ValueError for concrete positions jrope cannot take; traced ones pass unchecked.
+    """Raises ValueError for positions jrope cannot take; traced ones are checked for shape only.
 
-    positions: integers [T] or [B, T]. Refused: values outside int32 (they
-    would wrap), and rows whose positions go back down (packed sequences:
-    every kernel masks by position within one sequence per row). Under jit
-    the values are unknown, and these are the caller's preconditions.
+    positions: integers [T] or [B, T]. Refused: no position at all, values
+    outside int32 (they would wrap), and rows whose positions do not increase:
+    every kernel decides what a query sees by position, and a position that
+    repeats or goes back down within one sequence would make that differ from
+    the order of the tokens. Under jit the values are unknown, and these are
+    the caller's preconditions.
     packed: rows hold several sequences with segment ids, so positions
-    restart (go down) at each segment's start.
+    restart (go down) at each segment's start (jrope.attention.packing checks
+    each sequence).
     """
+    if 0 in jnp.shape(positions):
+        raise ValueError(
+            f"{what} are empty (shape {tuple(jnp.shape(positions))}): attention needs at least one "
+            "position in every row."
+        )
     if isinstance(positions, jax.core.Tracer):
         return
     values = np.asarray(positions)
-    if values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+    if not np.issubdtype(values.dtype, np.integer):
         return
     low, high = values.min(), values.max()
     if low < POSITION_RANGE[0] or high > POSITION_RANGE[1]:
@@ -97,13 +106,13 @@ def check_positions(positions, what: str = "positions", *, packed: bool = False)
     if packed:
         return
     rows = values.reshape(-1, values.shape[-1]).astype(np.int64)
-    falls = np.argwhere(np.diff(rows, axis=-1) < 0)
+    falls = np.argwhere(np.diff(rows, axis=-1) <= 0)
     if len(falls):
         row, index = falls[0]
         raise ValueError(
-            f"{what} go back down within a row ({rows[row, index]} -> {rows[row, index + 1]} "
-            f"at index {index + 1}): packed sequences are not supported; give each sequence "
-            "its own row (pad the rows to one length)."
+            f"{what} must increase along a row, got {rows[row, index]} -> "
+            f"{rows[row, index + 1]} at index {index + 1}: give each sequence its own row (or "
+            "pass segment_ids for packed rows), with one position per token."
         )
 
 
@@ -565,8 +574,14 @@ def make_encoding(
       ValueError: when the block size does not divide head_dim (2m for an
         order-m Jordan head, 2 for RoPE, 8 for the direct sum).
     """
-    if num_heads <= 0 or head_dim <= 0:
-        raise ValueError(f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}")
+    if not isinstance(cfg, PEConfig):
+        raise TypeError(
+            f"make_encoding takes a PEConfig, got {cfg!r}; build one with "
+            "jrope.pe_config_from_name(name, train_context=L)."
+        )
+    for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if cfg.layout == "none":
         segments = ()
     elif cfg.layout == "rope":

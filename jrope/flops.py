@@ -6,7 +6,10 @@ program's peak memory against what one device holds."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
+import statistics
+import time
 from collections.abc import Sequence
 
 import jax
@@ -158,3 +161,22 @@ def memory_shortfall(compiled) -> str | None:
         return None
     needs, holds = peak / 2**30, limit / 2**30
     return f"needs {needs:.2f} GiB of {where} (XLA's count), which holds {holds:.2f} GiB"
+
+
+def median_seconds(call, repeats: int) -> float:
+    """Median wall seconds of `repeats` calls after one warm-up (each call blocks on its result)."""
+    jax.block_until_ready(call())
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def installed_version(package: str) -> str | None:
+    """The installed distribution's version, or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None

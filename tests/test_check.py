@@ -34,8 +34,8 @@ TINY_OVERRIDES = [
 def test_asking_for_an_accelerator_that_is_not_installed_says_what_to_install():
     problem = check.backend_problem("tpu")
     assert problem.startswith("--backend=tpu: JAX has no TPU support installed here")
-    assert 'pip install -e ".[train,tpu,gcs]"' in problem
-    assert 'pip install -e ".[train,cuda12,gcs]"' in check.backend_problem("gpu")
+    assert 'pip install ".[train,tpu,gcs]" in a clone, or the wheel with [train,tpu,gcs]' in problem
+    assert 'pip install ".[train,cuda12,gcs]"' in check.backend_problem("gpu")
     assert check.backend_problem("cpu") is None
 
 
@@ -61,7 +61,7 @@ def test_the_tolerances_in_the_docs_are_the_codes():
     for kind, promised in check.TOLERANCES.items():
         row = re.search(rf"^\| {kind} \|.*\| ([0-9.e-]+) \| ([0-9.e-]+) \|$", text, re.M)
         assert row, kind
-        assert (float(row[1]), float(row[2])) == (promised.values, promised.gradients)
+        assert (float(row[1]), float(row[2])) == promised
     precision = re.search(r"must be within ([0-9.e-]+) \(per head", text)
     assert float(precision[1]) == check.PRECISION_TOLERANCE
 
@@ -78,8 +78,8 @@ def test_the_command_checks_a_tiny_config_end_to_end_and_writes_its_table(tmp_pa
     report = json.loads((tmp_path / "synthetic_cpu.json").read_text())
     assert report["exit_status"] == 0
     sections = {row["section"] for row in report["rows"]}
-    assert {"environment", "kernels", "precision", "train step"} <= sections
-    assert "eval forward at 16" in sections
+    assert sections == {"environment", "kernels", "precision", "train step"}
+    assert "jax:" in report["environment"]  # jax.print_environment_info()
     kernels = {
         row["details"]["kernel"]
         for row in report["rows"]
@@ -99,7 +99,7 @@ def test_the_command_asked_for_a_tpu_on_a_cpu_host_exits_2_saying_what_to_instal
         subprocess_env(1),
     )
     assert result.returncode == 2
-    assert 'pip install -e ".[train,tpu,gcs]"' in result.stderr
+    assert 'pip install ".[train,tpu,gcs]"' in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*.md"))
 
@@ -133,7 +133,7 @@ def test_a_kernel_that_disagrees_with_float64_fails_the_check_by_name(monkeypatc
     }
     report = check.Report("python -m jrope.check", "today", tuple(rows))
     assert report.exit_status == check.CHECK_FAILED_STATUS
-    assert "first kernels: einsum at 128 (auto and forced)" in report.verdict
+    assert "first kernels: einsum at 128 (auto)" in report.verdict
     assert "--config.model.attention_impl" in report.verdict
 
 
@@ -154,3 +154,22 @@ def test_a_compiler_that_ignores_highest_fails_the_precision_check(monkeypatch):
     assert [row.result for row in rows] == [check.FAIL, check.FAIL]
     assert "does not honour HIGHEST" in rows[0].advice
     assert rows[0].details["highest"] > 100 * honest[0].details["highest"]
+
+
+@pytest.mark.slow  # about 30 s: three subprocesses that stop before any check runs
+def test_a_config_or_folder_that_cannot_run_here_exits_2_before_any_check(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    cases = [
+        (["--config.pe.name=rope_alibi", "--config.model.attention_impl=xla"], "logit bias"),
+        (["--config.pe.name=rope", "--config.model.attention_impl=splash"], "runs on TPU only"),
+        ([f"--output_dir={blocked}/report"], f"--output_dir={blocked}/report: Not a directory"),
+    ]
+    for overrides, message in cases:
+        result = run_command(["-m", "jrope.check", *TINY_OVERRIDES, *overrides], subprocess_env(1))
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert message in result.stderr
+        assert "Traceback" not in result.stderr and "Kernels" not in result.stdout
+    probe = run_command(["-m", "jrope.check", "--config=kernel_probe"], subprocess_env(1))
+    assert probe.returncode == 2
+    assert "is a kernel probe, which trains no model" in probe.stderr

@@ -23,5 +23,12 @@ def test_an_experiment_s_name_is_its_config_file_and_a_path_stays_a_path(tmp_pat
 def test_a_clone_s_root_is_given_its_scripts_and_anywhere_else_the_modules(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert commands.command("eval") == "python eval.py"
+    assert commands.config_value(str(ROOT / "configs" / "quickstart.py")) == "configs/quickstart.py"
     monkeypatch.chdir(tmp_path)
     assert commands.command("train") == "python -m jrope.train"
+    assert (
+        commands.config_value(str(ROOT / "configs" / "kernel_probe.py") + ":8") == "kernel_probe:8"
+    )
+    own = tmp_path / "mine.py"
+    own.write_text("")
+    assert commands.config_value(str(own)) == str(own)  # not an experiment: its path

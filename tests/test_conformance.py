@@ -203,7 +203,7 @@ def test_a_feature_no_kernel_knows_is_refused_by_every_kernel():
 
 
 def _documented(marker: str) -> list[str]:
-    text = (REPOSITORY / "docs" / "extending.md").read_text()
+    text = (REPOSITORY / "docs/extending.md").read_text()
     return text.split(f"<!-- {marker} -->", 1)[1].strip().split("\n\n", 1)[0].splitlines()
 
 
@@ -219,7 +219,7 @@ def test_the_documented_kernel_features_are_the_declared_ones():
 
 
 def test_the_worked_example_is_the_librarys_code():
-    text = (REPOSITORY / "docs" / "extending.md").read_text()
+    text = (REPOSITORY / "docs/extending.md").read_text()
     example = text.split("## 2. A worked example", 1)[1].split("## 3.", 1)[0]
     library = {
         name: (REPOSITORY / "jrope" / name).read_text() for name in ("pe_config.py", "encodings.py")

@@ -9,6 +9,7 @@ import pytest
 
 import jrope
 from jrope import segments
+from tests.helpers.shear_oracle import definition_logits
 
 L = 64  # training context of the tiny test encodings
 NUM_HEADS, HEAD_DIM = 2, 24
@@ -75,75 +76,6 @@ def test_factorized_equals_relative_oracle(name):
     np.testing.assert_allclose(factorized, relative, rtol=1e-4, atol=1e-4)
 
 
-def _oracle_stabilized(enc, params, q, k, q_pos, k_pos):
-    """q_i^T A(-i)^{-1} A(-j) k_j in float64 numpy, written from docs/mathematics.md alone.
-
-    A(t) = e^{-gamma t} U(t) (x) R(omega t) per block, U(t) = sum_r c_r(t) N^r
-    with the variant's coefficient sequence; the inverse is a dense solve.
-    """
-    cfg = enc.cfg
-    phys = {k_: np.asarray(v, np.float64) for k_, v in enc.physical_params(params).items()}
-    q = np.asarray(q, np.float64)
-    k = np.asarray(k, np.float64)
-    head_dim = enc.head_dim
-
-    def tau(t):
-        return t / (1 + abs(t) / L) if cfg.shear_time == "bounded" else t
-
-    def block_matrix(t, n, b, order, omega, gamma, segment_cfg):
-        rot = np.array(
-            [
-                [math.cos(omega * t), -math.sin(omega * t)],
-                [math.sin(omega * t), math.cos(omega * t)],
-            ]
-        )
-        s = segment_cfg.shear_scale * tau(t)
-        if segment_cfg.shear == "eta":
-            coeffs = [(phys["eta"][n, b] * s) ** r / math.factorial(r) for r in range(order)]
-        elif segment_cfg.shear == "jet":
-            base = phys["jet_base"][n, b] if "jet_base" in phys else 1.0
-            coeffs = [base] + [
-                phys["jet_gates"][r - 1, n, b] * s**r / math.factorial(r) for r in range(1, order)
-            ]
-        else:
-            coeffs = [1.0] + [0.0] * (order - 1)
-        unipotent = sum(c * np.eye(order, k=r) for r, c in enumerate(coeffs))
-        return math.exp(-gamma * t) * np.kron(unipotent, rot)
-
-    def full_matrix(t, n):
-        blocks = []
-        for segment in enc.segments:
-            omegas = np.asarray(segment.frequencies(), np.float64)
-            gammas = phys["gamma"][n] if segment.learn_gamma else np.zeros(segment.num_blocks)
-            for b in range(segment.num_blocks):
-                blocks.append(
-                    block_matrix(t, n, b, segment.order, omegas[b], gammas[b], segment.cfg)
-                )
-        size = sum(x.shape[0] for x in blocks)
-        out = np.eye(head_dim)
-        out[:size, :size] = 0
-        at = 0
-        for x in blocks:
-            out[at : at + x.shape[0], at : at + x.shape[0]] = x
-            at += x.shape[0]
-        return out
-
-    logits = np.zeros((q.shape[0], NUM_HEADS, q.shape[1], k.shape[1]))
-    for n in range(NUM_HEADS):
-        inv_a = {int(i): np.linalg.inv(full_matrix(-float(i), n)) for i in q_pos}
-        a = {int(j): full_matrix(-float(j), n) for j in k_pos}
-        for ti, i in enumerate(q_pos):
-            for sj, j in enumerate(k_pos):
-                op = inv_a[int(i)] @ a[int(j)]
-                logits[:, n, ti, sj] = np.einsum("bx,xy,by->b", q[:, ti, n], op, k[:, sj, n])
-    logits /= math.sqrt(head_dim)
-    if cfg.alibi:
-        slopes = jrope.alibi_slopes(NUM_HEADS)
-        lag = np.maximum(np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :], 0)
-        logits -= slopes[None, :, None, None] * lag[None, None]
-    return logits
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", STABILIZED + ("jordan_exact_m3", "jordan_raw_tau"))
 def test_factorized_equals_reference_formula(name):
@@ -153,7 +85,7 @@ def test_factorized_equals_reference_formula(name):
     q, k = _qk(5, 6, batch=1)
     q_pos, k_pos = np.arange(5) + 40, np.arange(6) + 37
     factorized = logits_fn(enc, params, q, k, jnp.asarray(q_pos), jnp.asarray(k_pos))
-    expected = _oracle_stabilized(enc, params, q, k, q_pos, k_pos)
+    expected = definition_logits(enc, params, q, k, q_pos, k_pos)
     np.testing.assert_allclose(factorized, expected, rtol=2e-4, atol=2e-4)
 
 
@@ -424,8 +356,26 @@ def test_positions_that_go_back_down_within_a_row_are_refused():
     enc = _encoding("jordan_exact_scaled")
     q, k = _qk(4, 4)
     packed = np.asarray([[0, 1, 0, 1], [0, 1, 2, 3]])
-    with pytest.raises(ValueError, match=r"go back down within a row \(1 -> 0 at index 2\)"):
+    with pytest.raises(ValueError, match=r"must increase along a row, got 1 -> 0 at index 2"):
         enc.transform_qk(enc.init_params(), q, k, packed, packed)
+
+
+def test_repeated_or_empty_positions_and_bad_make_encoding_arguments_are_refused():
+    """Every kernel decides visibility by position: a repeated one would differ from the
+    tokens' order (an index-masked kernel would not let [0, 0]'s first token see its second)."""
+    enc = _encoding("rope")
+    q, k = _qk(4, 4)
+    with pytest.raises(ValueError, match=r"must increase along a row, got 0 -> 0 at index 1"):
+        jrope.attention.causal_attention(
+            q, k, k, enc=enc, params={}, positions=jnp.array([0, 0, 1, 1]), kernel="einsum"
+        )
+    with pytest.raises(ValueError, match="positions are empty"):
+        enc.transform_qk({}, q[:, :0], k[:, :0], jnp.arange(0), jnp.arange(0))
+    cfg = jrope.pe_config_from_name("jordan_rope", train_context=L)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got 2.5"):
+        jrope.make_encoding(cfg, 2.5, HEAD_DIM)
+    with pytest.raises(TypeError, match="takes a PEConfig, got 'jordan_rope'"):
+        jrope.make_encoding("jordan_rope", NUM_HEADS, HEAD_DIM)
 
 
 @pytest.mark.slow

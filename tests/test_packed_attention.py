@@ -129,7 +129,11 @@ def test_packed_rows_equal_each_segment_alone_with_gradients(kernel, name):
         (np.zeros((1, 8)), np.arange(8), "integers"),
         (np.zeros((2, 8)), np.arange(8), r"\[B, S\] = \[1, 8\]"),
         (np.array([[1, 1, 2, 2, 1, 1, 3, 3]]), np.arange(8) % 2, "contiguous run"),
-        (np.array([[1, 1, 1, 1, 2, 2, 2, 2]]), np.array([0, 1, 2, 0, 0, 1, 2, 3]), "go back down"),
+        (
+            np.array([[1, 1, 1, 1, 2, 2, 2, 2]]),
+            np.array([0, 1, 2, 0, 0, 1, 2, 3]),
+            "must increase within segment",
+        ),
     ],
 )
 def test_bad_segment_ids_are_refused_with_the_rule_they_break(segment_ids, positions, message):

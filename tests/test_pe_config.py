@@ -1,11 +1,13 @@
 """Every paper name parses to the expected PEConfig; malformed names fail clearly."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 
 import jrope
+from jrope import pe_config_from_name
 
 L = 1024
 
@@ -225,3 +227,25 @@ def test_probe_baseline_order_too_low_names_the_minimum():
     assert jrope.pe_config.probe_baseline_from_name("jordan_rope") is None
     with pytest.raises(ValueError, match="m >= 2"):
         jrope.pe_config.probe_baseline_from_name("direct_sum_poly_m1")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(shear="bogus"), "shear must be one of none, eta, jet, got 'bogus'"),
+        (dict(shear_time="bogus"), "shear_time must be one of bounded, raw, got 'bogus'"),
+        (dict(layout="bogus"), "layout must be one of"),
+        (dict(train_context=2.5), "train_context must be a finite int, got 2.5"),
+        (dict(eta_max=float("nan")), "eta_max must be a finite float, got nan"),
+        (dict(theta="x"), "theta must be a finite float, got 'x'"),
+    ],
+)
+def test_every_enumerated_or_numeric_field_is_validated(change, message):
+    cfg = pe_config_from_name("jordan_rope", train_context=64)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dataclasses.replace(cfg, **change)
+
+
+def test_a_non_finite_base_setting_is_refused_by_name():
+    with pytest.raises(ValueError, match="train_context must be a finite int, got nan"):
+        pe_config_from_name("jordan_rope", train_context=float("nan"))

@@ -9,6 +9,7 @@ import pytest
 from helpers.matrix import cases
 
 import jrope
+from jrope import attention, oracle
 from jrope.attention import shear
 from tests.helpers.shear_oracle import HEAD_DIM, TRAIN_CONTEXT, reference_logits
 from tests.helpers.shear_oracle import setup_encoding as _setup
@@ -185,6 +186,59 @@ def test_bfloat16_attention_outputs_and_gradients_keep_ropes_own_error():
             got,
             rope_errors,
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["shear", "shear_flash"])
+def test_bfloat16_outputs_stay_within_ropes_own_error_over_the_trained_range(kernel):
+    """Output RMS error from bfloat16 q, k, v at most RoPE's own (einsum, the same q, k, v),
+    against the float64 oracle: eta up to its bound, gamma from its floor to max_damping,
+    offsets 0 to 2^30, at the training length (docs/numerics.md, section 3a).
+
+    1.15x: at large offsets the stabilized shear vanishes and the error is RoPE's, within the
+    few per cent by which two encodings' errors differ on the same inputs.
+    """
+    length = 128
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    q, k, v = (
+        jax.random.normal(key, (1, length, 2, HEAD_DIM)).astype(jnp.bfloat16) for key in keys
+    )
+
+    def error(enc, params, positions, kernel):
+        with oracle.float64():
+            want = np.asarray(
+                _oracle_attention(enc, *oracle.as_float64((params, q, k, v)), positions)
+            )
+        got = attention.causal_attention(
+            q, k, v, enc=enc, params=params, positions=positions, kernel=kernel, block_size=64
+        )
+        return np.sqrt(np.mean((oracle.as_float64(got) - want) ** 2) / np.mean(want**2))
+
+    rope = jrope.make_encoding(jrope.pe_config_from_name("rope", train_context=length), 2, HEAD_DIM)
+    for offset in (0, 2**30):
+        positions = jnp.arange(length, dtype=jnp.int32) + offset
+        rope_error = error(rope, {}, positions, "einsum")
+        for name in ("jordan_rope", "jordan_raw_tau", "jordan_m3", "direct_sum"):
+            cfg = jrope.pe_config_from_name(name, train_context=length)
+            enc = jrope.make_encoding(cfg, 2, HEAD_DIM)
+            for eta_fraction, gamma in ((0.5, 1e-4), (0.9, 1e-4), (0.9, 0.02)):
+                params = dict(enc.init_params())
+                params["eta_raw"] = jnp.full_like(params["eta_raw"], np.arctanh(eta_fraction))
+                excess = gamma - cfg.gamma_min if gamma > cfg.gamma_min else 1e-8
+                raw = excess + np.log(-np.expm1(-excess))  # softplus^-1
+                params["gamma_raw"] = jnp.full_like(params["gamma_raw"], raw)
+                got = error(enc, params, positions, kernel)
+                assert got <= 1.15 * rope_error, (
+                    name,
+                    offset,
+                    eta_fraction,
+                    gamma,
+                    got,
+                    rope_error,
+                )
+
+
+_oracle_attention = jax.jit(oracle.attention, static_argnums=0)
 
 
 @pytest.mark.slow

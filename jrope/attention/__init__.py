@@ -84,7 +84,7 @@ def causal_attention(
       enc: a jrope encoding (map_queries, map_keys, logit_bias, has_bias).
       params: the encoding's parameters for this layer.
       positions: int32 [S] or [B, S], the key positions (queries: the last T),
-        nondecreasing in each row and within int32 (check_positions refuses
+        increasing in each row and within int32 (check_positions refuses
         concrete ones that are not; under jit that is the caller's care).
       kernel: one of KERNELS, as choose_kernel returns it; one that does not compute
         every feature of `enc` (selection.KERNEL_FEATURES) is refused.

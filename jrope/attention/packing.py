@@ -1,7 +1,7 @@
 """Packed rows: several sequences in one row, told apart by segment ids.
 
 A packed row holds its sequences one after another, each a contiguous run of
-one segment id; positions restart at each run and never go down within one.
+one segment id; positions restart at each run and increase within one.
 A query sees only the keys of its own segment, so a packed row gives each
 sequence what it would give alone in a row of its own.
 
@@ -21,7 +21,7 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
     positions: integers [S] or [B, S]; segment_ids: integers [B, S], with
     B = batch and S = length. Refused: another shape or dtype, a segment id
     that comes back after another one (a sequence must be one contiguous
-    run), positions that go down within a run.
+    run), positions that do not increase within a run.
     """
     shape = tuple(jnp.shape(segment_ids))
     if shape != (batch, length):
@@ -45,13 +45,13 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
                 f"segment id {run_ids[counts > 1][0]} of row {row} comes back after another "
                 "segment: each packed sequence must be one contiguous run of its id."
             )
-    falls = np.argwhere((np.diff(rows, axis=-1) < 0) & ~starts[:, 1:])
+    falls = np.argwhere((np.diff(rows, axis=-1) <= 0) & ~starts[:, 1:])
     if len(falls):
         row, index = falls[0]
         raise ValueError(
-            f"positions go back down within segment {segments[row, index + 1]} of row {row} "
-            f"({rows[row, index]} -> {rows[row, index + 1]} at index {index + 1}): positions "
-            "restart only where the segment id changes."
+            f"positions must increase within segment {segments[row, index + 1]} of row {row}, "
+            f"got {rows[row, index]} -> {rows[row, index + 1]} at index {index + 1}: they restart "
+            "only where the segment id changes."
         )
 
 

@@ -62,6 +62,23 @@ class ShearTerms(NamedTuple):
     keys: tuple[jax.Array, ...]
 
 
+def term_dot(dot, q_r, k_r, dtype, *, shifted: bool) -> jax.Array:
+    """dot(q_r, k_r) of float32 terms in `dtype`, float32; a shifted term (r >= 1) of a 16-bit
+    dtype to about float32 accuracy.
+
+    The shifted terms' dots are weighted by (time_i - time_j)^r, which makes their logits
+    many times RoPE's: rounded to bfloat16, their error alone would exceed RoPE's whole
+    bfloat16 error. Each side is taken as a high part and the rounding left over, in three
+    dots of `dtype` (the terms beyond them below float32's precision).
+    """
+    if not shifted or jnp.finfo(dtype).bits > 16:
+        return dot(q_r.astype(dtype), k_r.astype(dtype))
+    q_hi, k_hi = q_r.astype(dtype), k_r.astype(dtype)
+    q_lo = (q_r - q_hi.astype(q_r.dtype)).astype(dtype)
+    k_lo = (k_r - k_hi.astype(k_r.dtype)).astype(dtype)
+    return dot(q_hi, k_hi) + (dot(q_hi, k_lo) + dot(q_lo, k_hi))
+
+
 def pair_time_lag(encoding: Any, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """time(i) - time(j) of the shear, formed from the integer positions, float32 [B|1, T, S].
 
@@ -134,15 +151,15 @@ def shear_logits(
     q_pos, k_pos = _batched(q_positions), _batched(k_positions)
     q_origin, k_origin = (window_origin(q_pos, k_pos), None) if origins is None else origins
     terms = shear_terms(encoding, params, q, k, q_pos, k_pos, q_origin, k_origin)
-    dots = [
-        jnp.einsum(
-            "btnh,bsnh->bnts",
-            q_r.astype(q.dtype),
-            k_r.astype(q.dtype),
-            preferred_element_type=jnp.float32,
-            precision=precision,
+
+    def dot(a, b):
+        return jnp.einsum(
+            "btnh,bsnh->bnts", a, b, preferred_element_type=jnp.float32, precision=precision
         )
-        for q_r, k_r in zip(terms.queries, terms.keys, strict=True)
+
+    dots = [
+        term_dot(dot, q_r, k_r, q.dtype, shifted=r > 0)
+        for r, (q_r, k_r) in enumerate(zip(terms.queries, terms.keys, strict=True))
     ]
     time_lag = pair_time_lag(encoding, q_pos, k_pos)[:, None] if len(dots) > 1 else None
     logits = combine_terms(dots, time_lag) / math.sqrt(encoding.head_dim)

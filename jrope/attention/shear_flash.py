@@ -21,7 +21,7 @@ positions (pe_math.ShearTime.lag). The term dots take the inputs' dtype
 
 Each term's dims come as separate re and im arrays, so the kernel neither
 slices nor shuffles lanes. Keys after a query's index in the row are never
-visible to it (positions nondecreasing within a segment); packed rows pass
+visible to it (positions increasing within a segment); packed rows pass
 segment ids and a query sees its own segment only.
 
 Gradients: a custom VJP, flash style. The forward kernel also returns each
@@ -250,7 +250,10 @@ class _Layout(NamedTuple):
             pair for gamma, omega in zip(gammas, omegas, strict=True) for pair in (gamma, omega)
         ]
         v = jnp.transpose(_pad_rows(v, self.k_len, 0), (0, 2, 1, 3))
-        return _Inputs([x.astype(self.dtype) for x in terms], rates, v)
+        # The shifted terms (r >= 1) stay float32: the kernels split them (shear.term_dot).
+        return _Inputs(
+            [x.astype(self.dtype if i < 4 else x.dtype) for i, x in enumerate(terms)], rates, v
+        )
 
     @property
     def key_offset(self) -> int:
@@ -392,6 +395,7 @@ def _kernel_args(layout):
         block=(layout.bq, layout.bk),
         key_offset=layout.key_offset,
         scale=1.0 / math.sqrt(layout.head_dim),
+        dtype=layout.dtype,
     )
 
 
@@ -483,11 +487,14 @@ def _move(keys, rotations):
     ]
 
 
-def _logits(queries, moved, time_lag, scale):
-    """sum_r time_lag^r (q_r . k'_r) * scale, float32 [bq, bk], by Horner in the lag."""
+def _logits(queries, moved, time_lag, scale, dtype):
+    """sum_r time_lag^r (q_r . k'_r) * scale, float32 [bq, bk], by Horner in the lag; the dots
+    in `dtype`, the shifted terms' split (shear.term_dot)."""
     logits = None
-    for (q_re, q_im), (k_re, k_im) in reversed(list(zip(queries, moved, strict=True))):
-        dot = _dot_t(q_re, k_re.astype(q_re.dtype)) + _dot_t(q_im, k_im.astype(q_im.dtype))
+    for r in reversed(range(len(queries))):
+        (q_re, q_im), (k_re, k_im) = queries[r], moved[r]
+        dot = shear.term_dot(_dot_t, q_re, k_re, dtype, shifted=r > 0)
+        dot = dot + shear.term_dot(_dot_t, q_im, k_im, dtype, shifted=r > 0)
         logits = dot if logits is None else logits * time_lag + dot
     return logits * scale
 
@@ -497,9 +504,9 @@ def _visible(q_pos, k_pos, q_seg, k_seg):
     return (k_pos <= q_pos) & (k_seg == q_seg)
 
 
-def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, values, scale):
+def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, values, scale, dtype):
     """p [bq, bk] and, per term r, time_lag^r scale p (dO v^T - delta): the term dots' cotangents."""
-    logits = jnp.where(visible, _logits(queries, moved, time_lag, scale), MASK_VALUE)
+    logits = jnp.where(visible, _logits(queries, moved, time_lag, scale, dtype), MASK_VALUE)
     probs = jnp.where(visible, jnp.exp(logits - lse), 0.0)
     d_scores = probs * (_dot_t(d_out, values) - delta) * scale
     per_term = [d_scores]
@@ -521,6 +528,7 @@ def _forward_kernel(
     block,
     key_offset,
     scale,
+    dtype,
 ):
     """One (batch row, head, query block): online softmax over its key blocks."""
     term_refs = refs[: 4 * num_terms]
@@ -541,7 +549,7 @@ def _forward_kernel(
         moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
         keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
         moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
-        logits = _logits(queries, moved, _time_lag(time, q_pos, k_pos), scale)
+        logits = _logits(queries, moved, _time_lag(time, q_pos, k_pos), scale, dtype)
         visible = _visible(q_pos, k_pos, q_seg, k_seg)
         logits = jnp.where(visible, logits, MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(logits, axis=1, keepdims=True))
@@ -576,6 +584,7 @@ def _query_gradients_kernel(
     block,
     key_offset,
     scale,
+    dtype,
 ):
     """One (batch row, head, query block): dq_r = sum_j time_lag^r ds k'_r over its key blocks."""
     term_refs = refs[: 4 * num_terms]
@@ -607,13 +616,14 @@ def _query_gradients_kernel(
             d_out,
             v_ref[0, 0, pl.ds(start, bk), :],
             scale,
+            dtype,
         )
         updated = []
         for r, (k_re, k_im) in enumerate(moved):
-            dtype = queries[r][0].dtype
-            d_score = d_scores[r].astype(dtype)
-            updated.append(d_queries[2 * r] + _dot(d_score, k_re.astype(dtype)))
-            updated.append(d_queries[2 * r + 1] + _dot(d_score, k_im.astype(dtype)))
+            term_dtype = queries[r][0].dtype  # float32 for the shifted terms (_Layout.inputs)
+            d_score = d_scores[r].astype(term_dtype)
+            updated.append(d_queries[2 * r] + _dot(d_score, k_re.astype(term_dtype)))
+            updated.append(d_queries[2 * r + 1] + _dot(d_score, k_im.astype(term_dtype)))
         return updated
 
     init = [jnp.zeros(ref.shape[2:], jnp.float32) for ref in d_query_refs]
@@ -635,6 +645,7 @@ def _key_gradients_kernel(
     block,
     key_offset,
     scale,
+    dtype,
 ):
     """One (batch row, head, key block): dk_r, dv over the query blocks that see it.
 
@@ -677,6 +688,7 @@ def _key_gradients_kernel(
             d_out,
             values,
             scale,
+            dtype,
         )
         d_v = d_v + _dot(probs.T.astype(d_out.dtype), d_out)
         updated = []

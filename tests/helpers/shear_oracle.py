@@ -1,10 +1,13 @@
-"""The encoded logits in float64 from the definitions, for every encoding with an eta shear.
+"""The tests' own oracle: the encoded logits in float64 from the definitions, not the library.
 
 score(i, j) = sum over blocks of q_i^T A(-i)^{-1} A(-j) k_j (docs/mathematics.md,
-section 3) with A(-p) = e^{gamma p} R(omega p)^T exp(-s(p) N): the damped rotation
-of the lag i - j times the chain's exp((s_i - s_j) N), whose time lag is an exact
-fraction of the integer positions (no rounding at any offset). And the encodings
-the shear tests and benchmarks run it on (setup_encoding).
+section 3). reference_logits, for every encoding with an eta shear: with A(-p) =
+e^{gamma p} R(omega p)^T exp(-s(p) N), the damped rotation of the lag i - j times the
+chain's exp((s_i - s_j) N), whose time lag is an exact fraction of the integer positions
+(no rounding at any offset). definition_logits, for any chain (the gated jets too): the
+dense matrices A(t) and their inverses. jrope.oracle, which every kernel is measured
+against, evaluates the library's own maps; this module checks those maps. And the
+encodings the shear tests and benchmarks run it on (setup_encoding).
 """
 
 import math
@@ -78,6 +81,76 @@ def reference_logits(encoding, params, q, k, q_positions, k_positions) -> np.nda
     if encoding.has_bias:
         slopes = alibi_slopes(encoding.num_heads).astype(np.float64)
         logits -= slopes[:, None, None] * np.maximum(lag, 0.0)[None]
+    return logits
+
+
+def definition_logits(enc, params, q, k, q_pos, k_pos) -> np.ndarray:
+    """float64 [B, N, T, S]: q_i^T A(-i)^{-1} A(-j) k_j / sqrt(H) (+ ALiBi), for any chain.
+
+    A(t) = e^{-gamma t} U(t) (x) R(omega t) per block, U(t) = sum_r c_r(t) N^r
+    with the variant's coefficient sequence (gated jets too); the inverse is a
+    dense solve, per pair: for a few positions only.
+    """
+    cfg = enc.cfg
+    phys = {k_: np.asarray(v, np.float64) for k_, v in enc.physical_params(params).items()}
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    head_dim = enc.head_dim
+
+    def tau(t):
+        return t / (1 + abs(t) / cfg.train_context) if cfg.shear_time == "bounded" else t
+
+    def block_matrix(t, n, b, order, omega, gamma, segment_cfg):
+        rot = np.array(
+            [
+                [math.cos(omega * t), -math.sin(omega * t)],
+                [math.sin(omega * t), math.cos(omega * t)],
+            ]
+        )
+        s = segment_cfg.shear_scale * tau(t)
+        if segment_cfg.shear == "eta":
+            coeffs = [(phys["eta"][n, b] * s) ** r / math.factorial(r) for r in range(order)]
+        elif segment_cfg.shear == "jet":
+            base = phys["jet_base"][n, b] if "jet_base" in phys else 1.0
+            coeffs = [base] + [
+                phys["jet_gates"][r - 1, n, b] * s**r / math.factorial(r) for r in range(1, order)
+            ]
+        else:
+            coeffs = [1.0] + [0.0] * (order - 1)
+        unipotent = sum(c * np.eye(order, k=r) for r, c in enumerate(coeffs))
+        return math.exp(-gamma * t) * np.kron(unipotent, rot)
+
+    def full_matrix(t, n):
+        blocks = []
+        for segment in enc.segments:
+            omegas = np.asarray(segment.frequencies(), np.float64)
+            gammas = phys["gamma"][n] if segment.learn_gamma else np.zeros(segment.num_blocks)
+            for b in range(segment.num_blocks):
+                blocks.append(
+                    block_matrix(t, n, b, segment.order, omegas[b], gammas[b], segment.cfg)
+                )
+        size = sum(x.shape[0] for x in blocks)
+        out = np.eye(head_dim)
+        out[:size, :size] = 0
+        at = 0
+        for x in blocks:
+            out[at : at + x.shape[0], at : at + x.shape[0]] = x
+            at += x.shape[0]
+        return out
+
+    logits = np.zeros((q.shape[0], enc.num_heads, q.shape[1], k.shape[1]))
+    for n in range(enc.num_heads):
+        inv_a = {int(i): np.linalg.inv(full_matrix(-float(i), n)) for i in q_pos}
+        a = {int(j): full_matrix(-float(j), n) for j in k_pos}
+        for ti, i in enumerate(q_pos):
+            for sj, j in enumerate(k_pos):
+                op = inv_a[int(i)] @ a[int(j)]
+                logits[:, n, ti, sj] = np.einsum("bx,xy,by->b", q[:, ti, n], op, k[:, sj, n])
+    logits /= math.sqrt(head_dim)
+    if cfg.alibi:
+        slopes = jrope.alibi_slopes(enc.num_heads)
+        lag = np.maximum(np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :], 0)
+        logits -= slopes[None, :, None, None] * lag[None, None]
     return logits
 
 
