@@ -22,8 +22,6 @@ from jrope import commands
 from jrope.errors import JropeError, UsageError
 
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
-# What the 'train' extra installs (pyproject.toml), as `import` names it.
-TRAIN_EXTRA = ("ml_collections", "optax", "orbax", "etils", "tensorflow_datasets", "matplotlib")
 _PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
 
 
@@ -60,14 +58,8 @@ def start_processes() -> None:
     if multiprocess or any(value is not None for value in explicit):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(*explicit)
-    index, count, local = jax.process_index(), jax.process_count(), jax.local_devices()
-    logging.info(
-        "JAX process %d of %d; local devices %s; all devices %d.",
-        index,
-        count,
-        local,
-        jax.device_count(),
-    )
+    where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
+    logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
 
 
 def run(main: Callable[[list[str]], None], define_flags: Callable | None = None) -> None:
@@ -139,7 +131,7 @@ def exit_status(error: BaseException) -> tuple[int, str] | None:
         if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
             where = f" writing {error.filename}" if error.filename else ""
             return 7, f"Storage failure{where}: {error.strerror}; free space and run it again."
-        if isinstance(error, ModuleNotFoundError) and error.name.split(".")[0] in TRAIN_EXTRA:
+        if isinstance(error, ModuleNotFoundError) and "jrope" not in str(error.name):
             return 2, f"No {error.name}: install the 'train' extra (pip install 'jrope[train]')."
         error = error.__cause__
     return None

@@ -1,22 +1,17 @@
 """The project's errors, each with the exit status a command ends with (the README's table) and
 the built-in kind it also is; a command prints the message alone (jrope.command_line)."""
 
-from __future__ import annotations
-
 import signal
-from collections.abc import Sequence
 
 
 class JropeError(Exception):
     """A failure the user can fix; `str(error)` is the whole message."""
 
-    exit_status: int = 1
+    exit_status = 1
 
 
 class UsageError(JropeError, ValueError):
-    """A command line that cannot run."""
-
-    exit_status = 2
+    exit_status = 2  # a command line or setting that cannot run
 
 
 class ConfigError(JropeError, ValueError):
@@ -24,58 +19,39 @@ class ConfigError(JropeError, ValueError):
 
     exit_status = 2
 
-    def __init__(self, problems: Sequence[str]):
+    def __init__(self, problems):
         self.problems = tuple(problems)
         lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
         super().__init__(f"Found before compiling (docs/runs.md):\n{lines}")
 
 
-class GenerationRequestError(UsageError):
-    """Settings or prompts that cannot be generated from."""
-
-
 class AudioExtraMissing(JropeError, ImportError):
-    """soundfile or soxr, the optional 'audio' dependencies, are not installed."""
-
-    exit_status = 2
+    exit_status = 2  # soundfile or soxr, of the optional 'audio' extra, are not installed
 
 
 class DataError(ConfigError):
-    """Every problem found before compiling, all of them with the run's data."""
-
-    exit_status = 3
+    exit_status = 3  # every problem found before compiling is the data's
 
 
 class DataUnavailable(JropeError, FileNotFoundError):
-    """A data set is neither prepared nor on disk."""
-
-    exit_status = 3
+    exit_status = 3  # a data set is neither prepared nor on disk
 
 
-class WikiTextUnavailable(DataUnavailable):
-    """A WikiText dataset is neither prepared, nor on disk, nor downloadable from here."""
-
-
-class AudioDataUnavailable(DataUnavailable):
-    """The folder of WAV files to prepare is missing or holds none."""
+# The names the data preparation and the generation raise these kinds under.
+WikiTextUnavailable = AudioDataUnavailable = DataUnavailable
+GenerationRequestError = UsageError
 
 
 class CheckpointError(JropeError, RuntimeError):
-    """A checkpoint that is missing, damaged, or of settings this run may not change."""
-
-    exit_status = 4
+    exit_status = 4  # missing, damaged, or of settings this run may not change
 
 
 class NonFiniteError(JropeError, FloatingPointError):
-    """A NaN or infinite loss, gradient norm or evaluation; or too many skipped steps in a row."""
-
-    exit_status = 5
+    exit_status = 5  # a NaN or infinite loss, gradient norm or evaluation; skips in a row
 
 
 class WorkdirBusy(JropeError, RuntimeError):
-    """Another run holds the workdir's lock."""
-
-    exit_status = 6
+    exit_status = 6  # another run holds the workdir's lock
 
 
 class TrainingPreempted(JropeError):

@@ -26,9 +26,10 @@ def main(argv: list[str]) -> None:
     command_line.start_processes()
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     if "probe" not in config:
-        from jrope.train.evaluation import evaluate_checkpoint  # here: a bad flag needs no JAX
+        from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
+        from jrope.train.evaluation import evaluate_checkpoint
 
-        evaluate_checkpoint(config, workdir)
+        evaluate_checkpoint(TrainConfig.from_config_dict(config), workdir)
         return
     from jrope.experiments import kernel_probe
 

@@ -255,7 +255,7 @@ def test_all_problems_are_reported_together(tmp_path):
     (tmp_path / "a_file").write_text("")
     config = _tiny(**{"mesh.tensor": 3})
     with pytest.raises(ConfigError) as caught:
-        check_run(config, str(tmp_path / "a_file"), EIGHT_CPUS)
+        check_run(TrainConfig.from_config_dict(config), str(tmp_path / "a_file"), EIGHT_CPUS)
     problems = caught.value.problems
     assert len(problems) == 2
     assert problems[0].startswith("mesh.data, fsdp, tensor = -1, 1, 3")
@@ -329,7 +329,7 @@ def test_absent_wikitext2_is_a_data_error_with_directions(tmp_path, monkeypatch)
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.manual_dir = str(tmp_path / "manual")
     with pytest.raises(DataError) as caught:
-        check_run(config, str(tmp_path / "run"), EIGHT_CPUS)
+        check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"), EIGHT_CPUS)
     message = str(caught.value)
     assert message.startswith("Found before compiling (docs/runs.md):\n  - ")
     assert "WikiText-2 is not available" in message and "wikitext-2-raw-v1.zip" in message
@@ -349,7 +349,7 @@ def test_every_problem_of_the_config_at_once_then_every_problem_of_the_run(tmp_p
         },
     )
     with pytest.raises(ConfigError) as caught:
-        check_run(config, str(tmp_path), EIGHT_CPUS)
+        check_run(TrainConfig.from_config_dict(config), str(tmp_path), EIGHT_CPUS)
     problems = caught.value.problems
     assert [problem.split()[0] for problem in problems] == [
         "model.compute_dtype",
@@ -359,7 +359,7 @@ def test_every_problem_of_the_config_at_once_then_every_problem_of_the_run(tmp_p
     ]
     config = _tiny(batch_size=12, **{"eval.lengths": (1,)})
     with pytest.raises(ConfigError) as caught:
-        check_run(config, str(tmp_path), EIGHT_CPUS)
+        check_run(TrainConfig.from_config_dict(config), str(tmp_path), EIGHT_CPUS)
     assert [problem.split()[0] for problem in caught.value.problems] == ["eval.lengths"]
 
 
@@ -374,6 +374,6 @@ def test_a_workdir_that_cannot_be_written_is_refused_before_step_1(tmp_path, mon
 
     monkeypatch.setattr(os, "access", access)
     with pytest.raises(ConfigError, match="is no folder you can write to") as refusal:
-        check_run(tiny_config_dict(), str(denied / "run"), EIGHT_CPUS)
+        check_run(TrainConfig.from_config_dict(tiny_config_dict()), str(denied / "run"), EIGHT_CPUS)
     assert refusal.value.exit_status == 2
     assert not (denied / "run").exists()

@@ -43,11 +43,11 @@ def _with_gamma(cfg: TrainConfig, params, gamma: float, layer: int, head: int):
 def test_a_bound_the_blockwise_blocks_cannot_carry_is_refused_with_the_fix(tmp_path):
     config = tiny_config_dict(**{"model.max_damping": 0.5, "mesh.data": -1})
     with pytest.raises(ConfigError) as refused:
-        checks.check_run(config, str(tmp_path / "run"))
+        checks.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
     # 0.5 * 511 is past float32 in blocks of 512; 0.5 * 127 is not.
     assert "set --config.model.block_size to at most 128" in str(refused.value)
     fixed = tiny_config_dict(**{"model.max_damping": 0.5, "model.block_size": 128, "mesh.data": -1})
-    checks.check_run(fixed, str(tmp_path / "fixed"))
+    checks.check_run(TrainConfig.from_config_dict(fixed), str(tmp_path / "fixed"))
 
 
 @pytest.mark.slow

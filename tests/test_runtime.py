@@ -171,6 +171,23 @@ def test_an_error_ends_the_command_with_its_message_alone_and_its_status():
     assert bug.returncode == 1 and "ZeroDivisionError: a bug" in bug.stderr  # with its traceback
 
 
+@pytest.mark.parametrize("command", ["jrope.train.__main__", "jrope.eval", "jrope.compare"])
+def test_a_command_without_its_extra_says_which_to_install(command):
+    # ml_collections absent, as in an install without the 'train' extra.
+    code = f"import sys; sys.modules['ml_collections'] = None; import {command} as c; c.run_main()"
+    args = ["--config=quickstart", "--workdir=run", "--methods=rope"][
+        : 2 + (command == "jrope.compare")
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "No ml_collections: install the 'train' extra (pip install 'jrope[train]').\n"
+    )
+
+
 _GC_SIGINT = """
 import gc, os, signal, sys
 from jrope import command_line

@@ -40,6 +40,7 @@ from etils import epath
 from jrope import command_line, results
 from jrope.errors import ConfigError, DataError, UsageError
 from jrope.train import checks, evaluation, outputs
+from jrope.train.config import TrainConfig
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
@@ -93,7 +94,8 @@ def _check_every_run(runs: dict) -> dict:
     checked, problems, only_data = {}, collections.defaultdict(list), True
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
-            checked[method, seed] = checks.check_run(run_config, str(run_dir)).cfg
+            cfg = TrainConfig.from_config_dict(run_config)
+            checked[method, seed] = checks.check_run(cfg, str(run_dir)).cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)
             for problem in error.problems:

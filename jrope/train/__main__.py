@@ -7,9 +7,10 @@ from jrope import command_line
 
 def main(argv: list[str]) -> None:
     command_line.start_processes()
-    from jrope.train.trainer import train_and_evaluate  # here: a bad flag is told without JAX
+    from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
+    from jrope.train.trainer import train_and_evaluate
 
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    train_and_evaluate(TrainConfig.from_config_dict(flags.FLAGS.config), flags.FLAGS.workdir)
 
 
 def run_main() -> None:

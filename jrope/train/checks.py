@@ -47,12 +47,10 @@ class CheckedRun:
 
 
 def check_run(
-    config, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
+    cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
 ) -> CheckedRun:
     """Raise ConfigError (DataError: all the data's) listing every problem that would stop or
-    spoil a training run (or an evaluation); `config`: a TrainConfig, or the ConfigDict to convert
-    in this pass."""
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_config_dict(config)
+    spoil a training run (or an evaluation)."""
     env = env or RunEnvironment.detect()
     encoding = run_encoding(cfg)
     problems = _batch_problems(cfg, env)

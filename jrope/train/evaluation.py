@@ -224,16 +224,15 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     say(markdown_table(rows, task=task))
 
 
-def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> list[Row]:
+def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[Row]:
     """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
     `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
 
-    config: a TrainConfig or a ConfigDict. Runs under the workdir's lock as an evaluation
-    (waits for another, WorkdirBusy while training runs). ConfigError before compiling
-    anything; CheckpointError for a checkpoint it cannot evaluate.
+    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
+    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
+    evaluate.
     """
-    checked = checks.check_run(config, workdir, evaluation=True)
-    cfg = checked.cfg
+    checked = checks.check_run(cfg, workdir, evaluation=True)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
         run = setup.set_up_run(cfg, source=checked.source)

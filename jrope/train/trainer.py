@@ -136,13 +136,13 @@ def make_train_step(
     )
 
 
-def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) -> dict[str, Any]:
+def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate.
 
-    config: a TrainConfig or the ConfigDict to convert. Returns {'state': the final train state,
-    'eval': [row per length]}; a finished run is only restored (so checked) and its results read.
+    Returns {'state': the final train state, 'eval': [row per length]}; a finished run is only
+    restored (so checked) and its results read.
     """
-    checked = checks.check_run(config, workdir)
+    checked = checks.check_run(cfg, workdir)
     cfg = checked.cfg
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
@@ -309,9 +309,8 @@ def stop_if_nonfinite(
         # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
         last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
         raise errors.NonFiniteError(
-            f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: the "
-            f"run diverges; resume from {last_good} (the later ones moved aside) at a lower "
-            "opt.learning_rate."
+            f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
+            f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
         )
 
 
