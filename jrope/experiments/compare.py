@@ -95,7 +95,8 @@ def _check_every_run(runs: dict) -> dict:
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
             cfg = TrainConfig.from_config_dict(run_config)
-            checked[method, seed] = checks.check_run(cfg, str(run_dir)).cfg
+            checks.check_run(cfg, str(run_dir))
+            checked[method, seed] = cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)
             for problem in error.problems:

@@ -38,19 +38,11 @@ class RunEnvironment:
         return cls(jax.device_count(), jax.process_count(), jax.default_backend())
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckedRun:
-    """A run config that passed every check, and the data source built while checking it."""
-
-    cfg: TrainConfig
-    source: DataSource
-
-
 def check_run(
     cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
-) -> CheckedRun:
-    """Raise ConfigError (DataError: all the data's) listing every problem that would stop or
-    spoil a training run (or an evaluation)."""
+) -> DataSource:
+    """The data source, built while checking; ConfigError (DataError: all the data's) listing
+    every problem that would stop or spoil a training run (or an evaluation)."""
     env = env or RunEnvironment.detect()
     encoding = run_encoding(cfg)
     problems = _batch_problems(cfg, env)
@@ -75,7 +67,7 @@ def check_run(
         raise ConfigError(problems + data_problems)
     if data_problems:
         raise DataError(data_problems)
-    return CheckedRun(cfg, source)
+    return source
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:

@@ -232,10 +232,10 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
     evaluate.
     """
-    checked = checks.check_run(cfg, workdir, evaluation=True)
+    source = checks.check_run(cfg, workdir, evaluation=True)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, source=checked.source)
+        run = setup.set_up_run(cfg, source=source)
         checkpointer = checkpoints.Checkpointer.for_run(cfg, workdir)
         step = checkpointer.latest_step() if step is None else step
         with contextlib.closing(checkpointer):

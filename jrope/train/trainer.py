@@ -142,11 +142,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     Returns {'state': the final train state, 'eval': [row per length]}; a finished run is only
     restored (so checked) and its results read.
     """
-    checked = checks.check_run(cfg, workdir)
-    cfg = checked.cfg
+    source = checks.check_run(cfg, workdir)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        run = setup.set_up_run(cfg, source=checked.source)
+        run = setup.set_up_run(cfg, source=source)
         checkpointer = Checkpointer.for_run(cfg, workdir)
         with contextlib.closing(checkpointer):  # an in-flight save finishes, also on errors
             return _run(run, checkpointer, workdir)
