@@ -73,15 +73,17 @@ TERM_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS})
 RELATIVE_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS, BIAS})
 
 
-def check_positions(positions, what: str = "positions", *, packed: bool = False) -> None:
+def check_positions(
+    positions, what: str = "positions", *, packed: bool = False, causal: bool = False
+) -> None:
     """Raises ValueError for positions jrope cannot take; traced ones are checked for shape only.
 
     positions: integers [T] or [B, T]. Refused: no position at all, values
-    outside int32 (they would wrap), and rows whose positions do not increase:
-    every kernel decides what a query sees by position, and a position that
-    repeats or goes back down within one sequence would make that differ from
-    the order of the tokens. Under jit the values are unknown, and these are
-    the caller's preconditions.
+    outside int32 (they would wrap), and rows whose positions go back down.
+    causal: also positions that repeat, for attention that decides what a
+    query sees by position (every kernel does): a repeat would make that
+    differ from the order of the tokens. Under jit the values are unknown,
+    and these are the caller's preconditions.
     packed: rows hold several sequences with segment ids, so positions
     restart (go down) at each segment's start (jrope.attention.packing checks
     each sequence).
@@ -106,13 +108,14 @@ def check_positions(positions, what: str = "positions", *, packed: bool = False)
     if packed:
         return
     rows = values.reshape(-1, values.shape[-1]).astype(np.int64)
-    falls = np.argwhere(np.diff(rows, axis=-1) <= 0)
+    steps = np.diff(rows, axis=-1)
+    falls = np.argwhere(steps <= 0 if causal else steps < 0)
     if len(falls):
         row, index = falls[0]
         raise ValueError(
-            f"{what} must increase along a row, got {rows[row, index]} -> "
-            f"{rows[row, index + 1]} at index {index + 1}: give each sequence its own row (or "
-            "pass segment_ids for packed rows), with one position per token."
+            f"{what} must {'increase' if causal else 'not go back down'} along a row, got "
+            f"{rows[row, index]} -> {rows[row, index + 1]} at index {index + 1}: give each "
+            "sequence its own row (or pass segment_ids for packed rows), one position per token."
         )
 
 

@@ -356,7 +356,7 @@ def test_positions_that_go_back_down_within_a_row_are_refused():
     enc = _encoding("jordan_exact_scaled")
     q, k = _qk(4, 4)
     packed = np.asarray([[0, 1, 0, 1], [0, 1, 2, 3]])
-    with pytest.raises(ValueError, match=r"must increase along a row, got 1 -> 0 at index 2"):
+    with pytest.raises(ValueError, match=r"must not go back down along a row, got 1 -> 0 at"):
         enc.transform_qk(enc.init_params(), q, k, packed, packed)
 
 

@@ -112,7 +112,7 @@ def causal_attention(
             f"The {kernel!r} kernel does not take segment ids (packed rows); use one of "
             f"{PACKING_KERNELS}."
         )
-    check_positions(positions, packed=segment_ids is not None)
+    check_positions(positions, packed=segment_ids is not None, causal=True)
     if segment_ids is not None:
         check_segments(positions, segment_ids, q.shape[0], key_length)
     q_positions = positions[..., key_length - length :]

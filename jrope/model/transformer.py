@@ -206,7 +206,7 @@ def _concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int |
     (None under jit: assumed contiguous, a row's span below its length)."""
     if isinstance(positions, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
         return None
-    attention.check_positions(positions, packed=segment_ids is not None)
+    attention.check_positions(positions, packed=segment_ids is not None, causal=True)
     if segment_ids is not None:
         return largest_segment_span(positions, segment_ids)
     # numpy, not jnp: inside a trace jnp would stage even a constant's arithmetic.
