@@ -26,11 +26,9 @@ _PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "proce
 
 
 def define_run_flags(config: str | None = None) -> None:
-    """--config (`config` by default), --workdir, and the flags of a multi-process run.
-
-    --config takes an experiment's name or a config file; a key that --config.<key>=<value> sets
-    and the config lacks reaches the run's config, which names it (jrope.train.config).
-    """
+    """--config (an experiment's name or file; `config` by default), --workdir, and the flags of a
+    multi-process run. A key --config.<key>=<value> sets that the config lacks reaches the run's
+    config, which names it (jrope.train.config)."""
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file(
@@ -87,8 +85,7 @@ def parse_flags(argv: list[str], define_flags: Callable | None = None) -> list[s
         if config and not os.path.isfile(config.partition(":")[0]):
             names = ", ".join(commands.config_names())
             raise UsageError(f"--config={config} is no config file here, nor one of {names}.")
-        if config:
-            commands.make_importable(config)
+        commands.make_importable(config)
         argv = flags.FLAGS(argv)
         if config:
             flags.FLAGS.config.keys()  # ml_collections raises a config file's error when read

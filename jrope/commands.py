@@ -65,9 +65,9 @@ def config_value(path: str) -> str:
     return f"{f'configs/{resolved.name}' if in_clone else resolved.stem}{colon}{argument}"
 
 
-def make_importable(config: str) -> None:
+def make_importable(config: str | None) -> None:
     """The parent of the config file's folder first on sys.path: its `from configs import base`
-    resolves from any folder (`config` may end in ':ARG')."""
-    root = str(pathlib.Path(config.partition(":")[0]).resolve().parent.parent)
-    if root not in sys.path:
+    resolves from any folder (`config` may end in ':ARG'; None: nothing to do)."""
+    root = config and str(pathlib.Path(config.partition(":")[0]).resolve().parent.parent)
+    if root and root not in sys.path:
         sys.path.insert(0, root)

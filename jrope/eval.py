@@ -15,11 +15,10 @@ def define_flags(argv: list[str]) -> None:
     """--config defaults to the run's saved config, so that the overrides apply to it."""
     from jrope import saved_run_config  # here: an install without the 'train' extra is told
 
-    workdir = command_line.flag_argument(argv, "workdir")
-    saved = None
-    if workdir is not None and command_line.flag_argument(argv, "config") is None:
-        saved = saved_run_config.config_file(workdir)
-    command_line.define_run_flags(saved)
+    workdir, config = (command_line.flag_argument(argv, name) for name in ("workdir", "config"))
+    command_line.define_run_flags(
+        saved_run_config.config_file(workdir) if workdir and not config else None
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -41,8 +40,7 @@ def main(argv: list[str]) -> None:
 
 
 def run_main() -> None:
-    """python -m jrope.eval, jrope-eval, or a clone's eval.py."""
-    command_line.run(main, define_flags)
+    command_line.run(main, define_flags)  # python -m jrope.eval, jrope-eval, or a clone's eval.py
 
 
 if __name__ == "__main__":

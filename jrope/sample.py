@@ -3,9 +3,7 @@ r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone:
     python -m jrope.sample --workdir=runs/wikitext_cpu/jordan_exact_scaled/seed0 \
         --prompt=" = Valkyria Chronicles = " --num_tokens=200 --temperature=0.8 --top_p=0.95
 
-At --temperature=0, --no_cache (the whole forward for every token) and --position_offset=P (the
-prompts start at position P) print the text of the cached default.
-"""
+At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
 from absl import flags
 
@@ -42,8 +40,7 @@ def main(argv: list[str]) -> None:
 
 
 def run_main() -> None:
-    """python -m jrope.sample, jrope-sample, or a clone's sample.py."""
-    command_line.run(main)
+    command_line.run(main)  # python -m jrope.sample, jrope-sample, or a clone's sample.py
 
 
 if __name__ == "__main__":

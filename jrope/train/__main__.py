@@ -14,8 +14,7 @@ def main(argv: list[str]) -> None:
 
 
 def run_main() -> None:
-    """python -m jrope.train, jrope-train, or a clone's train.py."""
-    command_line.run(main, lambda argv: command_line.define_run_flags())
+    command_line.run(main, lambda argv: command_line.define_run_flags())  # also jrope-train
 
 
 if __name__ == "__main__":
