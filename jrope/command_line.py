@@ -67,6 +67,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable | None = None)
     # Ctrl-C ends the command at once, as SIGTERM does: a KeyboardInterrupt raised inside one of
     # JAX's callbacks would be swallowed, and the command would go on.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    sys.excepthook = _excepthook
     parser = functools.partial(parse_flags, define_flags=define_flags)
     app.run(functools.partial(_run_main, main), flags_parser=parser)
 
@@ -146,6 +147,13 @@ def _run_main(main: Callable[[list[str]], None], argv: list[str]) -> None:
         if reported is None:
             raise
         _fail(reported[1], reported[0], error)
+
+
+def _excepthook(kind, error, trace) -> None:
+    """Python's, but for the closed event loop that tensorstore's threads print (PyErr_Print)
+    when orbax has abandoned their reads after a failed one: that is no error of the command."""
+    if not (kind is RuntimeError and str(error) == "Event loop is closed"):
+        sys.__excepthook__(kind, error, trace)
 
 
 def _fail(message: str, status: int, error: BaseException) -> None:

@@ -122,7 +122,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_both_resume(
     stopped = [
         int(
             re.search(
-                r"Preempted \(SIGTERM\) at step (\d+): checkpoint saved", log_tail(p, lines=100_000)
+                r"Preempted \(SIGTERM\) at step (\d+): saved ", log_tail(p, lines=100_000)
             ).group(1)
         )
         for p in processes

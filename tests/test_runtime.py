@@ -130,7 +130,7 @@ def test_a_storage_failure_is_found_as_the_cause_of_a_library_error():
 
 
 _ABANDONED_READ = """
-import os
+import ctypes, os
 from jrope import command_line
 from jrope.errors import CheckpointError
 
@@ -147,6 +147,8 @@ async def read_array():
 def main(argv):
     main.pending = read_array()
     main.pending.send(None)  # alive until the interpreter's shutdown
+    # What tensorstore's threads print (PyErr_Print) for the reads orbax abandoned.
+    ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('Event loop is closed')")
     if os.environ.get("A_BUG"):
         raise ZeroDivisionError("a bug")
     raise CheckpointError("Checkpoint 2 cannot be read.")
