@@ -1,9 +1,5 @@
-"""Generate text from a trained byte-level run: python sample.py --workdir=DIR --prompt="...".
-
-A clone's entry point to jrope.sample (python -m jrope.sample); --help lists the flags.
-"""
-
-from jrope.sample import run_main
+# A clone's `python -m jrope.sample`; its docstring is what --help prints.
+from jrope.sample import __doc__, run_main  # noqa: F401
 
 if __name__ == "__main__":
     run_main()

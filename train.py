@@ -1,9 +1,5 @@
-"""Train one model: python train.py --config=configs/<experiment>.py --workdir=<dir>.
-
-A clone's entry point to jrope.train (python -m jrope.train); --help lists the flags.
-"""
-
-from jrope.train.__main__ import run_main
+# A clone's `python -m jrope.train`; its docstring is what --help prints.
+from jrope.train.__main__ import __doc__, run_main  # noqa: F401
 
 if __name__ == "__main__":
     run_main()

@@ -66,7 +66,7 @@ def _model(method: str):
     config.pe.name = method
     config.mesh.data = 1
     cfg = TrainConfig.from_config_dict(config)
-    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, setup.run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
     return cfg, *nnx.split(model)
 
 

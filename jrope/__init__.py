@@ -13,8 +13,6 @@ nothing of the training harness (jrope.train) or the data (jrope.data).
     logits = jrope.attention_logits(enc, params, q, k, q_positions, k_positions)
 """
 
-import importlib
-
 # The package's version, in this one place (pyproject.toml reads it without importing jrope).
 __version__ = "0.1.0"
 
@@ -40,7 +38,9 @@ __all__ = ["__version__", *_LAZY]
 
 def __getattr__(name: str):
     if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
+        from importlib import import_module  # here: the package's namespace holds its API alone
+
+        module = import_module(_LAZY[name])
         return module if module.__name__ == f"jrope.{name}" else getattr(module, name)
     raise AttributeError(f"module 'jrope' has no attribute {name!r}")
 

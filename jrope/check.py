@@ -185,7 +185,7 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     """What 'auto' and each attention_impl run at every window of the config (training and
     evaluation lengths; the last query alone under readout 'last'), against the oracle."""
     packed = bool(getattr(cfg.data, "pack", False))
-    head_dim, max_length = cfg.model.head_dim, cfg.encoding.max_length
+    head_dim, max_length = cfg.model.head_dim, max(cfg.pe.train_context, *cfg.eval.lengths)
     enc = encodings.make_encoding(cfg.pe, CHECK_HEADS, head_dim, max_length=max_length)
     params = check_parameters(enc)
     damping = enc.largest_damping(params)
@@ -291,12 +291,13 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     from jrope.pe_config import pe_config_from_name
 
     rows = []
-    names = [cfg.pe.name] if cfg.encoding.keeps_float32 and cfg.pe.name != RAW_SHEAR else []
+    head_dim, max_length = cfg.model.head_dim, max(cfg.pe.train_context, *cfg.eval.lengths)
+    keeps_float32 = encodings.make_encoding(cfg.pe, CHECK_HEADS, head_dim).keeps_float32
+    names = [cfg.pe.name] if keeps_float32 and cfg.pe.name != RAW_SHEAR else []
     for name in [*names, RAW_SHEAR]:
         settings = dict(train_context=cfg.pe.train_context, theta=cfg.pe.theta)
         pe = cfg.pe if name == cfg.pe.name else pe_config_from_name(name, **settings)
         try:
-            head_dim, max_length = cfg.model.head_dim, cfg.encoding.max_length
             enc = encodings.make_encoding(pe, CHECK_HEADS, head_dim, max_length=max_length)
         except ValueError as error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
@@ -426,8 +427,8 @@ def run_check(cfg, *, command: str, requested_backend="", timed_steps=3, say=pri
 def main(argv: Sequence[str]) -> None:
     from absl import flags
 
-    from jrope.command_line import config_argument
     from jrope.train.config import convert_config
+    from jrope.train.setup import run_encoding
 
     if len(argv) > 1:
         raise UsageError(f"Unexpected arguments: {list(argv[1:])}; give the config with --config.")
@@ -436,14 +437,14 @@ def main(argv: Sequence[str]) -> None:
         jax.config.update("jax_platforms", PLATFORMS[values.backend])
     if problem := backend_problem(values.backend or jax.default_backend()):
         raise UsageError(problem)
-    name = commands.config_value(config_argument(sys.argv) or DEFAULT_CONFIG)
+    name = commands.config_value(command_line.flag_argument(sys.argv, "config") or DEFAULT_CONFIG)
     if "probe" in values.config:
         raise UsageError(f"--config={name} is a kernel probe, which trains no model: give a run's.")
     cfg, problems = convert_config(values.config)
     if not problems and cfg.model.attention_impl != "auto":  # refused here as train.py refuses it
         for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
             try:
-                selection.choose_kernel(cfg.model.attention, cfg.encoding, length=length)
+                selection.choose_kernel(cfg.model.attention, run_encoding(cfg), length=length)
             except ValueError as refusal:
                 problems.append(f"model.attention_impl at length {length}: {refusal}")
     if problems:
@@ -476,18 +477,22 @@ def main(argv: Sequence[str]) -> None:
 def run_main() -> None:
     """The command line (flags defined here: importing this module defines none)."""
     from absl import flags
-    from ml_collections import config_flags
 
-    from jrope.command_line import config_argument
-
-    if config_argument(sys.argv) is None:
+    if command_line.flag_argument(sys.argv, "config") is None:
         sys.argv.insert(1, f"--config={DEFAULT_CONFIG}")
-    help_config = "The run's config (default: wikitext_scaled_exact)."
-    config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-    flags.DEFINE_string("output_dir", "", "Write the report there: <config>_<backend>.md, .json.")
-    flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
-    flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
-    command_line.run(main, usage=__doc__)
+
+    def define_flags(argv: Sequence[str]) -> None:
+        from ml_collections import config_flags
+
+        help_config = "The run's config (default: wikitext_scaled_exact)."
+        config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
+        flags.DEFINE_string(
+            "output_dir", "", "Write the report there: <config>_<backend>.md, .json."
+        )
+        flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
+        flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
+
+    command_line.run(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,14 @@ JSON-lines logs, read tolerantly. The one module that the harness (jrope.train) 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib
 import io
 import json
 import os
-import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,16 +98,12 @@ def write_folder_atomically(
     if is_uri(out_dir):
         write(out_dir)
         return
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    try:
-        write(staging)
-        out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as staging:
+        write(epath.Path(staging))
+        out_dir.mkdir(exist_ok=True)
         for name in names:
-            os.replace(staging / name, out_dir / name)
-    except OSError as error:  # a full disk: the message names the results' folder
-        raise OSError(error.errno, error.strerror or str(error), str(out_dir)) from error
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            os.replace(os.path.join(staging, name), out_dir / name)
 
 
 DAMAGED_SUFFIX = ".damaged"
@@ -167,24 +162,12 @@ class JsonLinesLog:
         earlier = side.read_bytes() if side.exists() else b""
         side.write_bytes(earlier + damaged)
         lines = damaged.count(b"\n")
-        print(  # only process 0 writes logs
-            f"{self._path}: {lines} damaged line(s) ({len(damaged)} bytes: not a JSON record, or "
-            f"cut short) set aside in {side}; the log goes on with its whole records.",
-            flush=True,
-        )
+        print(f"{self._path}: {lines} damaged line(s) set aside in {side}.", flush=True)
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""
-        with self._naming_the_file():
-            self._file.write(f"{line}\n".encode())
-            self._file.flush()
-
-    @contextlib.contextmanager
-    def _naming_the_file(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as error:  # a file object's errors do not name the file
-            raise OSError(error.errno, error.strerror or str(error), str(self._path)) from error
+        self._file.write(f"{line}\n".encode())
+        self._file.flush()
 
     def flush(self) -> None:
         """Everything written so far is in the file (a local file is flushed at every line)."""
@@ -193,5 +176,4 @@ class JsonLinesLog:
 
     def close(self) -> None:
         self.flush()
-        with self._naming_the_file():  # closing writes what a failed write left buffered
-            self._file.close()
+        self._file.close()

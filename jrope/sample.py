@@ -1,85 +1,46 @@
-r"""Generate text from a trained byte-level run: python -m jrope.sample --workdir=DIR --prompt="...".
+r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone: sample.py):
 
-In a clone, python sample.py with the same flags; the console script jrope-sample too.
-
-Loads the latest checkpoint in DIR (the run's config comes from the
-checkpoint; the training data are not needed) and prints, for each
---prompt, the text generated after it (bytes decoded as UTF-8, invalid
-sequences replaced). Logs go to stderr, the text alone to stdout.
-
-    python -m jrope.sample --workdir=runs/wikitext_cpu/jordan_exact_scaled/0 \
+    python -m jrope.sample --workdir=runs/wikitext_cpu/jordan_exact_scaled/seed0 \
         --prompt=" = Valkyria Chronicles = " --num_tokens=200 --temperature=0.8 --top_p=0.95
 
-Checks: --no_cache generates by running the full forward over the whole
-sequence for every token (slow; the reference answer), and
---position_offset=P starts the prompts at absolute position P. With
---temperature=0 both must print the same text as the cached default.
-"""
+At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
 from absl import flags
 
 from jrope import command_line
-from jrope.errors import UsageError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a trained text run.")
-_PROMPTS = flags.DEFINE_multi_string(
-    "prompt", None, "Prompt text; repeat the flag for a batch of prompts (any lengths)."
-)
-_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 200, "New bytes per prompt.", lower_bound=1)
-_TEMPERATURE = flags.DEFINE_float(
-    "temperature", 1.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0
-)
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Keep the k most likely bytes (0: all).", lower_bound=0)
-_TOP_P = flags.DEFINE_float(
-    "top_p", 1.0, "Keep the most likely bytes up to this total probability (1: all)."
-)
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the draws.")
-_STOP_BYTE = flags.DEFINE_integer(
-    "stop_byte", -1, "Stop a prompt's text after this byte, e.g. 10 (newline); -1: never.",
-    lower_bound=-1, upper_bound=255,
-)  # fmt: skip
-_NO_CACHE = flags.DEFINE_bool(
-    "no_cache", False, "Recompute the full forward for every token (the reference answer)."
-)
-_POSITION_OFFSET = flags.DEFINE_integer(
-    "position_offset", 0, "Absolute position of each prompt's first byte.", lower_bound=0
-)
-_REBASE_BOUND = flags.DEFINE_integer(
-    "rebase_bound", 1024, "The KV cache moves its origin every this many positions.", lower_bound=1
-)
-flags.mark_flags_as_required(["workdir", "prompt"])
+flags.DEFINE_string("workdir", None, "Directory of a trained text run.", required=True)
+flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat for a batch.", required=True)
+flags.DEFINE_integer("num_tokens", 200, "New bytes per prompt.", lower_bound=1)
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0)
+flags.DEFINE_integer("top_k", 0, "Keep the k most likely bytes (0: all).", lower_bound=0)
+flags.DEFINE_float("top_p", 1.0, "Keep the likeliest bytes up to this probability (1: all).")
+flags.register_validator("top_p", lambda p: 0 < p <= 1, "--top_p must lie in (0, 1]")
+flags.DEFINE_integer("seed", 0, "Seed of the draws.")
+flags.DEFINE_integer("stop_byte", -1, "Stop after this byte (10: newline; -1: never).", -1, 255)
+flags.DEFINE_bool("no_cache", False, "Recompute the whole forward for every token.")
+flags.DEFINE_integer("position_offset", 0, "Position of each prompt's first byte.", lower_bound=0)
+flags.DEFINE_integer("rebase_bound", 1024, "The KV cache's origin moves this often.", lower_bound=1)
+FLAGS = flags.FLAGS
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    # Imported here so that --help and flag errors need no JAX start-up.
-    from jrope.experiments import text_generation
+def main(argv: list[str]) -> None:
+    from jrope.experiments import text_generation  # here: --help and bad flags need no JAX
     from jrope.model.generation import GenerationSettings, SamplingSettings
 
-    try:
-        sampling = SamplingSettings(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, _SEED.value)
-    except ValueError as err:  # names the flag and its fix
-        raise UsageError(str(err)) from None
-    run = text_generation.load_text_run(_WORKDIR.value)
+    run = text_generation.load_text_run(FLAGS.workdir)
+    stop = None if FLAGS.stop_byte < 0 else run.byte_token(FLAGS.stop_byte)
+    sampling = SamplingSettings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.seed)
     settings = GenerationSettings(
-        num_tokens=_NUM_TOKENS.value,
-        sampling=sampling,
-        stop_token=None if _STOP_BYTE.value < 0 else run.byte_token(_STOP_BYTE.value),
-        position_offset=_POSITION_OFFSET.value,
-        rebase_bound=_REBASE_BOUND.value,
-        use_cache=not _NO_CACHE.value,
-    )
-    texts = run.generate(_PROMPTS.value, settings)
-    for index, text in enumerate(texts):
-        if len(texts) > 1:
-            print(f"=== prompt {index}: {_PROMPTS.value[index]!r}")
-        print(text)
+        FLAGS.num_tokens, sampling, stop, FLAGS.position_offset, FLAGS.rebase_bound,
+        use_cache=not FLAGS.no_cache,
+    )  # fmt: skip
+    for prompt, text in zip(FLAGS.prompt, run.generate(FLAGS.prompt, settings), strict=True):
+        print(f"=== prompt {prompt!r}\n{text}" if len(FLAGS.prompt) > 1 else text)
 
 
 def run_main() -> None:
-    """The command line: python -m jrope.sample, jrope-sample, or a clone's sample.py."""
-    command_line.run(main, usage=__doc__)
+    command_line.run(main)  # python -m jrope.sample, jrope-sample, or a clone's sample.py
 
 
 if __name__ == "__main__":

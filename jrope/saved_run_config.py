@@ -1,16 +1,10 @@
-"""The config saved with a run's latest checkpoint, loadable as an ml_collections config file.
+"""The config saved with a run's latest checkpoint, as an ml_collections config file: eval.py's
+--config defaults to `<this file>:DIR`, so that --config.<key>=<value> applies to the run's own
+config as to any config file.
 
-    python eval.py --workdir=DIR --config.eval.lengths='(256,512,4096)'
-
-eval.py's --config flag defaults to `<this file>:DIR` (DIR its --workdir),
-so the `--config.<key>=<value>` overrides apply to the run's own config as to
-any config file (with the same type checks and the same names for an unknown key).
-
-Every checkpoint keeps the config of the run that wrote it
-(jrope.train.checkpoints: the `config` item, which orbax writes as JSON in
-`<step>/config/metadata`). It is read as a file, without orbax's manager,
-so that no JAX backend starts before a multi-process run's processes have
-found each other.
+Each checkpoint keeps its run's config as JSON (jrope.train.checkpoints: orbax writes the `config`
+item to `<step>/config/metadata`). It is read as a file, without orbax, so that no JAX backend
+starts before a multi-process run's processes have found each other.
 """
 
 from __future__ import annotations
@@ -22,60 +16,51 @@ from etils import epath
 from ml_collections import config_dict
 
 from jrope.data.files import resolved
-from jrope.errors import CorruptCheckpointError
+from jrope.errors import CheckpointError
 
-CHECKPOINTS_FOLDER = "checkpoints"
-_CONFIG_FILE = ("config", "metadata")
 # Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
 RETIRED_KEYS = {"eval": ("max_hours",), "data": ("seq_len", "head_dim", "theta")}
 
 
+def config_file(workdir: str) -> str:
+    """The --config value of the config saved with `workdir`'s latest checkpoint."""
+    saved_config_path(workdir)  # CheckpointError without one
+    return f"{__file__}:{workdir}"
+
+
 def get_config(workdir: str) -> config_dict.ConfigDict:
-    """The config of the latest finished checkpoint in `workdir` (lists as tuples, as configs write them).
+    """The config saved with the latest finished checkpoint in `workdir` (its lists as tuples)."""
+    checkpoint = saved_config_path(workdir).parent.parent
+    return config_dict.ConfigDict(_with_tuples(read_saved_config(checkpoint)))
 
-    Raises FileNotFoundError naming what is missing and what to do.
-    """
-    _, path = latest_saved_config(workdir)
-    if path is None:
-        raise FileNotFoundError(no_saved_config_message(workdir))
+
+def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
+    """The config saved with `checkpoint` (a JSON dict, RETIRED_KEYS dropped)."""
     try:
-        saved = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        checkpoint = path.parent.parent
-        aside = checkpoint.parent.parent / "damaged_checkpoints"
-        raise CorruptCheckpointError(
-            f"The config saved with checkpoint {checkpoint} cannot be read ({error}): that "
-            f"checkpoint is damaged; nothing was deleted. Move it aside (mkdir -p {aside} && mv "
-            f"{checkpoint} {aside}/) to evaluate the one before, or pass the experiment's "
-            "config (--config=<experiment>: its name, e.g. quickstart, or its file's path)."
+        saved = json.loads((checkpoint / "config" / "metadata").read_bytes())
+    except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
+        raise CheckpointError(
+            f"{checkpoint}'s config is unreadable ({error}); move it aside."
         ) from None
-    return config_dict.ConfigDict(_with_tuples(without_retired_keys(saved)))
+    return without_retired_keys(saved)
 
 
-def latest_saved_config(workdir: str) -> tuple[int | None, epath.Path | None]:
-    """(step, path of its saved config) of the latest finished checkpoint in `workdir`, or (None, None).
-
-    A checkpoint is finished when orbax has renamed it to its step number (a
-    save in progress has another name).
-    """
-    folder = resolved(workdir) / CHECKPOINTS_FOLDER
-    if not folder.is_dir():
-        return None, None
-    steps = sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
-    for step in reversed(steps):
-        path = folder.joinpath(str(step), *_CONFIG_FILE)
-        if path.exists():
-            return step, path
-    return None, None
+def saved_config_path(workdir: str) -> epath.Path:
+    """The saved config of the latest finished checkpoint in `workdir` (finished: orbax renamed it
+    to its step); CheckpointError without one."""
+    folder = resolved(workdir) / "checkpoints"
+    steps = [int(e.name) for e in folder.iterdir() if e.name.isdigit()] if folder.is_dir() else []
+    for step in sorted(steps, reverse=True):
+        if (path := folder / str(step) / "config" / "metadata").exists():
+            return path
+    raise CheckpointError(no_checkpoint_message(workdir))
 
 
-def no_saved_config_message(workdir: str) -> str:
-    return (
-        f"--workdir {resolved(workdir)} holds no finished checkpoint with its config "
-        f"({CHECKPOINTS_FOLDER}/<step>/{'/'.join(_CONFIG_FILE)}): point --workdir at a trained "
-        "run, or pass the experiment's config (--config=<experiment>: its name, e.g. "
-        "kernel_probe, or its file's path; a kernel probe always needs it)."
-    )
+def no_checkpoint_message(workdir: str) -> str:
+    path = resolved(workdir)
+    if path.exists() and not path.is_dir():
+        return f"--workdir {path} is a file, not a run's folder."
+    return f"--workdir {path} holds no finished checkpoint; point it at a trained run."
 
 
 def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:

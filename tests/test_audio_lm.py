@@ -15,6 +15,7 @@ from jrope.data import audio
 from jrope.errors import ConfigError
 from jrope.train import checks
 from jrope.train.config import TrainConfig
+from jrope.train.setup import run_encoding
 from jrope.train.trainer import train_and_evaluate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,7 @@ def test_reference_settings_and_every_method_builds():
     for method in audio_lm_musicnet.METHODS:
         config = audio_lm_musicnet.get_config()
         config.pe.name = method
-        _ = TrainConfig.from_config_dict(config).encoding  # head_dim 48 fits orders 2, 3, 4
+        _ = run_encoding(TrainConfig.from_config_dict(config))  # head_dim 48 fits orders 2, 3, 4
 
 
 def test_training_without_prepared_tokens_stops_with_the_preparation_command(tmp_path):

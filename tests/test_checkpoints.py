@@ -1,6 +1,5 @@
 """jrope.train.checkpoints: saves with digests, damage found on restore, the workdir lock."""
 
-import json
 import os
 import socket
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from helpers.tiny_config import tiny_config
 
-from jrope.errors import WorkdirBusy
+from jrope.errors import CheckpointError, WorkdirBusy
 from jrope.train.checkpoints import (
     CONFIG_ITEM,
     LOCK_FILE,
@@ -74,9 +73,9 @@ def test_periodic_saves_keep_the_latest_ones(tmp_path):
     checkpointer.close()
 
 
-def test_restore_without_checkpoint_says_what_to_do(tmp_path):
+def test_restore_without_checkpoint_is_refused(tmp_path):
     checkpointer = _checkpointer(tmp_path / "empty", tiny_config())
-    with pytest.raises(FileNotFoundError, match="train first"):
+    with pytest.raises(CheckpointError, match="No checkpoint  in .*empty"):
         checkpointer.restore({})
     checkpointer.close()
 
@@ -116,8 +115,8 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
         with pytest.raises(WorkdirBusy) as refused:
             WorkdirLock(str(tmp_path / "run")).__enter__()
         message = str(refused.value)
-        assert f"process {os.getpid()} on {socket.gethostname()} (started " in message
-        assert message.endswith("Wait for it to end (or stop it), or choose another --workdir.")
+        assert f"(training by process {os.getpid()} on {socket.gethostname()} since " in message
+        assert message.endswith("wait, or use another --workdir.")
     assert (tmp_path / "run" / LOCK_FILE).read_text() == ""  # released cleanly
     with WorkdirLock(str(tmp_path / "run")) as lock:  # and free again
         assert lock.previous_holder is None
@@ -125,11 +124,11 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
 
 def test_the_lock_of_a_process_that_died_is_taken_over(tmp_path):
     # What a killed run leaves: the file with its holder, but no lock (the kernel dropped it).
-    holder = {"host": "elsewhere", "pid": 12345, "started": "2026-12-01 10:00:00"}
-    (tmp_path / LOCK_FILE).write_text(json.dumps(holder) + "\n")
+    holder = "training by process 12345 on elsewhere since 2026-12-01 10:00:00"
+    (tmp_path / LOCK_FILE).write_text(holder + "\n")
     with WorkdirLock(str(tmp_path)) as lock:
         assert lock.previous_holder == holder
-        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert f"process {os.getpid()} on" in (tmp_path / LOCK_FILE).read_text()
 
 
 def test_only_the_enabled_process_locks_and_object_stores_are_not_locked(tmp_path):

@@ -87,7 +87,7 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
     length = run.cfg.pe.train_context
     backend = BACKENDS[platform]
     assert (
-        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend=backend)
+        choose_kernel(run.cfg.model.attention, run.encoding, length=length, backend=backend)
         == kernel
     )
     text = _export_train_step(run, platform, monkeypatch)
@@ -112,7 +112,7 @@ def test_the_bfloat16_jordan_rope_step_carries_no_highest_attention_dot(
     length = run.cfg.pe.train_context
     backend = BACKENDS[platform]
     attention = run.cfg.model.attention
-    assert choose_kernel(attention, run.cfg.encoding, length=length, backend=backend) == "shear"
+    assert choose_kernel(attention, run.encoding, length=length, backend=backend) == "shear"
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
     assert len(dots) >= 6 and set(dots) == {"DEFAULT"}
@@ -129,7 +129,7 @@ def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_instal
     run = _run(tmp_path, **{"model.compute_dtype": "bfloat16"})
     length = run.cfg.pe.train_context
     assert (
-        choose_kernel(run.cfg.model.attention, run.cfg.encoding, length=length, backend="gpu")
+        choose_kernel(run.cfg.model.attention, run.encoding, length=length, backend="gpu")
         == "cudnn"
     )
     try:

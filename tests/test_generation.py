@@ -19,6 +19,7 @@ from jrope.model.generation import (
 )
 from jrope.train import setup
 from jrope.train.config import TrainConfig
+from jrope.train.setup import run_encoding
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3, in a shuffled order.
 PROBS = np.asarray([0.15, 0.5, 0.05, 0.3])
@@ -116,7 +117,7 @@ def _text_model(tmp_path, name="jordan_exact_scaled", **overrides):
         tmp_path, **{"pe.name": name, "model.d_model": 48, "model.num_layers": 2, **overrides}
     )
     cfg = TrainConfig.from_config_dict(config)
-    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
     # A random model's tied N(0, 1) embedding makes it repeat its last token with certainty;
     # scaled down, attention and the MLP decide, and sampling has several likely tokens.
     model.embedding[...] = 0.15 * model.embedding[...]

@@ -111,6 +111,18 @@ def test_the_core_install_alone_runs_the_readme_library_examples(tmp_path):
         result = run_block(str(python), block, cwd=tmp_path, import_from_root=False)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.splitlines() == stated_output(block)
+    # The experiments' commands say which extra they need.
+    run = ["--config=quickstart", "--workdir=run"]
+    for command in (
+        [python, "-m", "jrope.train", *run],
+        [python, "-m", "jrope.eval", *run],
+        [python, "-m", "jrope.check"],
+        [python, "-m", "jrope.compare", *run, "--methods=rope"],
+        [tmp_path / "core" / "bin" / "jrope-train", *run],
+    ):
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (command, done.stderr[-2000:])
+        assert done.stderr.endswith("install the 'train' extra (pip install 'jrope[train]').\n")
 
 
 def test_pyproject_lists_every_package():
@@ -185,7 +197,10 @@ def test_a_wheel_runs_the_quick_start_by_name_and_its_evaluation_from_another_fo
     assert "site-packages" not in train.stdout  # the config by name, not by the wheel's path
     # The run names the evaluation command of an installed package, not a clone's eval.py.
     train_again = run("-m", "jrope.train", "--config=quickstart", *TINY_QUICKSTART, "--workdir=run")
-    assert "python -m jrope.eval --workdir=run evaluates it again" in train_again.stdout
+    assert (
+        "Finished earlier: python -m jrope.eval --workdir=run evaluates again."
+        in train_again.stdout
+    )
     evaluation = run("-m", "jrope.eval", "--workdir=run", "--config.eval.lengths=(8,16)")
     assert evaluation.returncode == 0, evaluation.stdout[-2000:] + evaluation.stderr[-3000:]
     assert "length 16:" in evaluation.stdout

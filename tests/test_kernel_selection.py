@@ -12,6 +12,7 @@ from helpers.tiny_config import tiny_config
 import jrope
 from jrope import attention
 from jrope.attention import selection
+from jrope.train.setup import run_encoding
 
 
 def _model_cfg(**changes):
@@ -246,7 +247,7 @@ def _model_with_damping(gamma: float, **model_changes):
     from jrope.model.transformer import Transformer
 
     cfg = tiny_config(**{f"model.{key}": value for key, value in model_changes.items()})
-    model = Transformer(cfg.model, cfg.encoding, 11, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, run_encoding(cfg), 11, rngs=nnx.Rngs(params=0))
     raw = np.log(np.expm1(gamma - cfg.pe.gamma_min))
     for block in model.blocks:
         gamma_raw = block.attn.pe_params["gamma_raw"]

@@ -20,6 +20,7 @@ from helpers.tiny_config import tiny_config
 from jax import export
 
 from jrope.model import Transformer, kv_cache
+from jrope.train.setup import run_encoding
 from tests.helpers.cache_decoding import decoded_output, logit_rms, reference_output, relative_rms
 from tests.helpers.shear_oracle import setup_encoding as _shear_setup
 
@@ -66,7 +67,7 @@ def _model(name, dtype="float32", impl="einsum"):
             "model.block_size": 4,
         }
     )
-    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
     key = jax.random.key(1)
     for layer, block in enumerate(model.blocks):
         for index, (param_name, param) in enumerate(sorted(block.attn.pe_params.items())):

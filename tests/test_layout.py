@@ -33,7 +33,7 @@ def _modules_loaded_by(imports: str) -> list[str]:
     code = (
         f"import sys\nfrom absl import flags\n{imports}\n"
         "print(sorted(m for m in sys.modules if m.startswith(('jrope.train', 'jrope.data'))))\n"
-        "print(sorted(name for name in ('verbose', 'log_level', 'config') if name in flags.FLAGS))\n"
+        "print(sorted(name for name in ('verbose', 'workdir', 'config') if name in flags.FLAGS))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
@@ -93,4 +93,4 @@ def test_every_attention_layer_holds_the_runs_one_encoding(tmp_path):
     model = model_from_params(run.layout.graphdef, state["params"])
     layers = [node for _, node in nnx.iter_graph(model) if isinstance(node, CausalSelfAttention)]
     assert len(layers) == cfg.model.num_layers
-    assert all(layer.encoding is cfg.encoding for layer in layers)
+    assert all(layer.encoding is run.encoding for layer in layers)

@@ -12,6 +12,7 @@ import jrope
 from jrope.model import Transformer
 from jrope.model.axes import LOGICAL_AXES_KEY
 from jrope.model.config import ModelConfig
+from jrope.train.setup import run_encoding
 
 VOCAB = 3
 LENGTH = 16
@@ -19,7 +20,7 @@ LENGTH = 16
 
 def _model(**overrides) -> Transformer:
     cfg = tiny_config(**{"model.readout": "all", **overrides})
-    return Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    return Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
 
 
 def _tokens(batch=2, length=LENGTH, seed=0):
@@ -114,7 +115,7 @@ def test_remat_changes_nothing_but_memory():
 
 def test_every_parameter_has_logical_axes_known_to_the_rules():
     cfg = tiny_config(**{"pe.name": "jordan_jetmix_m4_c150_g050_g030_g020"})
-    model = Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
     rule_names = {name for name, _ in cfg.mesh.rules}
     variables = jax.tree.leaves(
         nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)

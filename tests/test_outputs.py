@@ -15,6 +15,7 @@ from jrope.flops import Throughput, model_flops_per_step, peak_flops_per_sec
 from jrope.model import Transformer
 from jrope.train import outputs
 from jrope.train.outputs import MetricsLogger
+from jrope.train.setup import run_encoding
 
 
 @dataclasses.dataclass
@@ -199,7 +200,7 @@ def test_count_matches_a_matmul_by_matmul_count(readout):
 def test_dense_part_is_six_times_matmul_parameters_times_tokens():
     cfg = _config("all")
     model = nnx.eval_shape(
-        lambda: Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+        lambda: Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
     )
     kernels = [model.embedding]  # the tied readout
     for block in model.blocks:
@@ -233,7 +234,7 @@ def test_a_signal_model_counts_its_input_projection_and_regression_head():
     model = nnx.eval_shape(
         lambda: Transformer(
             cfg.model,
-            cfg.encoding,
+            run_encoding(cfg),
             None,
             input_channels=channels_in,
             output_channels=channels_out,

@@ -12,6 +12,7 @@ from helpers.tiny_config import tiny_config
 
 from jrope import attention
 from jrope.model import Transformer
+from jrope.train.setup import run_encoding
 
 VOCAB = 11
 # Two packed rows, each of two sequences of these lengths (positions restart at the second).
@@ -29,7 +30,7 @@ def _model(name, impl="auto"):
             "model.num_layers": 1,
         }
     )
-    return Transformer(cfg.model, cfg.encoding, VOCAB, rngs=nnx.Rngs(params=0))
+    return Transformer(cfg.model, run_encoding(cfg), VOCAB, rngs=nnx.Rngs(params=0))
 
 
 def _packed_rows():
@@ -142,7 +143,7 @@ def test_auto_picks_a_packing_kernel(backend, name):
     cfg = tiny_config(**{"pe.name": name, "model.compute_dtype": "bfloat16"})
     for length in (256, 8192):
         kernel = attention.choose_kernel(
-            cfg.model.attention, cfg.encoding, length=length, backend=backend, packed=True
+            cfg.model.attention, run_encoding(cfg), length=length, backend=backend, packed=True
         )
         assert kernel in attention.PACKING_KERNELS
 

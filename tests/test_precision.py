@@ -17,6 +17,7 @@ import jrope
 from jrope.attention import blockwise_attention
 from jrope.attention.dense import einsum_attention, xla_attention
 from jrope.model import Transformer
+from jrope.train.setup import run_encoding
 
 _PRECISION = re.compile(r"stablehlo\.dot_general.*precision = \[(\w+), (\w+)\]")
 
@@ -92,7 +93,7 @@ def test_every_dot_of_a_kernel_forward_and_backward_runs_at_its_precision(kernel
 def _model_dots(**overrides) -> list[str]:
     """Dot precisions of the tiny model's loss gradient (float32, the einsum kernel by default)."""
     cfg = tiny_config(**{"model.readout": "all", "model.attention_impl": "einsum", **overrides})
-    model = Transformer(cfg.model, cfg.encoding, 3, rngs=nnx.Rngs(params=0))
+    model = Transformer(cfg.model, run_encoding(cfg), 3, rngs=nnx.Rngs(params=0))
     graphdef, params = nnx.split(model)
     tokens, positions = jnp.zeros((2, 16), jnp.int32), jnp.arange(16)
 

@@ -1,8 +1,9 @@
 """SIGTERM and Ctrl-C while the run compiles (after "Training ...", before the train step has
-compiled) or while eval.py compiles its evaluation end with 143 or 130 and their one line, never
-with a crash of the interpreter's shutdown (a segmentation fault, status 139 in a shell). The
-crash came in some tries only: the tries spread the signal over the compilation, a compilation
-cache that starts empty each time."""
+compiled) or while eval.py compiles its evaluation end the command with the signal's status, never
+with a crash of the interpreter's shutdown (a segmentation fault, status 139 in a shell): in the
+train loop once the step is saved (143 or 130, and one line), elsewhere at once, by the signal
+itself (which a shell reports as 143 or 130). The tries spread the signal over the compilation, a
+compilation cache that starts empty each time."""
 
 import os
 import shutil
@@ -14,12 +15,10 @@ import time
 import pytest
 from helpers import train_process
 
-from jrope import command_line
-
 DELAYS_S = (0.3, 1.0, 1.7)  # after the line the command prints before compiling
 STOP_LINES = {
-    signal.SIGTERM: ("Stopped by SIGTERM", "Preempted (SIGTERM)"),
-    signal.SIGINT: ("Interrupted (Ctrl-C)",),
+    signal.SIGTERM: "Preempted (SIGTERM) at step",
+    signal.SIGINT: "Interrupted (Ctrl-C) at",
 }
 
 
@@ -54,32 +53,10 @@ def _stop_while(command, marker: str, delay: float, signum: int, env, log_path):
 
 
 def _assert_stopped(status: int, log: str, signum: int) -> None:
-    assert status == 128 + signum, log
+    assert status in (128 + signum, -signum), log  # after the save, or by the signal
     assert "Fatal Python error" not in log and "Traceback" not in log, log  # nothing swallowed
-    assert log.rstrip().splitlines()[-1].startswith(STOP_LINES[signum]), log
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_inside_jax_waits_until_jax_returns(signum):
-    """JAX runs Python inside its compilation; a stop raised there would be swallowed or crash."""
-    library = {"__name__": "jax._src.compiling"}  # code that the stop treats as JAX's
-    exec(
-        "import os, time\n"
-        "def compile(signum):\n"
-        "    os.kill(os.getpid(), signum)\n"
-        "    time.sleep(0.3)  # the handler runs here, inside 'JAX'\n"
-        "    return 'compiled'\n",
-        library,
-    )
-    previous = signal.signal(signum, command_line._stop_at_a_safe_point)
-    returned = []
-    try:
-        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else command_line.Stopped):
-            returned.append(library["compile"](signum))
-            time.sleep(2)  # the stop comes here, once JAX has returned
-    finally:
-        signal.signal(signum, previous)
-    assert returned == ["compiled"]
+    if status > 0:
+        assert log.rstrip().splitlines()[-1].startswith(STOP_LINES[signum]), log
 
 
 @pytest.mark.slow
@@ -121,6 +98,7 @@ def test_a_signal_while_eval_compiles_ends_with_its_status_and_one_line(tmp_path
             assert status in (0, -signal.SIGTERM), log  # done, or ended by it while exiting
             assert "Traceback" not in log and "Fatal Python error" not in log, log
             continue
+        assert status == -signal.SIGTERM  # outside the train loop the signal ends it at once
         _assert_stopped(status, log, signal.SIGTERM)
         stopped += 1
     assert stopped  # at least one signal came before the evaluation was written

@@ -16,6 +16,7 @@ from jrope import losses
 from jrope.experiments import compare
 from jrope.model import Transformer
 from jrope.train.checkpoints import config_differences
+from jrope.train.setup import run_encoding
 from jrope.train.trainer import train_and_evaluate
 
 
@@ -23,7 +24,7 @@ def _signal_model(input_channels=2, output_channels=3):
     cfg = tiny_config(**{"model.readout": "all"})
     return Transformer(
         cfg.model,
-        cfg.encoding,
+        run_encoding(cfg),
         None,
         rngs=nnx.Rngs(params=0),
         input_channels=input_channels,
@@ -54,7 +55,7 @@ def test_model_needs_either_a_vocabulary_or_signal_channels(vocab_size, channels
     with pytest.raises(ValueError, match="either vocab_size"):
         Transformer(
             cfg.model,
-            cfg.encoding,
+            run_encoding(cfg),
             vocab_size,
             rngs=nnx.Rngs(params=0),
             input_channels=channels[0],

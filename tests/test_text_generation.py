@@ -13,7 +13,7 @@ import pytest
 from helpers.tiny_config import tiny_config, tiny_text_config_dict
 from helpers.train_process import REPO_ROOT, subprocess_env
 
-from jrope.errors import GenerationError
+from jrope.errors import CheckpointError, UsageError
 from jrope.experiments.text_generation import load_text_run
 from jrope.model.generation import GenerationSettings
 from jrope.train.checkpoints import Checkpointer
@@ -82,25 +82,35 @@ def test_a_synthetic_task_workdir_is_refused(tmp_path):
     checkpointer.save(1, {"step": jnp.zeros((), jnp.int32)}, force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
-    with pytest.raises(GenerationError, match="synthetic-task run.*data.source in"):
+    with pytest.raises(UsageError, match="holds a 'synthetic' run, whose tokens are no text"):
         load_text_run(str(tmp_path))
     assert os.listdir(tmp_path / "checkpoints") == ["1"]  # nothing was touched
 
 
-def test_a_probe_workdir_or_an_empty_one_is_refused(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO_ROOT)  # a clone's root: the message gives its script and config file
+def test_a_probe_workdir_an_empty_one_or_a_file_is_refused(tmp_path):
     (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
-    with pytest.raises(GenerationError, match="kernel-probe results.*trains no model"):
+    with pytest.raises(CheckpointError, match="holds no finished checkpoint; point it at a"):
         load_text_run(str(tmp_path))
-    train_a_text_run = r"python train\.py --config=configs/wikitext_cpu\.py"  # from the root
-    with pytest.raises(GenerationError, match=f"no finished checkpoint.*{train_a_text_run}"):
+    with pytest.raises(CheckpointError, match="holds no finished checkpoint"):
         load_text_run(str(tmp_path / "nothing_here"))
     assert not (tmp_path / "nothing_here").exists()
+    with pytest.raises(
+        CheckpointError, match=r"kernel_probe\.csv is a file, not a run's folder\.$"
+    ):
+        load_text_run(str(tmp_path / "kernel_probe.csv"))  # no advice to train into a file
 
 
 @pytest.mark.slow
-def test_sample_py_refuses_with_a_message_and_no_traceback(tmp_path):
-    (tmp_path / "kernel_probe.csv").write_text("seed,task,method,context,split,mse\n")
-    result = _sample(str(tmp_path), "--prompt=x", tmp_path=tmp_path)
-    assert result.returncode == 2
-    assert "kernel-probe results" in result.stderr and "Traceback" not in result.stderr
+def test_sample_py_and_eval_py_refuse_a_workdir_without_a_checkpoint_alike(tmp_path):
+    env = subprocess_env(1)
+    sampled = _sample(str(tmp_path), "--prompt=x", tmp_path=tmp_path)
+    evaluated = subprocess.run(
+        [sys.executable, "eval.py", f"--workdir={tmp_path}", "--config.eval.lengths=(64,)"],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    for result in (sampled, evaluated):
+        assert result.returncode == 4, result.stderr
+        assert (
+            result.stderr
+            == f"--workdir {tmp_path} holds no finished checkpoint; point it at a trained run.\n"
+        )

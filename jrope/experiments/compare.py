@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import collections
 import copy
-import pathlib
+import importlib.metadata
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -37,22 +36,14 @@ import jax
 import numpy as np
 from absl import flags
 from etils import epath
-from ml_collections import config_flags
 
 from jrope import command_line, results
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, evaluation
+from jrope.train import checks, evaluation, outputs
+from jrope.train.config import TrainConfig
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
 from jrope.train.trainer import train_and_evaluate
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file.", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Root directory of the comparison.")
-_METHODS = flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
-command_line.define_process_flags()
 
 
 def run_comparison(
@@ -103,7 +94,9 @@ def _check_every_run(runs: dict) -> dict:
     checked, problems, only_data = {}, collections.defaultdict(list), True
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
-            checked[method, seed] = checks.check_run(run_config, str(run_dir)).cfg
+            cfg = TrainConfig.from_config_dict(run_config)
+            checks.check_run(cfg, str(run_dir))
+            checked[method, seed] = cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)
             for problem in error.problems:
@@ -189,22 +182,10 @@ def provenance() -> str:
     installed package without its repository gives its version.
     """
     command = shlex.join(["python", "-m", "jrope.compare", *sys.argv[1:]])
-    checkout = pathlib.Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False
-        )
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short=10", "HEAD")
-    if commit and git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+changes"
-    if not commit:
-        from importlib import metadata
-
-        commit = f"version {metadata.version('jrope')}"
-    return f"Made by `{command}` at jrope {commit}."
+    commit = outputs.code_commit()
+    if commit is None:
+        return f"Made by `{command}` at jrope version {importlib.metadata.version('jrope')}."
+    return f"Made by `{command}` at jrope {commit[0][:10]}{'' if commit[1] else '+changes'}."
 
 
 def distance_tables(rows: Sequence[dict[str, Any]], metric: str) -> str:
@@ -265,12 +246,17 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
     )
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {argv[1:]}")
-    methods, seeds = comparison_axes(_METHODS.value, _SEEDS.value)
+def define_flags(argv: list[str]) -> None:
+    """The command's flags: those of a run (command_line.define_run_flags), methods and seeds."""
+    command_line.define_run_flags()
+    flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
+
+
+def main(argv: list[str]) -> None:
+    methods, seeds = comparison_axes(flags.FLAGS.methods, flags.FLAGS.seeds)
     command_line.start_processes()  # before anything starts a JAX backend
-    run_comparison(_CONFIG.value, methods, seeds, _WORKDIR.value)
+    run_comparison(flags.FLAGS.config, methods, seeds, flags.FLAGS.workdir)
 
 
 def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tuple[list, list]:
@@ -297,13 +283,3 @@ def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tupl
                 f"(a repeat would count one run twice in the means): use {flag}={unique}."
             )
     return methods, int_seeds
-
-
-def run_main() -> None:
-    """The command line: python -m jrope.experiments.compare (or python -m jrope.compare)."""
-    flags.mark_flags_as_required(["config", "workdir"])
-    command_line.run(main, usage=__doc__)
-
-
-if __name__ == "__main__":
-    run_main()

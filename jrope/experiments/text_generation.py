@@ -7,9 +7,8 @@ layout is built from the config alone (the vocabulary is the data
 section's), so the corpus is never read or downloaded.
 
 Only byte-level text runs have text to write (data.source one of
-TEXT_SOURCES). A synthetic-task run's tokens are not bytes, an audio-token
-run's bytes are not text, and a kernel-probe workdir trains no model: each
-is refused with a GenerationError saying so.
+TEXT_SOURCES): a synthetic-task run's tokens are not bytes, an audio-token
+run's bytes are not text.
 
 Decoding needs no parameter sharding: the run's tensor axis is kept when it
 divides the devices, every other device goes to the data axis (one prompt
@@ -18,6 +17,7 @@ per device when the batch allows), and fsdp is 1.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -26,27 +26,23 @@ import jax
 from absl import logging
 from jax.sharding import Mesh
 
-from jrope import commands, saved_run_config
+from jrope import saved_run_config
 from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
-from jrope.errors import CorruptCheckpointError, GenerationError, GenerationRequestError
+from jrope.encodings import Encoding
+from jrope.errors import GenerationRequestError, UsageError
 from jrope.model import damping, kv_cache
 from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import setup
 from jrope.train.checkpoints import (
-    CONFIG_ITEM,
     Checkpointer,
-    checkpoint_path,
-    finished_steps,
     restore_compatible,
 )
 from jrope.train.config import MeshConfig, TrainConfig
 from jrope.train.setup import state_layout
 
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
-# A file the kernel probe writes into its workdir (jrope.experiments.kernel_probe).
-PROBE_RESULTS = "kernel_probe.csv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +50,7 @@ class TextRun:
     """A text run's model at one checkpoint, ready to generate."""
 
     cfg: TrainConfig
+    encoding: Encoding
     step: int
     graphdef: Any
     params: Any
@@ -79,9 +76,7 @@ class TextRun:
         measured damping, and the cache moves its origin before its key factors
         e^(gamma * rebase_bound) would overflow float32.
         """
-        graphdef, measured = damping.plan(
-            self.cfg.model, self.cfg.encoding, self.graphdef, self.params
-        )
+        graphdef, measured = damping.plan(self.cfg.model, self.encoding, self.graphdef, self.params)
         if not measured.passed:
             return graphdef, settings
         rebase_bound = cache_rebase_bound(settings.rebase_bound, measured.largest)
@@ -102,38 +97,21 @@ class TextRun:
 def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> TextRun:
     """The latest finished checkpoint of the text run in `workdir`, on `devices` (default: all).
 
-    Raises:
-      GenerationError: no checkpoint (a probe workdir, or nothing trained yet),
-        or a run that is not byte-level text.
-      CorruptCheckpointError: a checkpoint that cannot be read.
+    Raises CheckpointError (none, or one that cannot be read) or UsageError (not a text run).
     """
-    path = resolved(workdir)
-    directory = path / "checkpoints"
-    steps = finished_steps(str(directory))
-    if not steps:
-        raise GenerationError(_no_checkpoint_message(path, directory))
+    step = int(saved_run_config.saved_config_path(workdir).parent.parent.name)
+    cfg = TrainConfig.from_config_dict(saved_run_config.get_config(workdir))
+    _check_text_run(cfg, resolved(workdir))
+    directory = resolved(workdir) / "checkpoints"
     # Read only: this manager never saves, so it never deletes old checkpoints either.
-    checkpointer = Checkpointer(directory, every_steps=1, max_to_keep=len(steps), config_json={})
-    try:
-        step = steps[-1]
-        try:
-            saved = checkpointer.restore_json(CONFIG_ITEM, step)
-        except Exception as err:  # orbax raises many types; all mean "unreadable"
-            raise CorruptCheckpointError(
-                f"Cannot read the config saved with checkpoint {checkpoint_path(checkpointer, step)} "
-                f"({type(err).__name__}: {err}); nothing was deleted."
-            ) from err
-        cfg = TrainConfig.from_config_dict(saved_run_config.without_retired_keys(saved))
-        _check_text_run(cfg, path)
-        mesh = setup.make_mesh(
-            decoding_mesh_config(cfg.mesh, len(devices or jax.devices())), devices
-        )
-        layout = state_layout(cfg, {"vocab_size": cfg.data.vocab_size}, mesh)
+    checkpointer = Checkpointer(directory, every_steps=1, max_to_keep=step, config_json={})
+    with contextlib.closing(checkpointer):
+        mesh_cfg = decoding_mesh_config(cfg.mesh, len(devices or jax.devices()))
+        mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
+        layout = state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
         state = restore_compatible(cfg, checkpointer, layout.abstract, step)
-    finally:
-        checkpointer.close()
-    logging.info("Loaded %s (%s, step %d).", path, cfg.pe.name, step)
-    return TextRun(cfg, step, layout.graphdef, state["params"], mesh)
+    logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
+    return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)
 
 
 def check_request(settings: GenerationSettings, prompts: Sequence[Sequence[int]]) -> None:
@@ -163,34 +141,8 @@ def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:
 
 
 def _check_text_run(cfg: TrainConfig, path) -> None:
-    source = cfg.data.source
-    if source in TEXT_SOURCES:
-        return
-    what = {
-        "synthetic": "a synthetic-task run: its tokens are the task's symbols, not bytes of text",
-        "audio_tokens": "an audio-token run: its bytes are quantised spectra, not text",
-    }.get(source, f"a {source!r} run, not byte-level text")
-    raise GenerationError(
-        f"--workdir {path} holds {what}. Sampling writes text: point --workdir at a run trained "
-        f"with data.source in {TEXT_SOURCES} (e.g. {_train_text_run('DIR')})."
-    )
-
-
-def _train_text_run(workdir) -> str:
-    """The command that trains a text run into `workdir`, as it runs from here."""
-    config = commands.config_value(str(commands.config_path("wikitext_cpu")))
-    return f"{commands.command('train')} --config={config} --workdir={workdir}"
-
-
-def _no_checkpoint_message(path, checkpoints) -> str:
-    if (path / PROBE_RESULTS).exists():
-        return (
-            f"--workdir {path} holds kernel-probe results: the probe fits closed-form kernels and "
-            "trains no model, so there is nothing to sample from. Point --workdir at a trained text "
-            f"run ({_train_text_run('DIR')})."
+    if cfg.data.source not in TEXT_SOURCES:
+        raise UsageError(
+            f"--workdir {path} holds a {cfg.data.source!r} run, whose tokens are no text; point it "
+            f"at a run trained with data.source in {TEXT_SOURCES}."
         )
-    return (
-        f"--workdir {path} holds no finished checkpoint in {checkpoints}; train a text run there "
-        f"first ({_train_text_run(path)}) or point "
-        "--workdir at a trained one."
-    )

@@ -1,8 +1,9 @@
 """Checkpoints: the save, its digests, the restore that resumes a run, the workdir lock.
 
-Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests`. Orbax saves are atomic: a killed save leaves a
-`<step>.orbax-checkpoint-tmp-<n>` directory, never restored, which orbax deletes at the next start. Process 0 holds a `flock` on
-`<workdir>/run.lock`, which the kernel releases however the process ends.
+Each step of `<workdir>/checkpoints` holds `state`, `config` (JSON) and `digests`. Orbax saves
+are atomic: a killed save leaves a `<step>.orbax-checkpoint-tmp-<n>` directory, never restored,
+which orbax deletes at the next start. Process 0 holds a `flock` on `<workdir>/run.lock`, which
+the kernel releases however the process ends.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -24,8 +24,9 @@ from absl import logging
 from etils import epath
 from flax.traverse_util import flatten_dict
 
-from jrope import commands, errors, saved_run_config
+from jrope import saved_run_config
 from jrope.data.files import is_uri, resolved
+from jrope.errors import CheckpointError, UsageError, WorkdirBusy
 from jrope.train.config import TrainConfig, convert_config
 from jrope.train.outputs import say
 
@@ -99,10 +100,8 @@ class Checkpointer:
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
         step = self.latest_step() if step is None else step
         if step is None or step not in self._manager.all_steps():
-            raise errors.NoCheckpointError(
-                f"No checkpoint {'' if step is None else step} in {self.directory}; train first "
-                f"({commands.command('train')} --config=... --workdir=...) or point --workdir at "
-                "a trained run."
+            raise CheckpointError(
+                f"No checkpoint {'' if step is None else step} in {self.directory}."
             )
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 
@@ -154,9 +153,6 @@ def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> l
     )
 
 
-# Tensorstore's read error names the array as orbax stores it: 'params.blocks.0.attn.qkv.value'.
-_FAILED_READ = re.compile(r'Error reading "([^"/]+)/')
-
 # Keys and sections that define the shapes or meaning of the saved parameters.
 PARAMETER_KEYS = {
     *("data.source", "data.input_channels", "data.vocab_size", "data.num_keys", "data.num_values"),
@@ -178,21 +174,11 @@ def finished_steps(directory: str) -> list[int]:
     return sorted(ocp.path.step.checkpoint_steps(directory))
 
 
-def describe_latest(checkpointer: Checkpointer) -> str:
-    """The latest checkpoint's step and path, for messages."""
-    latest = checkpointer.latest_step()
-    if latest is None:
-        return f"none yet in {checkpointer.directory}"
-    return f"step {latest} at {checkpoint_path(checkpointer, latest)}"
-
-
 def describe_last_good(checkpointer: Checkpointer, before: int | None = None) -> str:
     """The latest finished checkpoint (saved before step `before`, where given), for messages."""
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = [s for s in finished_steps(checkpointer.directory) if before is None or s < before]
-    if not steps:
-        return f"none in {checkpointer.directory}"
-    return f"step {steps[-1]} at {checkpoint_path(checkpointer, steps[-1])}"
+    return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
 
 
 def restore_or_initialize(
@@ -210,51 +196,37 @@ def restore_compatible(
     cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
     """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`
-    for `purpose` ('resume' or 'evaluate'); NoCheckpointError, IncompatibleCheckpointError, or
-    CorruptCheckpointError (unreadable, damaged, or without digests unless accepted)."""
+    for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is missing, of other
+    settings, unreadable, damaged, or without digests unless accepted."""
     path = checkpoint_path(checkpointer, step)
-
-    def corrupt(problem: str, then: str = "") -> errors.CorruptCheckpointError:
-        fallback = _fallback(checkpointer, step)
-        return errors.CorruptCheckpointError(f"{problem} {fallback}{then}")
-
-    finished = finished_steps(checkpointer.directory)
-    if step not in finished:
-        raise errors.NoCheckpointError(
-            f"No finished checkpoint {path}; the finished ones are steps {finished}."
-        )
-    try:
-        saved_config = checkpointer.restore_json(CONFIG_ITEM, step)
-    except Exception as err:  # orbax and tensorstore raise many types; all mean "unreadable"
-        raise corrupt(_unreadable(path, "its saved config", err)) from err
+    if step not in finished_steps(checkpointer.directory):
+        raise CheckpointError(f"No finished checkpoint {path}.")
+    saved = saved_run_config.read_saved_config(path)
     # A key added since the checkpoint was written takes its default, as the config converts.
-    saved_cfg, _ = convert_config(saved_run_config.without_retired_keys(saved_config))
-    saved_config = saved_config if saved_cfg is None else saved_cfg.to_json_dict()
-    incompatible, changed = config_differences(saved_config, cfg.to_json_dict(), purpose=purpose)
-    if incompatible:
-        raise errors.IncompatibleCheckpointError(_incompatible_message(path, incompatible, purpose))
+    saved_cfg, _ = convert_config(saved)
+    saved = saved if saved_cfg is None else saved_cfg.to_json_dict()
+    refused, changed = config_differences(saved, cfg.to_json_dict(), purpose=purpose)
+    if refused:
+        fix = (
+            "name them in checkpoint.accept_changes, or use another --workdir"
+            if purpose == "resume"
+            else "drop those overrides"
+        )
+        raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or cfg.checkpoint.accept_missing_digests):
-        raise corrupt(
-            f"Checkpoint {path} has no digests ({path / DIGESTS_ITEM} is missing), so damage to "
-            "its arrays could not be seen: it is refused like a damaged one. Nothing was deleted.",
-            " To restore it unchecked anyway, add --config.checkpoint.accept_missing_digests=True.",
-        )
-    if not checked:
-        say(f"Restoring {path} unchecked (no digests): a NaN later may come from damage.")
+        raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
         damaged = checkpointer.damaged_arrays(state, step) if checked else []
-    except Exception as err:
-        raise corrupt(_unreadable(path, "its state", err)) from err
+    except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
+        raise _damaged(checkpointer, step, f"cannot be read ({_cause(error)})") from error
     if damaged:
-        more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
-        raise corrupt(
-            f"Checkpoint {path} is damaged: the contents of {', '.join(damaged[:3])}{more} differ "
-            "from the digests saved with it. Nothing was deleted."
-        )
+        raise _damaged(checkpointer, step, f"differs from its digests in {', '.join(damaged[:3])}")
+    if not checked:
+        say(f"Restoring {path} unchecked (no digests).")
     return state
 
 
@@ -294,117 +266,77 @@ def config_differences(
     return incompatible, changed
 
 
-def _incompatible_message(path: epath.Path, incompatible: list[str], purpose: str) -> str:
-    differences = "; ".join(incompatible)
-    if purpose == "evaluate":
-        return (
-            f"Checkpoint {path} was written by a run with other settings of its model, data or "
-            f"seed: {differences}. Evaluate it with the checkpoint's settings (drop these "
-            "overrides, or the --config that sets them); nothing was deleted."
-        )
-    return (
-        f"Checkpoint {path} was written with other settings than this run's, and they change what "
-        f"the trained model and its results mean: {differences}. Resume with the checkpoint's "
-        "settings (only eval, log, checkpoint, runtime and mesh may change) or use another "
-        "--workdir; nothing was deleted. To change a setting anyway (e.g. a lower learning rate "
-        "after a divergence), name it: --config.checkpoint.accept_changes=opt.learning_rate."
-    )
+def _cause(error: BaseException) -> str:
+    """The first line of the innermost error, which names the array where tensorstore's does."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
-def _unreadable(path: epath.Path, what: str, err: Exception) -> str:
-    """Checkpoint `path`'s `what` could not be read: the error, naming the array where it can."""
-    root = err
-    while root.__cause__ is not None:  # orbax wraps tensorstore's error, which names the array
-        root = root.__cause__
-    cause = (str(root).strip().splitlines() or [""])[0][:300]
-    array = _FAILED_READ.search(str(root))
-    where = f"array {array.group(1).replace('.', '/')}: " if array else ""
-    return (
-        f"Cannot read {what} from checkpoint {path} ({where}{type(root).__name__}: {cause}). "
-        "The file may be truncated or damaged; nothing was deleted."
-    )
-
-
-def _fallback(checkpointer: Checkpointer, step: int) -> str:
-    """The latest earlier checkpoint with its digests (named, not restored: a resume from it checks
-    them), and how to resume from it."""
+def _damaged(checkpointer: Checkpointer, step: int, problem: str) -> CheckpointError:
+    """The refusal of checkpoint `step`, naming the latest earlier one with digests (checked when
+    it restores) and the `mv` that sets the later ones aside."""
     finished = finished_steps(checkpointer.directory)
-    earlier = [
-        candidate
-        for candidate in finished
-        if candidate < step and (checkpoint_path(checkpointer, candidate) / DIGESTS_ITEM).exists()
+    earlier = [s for s in finished if s < step
+               and (checkpoint_path(checkpointer, s) / DIGESTS_ITEM).exists()]  # fmt: skip
+    later = [
+        checkpoint_path(checkpointer, s) for s in finished if earlier and earlier[-1] < s <= step
     ]
-    if not earlier:
-        return "No earlier checkpoint has digests: start a new run with another --workdir."
-    # Every checkpoint after the named one up to `step` goes aside, or the resume would take it.
-    later = [checkpoint_path(checkpointer, s) for s in finished if earlier[-1] < s <= step]
     aside = checkpointer.directory.parent / "damaged_checkpoints"
-    return (
-        f"The latest earlier checkpoint is {checkpoint_path(checkpointer, earlier[-1])} (its "
-        f"digests are checked when it restores): to resume from step {earlier[-1]}, move "
-        f"{' and '.join(map(str, later))} out of {checkpointer.directory} (mkdir -p {aside} && "
-        f"mv {' '.join(map(str, later))} {aside}/) and run the same command again."
+    resume = (
+        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
+        if earlier
+        else "start again in another --workdir"
     )
+    return CheckpointError(f"Checkpoint {checkpoint_path(checkpointer, step)} {problem}; {resume}.")
 
 
 LOCK_FILE = "run.lock"
 
 
 class WorkdirLock:
-    """Holds `<workdir>/run.lock` as a 'training' (refused while anything holds it) or an
+    """Holds `<workdir>/run.lock` for a 'training' (refused while anything holds it) or an
     'evaluation' (waits for another evaluation, refused during training); a no-op when not
-    `enabled` or on an object store. previous_holder: a holder that ended without releasing it."""
+    `enabled` or on an object store. The file names its holder in one line of text."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, role: str = "training"):
         self.path = os.path.join(workdir, LOCK_FILE)
         self.role = role
         self._enabled = enabled and not is_uri(workdir)
         self._file = None
-        self.previous_holder: dict | None = None
+        self.previous_holder: str | None = None  # the line of a holder that ended without release
         if enabled and is_uri(workdir):
-            logging.warning(f"{workdir} is on an object store (no locks): one run at a time.")
+            logging.warning("%s has no locks (an object store): one run at a time.", workdir)
 
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
             return self
-        workdir = os.path.dirname(self.path)
-        try:
-            os.makedirs(workdir, exist_ok=True)
-            cannot_create = None
+        try:  # raised outside this block: a setting to fix, not a storage failure
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
         except OSError as error:
-            cannot_create = error.strerror or str(error)
-        if cannot_create:  # raised outside the except: a setting to fix, not a storage failure
-            raise errors.UsageError(
-                f"--workdir {workdir} cannot be created ({cannot_create}); choose a --workdir in "
-                "a folder you can write to."
-            )
-        if os.path.isdir(self.path):
-            raise errors.UsageError(
-                f"--workdir {workdir}: {self.path} is a directory, where the run keeps its lock "
-                f"file. Remove it (rmdir {self.path}, if it is empty) or choose another --workdir."
-            )
-        handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(handle)
-            if self.role != "evaluation" or (holder or {}).get("role") != "evaluation":
+            problem = f"--workdir {error.filename}: {error.strerror or error}"
+        else:
+            problem = None
+        if problem:
+            raise UsageError(f"{problem}; choose a --workdir you can write to.")
+        if not _try_lock(handle):
+            holder = _holder(handle)
+            if self.role != "evaluation" or not holder.startswith("evaluation"):
                 handle.close()
-                roles = {"training": "training run", "evaluation": "evaluation"}
-                raise errors.WorkdirBusy(
-                    f"Another {roles.get((holder or {}).get('role'), 'run')} is using {workdir}: "
-                    f"{describe_holder(holder)} holds {self.path}. Wait for it to end (or stop "
-                    "it), or choose another --workdir."
-                ) from None
-            say(
-                f"Waiting for the evaluation by {describe_holder(holder)} on {workdir} to end "
-                "(one evaluation at a time writes a workdir's results) ..."
-            )
+                raise WorkdirBusy(
+                    f"{self.path} is held ({holder}): wait, or use another --workdir."
+                )
+            say(f"Waiting for {self.path} ({holder}) ...")
             fcntl.flock(handle, fcntl.LOCK_EX)
-        self.previous_holder = _read_holder(handle)
+        self.previous_holder = _holder(handle) or None
+        if self.previous_holder:
+            say(f"Taking over {self.path} from a run that ended ({self.previous_holder}).")
         started = time.strftime("%Y-%m-%d %H:%M:%S")
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": started}
-        _rewrite(handle, json.dumps({**me, "role": self.role}) + "\n")
+        _rewrite(
+            handle,
+            f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n",
+        )
         self._file = handle
         return self
 
@@ -415,40 +347,22 @@ class WorkdirLock:
             self._file.close()
 
 
+def _try_lock(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(handle) -> str:
+    """The lock file's line: who holds it, or held it last ('' when released cleanly)."""
+    handle.seek(0)
+    return handle.read(500).decode("utf-8", "replace").strip()
+
+
 def _rewrite(handle, text: str) -> None:
     handle.seek(0)
     handle.truncate()
     handle.write(text.encode())
     handle.flush()
-
-
-# What _read_holder gives for a lock whose content is not a holder's record (damaged, edited).
-UNREADABLE_HOLDER = "unreadable"
-
-
-def _read_holder(handle) -> dict | None:
-    """The holder's record in the lock file; None when empty (released cleanly), or
-    {UNREADABLE_HOLDER: its size in bytes} when it is no record: the flock, not the content,
-    decides whether a live process holds the lock, so such a lock is taken over like a stale one."""
-    handle.seek(0)
-    content = handle.read().strip()
-    if not content:
-        return None
-    try:
-        holder = json.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        holder = None
-    return holder if isinstance(holder, dict) else {UNREADABLE_HOLDER: len(content)}
-
-
-def describe_holder(holder: dict | None) -> str:
-    """'process 1234 on host-a (started 2026-12-01 10:00:00)'."""
-    if holder is None:
-        return "a process that wrote no details"
-    if UNREADABLE_HOLDER in holder:
-        return (
-            f"a process whose record in {LOCK_FILE} cannot be read ({holder[UNREADABLE_HOLDER]} "
-            "bytes that are not a record of this program)"
-        )
-    pid, host, started = (holder.get(key, "?") for key in ("pid", "host", "started"))
-    return f"process {pid} on {host} (started {started})"

@@ -1,9 +1,9 @@
-"""The run config: a frozen dataclass per section, each field commented where it is declared;
-`convert_config`, the one place a config is validated, returning every problem at once, each naming
-its key and the fix; loading a config file from any folder.
+"""The run config: a frozen dataclass per section, each checking its own values when it is built,
+and `convert_config`, which builds them from a ConfigDict and reports every problem at once, each
+naming its key and the fix.
 
-A config file's ConfigDict becomes one TrainConfig here, and the TrainConfig is what every part of
-the harness reads; checkpoints save its JSON form (`to_json_dict`), which converts back the same.
+A TrainConfig is what the harness reads; checkpoints save its JSON form (`to_json_dict`), which
+converts back the same.
 """
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import inspect
-import typing
-from collections.abc import Callable, Mapping
+import math
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
+from jrope import commands
 from jrope.attention.selection import PACKING_KERNELS
-from jrope.command_line import make_importable
-from jrope.data.source import DEFAULT_EVAL_SEED, source_spec
-from jrope.encodings import Encoding, make_encoding
+from jrope.data.source import DEFAULT_EVAL_SEED, SOURCES
+from jrope.encodings import make_encoding
 from jrope.errors import ConfigError
 from jrope.model.config import ConfigSection, ModelConfig
-from jrope.pe_config import PAPER_METHODS, PEConfig, UnknownEncodingName, pe_config_from_name
+from jrope.pe_config import ACCEPTED_NAMES, PEConfig, UnknownEncodingName, pe_config_from_name
 
 LR_SCHEDULES = ("constant", "cosine")
 # What a NaN/Inf loss or gradient norm does (jrope.train.trainer): stop the run or skip the update.
@@ -34,14 +34,48 @@ NONFINITE_POLICIES = ("stop", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
+class PESection:
+    """The pe section: an encoding's name and the base settings that its suffixes override."""
+
+    name: str  # any paper or reference name (docs/mathematics.md, section 4)
+    train_context: int  # L: tau(t) = t / (1 + |t| / L), gamma = c / L; the training length
+    theta: float = 10000.0  # rotary base: omega_b = theta^(-2b / head_dim)
+    gamma_min: float = 1e-4  # damping floor: gamma = softplus(raw) + gamma_min
+    init_gamma: float = 1e-4  # initial damping
+    eta_max: float = 0.1  # shear bound: eta = eta_max * tanh(raw)
+    init_eta: float = 0.0  # initial shear
+
+    def __post_init__(self):
+        numbers = dataclasses.asdict(self)
+        del numbers["name"]
+        problems = [f"pe.{k} must be a finite number, got {v}." for k, v in numbers.items()
+                    if not (isinstance(v, (int, float)) and math.isfinite(v))]  # fmt: skip
+        if problems:
+            raise ValueError("\n".join(problems))
+        try:
+            self.pe_config()
+        except UnknownEncodingName as error:
+            names = [name for line in ACCEPTED_NAMES.splitlines() for name in line.split(" | ")]
+            hint = did_you_mean(self.name, [n.strip() for n in names if re.fullmatch(r"\s*\w+", n)])
+            raise ValueError(f"pe.name: {first_line(error)}{hint} (jrope.ACCEPTED_NAMES)") from None
+        except ValueError as error:
+            raise ValueError(f"pe: {first_line(error)}; fix that pe.* value.") from None
+
+    def pe_config(self) -> PEConfig:
+        return pe_config_from_name(**dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimConfig(ConfigSection):
+    """AdamW after global-norm clipping, on a learning-rate schedule (jrope.train.setup)."""
+
     section = "opt"
 
-    learning_rate: float
-    weight_decay: float
-    b1: float
-    b2: float
-    eps: float
+    learning_rate: float  # peak learning rate
+    weight_decay: float  # decoupled AdamW weight decay
+    b1: float  # Adam's first-moment decay
+    b2: float  # Adam's second-moment decay
+    eps: float  # Adam's epsilon
     clip_norm: float  # global gradient norm clip; 0 disables
     schedule: str  # one of LR_SCHEDULES
     warmup_steps: int  # linear warm-up from 0 (0 = none)
@@ -54,8 +88,13 @@ class OptimConfig(ConfigSection):
             ("schedule", self.schedule in LR_SCHEDULES, LR_SCHEDULES),
             ("nonfinite", self.nonfinite in NONFINITE_POLICIES, NONFINITE_POLICIES),
             ("learning_rate", self.learning_rate > 0, "> 0"),
-            ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("b1", 0 <= self.b1 < 1, "in [0, 1)"),
+            ("b2", 0 <= self.b2 < 1, "in [0, 1)"),
+            ("eps", self.eps > 0, "> 0"),
             ("clip_norm", self.clip_norm >= 0, ">= 0 (0: no clipping)"),
+            ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+            ("final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "in [0, 1]"),
             ("max_consecutive_skips", self.max_consecutive_skips >= 1, ">= 1"),
         ]
 
@@ -63,6 +102,8 @@ class OptimConfig(ConfigSection):
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(ConfigSection):
     """Device mesh sizes (one may be -1: all remaining devices) and logical-to-mesh rules."""
+
+    section = "mesh"
 
     data: int
     fsdp: int
@@ -73,7 +114,7 @@ class MeshConfig(ConfigSection):
         sizes = (self.data, self.fsdp, self.tensor)
         if sizes.count(-1) <= 1 and all(size >= 1 or size == -1 for size in sizes):
             return []
-        return [f"mesh sizes must be >= 1 with at most one -1; got data, fsdp, tensor = {sizes}."]
+        return [f"mesh sizes must be >= 1, one -1 at most; got {sizes}."]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +164,8 @@ class EvalConfig(ConfigSection):
             ("every_steps", self.every_steps >= 0, ">= 0"),
             (
                 "lengths",
-                bool(self.lengths) and all(isinstance(n, int) and n >= 2 for n in self.lengths),
-                "a non-empty list of integer lengths >= 2",
+                bool(self.lengths) and all(type(n) is int and n >= 2 for n in self.lengths),
+                "a non-empty tuple of integer lengths >= 2",
             ),
         ]
 
@@ -132,10 +173,7 @@ class EvalConfig(ConfigSection):
         problems = super().problems()
         sequences, batch = self.num_sequences, self.batch_size
         if sequences >= 1 and batch >= 1 and sequences % batch:
-            problems.append(
-                f"eval.batch_size {batch} must divide eval.num_sequences {sequences}; set them to "
-                f"e.g. {batch} and {sequences + batch - sequences % batch}."
-            )
+            problems.append(f"eval.batch_size {batch} must divide eval.num_sequences {sequences}.")
         return problems
 
 
@@ -143,18 +181,18 @@ class EvalConfig(ConfigSection):
 class RuntimeConfig(ConfigSection):
     """Process runtime: the persistent compilation cache and a profiler trace."""
 
+    section = "runtime"
+
     compilation_cache_dir: str = ""  # JAX's compilation cache (a folder or gs://...); '' = off
     # jax.profiler trace of train steps [profile_from_step, profile_to_step) (step s
     # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
     profile_from_step: int = 0
     profile_to_step: int = 0
 
-    def problems(self) -> list[str]:
-        if self.profile_from_step >= 0 and self.profile_to_step >= 0:
-            return []
+    def rules(self):
         return [
-            "runtime.profile_from_step and runtime.profile_to_step must be >= 0, got "
-            f"{self.profile_from_step}, {self.profile_to_step}."
+            ("profile_from_step", self.profile_from_step >= 0, ">= 0"),
+            ("profile_to_step", self.profile_to_step >= 0, ">= 0"),
         ]
 
     @property
@@ -166,9 +204,9 @@ class RuntimeConfig(ConfigSection):
 class TrainConfig:
     """Everything a training or evaluation run reads."""
 
-    seed: int
-    num_steps: int
-    batch_size: int
+    seed: int  # parameter initialisation (and the data's, through the config's reference)
+    num_steps: int  # optimizer steps
+    batch_size: int  # global batch (sequences per step)
     model: ModelConfig
     pe: PEConfig
     data: Any  # the data source's frozen config dataclass (its `source` field names it)
@@ -178,16 +216,6 @@ class TrainConfig:
     log: LogConfig
     eval: EvalConfig
     runtime: RuntimeConfig
-
-    @functools.cached_property
-    def encoding(self) -> Encoding:
-        """The model's Encoding, built once, for the longest window it trains or evaluates on."""
-        return make_encoding(
-            self.pe,
-            num_heads=self.model.num_heads,
-            head_dim=self.model.head_dim,
-            max_length=max(self.pe.train_context, *self.eval.lengths),
-        )
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> TrainConfig:
@@ -199,17 +227,17 @@ class TrainConfig:
 
     def to_json_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready nested dict that `from_config_dict` accepts back."""
-        plain = {key: getattr(self, key) for key in SCALAR_KEYS}
+        plain = dataclasses.asdict(self)
         # The name's suffixes override the base settings idempotently: these parse back alike.
-        plain["pe"] = {key: getattr(self.pe, key) for key in PE_KEYS}
-        for name in ("model", "data", *SECTIONS):
-            plain[name] = dataclasses.asdict(getattr(self, name))
+        plain["pe"] = {key: getattr(self.pe, key) for key in SECTIONS["pe"].__dataclass_fields__}
         for key in DERIVED_DATA_KEYS:  # set again from the model's keys when read back
             plain["data"].pop(key, None)
         return plain
 
 
 SECTIONS = {
+    "model": ModelConfig,
+    "pe": PESection,
     "opt": OptimConfig,
     "mesh": MeshConfig,
     "checkpoint": CheckpointConfig,
@@ -217,113 +245,97 @@ SECTIONS = {
     "eval": EvalConfig,
     "runtime": RuntimeConfig,
 }
-SCALAR_KEYS = ("seed", "num_steps", "batch_size")
-# The pe section: the name and the base settings of pe_config_from_name.
-PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
-TOP_KEYS = (*SCALAR_KEYS, "pe", "data", "model", *SECTIONS)
+# The data keys that are the model's: set where the data section is built, never in a config.
+DERIVED_DATA_KEYS = {
+    "seq_len": "pe.train_context",
+    "head_dim": "model.d_model",
+    "theta": "pe.theta",
+}
 
 
 def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[str]]:
     """(the run config, []) or (None, every problem of every section, a line each naming its key
     and the fix). `config`: a ConfigDict, or the nested dict that `to_json_dict` writes."""
-    raw, unresolved = _resolved(config)
-    problems = [
-        f"{key} cannot be computed ({error}); it is derived from other keys (see the config "
-        "file): fix those."
-        for key, error in unresolved.items()
-    ]
-    problems += _key_problems("", raw, TOP_KEYS, TOP_KEYS, dict.fromkeys(SCALAR_KEYS, int))
-    if any(key not in raw or not isinstance(raw[key], dict) for key in TOP_KEYS[3:]):
-        return None, problems  # a section to build is missing
-    sections = {"model": ModelConfig, **SECTIONS, "pe": _pe_config}
-    try:
-        sections["data"] = source_spec(raw["data"].get("source")).load()[0]
-    except ValueError as err:
-        problems.append(str(err))
-    built = {key: raw.get(key) for key in SCALAR_KEYS}
-    # A section holding a key that could not be computed is not built: its line says why.
-    for name in sections:  # data last: it takes keys of the model and pe sections
-        if name == "data" and not _derive_data_keys(raw["data"], sections["data"], built, problems):
-            continue  # the model or pe section it derives from failed: their lines say why
-        if not any(key.startswith(f"{name}.") for key in unresolved):
-            built[name] = _build(sections[name], raw[name], name, problems)
-    integers = {key: value for key, value in built.items() if type(value) is int}
+    raw = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
+    top = {field.name for field in dataclasses.fields(TrainConfig)}
+    problems = [f"{key}: no such key{did_you_mean(key, top) or '; drop it.'}"
+                for key in raw if key not in top]  # fmt: skip
     problems += [
-        f"{key} must be an integer >= 1, got {integers[key]}."
+        f"{key} must be an integer >= 1, got {raw.get(key)!r}."
         for key in ("num_steps", "batch_size")
-        if integers.get(key, 1) < 1
+        if not (type(raw.get(key)) is int and raw[key] >= 1)
     ]
-    if not 0 <= integers.get("seed", 0) < 2**32:  # numpy takes no other seed
-        problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {built['seed']}.")
-    if problems:
+    if not (type(raw.get("seed")) is int and 0 <= raw["seed"] < 2**32):  # numpy's seeds
+        problems.append(f"seed must be an integer in 0 .. 2**32 - 1, got {raw.get('seed')!r}.")
+    built = {name: build_section(name, cls, raw.get(name, {}), problems)
+             for name, cls in SECTIONS.items()}  # fmt: skip
+    model, pe_section = built["model"], built.pop("pe")
+    built["pe"] = pe = pe_section and pe_section.pe_config()
+    data = dict(raw.get("data", {}))
+    if model and pe:
+        try:  # the encoding's blocks must divide the model's head dimension
+            make_encoding(pe, num_heads=model.num_heads, head_dim=model.head_dim)
+        except ValueError as error:
+            problems.append(
+                f"model.d_model = {model.d_model} (head dim {model.head_dim} with "
+                f"{model.num_heads} heads): {first_line(error)}."
+            )
+            model = None  # the data section's head dim would only repeat it
+    if data.get("source") not in SOURCES:
+        problems.append(f"data.source = {data.get('source')!r} is not one of {tuple(SOURCES)}.")
+    else:
+        data_class = SOURCES[data["source"]].load()[0]
+        problems += [f"data.{key}: set from {source}; set that key instead."
+                     for key, source in DERIVED_DATA_KEYS.items() if key in data]  # fmt: skip
+        if model and pe:
+            derived = {"seq_len": pe.train_context, "head_dim": model.head_dim, "theta": pe.theta}
+            data.update({k: v for k, v in derived.items() if k in data_class.__dataclass_fields__})
+        built["data"] = build_section("data", data_class, data, problems, DERIVED_DATA_KEYS)
+    if problems or not all(built.values()):
         return None, problems
-    cfg = TrainConfig(**built)  # every section built
+    cfg = TrainConfig(seed=raw["seed"], num_steps=raw["num_steps"], batch_size=raw["batch_size"],
+                      **built)  # fmt: skip
     refused, warned = keys_without_effect(cfg.data)
     for warning in warned:
         _warn_once(warning)
-    problems = _cross_section_problems(cfg) + refused
-    return (None, problems) if problems else (cfg, [])
+    impl = cfg.model.attention_impl
+    if getattr(cfg.data, "pack", False) and impl not in ("auto", *PACKING_KERNELS):
+        refused.append(f"data.pack needs segment ids: model.attention_impl = {impl!r} takes none.")
+    return (None, refused) if refused else (cfg, [])
 
 
-# Data keys that are the model's: set where the data section is built, never in a config.
-DERIVED_DATA_KEYS = {
-    "seq_len": "pe.train_context",  # the training length L
-    "head_dim": "model.d_model // model.num_heads",  # whose rotary frequencies a kernel uses
-    "theta": "pe.theta",  # the rotary base of those frequencies
-}
-
-
-def _derive_data_keys(data: dict, section: Callable, built: dict, problems: list[str]) -> bool:
-    """Sets data[key] for each DERIVED_DATA_KEYS key the data `section` takes, from the built pe
-    and model sections (False if one was not built); a problem per such key the config sets."""
-    problems += [
-        f"data.{key}: set from {source} where the data section is built; drop it from the config."
-        for key, source in DERIVED_DATA_KEYS.items()
-        if key in data
-    ]
-    pe, model = built.get("pe"), built.get("model")
-    derived = {"seq_len": pe and pe.train_context, "theta": pe and pe.theta}
-    derived["head_dim"] = model and model.head_dim
-    takes = [key for key in DERIVED_DATA_KEYS if key in inspect.signature(section).parameters]
-    if any(derived[key] is None for key in takes):
-        return False
-    data.update({key: derived[key] for key in takes if key not in data})
-    return True
-
-
-def _resolved(config: Any, prefix: str = "") -> tuple[Any, dict[str, str]]:
-    """(`config` as nested dicts, its FieldReferences resolved; {dotted key: error} of the keys
-    whose value failed to compute, left out). `config`: a ConfigDict or a nested mapping."""
-    if not hasattr(config, "keys"):
-        return config, {}
-    plain, unresolved = {}, {}
-    for key in config.keys():
-        try:
-            value = config[key]
-        except Exception as err:  # any error of the config's own expression
-            unresolved[prefix + key] = f"{type(err).__name__}: {err}"
-            continue
-        plain[key], inner = _resolved(value, f"{prefix}{key}.")
-        unresolved.update(inner)
-    return plain, unresolved
-
-
-def _build(section: Callable, values: Any, where: str, problems: list[str]):
-    """`section(**values)`; None with a problem appended per bad key or value, every one."""
-    parameters = inspect.signature(section).parameters
-    required = [key for key, param in parameters.items() if param.default is param.empty]
-    types = typing.get_type_hints(section)
-    misfits = _key_problems(f"{where}.", values, parameters, required, types)
-    problems += misfits
-    if not isinstance(values, dict) or any(" no such key" not in line for line in misfits):
+def build_section(
+    name: str, section: type, values: Any, problems: list[str], derived: Any = ()
+) -> Any:
+    """`section(**values)`, or None with a problem appended per unknown or missing key and per
+    problem that the section's own checks raise; a `derived` key is not built without its value
+    (the sections it derives from have their problems)."""
+    fields = {f.name: f for f in dataclasses.fields(section) if f.init}
+    if not isinstance(values, Mapping):
+        problems.append(f"{name} must be a section of keys, got {values!r}.")
         return None
-    values = {key: value for key, value in values.items() if key in parameters}
-    try:
-        return section(**{key: _as_tuples(value) for key, value in values.items()})
-    except (ValueError, TypeError) as err:
-        lines = str(err).splitlines()
-        problems += [line if line.startswith(where) else f"{where}: {line}" for line in lines]
+    absent = [key for key, f in fields.items() if key not in values
+              and f.default is f.default_factory is dataclasses.MISSING]  # fmt: skip
+    unknown = [key for key in values if key not in fields]
+    problems += [f"{name}.{key}: no such key{did_you_mean(key, fields, f'{name}.') or '; drop it.'}"
+                 for key in unknown]  # fmt: skip
+    problems += [f"{name}.{key} is missing; set it in the config file."
+                 for key in absent if key not in derived]  # fmt: skip
+    if absent:
         return None
+    try:  # the known keys, so that their problems are reported with the unknown ones
+        built = section(**{key: _as_tuples(values[key]) for key in values if key in fields})
+    except (ValueError, TypeError) as error:
+        lines = str(error).splitlines()
+        problems += [line if line.startswith(name) else f"{name}: {line}" for line in lines]
+        return None
+    return None if unknown else built
+
+
+def did_you_mean(word: str, choices, prefix: str = "") -> str:
+    """'; did you mean <prefix><the closest choice>?', or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
 def _as_tuples(value: Any) -> Any:
@@ -331,76 +343,22 @@ def _as_tuples(value: Any) -> Any:
     return tuple(map(_as_tuples, value)) if isinstance(value, (list, tuple)) else value
 
 
-@functools.wraps(pe_config_from_name)  # its keys, defaults and types are the pe section's
-def _pe_config(**settings) -> PEConfig:
-    """pe_config_from_name, its errors worded for the pe section."""
-    try:
-        return pe_config_from_name(**settings)
-    except UnknownEncodingName as err:
-        raise ValueError(
-            f"pe.name = {settings['name']!r} is not a known encoding ({first_line(err)}); "
-            f"use e.g. {', '.join(PAPER_METHODS[:7])} (all forms: jrope.ACCEPTED_NAMES)."
-        ) from None
-    except ValueError as err:
-        raise ValueError(f"pe settings: {first_line(err)}; fix that pe.* value.") from None
-
-
-# What a value of each annotated type may be (a bool is not a number here), and its name.
-_ACCEPTED = {int: int, float: (int, float), str: str, bool: bool}
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
-
-
-def _key_problems(prefix: str, values: Any, known, required, types) -> list[str]:
-    """A problem per unknown key (with the closest known one), missing key, or value of another
-    type than its annotation (a list stands for a tuple, as JSON writes it)."""
-    if not isinstance(values, dict):
-        return [f"{prefix.rstrip('.') or 'the config'} must be a ConfigDict, got {values!r}."]
-    problems = []
-    for key in (key for key in values if key not in known):
-        close = difflib.get_close_matches(prefix + key, [prefix + k for k in known], n=1)
-        where = f"section {prefix.rstrip('.')!r}" if prefix else "the config"
-        hint = f"did you mean --config.{close[0]}?" if close else f"{where} has {', '.join(known)}."
-        problems.append(f"{prefix}{key}: no such key; {hint}")
-    problems += [
-        f"{prefix}{key} is missing; set it in the config file."
-        for key in required
-        if key not in values
-    ]
-    for key, value in values.items():
-        hint = types.get(key)
-        if hint in _ACCEPTED:
-            fits = isinstance(value, _ACCEPTED[hint]) and (hint is bool or type(value) is not bool)
-        else:
-            fits = typing.get_origin(hint) is not tuple or isinstance(value, (tuple, list))
-        if not fits:
-            problems.append(
-                f"{prefix}{key} must be {_TYPE_NAMES.get(hint, 'a tuple')}, got {value!r}."
-            )
-    return problems
-
-
 def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:
     """(refused, warned): a line per data key set away from its default that the chosen source,
     kernel or label mode never reads (the data config's KEYS_READ_ONLY_BY), with the fix."""
     refused, warned = [], []
-    rules = getattr(data, "KEYS_READ_ONLY_BY", {})
-    defaults = {field.name: field.default for field in dataclasses.fields(data)} if rules else {}
-    for (chooser, readers, refuse), keys in rules.items():
+    defaults = {field.name: field.default for field in dataclasses.fields(data)}
+    for (chooser, readers, refuse), keys in getattr(data, "KEYS_READ_ONLY_BY", {}).items():
         choice = getattr(data, chooser)
         for key in keys:
-            value = getattr(data, key)
-            if choice in readers or value == defaults[key]:
+            if choice in readers or getattr(data, key) == defaults[key]:
                 continue
-            only = " and ".join(repr(reader) for reader in readers)
-            line = (
-                f"data.{key} = {value!r} has no effect with data.{chooser} = {choice!r} (only "
-                f"{only} read{'s' if len(readers) == 1 else ''} it)"
-            )
+            value = getattr(data, key)
+            line = f"data.{key} = {value!r} has no effect with data.{chooser} = {choice!r}"
             if refuse:
-                fix = f"drop --config.data.{key}, or set --config.data.{chooser}={readers[0]}"
-                refused.append(f"{line}; {fix}.")
+                refused.append(f"{line}; drop it, or set data.{chooser} to one of {readers}.")
             else:
-                warned.append(f"{line}; the shared data section keeps it, unused.")
+                warned.append(f"{line} (only {readers} read it).")
     return refused, warned
 
 
@@ -410,24 +368,6 @@ def _warn_once(message: str) -> None:
     logging.warning("%s", message)
 
 
-def _cross_section_problems(cfg: TrainConfig) -> list[str]:
-    """What two sections state must agree."""
-    problems = []
-    try:
-        _ = cfg.encoding  # its blocks must divide the head dimension
-    except ValueError as err:
-        problems.append(
-            f"model.d_model / model.num_heads (head dim {cfg.model.head_dim}): {first_line(err)}."
-        )
-    impl = cfg.model.attention_impl
-    if getattr(cfg.data, "pack", False) and impl not in ("auto", *PACKING_KERNELS):
-        problems.append(
-            f"data.pack needs a kernel that takes segment ids, and model.attention_impl = "
-            f"{impl!r} does not; set it to 'auto' or one of {PACKING_KERNELS}."
-        )
-    return problems
-
-
 def first_line(err: Exception) -> str:
     """An error's first line without its full stop, for a problem that names the key."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
@@ -435,5 +375,5 @@ def first_line(err: Exception) -> str:
 
 def load_config_file(path: str) -> config_dict.ConfigDict:
     """The ConfigDict of a config file (`configs/x.py` or `configs/x.py:ARG`), from any folder."""
-    make_importable(path)
+    commands.make_importable(path)
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)

@@ -26,9 +26,9 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import command_line, results
+from jrope import results
 from jrope.data.source import DistanceEvaluation
-from jrope.errors import NonFiniteEvaluationError, UsageError
+from jrope.errors import NonFiniteError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
 from jrope.train import checkpoints, checks, outputs, runtime, setup
@@ -71,7 +71,7 @@ class EvalStep:
             outputs = model(inputs, positions, segment_ids=batch.get("segment_ids"))
             return task_sums(outputs, batch, task, num_classes)
 
-        self._cfg = run.cfg
+        self._cfg, self._encoding = run.cfg, run.encoding
         self._platform = run.mesh.devices.flat[0].platform
         self._planned_graphdef = self._graphdef = run.layout.graphdef
         self._planned_params = None
@@ -89,28 +89,19 @@ class EvalStep:
         if params is self._planned_params:
             return self.measured
         self._graphdef, self.measured = damping.plan(
-            self._cfg.model, self._cfg.encoding, self._planned_graphdef, params
+            self._cfg.model, self._encoding, self._planned_graphdef, params
         )
         self._planned_params = params
         if self.measured.passed:
-            say(
-                f"  {self.measured.describe()}: evaluating with kernels planned for it (the "
-                f"blockwise kernel, in blocks of {self.measured.block_size}, where one map origin "
-                "would overflow float32)."
-            )
+            say(f"  {self.measured.describe()}: blockwise blocks of {self.measured.block_size}.")
         return self.measured
 
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens (of the params last planned for)."""
-        try:
-            kernel = damping.kernel(
-                self._cfg.model, self._cfg.encoding, length, self._platform, self.measured
-            )
-        except ValueError as err:
-            raise UsageError(
-                f"Evaluation at length {length}: {err} Set --config.model.attention_impl=auto "
-                "(or blockwise) to evaluate this model."
-            ) from err
+        # The checks before the run refuse a length whose kernel does not apply.
+        kernel = damping.kernel(
+            self._cfg.model, self._encoding, length, self._platform, self.measured
+        )
         return self._jitted[kernel == "blockwise"]
 
     def __call__(self, params, batch):
@@ -190,7 +181,7 @@ def evaluate_and_report(
 
     Returns this evaluation's rows and the folder `eval_step<step>` holding them merged with its
     earlier rows. checkpoint: where the model is (named where a loss is NaN or infinite:
-    NonFiniteEvaluationError, nothing written).
+    NonFiniteError, nothing written).
     """
     cfg, task = run.cfg, run.source.task
     lengths = ", ".join(str(length) for length in cfg.eval.lengths)
@@ -200,19 +191,12 @@ def evaluate_and_report(
         shown = "  ".join(f"{name} {row[name]:.4f}" for name in TASK_COLUMNS[task])
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
-    stopped = (
-        f"the evaluation of step {step} (nothing of it was written; {checkpoint} is untouched): "
-        "run the same command again to evaluate it"
-    )
-    with command_line.activity(stopped):
-        rows = evaluate_lengths(
-            eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show
-        )
-        check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
-        out_dir = results_dir(workdir, step)
-        merged = merge_rows(readable_results(out_dir) or [], rows)
-        if jax.process_index() == 0:
-            write_results_atomically(merged, out_dir, task=task)
+    rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
+    check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
+    out_dir = results_dir(workdir, step)
+    merged = merge_rows(readable_results(out_dir) or [], rows)
+    if jax.process_index() == 0:
+        write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
     return rows, out_dir
 
@@ -240,27 +224,24 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     say(markdown_table(rows, task=task))
 
 
-def evaluate_checkpoint(config: Any, workdir: str, step: int | None = None) -> list[Row]:
+def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[Row]:
     """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
     `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
 
-    config: a TrainConfig or a ConfigDict. Runs under the workdir's lock as an evaluation
-    (waits for another, WorkdirBusy while training runs). ConfigError before compiling
-    anything; Incompatible- or CorruptCheckpointError for a checkpoint it cannot evaluate.
+    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
+    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
+    evaluate.
     """
-    checked = checks.check_run(config, workdir, evaluation=True)
-    cfg = checked.cfg
+    source = checks.check_run(cfg, workdir, evaluation=True)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, source=checked.source)
+        run = setup.set_up_run(cfg, source=source)
         checkpointer = checkpoints.Checkpointer.for_run(cfg, workdir)
         step = checkpointer.latest_step() if step is None else step
-        try:
+        with contextlib.closing(checkpointer):
             state = checkpoints.restore_compatible(
                 cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
             )
-        finally:
-            checkpointer.close()
         checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
         rows, _ = evaluate_and_report(
             EvalStep(run), state["params"], run, workdir, step, checkpoint
@@ -319,10 +300,7 @@ def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
         number += 1
         aside = path.parent / f"{RESULTS_CSV}.damaged{number}"
     path.rename(aside)
-    say(
-        f"{path} cannot be read as results ({problem[:200]}); set aside as {aside}. The "
-        "evaluation is done again from its checkpoint."
-    )
+    say(f"{path} cannot be read ({problem[:200]}): set aside as {aside}, evaluating again.")
     return None
 
 
@@ -385,14 +363,11 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
 def check_evaluation(
     rows: Sequence[Row], step: int, checkpoint: str, measured: damping.MeasuredDamping | None = None
 ) -> None:
-    """NonFiniteEvaluationError naming the lengths whose loss is NaN or infinite, if any, and
+    """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and
     first the damping `measured` (EvalStep.measured) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
-        note = damping.diagnosis(measured)
-        raise NonFiniteEvaluationError(
-            f"The evaluation of step {step} ({checkpoint}) gave a non-finite loss at length "
-            f"{', '.join(bad)}; no results were written. {note}"
-            + ("Otherwise: " if note else "The model has diverged: ")
-            + "train again from an earlier checkpoint with a lower opt.learning_rate."
+        raise NonFiniteError(
+            f"{damping.diagnosis(measured)}The loss of {checkpoint} is not finite at length "
+            f"{', '.join(bad)} (nothing written); train again at a lower opt.learning_rate."
         )

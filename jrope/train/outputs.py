@@ -4,7 +4,6 @@ MFU), the start record (starts.jsonl)."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import math
 import os
@@ -194,17 +193,16 @@ def _summary_writer(folder: epath.Path):
 
 
 RECORD_FILE = "starts.jsonl"
-_VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+_VERSIONED = ("jrope", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
-def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
-    """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
-    resume): time, host, command line, step, jrope's version (from a git checkout also its commit
-    and whether tracked files had no uncommitted change), library versions, devices, config."""
-    code: dict[str, Any] = {"version": _version("jrope")}
+def code_commit() -> tuple[str, bool] | None:
+    """(commit, whether the tracked files are as committed) of the git checkout jrope runs from;
+    None in an installed package, or without git."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    asks = (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
     try:  # --no-optional-locks: a status the timeout kills leaves no index.lock behind
-        commit, changes = [
+        commit, changes = (
             subprocess.run(
                 ["git", "--no-optional-locks", "-C", root, *ask],
                 capture_output=True,
@@ -212,11 +210,22 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
                 timeout=10,
                 check=True,
             ).stdout.strip()
-            for ask in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
-        ]
-        code |= {"commit": commit, "clean": not changes}
+            for ask in asks
+        )
     except (OSError, subprocess.SubprocessError):
-        pass  # not a checkout, or no git
+        return None
+    return commit, not changes
+
+
+def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
+    """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
+    resume): time, host, command line, step, jrope's version (from a git checkout also its commit
+    and whether tracked files had no uncommitted change), library versions, devices, config."""
+    installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
+    versions = {name: installed.get(name, "not installed") for name in _VERSIONED}
+    code = {"version": versions.pop("jrope")}
+    if commit := code_commit():
+        code |= {"commit": commit[0], "clean": commit[1]}
     devices = jax.devices()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -226,7 +235,7 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
         "cwd": os.getcwd(),
         "start_step": start_step,
         "jrope": code,
-        "versions": {"python": platform.python_version()} | {n: _version(n) for n in _VERSIONED},
+        "versions": {"python": platform.python_version()} | versions,
         "devices": {
             "platform": devices[0].platform,
             "kind": devices[0].device_kind,
@@ -242,10 +251,3 @@ def append_start_record(workdir: str, record: dict[str, Any]) -> None:
     log = results.JsonLinesLog(epath.Path(workdir) / RECORD_FILE)
     log.write(json.dumps(record))
     log.close()
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"

@@ -8,7 +8,7 @@ import jax
 from absl import logging as absl_logging
 from etils import epath
 
-from jrope.data.files import is_uri, resolved
+from jrope.data.files import is_uri
 from jrope.model.projection import ProjectionFn, contract, cpu_projection
 from jrope.train import config as run_config
 
@@ -33,10 +33,9 @@ def model_projection(platform: str) -> ProjectionFn:
 
 def enable_compilation_cache(cache_dir: str) -> None:
     """Use `cache_dir` (local, gs://; '' for none) as JAX's compilation cache, before compiling."""
-    if cache_dir:
-        location = str(resolved(cache_dir))
-        jax.config.update("jax_compilation_cache_dir", location)
-        absl_logging.info("Persistent compilation cache: %s", location)
+    if cache_dir:  # JAX reads a local folder (from this process's folder) or a bucket's URI
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache_dir))
+        absl_logging.info("Persistent compilation cache: %s", cache_dir)
 
 
 class StepTrace:

@@ -11,6 +11,7 @@ loads only its share of every batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.data.source import DataSource, build_source
+from jrope.encodings import Encoding, make_encoding
 from jrope.model import Transformer
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
 from jrope.train import runtime
@@ -31,34 +33,21 @@ from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
-def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int]:
-    """Sizes of the mesh axes over `num_devices`, with the -1 axis filled in.
-
-    Raises ValueError, naming the mesh keys and the fix, when the sizes do not fit the devices.
-    """
+def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int] | None:
+    """Sizes of the mesh axes over `num_devices`, the -1 axis filled in; None if they do not fit."""
     sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=True))
-    shown = " x ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
     known = math.prod(size for size in sizes.values() if size != -1)
-    if -1 in sizes.values():
-        if num_devices % known:
-            raise ValueError(
-                f"{shown}: the fixed axes need a multiple of {known} devices, but there are "
-                f"{num_devices}; make the product of the fixed mesh sizes divide {num_devices}."
-            )
-        free_axis = next(axis for axis, size in sizes.items() if size == -1)
-        sizes[free_axis] = num_devices // known
-    elif known != num_devices:
-        raise ValueError(
-            f"{shown} needs {known} devices, but there are {num_devices}; set one mesh size to -1 "
-            f"(all remaining devices) or make their product {num_devices}."
-        )
-    return sizes
+    for axis in [axis for axis, size in sizes.items() if size == -1][:1]:
+        sizes[axis] = num_devices // known
+    return sizes if math.prod(sizes.values()) == num_devices else None
 
 
 def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all), with -1 filled in."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_sizes(mesh_cfg, len(devices))
+    if sizes is None:
+        raise ValueError(f"The mesh {mesh_cfg} does not fit {len(devices)} devices.")
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     return jax.make_mesh(
         tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
@@ -153,27 +142,36 @@ def model_io(source: DataSource) -> dict[str, int | None]:
     return dict(vocab_size=source.vocab_size)
 
 
-def _new_model(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> Transformer:
-    projection = runtime.model_projection(mesh.devices.flat[0].platform)
-    return Transformer(
-        cfg.model, cfg.encoding, **io, rngs=nnx.Rngs(params=cfg.seed), projection=projection
+def run_encoding(cfg: TrainConfig) -> Encoding:
+    """The model's Encoding, for the longest window it trains or evaluates on."""
+    return make_encoding(
+        cfg.pe,
+        num_heads=cfg.model.num_heads,
+        head_dim=cfg.model.head_dim,
+        max_length=max(cfg.pe.train_context, *cfg.eval.lengths),
     )
 
 
-def _new_state(
-    cfg: TrainConfig, io: dict[str, int | None], optimizer: optax.GradientTransformation, mesh: Mesh
-) -> dict[str, Any]:
-    params = nnx.state(_new_model(cfg, io, mesh), nnx.Param)
+def _new_model(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> Transformer:
+    projection = runtime.model_projection(mesh.devices.flat[0].platform)
+    return Transformer(
+        cfg.model, encoding, **io, rngs=nnx.Rngs(params=cfg.seed), projection=projection
+    )
+
+
+def _new_state(cfg, encoding, io, optimizer, mesh) -> dict[str, Any]:
+    params = nnx.state(_new_model(cfg, encoding, io, mesh), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
-def state_layout(cfg: TrainConfig, io: dict[str, int | None], mesh: Mesh) -> StateLayout:
+def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> StateLayout:
     """Abstract shapes, shardings and graphdef of the train state, without allocating it.
     io: the model's input and output sizes (model_io)."""
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
+    new_model = functools.partial(_new_model, cfg, encoding, io, mesh)
     with jax.set_mesh(mesh):
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, io, mesh)), nnx.Param)
-        abstract_state = jax.eval_shape(lambda: _new_state(cfg, io, optimizer, mesh))
+        graphdef, _ = nnx.split(nnx.eval_shape(new_model), nnx.Param)
+        abstract_state = jax.eval_shape(lambda: _new_state(cfg, encoding, io, optimizer, mesh))
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
     abstract = jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
@@ -193,16 +191,17 @@ class RunSetup:
     """A run's data source (this process's share), device mesh and train-state layout."""
 
     cfg: TrainConfig
+    encoding: Encoding
     source: DataSource
     mesh: Mesh
     layout: StateLayout
 
     def init_state(self) -> dict[str, Any]:
         """A freshly initialised train state, created directly in its shards."""
-        io = model_io(self.source)
+        io, optimizer = model_io(self.source), self.layout.optimizer
         with jax.set_mesh(self.mesh):
             return jax.jit(
-                lambda: _new_state(self.cfg, io, self.layout.optimizer, self.mesh),
+                lambda: _new_state(self.cfg, self.encoding, io, optimizer, self.mesh),
                 out_shardings=self.layout.shardings,
             )()
 
@@ -224,5 +223,6 @@ def set_up_run(
         index = jax.process_index() if process_index is None else process_index
         count = jax.process_count() if process_count is None else process_count
         source = build_source(cfg.data, cfg.batch_size, index, count)
-    mesh = make_mesh(cfg.mesh, devices)
-    return RunSetup(cfg, source, mesh, state_layout(cfg, model_io(source), mesh))
+    mesh, encoding = make_mesh(cfg.mesh, devices), run_encoding(cfg)
+    layout = state_layout(cfg, encoding, model_io(source), mesh)
+    return RunSetup(cfg, encoding, source, mesh, layout)

@@ -5,9 +5,9 @@
 resumed run reproduces an uninterrupted one. The host reads each step's metrics one step late and
 before every save, so no checkpoint holds a non-finite step's state unnoticed: opt.nonfinite =
 'stop' ends the run there; 'skip' has optax.apply_if_finite drop the update (its counters live in
-the optimizer state) and the run ends after opt.max_consecutive_skips in a row. On SIGTERM or
-Ctrl-C the handler only sets a flag; the loop saves the step (processes agree on it through JAX's
-coordination service) and raises TrainingPreempted. Shapes: B batch, T length.
+the optimizer state) and the run ends after opt.max_consecutive_skips in a row. In the loop,
+SIGTERM and Ctrl-C only set a flag: the loop saves its step (the processes of a multi-process run
+agree on it through orbax) and raises TrainingPreempted. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
@@ -28,41 +28,39 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from jrope import command_line, commands, errors, flops, losses
+from jrope import commands, errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
-from jrope.train.checkpoints import Checkpointer, WorkdirLock, describe_holder
+from jrope.train.checkpoints import Checkpointer, WorkdirLock
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
 
 
 class PreemptionWatch:
-    """Context manager that turns SIGTERM and Ctrl-C into a request to checkpoint and stop
-    (`signum`); in a multi-process run JAX's coordination service catches SIGTERM instead, and
-    the processes agree on the step through orbax (Checkpointer.reached_preemption)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    """In the main thread of a single process, SIGTERM and Ctrl-C set `signum` instead of ending
+    the process, once (a second one ends it); JAX's coordination service catches a multi-process
+    run's SIGTERM. A signal that no save answered takes effect when the watch ends."""
 
     def __init__(self):
-        self.signum: int | None = None  # the signal that asked to stop
-        self._previous_handlers: dict[int, Any] = {}
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> PreemptionWatch:
-        # signal.signal works only in the main thread; elsewhere the signals keep their action.
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+            signals = (signal.SIGTERM, signal.SIGINT)
+            self._previous = {s: signal.signal(s, self._on_signal) for s in signals}
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        for signum, handler in self._previous_handlers.items():
+    def __exit__(self, error_type, *_) -> None:
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if self.signum is not None and error_type is None:
+            signal.raise_signal(self.signum)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signum == signal.SIGINT and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the save
         self.signum = signum
+        signal.signal(signum, self._previous[signum])
 
 
 # Dropout keys: their own stream of the seed (nnx.Rngs folds small counters into the same seed).
@@ -125,7 +123,7 @@ def make_train_step(
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
         platform = mesh.devices.flat[0].platform
-        kernel = damping.kernel(cfg.model, cfg.encoding, cfg.pe.train_context, platform, measured)
+        kernel = damping.kernel(cfg.model, run.encoding, cfg.pe.train_context, platform, measured)
         compiler_options = runtime.step_compiler_options(
             blockwise=kernel == "blockwise", platform=platform
         )
@@ -138,35 +136,19 @@ def make_train_step(
     )
 
 
-def train_and_evaluate(config: TrainConfig | Mapping[str, Any], workdir: str) -> dict[str, Any]:
+def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate.
 
-    config: a TrainConfig or the ConfigDict to convert. Returns {'state': the final train state,
-    'eval': [row per length]}; a finished run is only restored (so checked) and its results read.
-    Raises jrope.errors' errors: ConfigError (before anything is built), WorkdirBusy, a
-    checkpoint's, TrainingPreempted (the step saved), NonFinite*Error, RunIOError.
+    Returns {'state': the final train state, 'eval': [row per length]}; a finished run is only
+    restored (so checked) and its results read.
     """
-    checked = checks.check_run(config, workdir)
-    cfg = checked.cfg
+    source = checks.check_run(cfg, workdir)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0) as lock:
-        if lock.previous_holder is not None:
-            say(
-                f"Taking over {lock.path} from {describe_holder(lock.previous_holder)}, "
-                "which ended without releasing it."
-            )
-        run = setup.set_up_run(cfg, source=checked.source)
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+        run = setup.set_up_run(cfg, source=source)
         checkpointer = Checkpointer.for_run(cfg, workdir)
-        try:
+        with contextlib.closing(checkpointer):  # an in-flight save finishes, also on errors
             return _run(run, checkpointer, workdir)
-        except Exception as error:
-            failure = command_line.find_io_failure(error)
-            if failure is None or isinstance(error, errors.RunIOError):
-                raise
-            raise errors.RunIOError(*failure, checkpoints.describe_latest(checkpointer)) from error
-        finally:
-            # Also on errors: an in-flight save finishes, none is left half-written.
-            checkpointer.close()
 
 
 def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, Any]:
@@ -184,10 +166,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
     finished = evaluation.results_dir(workdir, cfg.num_steps)
     rows = evaluation.readable_results(finished) if start == cfg.num_steps else None
     if rows is not None:
-        say(
-            f"This run is finished: step {start} is trained and evaluated. Its results are left as "
-            f"they are ({commands.command('eval')} --workdir={workdir} evaluates it again)."
-        )
+        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
     if jax.process_index() == 0:
@@ -222,12 +201,7 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
 
     with contextlib.closing(logger):
         state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
-        with command_line.activity(
-            f"the final evaluation of step {cfg.num_steps} (its checkpoint is saved; nothing of "
-            "the evaluation was written): run the same command again to evaluate it"
-        ):
-            rows, out_dir = evaluate(state, cfg.num_steps)
-    checkpointer.wait_until_finished()
+        rows, _ = evaluate(state, cfg.num_steps)
     return {"state": state, "eval": rows}
 
 
@@ -269,8 +243,8 @@ def _train_steps(
                 train_step = train_step.lower(state, batch).compile()
                 if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
                     raise errors.UsageError(
-                        f"batch_size = {cfg.batch_size}: the train step {shortfall}; lower "
-                        "--config.batch_size or shard over more devices (mesh.fsdp, mesh.tensor)."
+                        f"batch_size = {cfg.batch_size}: the train step {shortfall}; lower it, "
+                        "or shard over more devices."
                     )
             trace.before_step(step)
             state, metrics = train_step(state, batch)
@@ -301,7 +275,8 @@ def _train_steps(
             if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
                 read_pending()
                 evaluate(state, done)
-    read_pending()
+        read_pending()
+        checkpointer.wait_until_finished()  # the last step is saved before the evaluation
     return state
 
 
@@ -312,16 +287,15 @@ def stop_if_nonfinite(
     checkpointer: Checkpointer,
     measured: damping.MeasuredDamping | None = None,
 ) -> None:
-    """NonFiniteLossError for a non-finite step's metrics `values` unless its update was skipped
-    (opt.nonfinite = 'skip'); SkippedTooManySteps at `max_in_a_row` skipped in a row. Both name
+    """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped
+    (opt.nonfinite = 'skip'); NonFiniteError at `max_in_a_row` skipped in a row. Both name
     the last good checkpoint, and first a passed damping bound (`measured`)."""
     bad = first_nonfinite(values)
-    fix = "Lower opt.learning_rate or use float32 compute, then resume from that checkpoint"
     if "skipped" not in values and bad is not None:
-        error = errors.NonFiniteLossError(
-            f"{bad[0]} is {bad[1]} at step {step}; last good checkpoint: "
-            f"{checkpoints.describe_last_good(checkpointer)}. {fix} (or set "
-            "opt.nonfinite='skip' to drop such steps)."
+        last_good = checkpoints.describe_last_good(checkpointer)
+        error = errors.NonFiniteError(
+            f"{bad[0]} is {bad[1]} at step {step}; resume from {last_good} at a lower "
+            "opt.learning_rate (or opt.nonfinite=skip)."
         )
         raise damping.diagnosed(error, measured)
     if not values.get("skipped"):
@@ -332,12 +306,10 @@ def stop_if_nonfinite(
     )
     if in_a_row >= max_in_a_row:
         # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
-        raise errors.SkippedTooManySteps(
-            f"Steps {first} to {step} were all skipped ({bad[0]} non-finite): {in_a_row} in a "
-            "row, opt.max_consecutive_skips, so the run stops instead of skipping on; it is "
-            "diverging. Last checkpoint before them: "
-            f"{checkpoints.describe_last_good(checkpointer, before=first - 1)} (move the later "
-            f"ones aside to resume from it). {fix}."
+        last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
+        raise errors.NonFiniteError(
+            f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
+            f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
         )
 
 
@@ -354,11 +326,11 @@ def step_for_damping(
     bound, where its kernel would overflow float32 at the training length, a step on the blockwise
     kernel in blocks that carry the damping is compiled instead (blocks only shrink)."""
     cfg = run.cfg
-    graphdef, measured = damping.plan(cfg.model, cfg.encoding, run.layout.graphdef, params)
+    graphdef, measured = damping.plan(cfg.model, run.encoding, run.layout.graphdef, params)
     if not measured.passed:
         return train_step, measured
     length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
-    kernel, before = (_kernel_name(cfg, platform, m) for m in (measured, planned))
+    kernel, before = (_kernel_name(run, platform, m) for m in (measured, planned))
     if kernel == before:
         return train_step, measured
     say(
@@ -369,9 +341,10 @@ def step_for_damping(
     return make_train_step(dataclasses.replace(run, layout=layout), measured=measured), measured
 
 
-def _kernel_name(cfg: TrainConfig, platform: str, measured: damping.MeasuredDamping | None) -> str:
+def _kernel_name(run: RunSetup, platform: str, measured: damping.MeasuredDamping | None) -> str:
     """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
-    name = damping.kernel(cfg.model, cfg.encoding, cfg.pe.train_context, platform, measured)
+    cfg = run.cfg
+    name = damping.kernel(cfg.model, run.encoding, cfg.pe.train_context, platform, measured)
     if name != "blockwise":
         return f"{name!r} kernel"
     blocks = cfg.model.block_size if measured is None else measured.block_size
