@@ -12,8 +12,12 @@ Command:
         --methods=jordan_rope,jordan_eta002,jordan_eta005,jordan_eta010,jordan_eta020,jordan_eta050 \
         --workdir=runs/synthetic_eta_scan
 
+The reference's `phase2_kernel_lm_stage3_bounded_candidates_seeds12.yaml`
+runs three of these methods on seeds 1 and 2: the same command with
+--methods=jordan_rope,jordan_eta002,jordan_eta010 --seeds=1,2.
+
 Hardware: one GPU or TPU host (batch 16 over 1, 2, 4, 8 or 16 devices); a
-2-core CPU takes about 15 minutes per method.
+2-core CPU runs it too (not timed).
 
 Expected result: not measured with this code; the reference ships no
 results. With 8 sequences per length an accuracy moves in steps of 0.125.
