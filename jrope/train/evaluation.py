@@ -26,9 +26,9 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import results
+from jrope import flops, results
 from jrope.data.source import DistanceEvaluation
-from jrope.errors import NonFiniteError
+from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
 from jrope.train import checkpoints, checks, outputs, runtime, setup
@@ -107,6 +107,30 @@ class EvalStep:
     def __call__(self, params, batch):
         self.plan_for(params)
         return self.for_length(batch["inputs"].shape[1])(self._graphdef, params, batch)
+
+    def compile(self, params, batch) -> None:
+        """Compiles the step for `params` and batches shaped as `batch` (its calls reuse it);
+        UsageError where it needs more than a device's memory (XLA's count), before it runs."""
+        self.plan_for(params)
+        length = batch["inputs"].shape[1]
+        compiled = self.for_length(length).lower(self._graphdef, params, batch).compile()
+        if shortfall := flops.memory_shortfall(compiled):
+            raise UsageError(
+                f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
+                "eval.lengths, or lower eval.batch_size."
+            )
+
+
+def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
+    """EvalStep.compile at every length of eval.lengths (one batch's shapes), before the work."""
+    cfg = run.cfg
+    with jax.set_mesh(run.mesh):
+        for length in cfg.eval.lengths:
+            batches = run.source.eval_batches(
+                length, cfg.eval.num_sequences, cfg.eval.batch_size, seed=cfg.eval.seed
+            )
+            batch = setup.global_batch(next(iter(batches)), cfg.mesh.rules, run.mesh)
+            eval_step.compile(params, batch)
 
 
 def evaluate_lengths(
@@ -243,9 +267,9 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
                 cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
             )
         checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
-        rows, _ = evaluate_and_report(
-            EvalStep(run), state["params"], run, workdir, step, checkpoint
-        )
+        eval_step = EvalStep(run)
+        compile_lengths(eval_step, state["params"], run)
+        rows, _ = evaluate_and_report(eval_step, state["params"], run, workdir, step, checkpoint)
         log_evaluation(workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard)
     return rows
 
