@@ -8,11 +8,14 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
 from etils import epath
 from helpers.tiny_config import tiny_config
+from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope import results, saved_run_config
 from jrope.errors import CheckpointError, ConfigError, UsageError, WorkdirBusy
@@ -207,6 +210,39 @@ def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
     assert problem in str(refused.value)
     assert refused.value.exit_status == 2
     assert os.path.exists(entry)  # nothing moved or deleted
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_a_log_or_result_folder_the_run_cannot_write_is_named_before_anything_runs(
+    tmp_path, monkeypatch, evaluation
+):
+    log, results_folder = tmp_path / "metrics.jsonl", tmp_path / "eval_step2"
+    log.write_text("")
+    results_folder.mkdir()
+    for path in (log, results_folder):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    if os.geteuid() == 0:  # root writes anything: its access as another user's, by the mode bits
+        access = os.access
+
+        def user_access(path, mode):
+            return access(path, mode) and not (mode & os.W_OK and not os.stat(path).st_mode & 0o200)
+
+        monkeypatch.setattr(os, "access", user_access)
+    with pytest.raises(ConfigError) as refused:
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=evaluation)
+    for path in (log, results_folder):
+        fix = f"{path} is not writable; chmod -R u+w {path}, or use another --workdir."
+        assert fix in str(refused.value)
+    assert refused.value.exit_status == 2
+
+
+def test_a_prompt_that_is_not_utf8_ends_with_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "sample.py", f"--workdir={tmp_path}", b"--prompt=\xff"],
+        capture_output=True, text=True, env=subprocess_env(1), cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == "--prompt=b'\\xff' is not UTF-8 text; pass the prompt as UTF-8.\n"
 
 
 @pytest.mark.slow
