@@ -212,22 +212,31 @@ def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
     assert os.path.exists(entry)  # nothing moved or deleted
 
 
+@pytest.fixture
+def permissions(monkeypatch):
+    """Root reads and writes anything: its os.access as another user's, by the owner's bits."""
+    if os.geteuid() == 0:
+        access = os.access
+
+        def owner_access(path, mode):
+            bits = os.stat(path).st_mode
+            denied = [
+                m for m, bit in ((os.R_OK, 0o400), (os.W_OK, 0o200)) if mode & m and not bits & bit
+            ]
+            return access(path, mode) and not denied
+
+        monkeypatch.setattr(os, "access", owner_access)
+
+
 @pytest.mark.parametrize("evaluation", [False, True])
 def test_a_log_or_result_folder_the_run_cannot_write_is_named_before_anything_runs(
-    tmp_path, monkeypatch, evaluation
+    tmp_path, permissions, evaluation
 ):
     log, results_folder = tmp_path / "metrics.jsonl", tmp_path / "eval_step2"
     log.write_text("")
     results_folder.mkdir()
     for path in (log, results_folder):
         path.chmod(0o555 if path.is_dir() else 0o444)
-    if os.geteuid() == 0:  # root writes anything: its access as another user's, by the mode bits
-        access = os.access
-
-        def user_access(path, mode):
-            return access(path, mode) and not (mode & os.W_OK and not os.stat(path).st_mode & 0o200)
-
-        monkeypatch.setattr(os, "access", user_access)
     with pytest.raises(ConfigError) as refused:
         check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=evaluation)
     for path in (log, results_folder):
@@ -243,6 +252,27 @@ def test_a_prompt_that_is_not_utf8_ends_with_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr == "--prompt=b'\\xff' is not UTF-8 text; pass the prompt as UTF-8.\n"
+
+
+def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, permissions):
+    cfg = tiny_config(**{"mesh.data": 1})
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=3, config_json=cfg.to_json_dict()
+    )
+    assert checkpointer.save(1, run.init_state())
+    checkpointer.wait_until_finished()
+    array = next(
+        p for p in (tmp_path / "checkpoints" / "1").rglob("*") if p.is_file() and "d/" in str(p)
+    )
+    array.chmod(0o200)
+    with pytest.raises(CheckpointError) as refusal:
+        restore_compatible(cfg, checkpointer, run.layout.abstract, 1)
+    checkpointer.close()
+    assert str(refusal.value) == (
+        f"{array} cannot be read (permission denied); chmod -R u+rX {array.parents[3]}, "
+        "or run as its owner."
+    )
 
 
 @pytest.mark.slow
