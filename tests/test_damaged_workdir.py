@@ -275,6 +275,20 @@ def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, p
     )
 
 
+def test_a_workdir_whose_training_has_not_saved_yet_says_so(tmp_path):
+    holder = "training by process 12345 on elsewhere since 2026-12-01 10:00:00"
+    (tmp_path / LOCK_FILE).write_text(holder + "\n")
+    message = (
+        f"--workdir {tmp_path} holds no finished checkpoint: the training there ({holder}) has "
+        "saved none yet; wait for its first save (checkpoint.every_steps)."
+    )
+    with pytest.raises(CheckpointError) as before_flags:  # eval.py's --config, sample.py
+        saved_run_config.config_file(str(tmp_path))
+    with pytest.raises(CheckpointError) as before_compiling:  # eval.py --config=<experiment>
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=True)
+    assert str(before_flags.value) == str(before_compiling.value) == message
+
+
 @pytest.mark.slow
 def test_two_damaged_checkpoints_are_both_moved_aside_by_the_advice(tmp_path):
     cfg = tiny_config(**{"mesh.data": 1})
