@@ -40,11 +40,12 @@ from jrope.train.setup import RunSetup, model_from_params
 Row = dict[str, Any]
 
 
-# What a result row is of (distance: empty for the source's own evaluation sequences) and what
-# it measures (NaN where the task has no such metric).
+# What a result row is of (distance: empty for the source's own evaluation sequences), what it
+# measures (NaN where the task has no such metric), and the model's compute dtype (last: a CSV
+# written before it was added reads with None).
 KEY_COLUMNS = ("method", "seed", "step", "length", "distance", "num_sequences")
 METRIC_COLUMNS = ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled")
-CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS
+CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype",)
 # The columns of each task's markdown table, after the length: headline metric first.
 TASK_COLUMNS = {
     "language_model": ("loss", "bits_per_byte"),
@@ -140,7 +141,7 @@ def evaluate_lengths(
 
     For a DistanceEvaluation source, each length's row is followed by one per
     distance that fits in it. on_length(row, seconds) is called after each
-    length's own row (compilation included).
+    length's own row.
     """
     rows = []
     for length in cfg.eval.lengths:
@@ -186,7 +187,8 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)
     keys = (cfg.pe.name, cfg.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
-    return row | {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
+    row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
+    return row | {"compute_dtype": cfg.model.compute_dtype}
 
 
 def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
@@ -226,8 +228,16 @@ def evaluate_and_report(
 
 
 def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
-    """`earlier` and `new` result rows, one per (length, distance), `new` winning; by length."""
-    by_key = {(row["length"], row["distance"]): row for row in [*earlier, *new]}
+    """`earlier` and `new` result rows, one per (length, distance), `new` winning, by length; says
+    which length's row is replaced, with the compute dtypes where they differ."""
+    by_key = {(row["length"], row["distance"]): row for row in earlier}
+    for row in new:
+        old = by_key.get((row["length"], row["distance"]))
+        if old is not None and row["distance"] is None:
+            before, now = old.get("compute_dtype"), row.get("compute_dtype")
+            dtypes = f" ({before} there, {now} now)" if before and before != now else ""
+            say(f"  length {row['length']}: replaces its earlier row{dtypes}")
+        by_key[row["length"], row["distance"]] = row
     return [
         by_key[key] for key in sorted(by_key, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
     ]
@@ -337,6 +347,7 @@ def read_results(out_dir: epath.PathLike) -> list[Row]:
         for key in ("seed", "step", "length", "num_sequences"):
             row[key] = int(row[key])
         row["distance"] = int(row["distance"]) if row["distance"] else None
+        row["compute_dtype"] = row.get("compute_dtype") or None
         for key in METRIC_COLUMNS:
             row[key] = float(row[key])
     return rows
