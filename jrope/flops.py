@@ -140,17 +140,16 @@ def device_memory() -> tuple[int | None, str]:
 
 
 def peak_memory(compiled) -> int:
-    """The compiler's peak memory of a compiled program on one device, in bytes."""
+    """The compiler's peak memory of a compiled program on one device, in bytes: at least its
+    buffers' sum (the CPU's peak counts only the arguments)."""
     stats = compiled.memory_analysis()
-    peak = getattr(stats, "peak_memory_in_bytes", 0)
-    if peak:
-        return int(peak)
-    return int(
+    buffers = (
         stats.argument_size_in_bytes
         + stats.output_size_in_bytes
         - stats.alias_size_in_bytes
         + stats.temp_size_in_bytes
     )
+    return int(max(getattr(stats, "peak_memory_in_bytes", 0), buffers))
 
 
 def memory_shortfall(compiled) -> str | None:

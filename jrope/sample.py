@@ -5,9 +5,12 @@ r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone:
 
 At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
+import re
+
 from absl import flags
 
 from jrope import command_line
+from jrope.errors import UsageError
 
 flags.DEFINE_string("workdir", None, "Directory of a trained text run.", required=True)
 flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat for a batch.", required=True)
@@ -28,6 +31,10 @@ def main(argv: list[str]) -> None:
     from jrope.experiments import text_generation  # here: --help and bad flags need no JAX
     from jrope.model.generation import GenerationSettings, SamplingSettings
 
+    for prompt in FLAGS.prompt:  # Python keeps an argument's bytes that are not UTF-8 as \udcXX
+        if re.search("[\udc80-\udcff]", prompt):
+            raw = prompt.encode("utf-8", "surrogateescape")
+            raise UsageError(f"--prompt={raw!r} is not UTF-8 text; pass the prompt as UTF-8.")
     run = text_generation.load_text_run(FLAGS.workdir)
     stop = None if FLAGS.stop_byte < 0 else run.byte_token(FLAGS.stop_byte)
     sampling = SamplingSettings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.seed)

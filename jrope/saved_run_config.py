@@ -60,6 +60,13 @@ def no_checkpoint_message(workdir: str) -> str:
     path = resolved(workdir)
     if path.exists() and not path.is_dir():
         return f"--workdir {path} is a file, not a run's folder."
+    lock = path / "run.lock"  # its holder's line (jrope.train.checkpoints.WorkdirLock)
+    holder = lock.read_bytes().decode(errors="replace").strip() if lock.is_file() else ""
+    if holder.startswith("training"):
+        return (
+            f"--workdir {path} holds no finished checkpoint: the training there ({holder}) has "
+            "saved none yet; wait for its first save (checkpoint.every_steps)."
+        )
     return f"--workdir {path} holds no finished checkpoint; point it at a trained run."
 
 

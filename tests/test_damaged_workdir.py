@@ -8,11 +8,14 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
 from etils import epath
 from helpers.tiny_config import tiny_config
+from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope import results, saved_run_config
 from jrope.errors import CheckpointError, ConfigError, UsageError, WorkdirBusy
@@ -177,6 +180,7 @@ def test_a_readable_result_table_is_read_as_it_is(tmp_path):
         "distance": None,
         "num_sequences": 8,
         **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
+        "compute_dtype": "float32",
     }
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS)
@@ -207,6 +211,83 @@ def test_an_entry_of_the_wrong_kind_is_named_before_anything_runs(
     assert problem in str(refused.value)
     assert refused.value.exit_status == 2
     assert os.path.exists(entry)  # nothing moved or deleted
+
+
+@pytest.fixture
+def permissions(monkeypatch):
+    """Root reads and writes anything: its os.access as another user's, by the owner's bits."""
+    if os.geteuid() == 0:
+        access = os.access
+
+        def owner_access(path, mode):
+            bits = os.stat(path).st_mode
+            denied = [
+                m for m, bit in ((os.R_OK, 0o400), (os.W_OK, 0o200)) if mode & m and not bits & bit
+            ]
+            return access(path, mode) and not denied
+
+        monkeypatch.setattr(os, "access", owner_access)
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_a_log_or_result_folder_the_run_cannot_write_is_named_before_anything_runs(
+    tmp_path, permissions, evaluation
+):
+    log, results_folder = tmp_path / "metrics.jsonl", tmp_path / "eval_step2"
+    log.write_text("")
+    results_folder.mkdir()
+    for path in (log, results_folder):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    with pytest.raises(ConfigError) as refused:
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=evaluation)
+    for path in (log, results_folder):
+        fix = f"{path} is not writable; chmod -R u+w {path}, or use another --workdir."
+        assert fix in str(refused.value)
+    assert refused.value.exit_status == 2
+
+
+def test_a_prompt_that_is_not_utf8_ends_with_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "sample.py", f"--workdir={tmp_path}", b"--prompt=\xff"],
+        capture_output=True, text=True, env=subprocess_env(1), cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == "--prompt=b'\\xff' is not UTF-8 text; pass the prompt as UTF-8.\n"
+
+
+def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, permissions):
+    cfg = tiny_config(**{"mesh.data": 1})
+    run = set_up_run(cfg, devices=jax.devices()[:1])
+    checkpointer = Checkpointer(
+        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=3, config_json=cfg.to_json_dict()
+    )
+    assert checkpointer.save(1, run.init_state())
+    checkpointer.wait_until_finished()
+    array = next(
+        p for p in (tmp_path / "checkpoints" / "1").rglob("*") if p.is_file() and "d/" in str(p)
+    )
+    array.chmod(0o200)
+    with pytest.raises(CheckpointError) as refusal:
+        restore_compatible(cfg, checkpointer, run.layout.abstract, 1)
+    checkpointer.close()
+    assert str(refusal.value) == (
+        f"{array} cannot be read (permission denied); chmod -R u+rX {array.parents[3]}, "
+        "or run as its owner."
+    )
+
+
+def test_a_workdir_whose_training_has_not_saved_yet_says_so(tmp_path):
+    holder = "training by process 12345 on elsewhere since 2026-12-01 10:00:00"
+    (tmp_path / LOCK_FILE).write_text(holder + "\n")
+    message = (
+        f"--workdir {tmp_path} holds no finished checkpoint: the training there ({holder}) has "
+        "saved none yet; wait for its first save (checkpoint.every_steps)."
+    )
+    with pytest.raises(CheckpointError) as before_flags:  # eval.py's --config, sample.py
+        saved_run_config.config_file(str(tmp_path))
+    with pytest.raises(CheckpointError) as before_compiling:  # eval.py --config=<experiment>
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=True)
+    assert str(before_flags.value) == str(before_compiling.value) == message
 
 
 @pytest.mark.slow

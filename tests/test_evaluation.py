@@ -222,6 +222,24 @@ def _result_row(length, num_sequences, distance=None):
     )
 
 
+def test_a_length_evaluated_again_is_said_with_the_compute_dtypes_that_differ(tmp_path, capsys):
+    evaluated = [_result_row(length, 4) | {"compute_dtype": "float32"} for length in (16, 32)]
+    evaluation.write_results(evaluated, tmp_path, task="classification")
+    earlier = evaluation.read_results(tmp_path)
+    assert [row["compute_dtype"] for row in earlier] == ["float32", "float32"]
+    again = [_result_row(length, 4) | {"compute_dtype": "bfloat16"} for length in (32, 64)]
+    evaluation.merge_rows(earlier, again)
+    said = "  length 32: replaces its earlier row (float32 there, bfloat16 now)\n"
+    assert capsys.readouterr().out == said
+    # A CSV written before the column: read without a dtype, its row replaced all the same.
+    lines = (tmp_path / "eval.csv").read_text().splitlines()
+    (tmp_path / "eval.csv").write_text("\n".join(line.rsplit(",", 1)[0] for line in lines))
+    earlier = evaluation.read_results(tmp_path)
+    assert [row["compute_dtype"] for row in earlier] == [None, None]
+    evaluation.merge_rows(earlier, again)
+    assert capsys.readouterr().out == "  length 32: replaces its earlier row\n"
+
+
 def _table_cells(table: str, header_start: str) -> list[list[str]]:
     """The cells of the markdown table whose header starts with `header_start` (header first)."""
     lines = table.splitlines()

@@ -4,9 +4,12 @@ A 2-step byte-level run on a small text file (scaled-exact Jordan-RoPE,
 the WikiText configs' encoding) gives sample.py a real workdir.
 """
 
+import itertools
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -69,6 +72,30 @@ def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir,
     no_room = _sample(text_workdir, "--prompt=x", "--position_offset=2147483646", tmp_path=tmp_path)
     assert no_room.returncode == 2, no_room.stderr
     assert "use an offset of at most" in no_room.stderr and "Traceback" not in no_room.stderr
+    # Positions that fit int32, a cache that fits no memory: refused by XLA's count, before it runs.
+    huge = _sample(text_workdir, "--prompt=x", "--num_tokens=2147483000", tmp_path=tmp_path)
+    assert huge.returncode == 2, huge.stderr
+    refusal = huge.stderr.splitlines()[-1]  # (after the damping's warning)
+    assert refusal.startswith("--num_tokens=2147483000: generating needs ")
+    assert refusal.endswith("; lower --num_tokens, or pass fewer prompts.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_end_sample_py_within_seconds(text_workdir, signum):
+    command = [sys.executable, SAMPLE_SCRIPT, f"--workdir={text_workdir}", "--prompt=x"]
+    command += ["--num_tokens=200000", "-v", "0"]  # minutes of generation; -v 0: "Loaded ..."
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env=subprocess_env(1), cwd=REPO_ROOT
+    )
+    log = "".join(itertools.takewhile(lambda line: "Loaded" not in line, process.stderr))
+    time.sleep(3)  # compiling, then generating
+    sent = time.monotonic()
+    process.send_signal(signum)
+    log += process.communicate(timeout=60)[1]
+    # Nothing to save: the default action, as a shell's status 128 + signum.
+    assert process.returncode == -signum and time.monotonic() - sent < 5, log[-2000:]
+    assert "Traceback" not in log
 
 
 def test_a_synthetic_task_workdir_is_refused(tmp_path):

@@ -254,6 +254,7 @@ def test_a_train_step_larger_than_memory_is_refused_before_its_first_step(tmp_pa
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     # XLA's peak of this step is some kilobytes per device; a device of 1 KiB cannot hold it.
     monkeypatch.setattr(flops, "device_memory", lambda: (1024, "device memory"))
+    monkeypatch.setattr(evaluation, "compile_lengths", lambda *_: None)  # the train step's alone
     with pytest.raises(UsageError, match=r"^batch_size = 8: the train step needs [\d.]+ GiB of "):
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}), str(tmp_path))
     # Refused on resume, at step 2, with every file of the run as it was.
@@ -261,6 +262,24 @@ def test_a_train_step_larger_than_memory_is_refused_before_its_first_step(tmp_pa
         p for p in before if not p.endswith("starts.jsonl")
     ]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
+
+
+@pytest.mark.slow
+def test_an_evaluation_larger_than_memory_is_refused_before_the_work(tmp_path):
+    train_and_evaluate(tiny_config(**{"mesh.data": -1}), str(tmp_path))
+
+    def written():  # every file and its time, but the lock's
+        return {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.name != "run.lock"}
+
+    before = written()
+    # Every query sees every key at 2**20 positions: terabytes by XLA's own count of the forward.
+    huge = {"mesh.data": -1, "eval.lengths": (16, 2**20)}
+    refusal = r"^eval.lengths: the evaluation at length 1048576 needs [\d.]+ GiB of host memory"
+    with pytest.raises(UsageError, match=refusal):
+        evaluate_checkpoint(tiny_config(**huge), str(tmp_path))
+    with pytest.raises(UsageError, match=refusal):  # on resume, before step 3
+        train_and_evaluate(tiny_config(num_steps=4, **huge), str(tmp_path))
+    assert written() == before
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from jrope import flops
 from jrope.errors import GenerationRequestError
 from jrope.model import kv_cache
 from jrope.model.axes import Rules, logical_to_spec
@@ -192,8 +193,15 @@ class Generator:
         offsets = np.full(lengths.shape, self.settings.position_offset, np.int32)
         key = jax.random.key(self.settings.sampling.seed)
         with jax.set_mesh(self._mesh):
-            logits, state = self.start(params, tokens, lengths, offsets)
-            new_tokens = np.asarray(self.finish(params, logits, state, key))
+            start = self.start.lower(params, tokens, lengths, offsets).compile()
+            finish = self.finish.lower(params, *start.out_info, key).compile()
+            if shortfall := flops.memory_shortfall(start) or flops.memory_shortfall(finish):
+                raise GenerationRequestError(
+                    f"--num_tokens={self.settings.num_tokens}: generating {shortfall}; lower "
+                    "--num_tokens, or pass fewer prompts."
+                )
+            logits, state = start(params, tokens, lengths, offsets)
+            new_tokens = np.asarray(finish(params, logits, state, key))
         return [row[row != NO_TOKEN] for row in new_tokens]
 
     def _model(self, params):

@@ -215,6 +215,11 @@ def restore_compatible(
         raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
+    if not is_uri(str(path)):  # what the user may not read is no damage
+        walked = [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]
+        if denied := [p for p in walked if not os.access(p, os.R_OK | os.X_OK * os.path.isdir(p))]:
+            raise CheckpointError(f"{denied[0]} cannot be read (permission denied); chmod -R u+rX "
+                                  f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or cfg.checkpoint.accept_missing_digests):
         raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")

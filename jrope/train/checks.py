@@ -127,7 +127,8 @@ _WORKDIR_FILES = ("metrics.jsonl", "starts.jsonl")
 
 def _misplaced_entries(path: str) -> list[str]:
     """A problem per entry of the workdir that is a file where the run keeps a folder, or the
-    reverse: the run would stop on it part-way (or, for results, after training)."""
+    reverse, or one it cannot write: the run would stop on it part-way (or, for results, after
+    the work)."""
     problems = []
     for name in sorted(os.listdir(path)):
         entry = os.path.join(path, name)
@@ -136,6 +137,10 @@ def _misplaced_entries(path: str) -> list[str]:
             kind = ("a folder", "a file")[:: 1 if folder else -1]
             problems.append(f"{entry} is {kind[0]} where the run keeps {kind[1]}; move it "
                             f"aside: mv {entry} {entry}.aside")  # fmt: skip
+        elif _WORKDIR_FOLDERS.fullmatch(name) or name in _WORKDIR_FILES:
+            if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
+                problems.append(f"{entry} is not writable; chmod -R u+w {entry}, or use another "
+                                "--workdir.")  # fmt: skip
     return problems
 
 

@@ -26,9 +26,9 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
-from jrope import results
+from jrope import flops, results
 from jrope.data.source import DistanceEvaluation
-from jrope.errors import NonFiniteError
+from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
 from jrope.train import checkpoints, checks, outputs, runtime, setup
@@ -40,11 +40,12 @@ from jrope.train.setup import RunSetup, model_from_params
 Row = dict[str, Any]
 
 
-# What a result row is of (distance: empty for the source's own evaluation sequences) and what
-# it measures (NaN where the task has no such metric).
+# What a result row is of (distance: empty for the source's own evaluation sequences), what it
+# measures (NaN where the task has no such metric), and the model's compute dtype (last: a CSV
+# written before it was added reads with None).
 KEY_COLUMNS = ("method", "seed", "step", "length", "distance", "num_sequences")
 METRIC_COLUMNS = ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled")
-CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS
+CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype",)
 # The columns of each task's markdown table, after the length: headline metric first.
 TASK_COLUMNS = {
     "language_model": ("loss", "bits_per_byte"),
@@ -108,6 +109,30 @@ class EvalStep:
         self.plan_for(params)
         return self.for_length(batch["inputs"].shape[1])(self._graphdef, params, batch)
 
+    def compile(self, params, batch) -> None:
+        """Compiles the step for `params` and batches shaped as `batch` (its calls reuse it);
+        UsageError where it needs more than a device's memory (XLA's count), before it runs."""
+        self.plan_for(params)
+        length = batch["inputs"].shape[1]
+        compiled = self.for_length(length).lower(self._graphdef, params, batch).compile()
+        if shortfall := flops.memory_shortfall(compiled):
+            raise UsageError(
+                f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
+                "eval.lengths, or lower eval.batch_size."
+            )
+
+
+def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
+    """EvalStep.compile at every length of eval.lengths (one batch's shapes), before the work."""
+    cfg = run.cfg
+    with jax.set_mesh(run.mesh):
+        for length in cfg.eval.lengths:
+            batches = run.source.eval_batches(
+                length, cfg.eval.num_sequences, cfg.eval.batch_size, seed=cfg.eval.seed
+            )
+            batch = setup.global_batch(next(iter(batches)), cfg.mesh.rules, run.mesh)
+            eval_step.compile(params, batch)
+
 
 def evaluate_lengths(
     eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh, *, step: int, on_length=None
@@ -116,7 +141,7 @@ def evaluate_lengths(
 
     For a DistanceEvaluation source, each length's row is followed by one per
     distance that fits in it. on_length(row, seconds) is called after each
-    length's own row (compilation included).
+    length's own row.
     """
     rows = []
     for length in cfg.eval.lengths:
@@ -162,7 +187,8 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)
     keys = (cfg.pe.name, cfg.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
-    return row | {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
+    row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
+    return row | {"compute_dtype": cfg.model.compute_dtype}
 
 
 def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
@@ -202,8 +228,16 @@ def evaluate_and_report(
 
 
 def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
-    """`earlier` and `new` result rows, one per (length, distance), `new` winning; by length."""
-    by_key = {(row["length"], row["distance"]): row for row in [*earlier, *new]}
+    """`earlier` and `new` result rows, one per (length, distance), `new` winning, by length; says
+    which length's row is replaced, with the compute dtypes where they differ."""
+    by_key = {(row["length"], row["distance"]): row for row in earlier}
+    for row in new:
+        old = by_key.get((row["length"], row["distance"]))
+        if old is not None and row["distance"] is None:
+            before, now = old.get("compute_dtype"), row.get("compute_dtype")
+            dtypes = f" ({before} there, {now} now)" if before and before != now else ""
+            say(f"  length {row['length']}: replaces its earlier row{dtypes}")
+        by_key[row["length"], row["distance"]] = row
     return [
         by_key[key] for key in sorted(by_key, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
     ]
@@ -243,9 +277,9 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
                 cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
             )
         checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
-        rows, _ = evaluate_and_report(
-            EvalStep(run), state["params"], run, workdir, step, checkpoint
-        )
+        eval_step = EvalStep(run)
+        compile_lengths(eval_step, state["params"], run)
+        rows, _ = evaluate_and_report(eval_step, state["params"], run, workdir, step, checkpoint)
         log_evaluation(workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard)
     return rows
 
@@ -313,6 +347,7 @@ def read_results(out_dir: epath.PathLike) -> list[Row]:
         for key in ("seed", "step", "length", "num_sequences"):
             row[key] = int(row[key])
         row["distance"] = int(row["distance"]) if row["distance"] else None
+        row["compute_dtype"] = row.get("compute_dtype") or None
         for key in METRIC_COLUMNS:
             row[key] = float(row[key])
     return rows

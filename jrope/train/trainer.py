@@ -169,6 +169,8 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
         evaluation.show_results(rows, finished, task=run.source.task)
         return {"state": state, "eval": rows}
+    eval_step = evaluation.EvalStep(run)
+    evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
     if jax.process_index() == 0:
         outputs.append_start_record(workdir, outputs.start_record(cfg, start))
     logger = MetricsLogger(
@@ -187,7 +189,6 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
             traverse_util.flatten_dict(cfg.to_json_dict(), sep="."),
             ["train/loss"] + [f"eval_{length}/loss" for length in cfg.eval.lengths],
         )
-    eval_step = evaluation.EvalStep(run)
 
     def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
