@@ -246,6 +246,15 @@ def test_a_log_or_result_folder_the_run_cannot_write_is_named_before_anything_ru
     assert refused.value.exit_status == 2
 
 
+def test_an_evaluation_reads_a_checkpoints_folder_it_may_not_write(tmp_path, permissions):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints").chmod(0o555)
+    with pytest.raises(CheckpointError, match="holds no finished checkpoint"):
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=True)
+    with pytest.raises(ConfigError, match="checkpoints is not writable"):
+        check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=False)
+
+
 def test_a_prompt_that_is_not_utf8_ends_with_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "sample.py", f"--workdir={tmp_path}", b"--prompt=\xff"],

@@ -107,7 +107,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
             return [f"--workdir {path}: {existing} is no folder you can write to."]
-        if os.path.isdir(path) and (misplaced := _misplaced_entries(path)):
+        if os.path.isdir(path) and (misplaced := _misplaced_entries(path, evaluation)):
             return misplaced
     steps = finished_steps(f"{workdir.rstrip('/')}/checkpoints")
     if evaluation and not steps:
@@ -125,10 +125,10 @@ _WORKDIR_FOLDERS = re.compile(r"checkpoints|tensorboard|eval_step\d+")
 _WORKDIR_FILES = ("metrics.jsonl", "starts.jsonl")
 
 
-def _misplaced_entries(path: str) -> list[str]:
+def _misplaced_entries(path: str, evaluation: bool) -> list[str]:
     """A problem per entry of the workdir that is a file where the run keeps a folder, or the
-    reverse, or one it cannot write: the run would stop on it part-way (or, for results, after
-    the work)."""
+    reverse, or one it writes (an evaluation reads the checkpoints only) but cannot: the run
+    would stop on it part-way (or, for results, after the work)."""
     problems = []
     for name in sorted(os.listdir(path)):
         entry = os.path.join(path, name)
@@ -138,6 +138,8 @@ def _misplaced_entries(path: str) -> list[str]:
             problems.append(f"{entry} is {kind[0]} where the run keeps {kind[1]}; move it "
                             f"aside: mv {entry} {entry}.aside")  # fmt: skip
         elif _WORKDIR_FOLDERS.fullmatch(name) or name in _WORKDIR_FILES:
+            if evaluation and name == "checkpoints":
+                continue
             if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
                 problems.append(f"{entry} is not writable; chmod -R u+w {entry}, or use another "
                                 "--workdir.")  # fmt: skip
