@@ -230,7 +230,7 @@ def main(argv):
         f"block {_BLOCK.value}, L {_TRAIN_CONTEXT.value}; median of {_ROUNDS.value} interleaved rounds; "
         f"scratch = XLA temp buffer bytes of the compiled executable; {jax.default_backend()}; "
         f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
+        f"host allocator {runtime.host_allocator()}"
     )
     print(
         "| T | kernel | method | fwd ms | fwd vs rope | fwd+bwd ms | fwd+bwd vs rope | "

@@ -100,7 +100,7 @@ def main(argv):
             if round_index >= 0:
                 times[shape]["step"].append(step_s)
                 times[shape]["digest"].append(digest_s)
-    print(f"devices: {jax.devices()[0].device_kind}; huge pages: {runtime.huge_pages_requested()}")
+    print(f"devices: {jax.devices()[0].device_kind}; host allocator: {runtime.host_allocator()}")
     print(
         "| shape | state MiB | ms/step | ms/digest | digest / step (quartiles) "
         "| share at checkpoint.every_steps |"

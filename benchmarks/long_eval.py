@@ -137,7 +137,7 @@ def main(argv):
         f"evaluate one sequence, synthetic model (d_model 128, 4 heads, 3 layers, float32), "
         f"{_METHOD.value}, blockwise block {_BLOCK.value}; one fresh process per row; "
         f"1-min load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
+        f"host allocator {runtime.host_allocator()}"
     )
     print("| kernel | length | peak RSS GiB | RSS model ready GiB | compile s | eval s |")
     print("|---|---|---|---|---|---|")

@@ -204,7 +204,7 @@ def main(argv):
         f"median of {_ROUNDS.value} interleaved rounds; {jax.devices()[0].device_kind}; peak: best "
         f"float32 n^3 matmul, n in {','.join(_PEAK_SIZES.value)}: {peak:.0f} GFLOP/s "
         f"(before the rounds {peaks[0]:.0f}, after {peaks[1]:.0f}); "
-        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
+        f"host allocator {runtime.host_allocator()}"
     )
     print(
         "| shape | method | batch x L | model GFLOP/step | dense | attention | XLA GFLOP/step | "

@@ -21,9 +21,9 @@ code, so the yardstick stays fixed as the library changes), which ran at 283
 ms/step where the reference ran RoPE at 195 ms/step. So the reference would
 take 195/283 of the yardstick's measured time, and the speed-up is that over
 the method's time. A plain matmul timed before and after the rounds says how
-loaded the machine was. The last column counts the
-process's minor page faults per timed step (docs/performance.md: with
-GLIBC_TUNABLES=glibc.malloc.hugetlb=1 set before the command, on huge pages).
+loaded the machine was. The last column counts the process's minor page
+faults per timed step: the host allocator decides them (docs/performance.md,
+benchmarks/host_allocator.py).
 """
 
 import functools
@@ -267,7 +267,7 @@ def main(argv):
         f"attention {_IMPL.value}, readout {cfg.model.readout}; median of {_ROUNDS.value} rounds x "
         f"{_STEPS.value} steps; {jax.devices()[0].platform}; plain 2048^3 matmul "
         f"{gflops[0]:.0f} GFLOP/s before the rounds, {gflops[1]:.0f} after; "
-        f"huge pages {'on' if runtime.huge_pages_requested() else 'off'}"
+        f"host allocator {runtime.host_allocator()}"
     )
     print(
         "| method | ms/step | steps/s | tokens/s | vs rope (quartiles) | est. speed-up vs PyTorch reference (RoPE) | page faults/step |"

@@ -13,9 +13,14 @@ from jrope.model.projection import ProjectionFn, contract, cpu_projection
 from jrope.train import config as run_config
 
 
-def huge_pages_requested() -> bool:
-    """Whether this process started with glibc's huge-page option (docs/performance.md)."""
-    return "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+def host_allocator() -> str:
+    """The host allocator this process started with (docs/performance.md): 'tcmalloc' preloaded,
+    'glibc huge pages' (its tunable), or 'glibc'."""
+    if "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
+        return "tcmalloc"
+    return "glibc" + " huge pages" * (
+        "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    )
 
 
 def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, str]:
