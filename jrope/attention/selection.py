@@ -107,7 +107,7 @@ def choose_kernel(
     impl = settings.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
-    extent = single_origin_extent(length, span)
+    extent = length if span is None else max(length, span + 1)  # the positions one origin covers
     bound = damping_bound(settings, damping)
     if impl == "auto":
         kernel = _auto_kernel(
@@ -137,7 +137,7 @@ def choose_kernel(
         )
     if impl in ("cudnn", "splash"):
         problem = fused_kernel_problem(
-            impl, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
+            impl, settings, encoding, length, num_queries, backend, extent, bound
         )
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
@@ -155,11 +155,6 @@ def feature_refusal(kernel: str, encoding: Any) -> str | None:
         f"the {kernel} kernel does not compute {encoding.name}'s {missing[0]}; "
         f"the kernels that do: {', '.join(takers) or 'none'}."
     )
-
-
-def single_origin_extent(length: int, span: int | None) -> int:
-    """How many positions one map origin covers: span + 1 of the key positions, at least length."""
-    return length if span is None else max(length, span + 1)
 
 
 def damping_bound(settings: AttentionSettings, damping: float | None) -> float:
@@ -225,17 +220,13 @@ def fused_kernel_problem(
     length: int,
     num_queries: int,
     backend: str,
-    *,
-    extent: int | None = None,
-    bound: float | None = None,
+    extent: int,
+    bound: float,
 ) -> str | None:
     """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can).
 
-    extent, bound: the positions one origin covers and the damping to survive
-    (default: length and model.max_damping; see choose_kernel).
+    extent, bound: the positions one origin covers and the damping to survive (choose_kernel).
     """
-    extent = length if extent is None else extent
-    bound = settings.max_damping if bound is None else bound
     wanted = next(platform for platform, fused in _FUSED_KERNEL.items() if fused == kernel)
     if backend != wanted:
         return f"it runs on {wanted.upper()} only and this run is on {backend}"
@@ -284,16 +275,8 @@ def _cudnn_problem(settings: AttentionSettings, encoding: Any, length: int) -> s
     return None
 
 
-def _auto_kernel(
-    settings: AttentionSettings,
-    encoding: Any,
-    extent: int,
-    bound: float,
-    num_queries: int,
-    length: int,
-    backend: str,
-    packed: bool,
-) -> str:
+def _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend, packed) -> str:
+    """Steps 1 to 4 of 'auto' (the module docstring)."""
     flash = (
         backend in _FUSED_KERNEL
         and encoding.keeps_float32
@@ -306,7 +289,7 @@ def _auto_kernel(
     # The fused kernels take no segment ids; every other kernel below does.
     fused = None if packed else _FUSED_KERNEL.get(backend)
     if fused and not fused_kernel_problem(
-        fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
+        fused, settings, encoding, length, num_queries, backend, extent, bound
     ):
         return fused
     if (
