@@ -557,17 +557,10 @@ def _query_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dt
         moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
         keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
         moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
+        values = v_ref[0, 0, pl.ds(start, bk), :]
         _, d_scores = _score_cotangents(
-            queries,
-            moved,
-            _time_lag(time, q_pos, k_pos),
-            _visible(q_pos, k_pos, q_seg, k_seg),
-            lse,
-            delta,
-            d_out,
-            v_ref[0, 0, pl.ds(start, bk), :],
-            scale,
-            dtype,
+            queries, moved, lag, visible, lse, delta, d_out, values, scale, dtype
         )
         updated = []
         for r, (k_re, k_im) in enumerate(moved):
@@ -617,17 +610,11 @@ def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtyp
             for r in range(num_terms)
         ]
         d_out = d_out_ref[0, 0, rows, :]
+        moved = _move(keys, rotations)
+        lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
+        lse, delta = lse_ref[0, 0, rows, :], delta_ref[0, 0, rows, :]
         probs, d_scores = _score_cotangents(
-            queries,
-            _move(keys, rotations),
-            _time_lag(time, q_pos, k_pos),
-            _visible(q_pos, k_pos, q_seg, k_seg),
-            lse_ref[0, 0, rows, :],
-            delta_ref[0, 0, rows, :],
-            d_out,
-            values,
-            scale,
-            dtype,
+            queries, moved, lag, visible, lse, delta, d_out, values, scale, dtype
         )
         d_v = d_v + _dot(probs.T.astype(d_out.dtype), d_out)
         updated = []
