@@ -4,18 +4,13 @@ The model, the run checks, the train step's compiler options and the
 evaluation step all ask `choose_kernel`, so they cannot disagree.
 
 'auto' chooses, in this order:
-  1. blockwise where one map origin would overflow: every kernel but the
-     blockwise one maps all S keys (and the queries) from one origin, the
-     window's midpoint, so a damped encoding's factors reach e^{gamma S / 2}
-     and the products of masked (future) pairs e^{gamma S}, S the span of
-     the positions plus one. Float32 and bfloat16 overflow past e^{88.7};
-     with gamma at most the larger of model.max_damping (the bound the
-     config plans for) and the damping measured in the parameters when the
-     caller gives it, one origin is used only while gamma * S <= 80, which
-     leaves e^{8.7} ~ 6000 for |q||k|. The blockwise kernel measures
-     positions from each query block and its factors stay below
-     e^{gamma * block_size}: `blockwise_block_size` gives the blocks that
-     carry a measured damping (the model's layers run in them).
+  1. blockwise where one map origin would overflow: the other kernels map
+     all S positions (the span plus one) from one origin, so the products of
+     masked pairs reach e^{gamma S}, and float32 overflows past e^{88.7}. With
+     gamma the larger of model.max_damping and the measured damping, one
+     origin serves only while gamma * S <= 80 (e^{8.7} ~ 6000 left for
+     |q||k|); the blockwise kernel's factors stay below e^{gamma * block_size}
+     (`blockwise_block_size` gives blocks that carry a measured damping).
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
      GPU (see fused_kernel_problem for when they do not; never for packed
      rows, whose segment ids they do not take);

@@ -8,21 +8,15 @@ accumulator), so no T x S array exists. Inside, per key block:
                                                  origin moved to the query block's
     logit = sum_r (time_i - time_j)^r (q_r . k'_r) / sqrt(H)
 
-The damped-rotated terms (Encoding.shear_terms) are mapped once
-outside the kernel, the queries from their block's first position o and the
-keys from theirs o_k, as the blockwise kernel maps them: every factor stays
-within e^{gamma * block} at any absolute position. Packed rows take o and
-o_k on the row coordinates (jrope.attention.packing), translated into each
-token's own sequence, so a block that straddles a restart stays bounded too.
-The move is one damped rotation per (re, im) pair of the key block, with the pair's rates
-(Encoding.term_rates); the time-lag weight is formed per pair from the integer
-positions (pe_math.ShearTime.lag). The term dots take the inputs' dtype
-(bfloat16 in, float32 accumulation) at the default precision.
-
-Each term's dims come as separate re and im arrays, so the kernel neither
-slices nor shuffles lanes. Keys after a query's index in the row are never
-visible to it (positions increasing within a segment); packed rows pass
-segment ids and a query sees its own segment only.
+The damped-rotated terms (Encoding.shear_terms) are mapped once outside the
+kernel, the queries from their block's first position o and the keys from
+theirs o_k (on the row coordinates for packed rows, jrope.attention.packing),
+as the blockwise kernel maps them: every factor stays within e^{gamma * block}.
+The move is one damped rotation per (re, im) pair (Encoding.term_rates); the
+time-lag weight is formed per pair from the integer positions
+(pe_math.ShearTime.lag). The term dots take the inputs' dtype at the default
+precision. Each term's dims come as separate re and im arrays, so the kernel
+neither slices nor shuffles lanes; packed rows pass segment ids.
 
 Gradients: a custom VJP, flash style. The forward kernel also returns each
 query's logsumexp; with delta = rowsum(dO * O) two more kernels recompute

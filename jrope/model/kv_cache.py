@@ -113,19 +113,15 @@ class KVCache:
 class LayerCache:
     """One layer's share of the cache during one traced forward pass.
 
-    The model passes it to its layer's attention, which hands it the new raw
-    keys and values (`add`) and, in a decode step, calls `attend` instead of
-    its attention kernel. Mutable on purpose: the updated buffers replace
-    `keys` and `values`, which prefill and decode_step collect after the
-    forward. It lives inside one traced function and never crosses a JAX
-    transformation.
+    The layer's attention hands it the new raw keys and values (`add`) and,
+    in a decode step, calls `attend` instead of its kernel. Mutable on
+    purpose, inside one traced function: prefill and decode_step collect the
+    updated `keys` and `values` after the forward.
 
-    A prefill writes the new entries at once (its attention is the model's
-    kernel). A decode step attends over the buffers as they were and the new
-    entries beside them, then writes the new entries, computed so that they
-    depend on the attention's result (_after): a program that reads a buffer
-    and also updates it in place, with nothing ordering the two, gets the
-    whole buffer copied (XLA:CPU copied every layer's cache twice per step,
+    A decode step attends over the buffers as they were and the new entries
+    beside them, then writes the new entries made to depend on the result
+    (_after): a buffer read and updated in place with nothing ordering the
+    two gets copied whole (XLA:CPU copied every layer's cache twice per step,
     4x the step's time at 8192 slots; docs/performance.md).
 
     keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
