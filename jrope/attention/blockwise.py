@@ -66,16 +66,10 @@ def blockwise_attention(
     """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
 
     Args:
-      q: [B, T, N, H] raw query projections (before the positional transform).
-      k, v: [B, S, N, H] raw key projections and values.
-      enc: an encoding from jrope.make_encoding (map_queries, map_keys, move_keys,
-        segments, logit_bias, has_bias).
-      params: the encoding's parameters (dict of float32 arrays, may be empty).
-      q_positions: int [T] or [B, T] absolute query positions.
-      k_positions: int [S] or [B, S] absolute key positions.
-      block_size: rows per query block and keys per key block, clamped to T
-        and to S so that short inputs (e.g. T = 1 new query against S keys)
-        are not padded to a large block.
+      q: [B, T, N, H]; k, v: [B, S, N, H]; raw (not yet position-encoded).
+      enc: a jrope Encoding; params: its parameters (may be empty).
+      q_positions: int [T] or [B, T]; k_positions: int [S] or [B, S].
+      block_size: rows per query block and keys per key block, clamped to T and S.
       causal: mask keys whose position exceeds the query's position.
       precision: of the q.k and p.v dots (jrope.attention.precision).
       segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):

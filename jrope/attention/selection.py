@@ -86,10 +86,10 @@ def choose_kernel(
       contiguous positions); one map origin must cover span + 1 positions.
       Packed rows: the largest span of one segment's positions (each
       sequence is mapped from an origin of its own).
-    damping: the largest damping of the parameters being run, measured on the
-      host (Encoding.largest_damping); the bound planned for is the
-      larger of it and model.max_damping. A single-origin kernel asked for
-      explicitly is refused where the measured damping would overflow it.
+    damping: the parameters' largest damping measured on the host
+      (Encoding.largest_damping); 'auto' plans for the larger of it and
+      model.max_damping, and an explicit single-origin kernel it would
+      overflow is refused.
     packed: the rows hold packed sequences (segment ids): only the
       PACKING_KERNELS run them; 'auto' picks one of them.
 

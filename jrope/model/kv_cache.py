@@ -260,12 +260,10 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
-    A row may pack several prompts (segment_ids, as in training): each
-    attends to itself only, its positions restarting at the row's offset, and
-    the cache continues the row's last one, the one that holds the row's last
-    prompt token. A decode step continues one sequence per row (one origin,
-    one next position), so the slots of a row's earlier prompts stay empty:
-    the result equals the prefill of each row's last prompt alone.
+    A row may pack several prompts (segment_ids, as in training), each
+    attending to itself, its positions restarting at the row's offset; the
+    cache continues the row's last prompt alone (a decode step continues one
+    sequence per row), the earlier prompts' slots staying empty.
 
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).
