@@ -436,9 +436,10 @@ class Transformer(nnx.Module):
                 x = run_block(block, x, positions, key, segment_ids)
         x = self.final_norm(x)
         # The tied output projection (or the regression head); accumulated in float32.
-        spec, readout = "btd,vd->btv", self.embedding
         if self.reads_signals:
             spec, readout = "btd,dc->btc", self.regression_head
+        else:
+            spec, readout = "btd,vd->btv", self.embedding
         return jnp.einsum(
             spec,
             x,
