@@ -80,13 +80,8 @@ def check_positions(
 
     positions: integers [T] or [B, T]. Refused: no position at all, values
     outside int32 (they would wrap), and rows whose positions go back down.
-    causal: also positions that repeat, for attention that decides what a
-    query sees by position (every kernel does): a repeat would make that
-    differ from the order of the tokens. Under jit the values are unknown,
-    and these are the caller's preconditions.
-    packed: rows hold several sequences with segment ids, so positions
-    restart (go down) at each segment's start (jrope.attention.packing checks
-    each sequence).
+    causal: also repeats (kernels decide what a query sees by position).
+    packed: positions restart at each segment (jrope.attention.packing checks those).
     """
     if 0 in jnp.shape(positions):
         raise ValueError(
@@ -132,11 +127,7 @@ def _as_batched_positions(positions, packed: bool = False) -> jax.Array:
 
 
 def check_floating(name: str, x) -> None:
-    """Raises ValueError where `x` (q, k or v) is not floating point.
-
-    The maps are rotations and shears with real coefficients: an integer q or
-    k would come back truncated to integers, silently wrong.
-    """
+    """Raises ValueError where `x` (q, k or v) is not floating point (the maps would truncate)."""
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
@@ -201,24 +192,17 @@ class Encoding:
     def keeps_float32(self) -> bool:
         """Whether transform_qk returns float32 whatever the input dtype.
 
-        Shear makes q1' = q1 + s q0: once the shear's coefficients can grow
-        past the rotation (largest_shear_term > FLOAT32_SHEAR_TERM, from the
-        order, eta_max or the jet bound, and the longest length the encoding
-        is made for), the lag term of the score is a difference of products
-        larger than itself, which bfloat16 cannot resolve (docs/numerics.md,
-        section 3).
+        Shear makes q1' = q1 + s q0: once its coefficients can grow past the
+        rotation (largest_shear_term > FLOAT32_SHEAR_TERM), the score's lag term
+        is a difference of larger products, which bfloat16 cannot resolve
+        (docs/numerics.md, section 3).
         """
         return self.largest_shear_term > FLOAT32_SHEAR_TERM
 
     @property
     def dot_precision(self) -> jax.lax.Precision | None:
-        """The precision the q.k and p.v dots need to keep this encoding's logits.
-
-        HIGHEST (full float32) where the logits cancel large products
-        (`keeps_float32`): on TPU a float32 dot otherwise runs as bfloat16
-        passes and on recent NVIDIA GPUs as TF32, which loses the lag term
-        inside the dot itself. None (the backend's default) for the others.
-        """
+        """The q.k and p.v dots' precision: HIGHEST where the logits cancel large products
+        (`keeps_float32`; TPUs and GPUs otherwise run bfloat16 passes or TF32), else None."""
         return jax.lax.Precision.HIGHEST if self.keeps_float32 else None
 
     @property
@@ -281,13 +265,8 @@ class Encoding:
         return heads
 
     def largest_damping(self, params) -> float:
-        """The largest damping gamma of one layer's parameters, a host-side float (0: undamped).
-
-        params: this encoding's parameter dict (init_params' keys), concrete
-        arrays; a trace that closes over them (a model captured by jax.jit)
-        is fine, tracers are not. It is what a single-origin attention kernel
-        must survive (jrope.attention.choose_kernel's damping).
-        """
+        """The largest damping gamma of one layer's concrete parameters, a host float (0: undamped):
+        what a single-origin kernel must survive (jrope.attention.choose_kernel's damping)."""
         return float(np.max(self.head_dampings(params), initial=0.0))
 
     def init_params(self) -> dict[str, jax.Array]:
@@ -306,18 +285,13 @@ class Encoding:
 
         Args:
           params: from init_params().
-          q: [B, T, N, H]; k: [B, S, N, H]; floating point (integers are
-            refused: their maps would be truncated).
+          q: [B, T, N, H]; k: [B, S, N, H]; floating point.
           q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
-          origin: optional int32 scalar or [B]: where positions are measured
-            from. Exact variants give the same logits for any origin; the default
-            (the window's midpoint) keeps every factor bounded by the span.
+          origin: optional int32 scalar or [B] where positions are measured from;
+            exact variants do not depend on it, and the default (the window's
+            midpoint) keeps every factor bounded by the span.
         Returns:
-          (q2, k2), shaped like q and k; dtype of q and k, or float32 when
-          `keeps_float32`.
-        Raises:
-          ValueError: integer q or k, or positions or batches whose shapes do
-            not fit q and k (the message names the argument and the shapes).
+          (q2, k2) shaped like q and k, in their dtype (float32 when `keeps_float32`).
         """
         check_floating("q", q)
         check_floating("k", k)
@@ -342,24 +316,14 @@ class Encoding:
         """The query half of transform_qk: q2 = A(-(i - o))^{-T} q.
 
         q: floating [B, T, N, H]; q_positions: int32 [T] or [B, T]; origin: int32
-        scalar, [B], or [B|1, T] (one per query). A query and a key give the
-        encoded score only when both are mapped from the same origin, counted
-        in their own sequence's positions (per-position origins serve packed
-        rows: jrope.attention.packing, jrope.attention.blocks); with damping,
-        keep |p - o| below ~88 / gamma (float32 range), e.g. the window's
-        first position.
-        packed: the rows hold packed sequences whose positions restart at each
-        one's start (else refused); the caller masks by segment.
+        scalar, [B], or [B|1, T] (one per query, for packed rows). A query and a
+        key give the encoded score only when mapped from the same origin; with
+        damping, keep |p - o| below ~88 / gamma (float32 range).
+        packed: the rows hold packed sequences whose positions restart (else
+        refused); the caller masks by segment.
         Returns [B, T, N, H] (float32 when `keeps_float32`, else q's dtype).
         """
-        q2 = self._map(
-            "q",
-            q,
-            q_positions,
-            origin,
-            lambda seg, x, pos, o: seg.map_queries(params, x, pos, o),
-            packed,
-        )
+        q2 = self._map("q", q, q_positions, origin, params, "map_queries", packed)
         if self.cfg.learn_temperature:  # e^{t_h} q: the logits of head h times e^{t_h}
             q2 = (q2 * jnp.exp(params["temperature"]).reshape(1, 1, -1, 1)).astype(q2.dtype)
         return q2
@@ -371,14 +335,7 @@ class Encoding:
         broadcast over S); origin: int32 scalar, [B], or [B|1, S] (one per key).
         packed: as in map_queries. Returns [B, S, N, H].
         """
-        return self._map(
-            "k",
-            k,
-            k_positions,
-            origin,
-            lambda seg, x, pos, o: seg.map_keys(params, x, pos, o),
-            packed,
-        )
+        return self._map("k", k, k_positions, origin, params, "map_keys", packed)
 
     def move_keys(self, params, k2, shift):
         """Keys mapped from origin o, re-expressed as mapped from origin o + shift.
@@ -390,15 +347,9 @@ class Encoding:
         k2: [B, S, N, H] from map_keys; shift: int32 scalar or [B].
         Returns [B, S, N, H] like map_keys.
         """
-        shear = self.cfg.is_translation_invariant
         displacement = -jnp.asarray(shift, jnp.int32).reshape(-1, 1)
-        return self._map(
-            "k",
-            k2,
-            displacement,
-            0,
-            lambda seg, x, pos, o: seg.map_keys(params, x, pos, o, shear=shear),
-        )
+        shear = self.cfg.is_translation_invariant
+        return self._map("k", k2, displacement, 0, params, "map_keys", shear=shear)
 
     @property
     def shear_order(self) -> int:
@@ -458,8 +409,8 @@ class Encoding:
                 rates[r][1].append(omega[..., r:].reshape(-1))
         return [(_concat(g), _concat(w)) for g, w in rates]
 
-    def _map(self, name, x, positions, origin, segment_map, packed=False):
-        """Applies segment_map(segment, x_slice, positions, origin) on every segment's dims."""
+    def _map(self, name, x, positions, origin, params, method, packed=False, **options):
+        """Applies each segment's `method` (map_queries or map_keys) on its dims of x."""
         check_floating(name, x)
         if not self.segments:
             return x
@@ -478,14 +429,11 @@ class Encoding:
                 f"[B, T] = [{x.shape[0]}, {x.shape[1]}] (one per position); got shape "
                 f"{tuple(origin.shape)}."
             )
-        parts = [
-            segment_map(
-                segment, x[..., segment.start : segment.start + segment.width], positions, origin
-            )
-            for segment in self.segments
-        ]
-        mapped = parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
-        return mapped.astype(
+        parts = []
+        for segment in self.segments:
+            window = x[..., segment.start : segment.start + segment.width]
+            parts.append(getattr(segment, method)(params, window, positions, origin, **options))
+        return _concat(parts).astype(
             jnp.promote_types(x.dtype, jnp.float32) if self.keeps_float32 else x.dtype
         )
 

@@ -13,19 +13,13 @@ the model's own kernel under the rules below or call one of the two helpers:
                           self-attention, long sequences blockwise.
 
 The rules a kernel of one's own must follow (docs/numerics.md, sections 3, 4):
-  - scale: the score is q2 . k2 / sqrt(H), the usual scale, applied once.
-    `jrope.attention_logits` has applied it already (and added the bias).
-  - bias: encodings with `has_bias` (the ALiBi family) add
-    `logit_bias(q_positions, k_positions)` after the scale.
-  - dtype: encodings with `keeps_float32` (raw shear) return float32 q2, k2
-    whatever the input dtype; v must follow them (a fused kernel wants one
-    dtype) and the output is cast back.
+  - scale: the score is q2 . k2 / sqrt(H), applied once;
+  - bias: encodings with `has_bias` (ALiBi) add `logit_bias` after the scale;
+  - dtype: encodings with `keeps_float32` return float32 q2, k2; v follows
+    them and the output is cast back;
   - precision: the same encodings need their q.k and p.v dots at
-    `dot_precision` (Precision.HIGHEST): on TPU a float32 dot otherwise runs
-    as bfloat16 passes and on recent NVIDIA GPUs as TF32, losing the lag
-    term. Kernels that take no precision argument get it from
-    `jax.default_matmul_precision`; fused kernels (cuDNN, splash) run at their
-    own and cannot serve these encodings.
+    `dot_precision` (HIGHEST; `jax.default_matmul_precision` for kernels
+    without a precision argument); fused kernels cannot serve them.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
@@ -109,15 +103,12 @@ class PositionalEncoding(nnx.Module):
 
     Attributes:
       encoding: the stateless jrope Encoding (make_encoding) holding the maths.
-      record: EncodingRecord, the encoding's config (name and fields) and head
-        shape, saved with the state: a module whose state was restored from a
-        checkpoint of another encoding refuses to run (check_record), naming
-        each difference.
-      params: nnx.Dict of nnx.Param, float32, one per `encoding.init_params()`
-        entry; each carries its logical axis names (e.g. ('heads', None)) as
-        Flax's `out_sharding` metadata, which `nnx.get_partition_spec` reads
-        (through `nnx.logical_axis_rules` where those are set), and as the
-        jrope Transformer's `jrope.model.axes.LOGICAL_AXES_KEY`.
+      record: EncodingRecord of the encoding, saved with the state: a module
+        restored from a checkpoint of another encoding refuses to run
+        (check_record), naming each difference.
+      params: nnx.Dict of float32 nnx.Param, one per `encoding.init_params()`
+        entry, with its logical axis names as Flax's `out_sharding` metadata
+        and as `jrope.model.axes.LOGICAL_AXES_KEY`.
     """
 
     def __init__(self, encoding: Encoding):
@@ -220,13 +211,10 @@ def dot_product_attention(
     """jax.nn.dot_product_attention of raw q, k, v with `pe` applied, at the dtype and precision it needs.
 
     Maps q and k, passes the encoding's bias, runs v in the mapped q's dtype
-    and the dots at `pe.encoding.dot_precision` (through
-    jax.default_matmul_precision, which the XLA implementation follows).
-    Encodings whose maps would need float32 q, k and HIGHEST dots and whose
-    shear is an exact per-pair weight (jrope.attention.shear: jordan_rope,
-    the raw and scaled-exact shears, order m, the direct sum) run the shear
-    kernel instead, with the same mask and bias: dots in q's dtype at the
-    default precision, no float32 detour.
+    and the dots at `pe.encoding.dot_precision`. Encodings whose maps would
+    need float32 q, k and HIGHEST dots and whose shear is an exact per-pair
+    weight run the shear kernel instead (jrope.attention.shear), with the
+    same mask and bias, dots in q's dtype at the default precision.
 
     Args:
       pe: the layer's PositionalEncoding.
@@ -238,12 +226,9 @@ def dot_product_attention(
     Returns:
       [B, T, N, H] in v's dtype.
     Raises:
-      ValueError: for 'cudnn' with an encoding that needs full float32 dots,
-        or with float32 inputs; for an unknown implementation; for integer
-        q, k or v; for positions or batches whose shapes do not fit; for a
-        damping (read from concrete parameters) that overflows float32 over
-        the positions, which jax.nn.dot_product_attention maps from one
-        origin (causal_self_attention carries any damping).
+      ValueError: naming the argument or the setting that cannot run: 'cudnn'
+        with an encoding that needs float32 dots or with float32 inputs, shapes
+        that do not fit, or a concrete damping that overflows one map origin.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -338,31 +323,20 @@ def causal_self_attention(
       q: [B, T, N, H], the last T of the S positions; k, v: [B, S, N, H],
         float32 or bfloat16.
       positions: int32 [S] or [B, S], the key positions.
-      kernel: 'auto' or one of jrope.attention.KERNELS ('xla', 'einsum',
-        'blockwise', 'cudnn', 'splash', 'shear'); 'auto' picks the backend's
-        fused kernel where it applies, on TPU and GPU the shear kernel for the
-        encodings whose maps would need float32 HIGHEST dots (bfloat16 dots
-        at the default precision instead; jrope.attention.shear), blockwise
-        where one map origin could overflow or from `blockwise_min_length`
-        keys on, else einsum (CPU, or a bias) or xla.
+      kernel: 'auto' or one of jrope.attention.KERNELS; 'auto' chooses as the
+        jrope model does (jrope.attention.selection).
       block_size: query/key block length of the blockwise kernel.
-      blockwise_min_length: 'auto' takes the blockwise kernel from this many keys on.
-      max_damping: the largest learned damping gamma 'auto' plans for. Where
-        pe's parameters are concrete, their damping is read on the host and
-        followed as the jrope model follows it: the kernel and the blockwise
-        kernel's blocks are chosen for the larger of the two. Traced
-        parameters (a jitted call) plan for max_damping alone.
+      blockwise_min_length: 'auto' takes a memory-linear kernel from this many keys on.
+      max_damping: the largest learned damping gamma 'auto' plans for; concrete
+        parameters' own damping is read on the host and planned for where larger.
       backend: 'cpu', 'gpu' or 'tpu' for the choice (default: JAX's).
-      segment_ids: optional int32 [B, S] of packed rows: each key attends only to the
-        queries of its segment, positions [B, S] restart per segment
-        (jrope.attention.packing); 'auto' then picks a kernel that takes them.
+      segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing);
+        positions [B, S] restart per segment.
     Returns:
       [B, T, N, H] in v's dtype.
     Raises:
-      ValueError: the kernel cannot run this encoding here (the message says
-        why and what to ask for), v's dtype is neither float32 nor bfloat16,
-        or the shapes of q, k, v and positions do not fit (the message names
-        the argument).
+      ValueError: the kernel cannot run this encoding here, v is neither
+        float32 nor bfloat16, or the shapes do not fit (the message says which).
     """
     if kernel != "auto" and kernel not in attention.KERNELS:
         raise ValueError(f"Unknown kernel {kernel!r}; choose 'auto' or one of {attention.KERNELS}.")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -361,13 +361,3 @@ def relative_block_logits(q: jax.Array, k: jax.Array, operators: jax.Array) -> j
     return jnp.einsum(
         "btnpx,btsnpxy,bsnpy->bnts", q, operators, k, precision=jax.lax.Precision.HIGHEST
     )
-
-
-def relative_logits_for_lag_function(
-    q: jax.Array, k: jax.Array, lags: jax.Array, operator_of_lag: Callable[[jax.Array], jax.Array]
-) -> jax.Array:
-    """The relative form for any lag function: operator_of_lag(lags) -> [..., N, nb, 2m, 2m].
-
-    q: [B, T, N, nb, 2m]; k: [B, S, N, nb, 2m]; lags: [B|1, T, S] (i - j).
-    """
-    return relative_block_logits(q, k, operator_of_lag(lags))

@@ -118,47 +118,18 @@ def causal_attention(
     q_positions = positions[..., key_length - length :]
     q_segments = None if segment_ids is None else segment_ids[:, key_length - length :]
     segments = None if segment_ids is None else (q_segments, segment_ids)
+    sides = dict(enc=enc, params=params, q_positions=q_positions, k_positions=positions)
     if kernel == "blockwise":
         return blockwise_attention(
-            q,
-            k,
-            v,
-            enc=enc,
-            params=params,
-            q_positions=q_positions,
-            k_positions=positions,
-            block_size=block_size,
-            precision=precision,
-            segment_ids=segment_ids,
+            q, k, v, **sides, block_size=block_size, precision=precision, segment_ids=segment_ids
         )
-    if kernel == "shear_flash":
+    if kernel in ("shear", "shear_flash"):
+        sides.update(q_segments=q_segments, k_segments=segment_ids)
         with jax.named_scope("attention_kernel"):
-            return shear_flash_attention(
-                q,
-                k,
-                v,
-                enc=enc,
-                params=params,
-                q_positions=q_positions,
-                k_positions=positions,
-                q_segments=q_segments,
-                k_segments=segment_ids,
-                block_size=min(block_size, SHEAR_FLASH_BLOCK),
-            )
-    if kernel == "shear":
-        with jax.named_scope("attention_kernel"):
-            return shear_attention(
-                q,
-                k,
-                v,
-                enc=enc,
-                params=params,
-                q_positions=q_positions,
-                k_positions=positions,
-                q_segments=q_segments,
-                k_segments=segment_ids,
-                precision=precision,
-            )
+            if kernel == "shear":
+                return shear_attention(q, k, v, **sides, precision=precision)
+            block = min(block_size, SHEAR_FLASH_BLOCK)
+            return shear_flash_attention(q, k, v, **sides, block_size=block)
     # Named scopes label the compiled ops, so that profiles split encoding and kernel time.
     with jax.named_scope("encoding"):
         if segment_ids is None:

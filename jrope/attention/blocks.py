@@ -134,11 +134,6 @@ def transform_queries(enc, params, q_blk, qpos_blk, qcoord_blk=None) -> jax.Arra
     return enc.map_queries(params, q_blk, qpos_blk, origin, packed=qcoord_blk is not None)
 
 
-def premaps_keys(enc) -> bool:
-    """Whether the encoding maps keys at all; if so, once, each block from its first position."""
-    return enc.has_maps
-
-
 def premap_keys(enc, params, k, k_positions, layout: Layout, k_coords=None) -> jax.Array:
     """float32 [B, S, N, H]: every key block mapped from its own origin (block_origin).
 
@@ -166,7 +161,7 @@ def pair_keys(enc, params, keys_blk, q_first, k_first, dtype) -> jax.Array:
     [b]), whose first ones are o and o_k. Returns [B, bk, N, H] in `dtype`
     (float32 when enc.keeps_float32).
     """
-    if not premaps_keys(enc):
+    if not enc.has_maps:
         return keys_blk
     shift = (q_first[..., 0] - k_first[..., 0]).reshape(-1)  # o - o_k, [B|1]
     k2 = enc.move_keys(params, keys_blk, shift)

@@ -12,62 +12,34 @@ loops, per block, with the origin o = the query block's first position:
 
 The keys are mapped once, each block from its own first position o_k
 (enc.map_keys), and moved per pair to o by the group law,
-A(-(j - o)) = A(o - o_k) A(-(j - o_k)): one map whose table is the same for
-the whole block, so no per-position cos, sin or exp is evaluated in the
-loop. The stabilized variants, whose shear reads absolute positions, move
-by their damped rotation alone (Encoding.move_keys).
+A(-(j - o)) = A(o - o_k) A(-(j - o_k)): one map per block, so no
+per-position cos, sin or exp is evaluated in the loop. With o inside the
+block, the damping factors stay within e^{gamma (block - 1)} at any absolute
+position (docs/numerics.md, section 2); ALiBi's bias is computed per block.
 
-The exact variants are invariant to the origin (so are the stabilized ones:
-only their shear reads absolute positions, and it ignores the origin), and
-with this choice their damping factors stay bounded by the block extent at
-any absolute position: the query factor e^{-gamma (i - o)} lies in
-[e^{-gamma (block - 1)}, 1] for the block's rows, and the key factor
-e^{+gamma (j - o)} is at most e^{gamma (block - 1)} for every key a causal
-query can see (a key far behind decays towards zero, which is its true
-contribution), so e^{+gamma p} never overflows even at p = 65536
-(docs/numerics.md, section 2). ALiBi-type biases are computed per block
-from positions.
+Causality is decided by positions (key j is visible to query i iff
+k_positions[j] <= q_positions[i]), and each query block visits only the key
+blocks up to the last one it can see (a dynamic trip count). Packed rows
+(segment ids) add the segment to the mask and take block origins and the key
+blocks a query block needs on the rows' coordinates (jrope.attention.packing),
+which never go down. Lengths that are not multiples of the block size are
+padded (positions by repeating the last one) and the padded keys masked. A
+query that sees no key gets a zero output.
 
-Causality is decided by positions: key j is visible to query i iff
-k_positions[j] <= q_positions[i]. For every query block only the key blocks
-up to the last one holding a visible key are visited (a dynamic trip count),
-so with increasing positions about half of the T x S pairs are skipped.
-Packed rows (segment ids; positions restart at each segment) add the
-segment to the mask, and measure block origins and the key blocks a query
-block needs on the rows' coordinates (jrope.attention.packing), which never
-go down: a block that straddles a restart still gets factors bounded by its
-extent (jrope.attention.blocks). A block pair in which some query row sees
-no key of its segment leaves that row's running statistics as they were.
-Lengths that are not multiples of the block size are padded (positions by
-repeating the last one, so the factors stay bounded) and the padded keys are
-masked. A query that sees no key at all gets a zero output (the plain softmax
-with a finite mask would average all values instead).
-
-Memory (B batch, T query length, S key length, N heads, H head dim, b block):
-  forward: the inputs plus O(B N b (b + H)) working set per block pair and
-    the [B, T, N, H] output and [B, N, T] float32 log-sum-exp: linear in T.
-  gradients: a custom VJP saves only q, k, v, the output and the log-sum-exp
-    (no per-pair residuals) and recomputes each pair's logits in the backward
-    pass, pulling the logit cotangent back through the encoding with jax.vjp
-    (the per-pair move of the premapped keys, the premap once, the queries'
-    map once per query block);
-    float32 accumulators for dq, dk, dv and the parameter gradients: linear in
-    T and S. (Plain autodiff of the loop would keep a b x b probability block
-    per pair, O(T S / b) per head and layer; it also cannot differentiate a
-    loop with a dynamic trip count.)
-Forward-mode differentiation (jax.jvp) is not supported by the custom VJP.
-
-Query blocks run one after another (lax.map); the key loop is a
-lax.fori_loop. Statistics, the softmax and all accumulators are float32; the
-probabilities are cast to the value dtype for the probability x value product.
-The q.k and p.v dots, forward and backward, run at the precision passed in
-(jrope.attention.precision; None: the backend's default).
+Memory is linear in T and S: a custom VJP saves only q, k, v, the output and
+the float32 log-sum-exp, and the backward pass recomputes each pair's logits,
+pulling their cotangent back through the encoding with jax.vjp (autodiff of
+the loop would keep a b x b probability block per pair, and cannot
+differentiate a dynamic trip count). No forward-mode differentiation.
+Statistics, softmax and accumulators are float32; the q.k and p.v dots run at
+the precision passed in (jrope.attention.precision).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -94,16 +66,10 @@ def blockwise_attention(
     """softmax(logits + mask) @ v, by blocks, with the encoding applied per block.
 
     Args:
-      q: [B, T, N, H] raw query projections (before the positional transform).
-      k, v: [B, S, N, H] raw key projections and values.
-      enc: an encoding from jrope.make_encoding (map_queries, map_keys, move_keys,
-        segments, logit_bias, has_bias).
-      params: the encoding's parameters (dict of float32 arrays, may be empty).
-      q_positions: int [T] or [B, T] absolute query positions.
-      k_positions: int [S] or [B, S] absolute key positions.
-      block_size: rows per query block and keys per key block, clamped to T
-        and to S so that short inputs (e.g. T = 1 new query against S keys)
-        are not padded to a large block.
+      q: [B, T, N, H]; k, v: [B, S, N, H]; raw (not yet position-encoded).
+      enc: a jrope Encoding; params: its parameters (may be empty).
+      q_positions: int [T] or [B, T]; k_positions: int [S] or [B, S].
+      block_size: rows per query block and keys per key block, clamped to T and S.
       causal: mask keys whose position exceeds the query's position.
       precision: of the q.k and p.v dots (jrope.attention.precision).
       segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
@@ -208,11 +174,7 @@ def _forward(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positio
     bq, bk = layout.q_block, layout.k_block
     batch, _, heads, head_dim = q.shape
     ends = _key_block_ends(layout, q_positions, k_positions, rows)
-    keys = (
-        _premapped_keys(enc, params, k, k_positions, layout, rows)
-        if blocks.premaps_keys(enc)
-        else k
-    )
+    keys = _premapped_keys(enc, params, k, k_positions, layout, rows) if enc.has_maps else k
 
     def query_block(qb):
         q_start = qb * bq
@@ -272,7 +234,7 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
     d_out = d_out.astype(jnp.float32)
     # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term.
     delta = jnp.einsum("btnh,btnh->bnt", d_out, out.astype(jnp.float32), precision=layout.precision)
-    if blocks.premaps_keys(enc):
+    if enc.has_maps:
         # dk collects the premapped keys' cotangent, pulled back through the premap once.
         keys, keys_pullback = jax.vjp(
             lambda p, kk: _premapped_keys(enc, p, kk, k_positions, layout, rows), params, k
@@ -358,8 +320,5 @@ def _make_attend(enc, layout: blocks.Layout):
         out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
         return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
-    def attend_bwd(residuals, d_out):
-        return _backward(enc, layout, residuals, d_out)
-
-    attend.defvjp(attend_fwd, attend_bwd)
+    attend.defvjp(attend_fwd, functools.partial(_backward, enc, layout))
     return attend

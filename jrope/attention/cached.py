@@ -2,30 +2,21 @@
 
 A decode step adds one token per row: its query must see every cached key
 and its own. The cache (jrope.model.kv_cache) stores keys already mapped
-from its origin, A(-(j - o)) k_j, so this kernel takes queries mapped from
-the same origin and forms q2 . k2 directly: no per-key cos, sin or exp is
-evaluated per step, which is what makes caching pay. The dense kernels
-cannot serve here: they map raw keys themselves and mask by index, while
-cache slots are masked by position (an unused slot holds a position after
-every query, jrope.model.kv_cache.EMPTY).
+from its origin, A(-(j - o)) k_j, so this kernel forms q2 . k2 of queries
+mapped from the same origin directly, with no per-key cos, sin or exp per
+step. Slots are masked by position (an unused slot holds a position after
+every query, jrope.model.kv_cache.EMPTY). One sequence per row: no segment ids.
 
-One sequence per row: a decode step takes no segment ids (a packed prompt
-row continues its last prompt, jrope.model.kv_cache.prefill).
-
-Keys may also come as the shear kernels' terms (jrope.attention.shear): q2
-and the keys then hold each term's damped-rotated dims side by side, and the
-score is sum_r lag^r (q_r . k_r), the lag formed exactly from the positions,
-so that no dot cancels large products (jrope.model.kv_cache says when).
-
-Numerics follow jrope.attention.dense: logits and softmax in float32, a
-finite mask value, the division by the row sum applied to the [B, T, N, H]
-output.
+Keys may also come as the shear kernels' terms (jrope.attention.shear), side
+by side: the score is then sum_r lag^r (q_r . k_r), the lag formed exactly
+from the positions. Numerics follow jrope.attention.dense.
 
 Shape legend: B batch, T new queries, M cache slots, N heads, H head dim.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -83,24 +74,13 @@ def cached_attention(
     def terms(x, axis):  # x's term slices along `axis`
         return jnp.split(x, splits, axis) if splits else [x]
 
+    einsum = functools.partial(jnp.einsum, preferred_element_type=jnp.float32, precision=precision)
     visible = key_positions[:, None, None, :] <= q_positions[:, None, :, None]  # [B, 1, T, M + T]
     dots = [
         jnp.concatenate(
             [
-                jnp.einsum(
-                    "btnh,bnhs->bnts",
-                    q_r,
-                    cached_r.astype(dtype),
-                    preferred_element_type=jnp.float32,
-                    precision=precision,
-                ),
-                jnp.einsum(
-                    "btnh,bsnh->bnts",
-                    q_r,
-                    new_r.astype(dtype),
-                    preferred_element_type=jnp.float32,
-                    precision=precision,
-                ),
+                einsum("btnh,bnhs->bnts", q_r, cached_r.astype(dtype)),
+                einsum("btnh,bsnh->bnts", q_r, new_r.astype(dtype)),
             ],
             axis=-1,
         )  # [B, N, T, M + T]
@@ -120,17 +100,6 @@ def cached_attention(
     row_sum = jnp.sum(unnormalised, axis=-1)  # [B, N, T]
     probs = unnormalised.astype(cached_values.dtype)
     slots = cached_values.shape[2]
-    out = jnp.einsum(
-        "bnts,bnsh->btnh",
-        probs[..., :slots],
-        cached_values,
-        preferred_element_type=jnp.float32,
-        precision=precision,
-    ) + jnp.einsum(
-        "bnts,bsnh->btnh",
-        probs[..., slots:],
-        new_values,
-        preferred_element_type=jnp.float32,
-        precision=precision,
-    )
+    out = einsum("bnts,bnsh->btnh", probs[..., :slots], cached_values)
+    out = out + einsum("bnts,bsnh->btnh", probs[..., slots:], new_values)
     return (out / jnp.transpose(row_sum, (0, 2, 1))[..., None]).astype(cached_values.dtype)

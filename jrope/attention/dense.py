@@ -124,15 +124,11 @@ def _chunked_causal_attention(q, k, v, bias, segments, precision):
 
     q [B, T, N, H] (the last T of S positions), k, v [B, S, N, H]; bias None,
     [N, T, S] or [B, N, T, S]; segments None or int32 ([B, T], [B, S]) -> [B, T, N, H].
-    Each row block attends only to the keys at or before its last row:
-    for T = S, (n + 1) / (2n) of the T x T logits are formed, and only the
-    diagonal block needs its mask. Inside, q, k and v are transposed once to
-    head-major [B, N, T, H], the layout XLA:CPU's batched matmuls want;
-    otherwise every block would transpose its own slices.
-    A custom VJP because autodiff of the softmax materialises several more
-    T x T arrays (broadcast denominators, transposed probabilities, full-size
-    padded key gradients per block) than the gradient needs, and on CPU
-    attention time is spent passing over them.
+    Each row block attends only to the keys at or before its last row (for
+    T = S, (n + 1) / (2n) of the logits), in head-major [B, N, T, H], the
+    layout XLA:CPU's batched matmuls want. A custom VJP because autodiff of
+    the softmax materialises several more T x T arrays than the gradient
+    needs, and on CPU attention time is spent passing over them.
     """
     return _chunked_forward(q, k, v, bias, segments, precision)[0]
 

@@ -33,11 +33,7 @@ def check_segments(positions, segment_ids, batch: int, length: int) -> None:
         raise ValueError(f"segment_ids must be integers; got dtype {jnp.result_type(segment_ids)}.")
     if isinstance(segment_ids, jax.core.Tracer) or isinstance(positions, jax.core.Tracer):
         return
-    segments = np.asarray(segment_ids)
-    rows = np.broadcast_to(np.asarray(positions, np.int64), segments.shape)
-    starts = np.concatenate(
-        [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
-    )
+    segments, rows, starts = _runs(positions, segment_ids)
     for row in range(segments.shape[0]):
         run_ids, counts = np.unique(segments[row][starts[row]], return_counts=True)
         if (counts > 1).any():
@@ -64,16 +60,20 @@ def largest_segment_span(positions, segment_ids) -> int:
     positions: integers [S] or [B, S]; segment_ids: integers [B, S], as
     check_segments accepts them.
     """
+    segments, rows, starts = _runs(positions, segment_ids)
+    # Each segment's first index, carried along its run; positions never go down in a run.
+    first = np.maximum.accumulate(np.where(starts, np.arange(segments.shape[1]), 0), axis=1)
+    return int(np.max(rows - np.take_along_axis(rows, first, axis=1)))
+
+
+def _runs(positions, segment_ids):
+    """Host copies: segment ids [B, S], positions int64 [B, S], and where each run starts."""
     segments = np.asarray(segment_ids)
     rows = np.broadcast_to(np.asarray(positions, np.int64), segments.shape)
     starts = np.concatenate(
         [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
     )
-    # Each segment's first position, carried along its run; positions never go down in a run.
-    run_index = np.cumsum(starts, axis=1) - 1
-    firsts = [row[start] for row, start in zip(rows, starts, strict=True)]
-    offsets = np.stack([first[index] for first, index in zip(firsts, run_index, strict=True)])
-    return int(np.max(rows - offsets))
+    return segments, rows, starts
 
 
 def segment_starts(segment_ids: jax.Array) -> jax.Array:

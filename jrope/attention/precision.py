@@ -1,13 +1,11 @@
 """The precision of the model's dots: float32 where an encoding's exactness needs it.
 
-On CPU a float32 dot is a float32 dot. On TPU a float32 dot without a
-precision runs as bfloat16 passes, and on recent NVIDIA GPUs as TF32. For
-most of the model that is the speed one asked for; for encodings whose
-logits are differences of large products (raw shear, `Encoding.keeps_float32`,
-docs/numerics.md, sections 3 and 4) it drops the lag term inside the dot
-itself. So the attention's q.k and p.v dots take `model.attention_precision`
-('auto': whatever the encoding needs, `Encoding.dot_precision`), and every
-other matmul takes `model.matmul_precision`.
+On TPU a float32 dot without a precision runs as bfloat16 passes, and on
+recent NVIDIA GPUs as TF32: for encodings whose logits are differences of
+large products (`Encoding.keeps_float32`, docs/numerics.md, sections 3 and 4)
+that drops the lag term inside the dot. So the attention's q.k and p.v dots
+take `model.attention_precision` ('auto': `Encoding.dot_precision`), and
+every other matmul `model.matmul_precision`.
 
 A precision is a `jax.lax.Precision`, or None for the backend's default (no
 precision attribute in the lowered dot). Kernels that JAX implements

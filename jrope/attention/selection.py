@@ -4,18 +4,13 @@ The model, the run checks, the train step's compiler options and the
 evaluation step all ask `choose_kernel`, so they cannot disagree.
 
 'auto' chooses, in this order:
-  1. blockwise where one map origin would overflow: every kernel but the
-     blockwise one maps all S keys (and the queries) from one origin, the
-     window's midpoint, so a damped encoding's factors reach e^{gamma S / 2}
-     and the products of masked (future) pairs e^{gamma S}, S the span of
-     the positions plus one. Float32 and bfloat16 overflow past e^{88.7};
-     with gamma at most the larger of model.max_damping (the bound the
-     config plans for) and the damping measured in the parameters when the
-     caller gives it, one origin is used only while gamma * S <= 80, which
-     leaves e^{8.7} ~ 6000 for |q||k|. The blockwise kernel measures
-     positions from each query block and its factors stay below
-     e^{gamma * block_size}: `blockwise_block_size` gives the blocks that
-     carry a measured damping (the model's layers run in them).
+  1. blockwise where one map origin would overflow: the other kernels map
+     all S positions (the span plus one) from one origin, so the products of
+     masked pairs reach e^{gamma S}, and float32 overflows past e^{88.7}. With
+     gamma the larger of model.max_damping and the measured damping, one
+     origin serves only while gamma * S <= 80 (e^{8.7} ~ 6000 left for
+     |q||k|); the blockwise kernel's factors stay below e^{gamma * block_size}
+     (`blockwise_block_size` gives blocks that carry a measured damping).
   2. the backend's fused kernel where it applies: splash on TPU, cuDNN on
      GPU (see fused_kernel_problem for when they do not; never for packed
      rows, whose segment ids they do not take);
@@ -91,10 +86,10 @@ def choose_kernel(
       contiguous positions); one map origin must cover span + 1 positions.
       Packed rows: the largest span of one segment's positions (each
       sequence is mapped from an origin of its own).
-    damping: the largest damping of the parameters being run, measured on the
-      host (Encoding.largest_damping); the bound planned for is the
-      larger of it and model.max_damping. A single-origin kernel asked for
-      explicitly is refused where the measured damping would overflow it.
+    damping: the parameters' largest damping measured on the host
+      (Encoding.largest_damping); 'auto' plans for the larger of it and
+      model.max_damping, and an explicit single-origin kernel it would
+      overflow is refused.
     packed: the rows hold packed sequences (segment ids): only the
       PACKING_KERNELS run them; 'auto' picks one of them.
 
@@ -107,7 +102,7 @@ def choose_kernel(
     impl = settings.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
-    extent = single_origin_extent(length, span)
+    extent = length if span is None else max(length, span + 1)  # the positions one origin covers
     bound = damping_bound(settings, damping)
     if impl == "auto":
         kernel = _auto_kernel(
@@ -137,7 +132,7 @@ def choose_kernel(
         )
     if impl in ("cudnn", "splash"):
         problem = fused_kernel_problem(
-            impl, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
+            impl, settings, encoding, length, num_queries, backend, extent, bound
         )
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
@@ -155,11 +150,6 @@ def feature_refusal(kernel: str, encoding: Any) -> str | None:
         f"the {kernel} kernel does not compute {encoding.name}'s {missing[0]}; "
         f"the kernels that do: {', '.join(takers) or 'none'}."
     )
-
-
-def single_origin_extent(length: int, span: int | None) -> int:
-    """How many positions one map origin covers: span + 1 of the key positions, at least length."""
-    return length if span is None else max(length, span + 1)
 
 
 def damping_bound(settings: AttentionSettings, damping: float | None) -> float:
@@ -225,17 +215,13 @@ def fused_kernel_problem(
     length: int,
     num_queries: int,
     backend: str,
-    *,
-    extent: int | None = None,
-    bound: float | None = None,
+    extent: int,
+    bound: float,
 ) -> str | None:
     """Why the fused `kernel` ('cudnn' or 'splash') cannot run this attention (None: it can).
 
-    extent, bound: the positions one origin covers and the damping to survive
-    (default: length and model.max_damping; see choose_kernel).
+    extent, bound: the positions one origin covers and the damping to survive (choose_kernel).
     """
-    extent = length if extent is None else extent
-    bound = settings.max_damping if bound is None else bound
     wanted = next(platform for platform, fused in _FUSED_KERNEL.items() if fused == kernel)
     if backend != wanted:
         return f"it runs on {wanted.upper()} only and this run is on {backend}"
@@ -284,16 +270,8 @@ def _cudnn_problem(settings: AttentionSettings, encoding: Any, length: int) -> s
     return None
 
 
-def _auto_kernel(
-    settings: AttentionSettings,
-    encoding: Any,
-    extent: int,
-    bound: float,
-    num_queries: int,
-    length: int,
-    backend: str,
-    packed: bool,
-) -> str:
+def _auto_kernel(settings, encoding, extent, bound, num_queries, length, backend, packed) -> str:
+    """Steps 1 to 4 of 'auto' (the module docstring)."""
     flash = (
         backend in _FUSED_KERNEL
         and encoding.keeps_float32
@@ -306,7 +284,7 @@ def _auto_kernel(
     # The fused kernels take no segment ids; every other kernel below does.
     fused = None if packed else _FUSED_KERNEL.get(backend)
     if fused and not fused_kernel_problem(
-        fused, settings, encoding, length, num_queries, backend, extent=extent, bound=bound
+        fused, settings, encoding, length, num_queries, backend, extent, bound
     ):
         return fused
     if (

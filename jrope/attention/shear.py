@@ -10,24 +10,16 @@ docs/mathematics.md, section 3, give
     B_r(i, j)   = sum_{blocks} eta^r / r! sum_{a < m - r} (D q_i)_a . (D k_j)_{a + r},
 
 where D is the damped rotation e^{-gamma (i - j)} R(omega (i - j)), which
-commutes with N (it acts on each chain element alike). Each B_r is a dot of
-the damped-rotated query's chain elements a < m - r (times eta^r / r!, per
-head and block) with the damped-rotated key's elements a + r: terms no
-larger than RoPE's own, which bfloat16 inputs with float32 accumulation
-resolve. The cancellation of the factorized maps (a difference of products
-of size s_i, s_j) happens instead in the scalar weight (time_i - time_j)^r,
-formed here from the integer positions without it:
+commutes with N. Each B_r dots the damped-rotated query's chain elements
+a < m - r (times eta^r / r!) with the key's elements a + r: terms no larger
+than RoPE's own, which bfloat16 inputs with float32 accumulation resolve. The
+cancellation of the factorized maps happens instead in the scalar weight
+(time_i - time_j)^r, formed from the integer positions (pe_math.ShearTime.lag).
 
-formed from the integer positions without it (pe_math.ShearTime.lag).
-
-The kernel reaches the encoding through its shear terms (Encoding.shear_terms,
-term_rates, shear_time) and its bias, and takes the features those carry
-(FEATURES): rope, damped_rope, jordan_rope, jordan_raw_tau, jordan_exact*,
-jordan_m{m}, jordan_eta{xyz}, jordan_no_gamma, real_jordan, direct_sum, their
-_alibi forms, nope and alibi. It refuses the gated jet mixes (jordan_jetmix*,
-jordan_jetmixfull*): their chain is not the exponential of one time (from
-order 3 on the pair coefficient of N^2 is (t_i - t_j)(g_1^2 t_i - g_2 (t_i +
-t_j) / 2), not a function of t_i - t_j), and any feature it does not know.
+The kernel takes the features its hooks carry (FEATURES: the shear terms'
+and the bias). It refuses the gated jet mixes (jordan_jetmix*), whose chain is
+not the exponential of one time (from order 3 on the pair coefficient of N^2
+is not a function of t_i - t_j), and any feature it does not know.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per segment, m chain order, d_r the width of term r.
@@ -112,13 +104,6 @@ def _batched(positions) -> jax.Array:
     return positions[None] if positions.ndim == 1 else positions
 
 
-def window_origin(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-    """The midpoint of a row's positions, int32 [B|1, 1] (as Encoding.transform_qk's default)."""
-    lo = jnp.minimum(q_positions.min(-1), k_positions.min(-1))
-    hi = jnp.maximum(q_positions.max(-1), k_positions.max(-1))
-    return (lo + (hi - lo) // 2)[:, None]
-
-
 def combine_terms(dots: list[jax.Array], time_lag: jax.Array | None) -> jax.Array:
     """sum_r time_lag^r dots[r] (Horner); dots[r] [..., T, S] float32, time_lag broadcastable."""
     total = dots[-1]
@@ -149,7 +134,9 @@ def shear_logits(
     """
     encodings.check_supported(encoding, FEATURES, "the shear kernel")
     q_pos, k_pos = _batched(q_positions), _batched(k_positions)
-    q_origin, k_origin = (window_origin(q_pos, k_pos), None) if origins is None else origins
+    q_origin, k_origin = (
+        (encodings.default_origin(q_pos, k_pos), None) if origins is None else origins
+    )
     terms = shear_terms(encoding, params, q, k, q_pos, k_pos, q_origin, k_origin)
 
     def dot(a, b):

@@ -8,21 +8,15 @@ accumulator), so no T x S array exists. Inside, per key block:
                                                  origin moved to the query block's
     logit = sum_r (time_i - time_j)^r (q_r . k'_r) / sqrt(H)
 
-The damped-rotated terms (Encoding.shear_terms) are mapped once
-outside the kernel, the queries from their block's first position o and the
-keys from theirs o_k, as the blockwise kernel maps them: every factor stays
-within e^{gamma * block} at any absolute position. Packed rows take o and
-o_k on the row coordinates (jrope.attention.packing), translated into each
-token's own sequence, so a block that straddles a restart stays bounded too.
-The move is one damped rotation per (re, im) pair of the key block, with the pair's rates
-(Encoding.term_rates); the time-lag weight is formed per pair from the integer
-positions (pe_math.ShearTime.lag). The term dots take the inputs' dtype
-(bfloat16 in, float32 accumulation) at the default precision.
-
-Each term's dims come as separate re and im arrays, so the kernel neither
-slices nor shuffles lanes. Keys after a query's index in the row are never
-visible to it (positions increasing within a segment); packed rows pass
-segment ids and a query sees its own segment only.
+The damped-rotated terms (Encoding.shear_terms) are mapped once outside the
+kernel, the queries from their block's first position o and the keys from
+theirs o_k (on the row coordinates for packed rows, jrope.attention.packing),
+as the blockwise kernel maps them: every factor stays within e^{gamma * block}.
+The move is one damped rotation per (re, im) pair (Encoding.term_rates); the
+time-lag weight is formed per pair from the integer positions
+(pe_math.ShearTime.lag). The term dots take the inputs' dtype at the default
+precision. Each term's dims come as separate re and im arrays, so the kernel
+neither slices nor shuffles lanes; packed rows pass segment ids.
 
 Gradients: a custom VJP, flash style. The forward kernel also returns each
 query's logsumexp; with delta = rowsum(dO * O) two more kernels recompute
@@ -41,10 +35,8 @@ the term cotangents flow to q, k and the parameters through the VJP of the
 outside-kernel map. No T x S array exists in either direction; padded and
 invisible pairs get p = 0, as in the forward.
 
-Under a device mesh of more than one device the kernels run inside
-`jax.shard_map` (a Pallas call cannot be partitioned automatically), each
-device on its batch rows, the parameters replicated
-(jrope.attention.mesh_split).
+Under a mesh of more than one device the kernels run per device on its
+batch rows (jrope.attention.mesh_split).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 d the width of one term's re (or im) half, bq / bk block lengths.
@@ -155,16 +147,8 @@ def _attend_backward(settings, residuals, d_out):
     d_gammas = _gamma_gradients(layout, rows, inputs.terms, d_terms)
     d_params, d_q, d_k = pullback((d_terms, d_gammas))
     d_v = jnp.transpose(d_v, (0, 2, 1, 3))[:, : layout.key_length]
-    return (
-        jax.tree.map(lambda g, p: g.astype(p.dtype), d_params, params),
-        d_q.astype(q.dtype),
-        d_k.astype(k.dtype),
-        d_v.astype(v.dtype),
-        None,
-        None,
-        None,
-        None,
-    )
+    d_params = jax.tree.map(lambda g, p: g.astype(p.dtype), d_params, params)
+    return (d_params, d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), *[None] * 4)
 
 
 _attend.defvjp(_attend_forward, _attend_backward)
@@ -197,38 +181,23 @@ class _Layout(NamedTuple):
     enc: Any
     interpret: bool
     batch: int
+    length: int
     heads: int
     head_dim: int
-    length: int
     key_length: int
     bq: int
     bk: int
     q_len: int
     k_len: int
-    num_terms: int
     dtype: Any
 
     @classmethod
     def of(cls, settings, q, k):
         enc, block_size, interpret = settings
-        batch, length, heads, head_dim = q.shape
-        key_length = k.shape[1]
+        length, key_length = q.shape[1], k.shape[1]
         bq, bk = min(block_size, length), min(block_size, key_length)
-        return cls(
-            enc,
-            interpret,
-            batch,
-            heads,
-            head_dim,
-            length,
-            key_length,
-            bq,
-            bk,
-            -(-length // bq) * bq,
-            -(-key_length // bk) * bk,
-            enc.shear_order,
-            q.dtype,
-        )
+        padded = -(-length // bq) * bq, -(-key_length // bk) * bk
+        return cls(enc, interpret, *q.shape, key_length, bq, bk, *padded, q.dtype)
 
     def rows(self, q_pos, k_pos, q_seg, k_seg) -> _Rows:
         # Padded queries and keys: positions repeat the last, and segments that
@@ -265,8 +234,8 @@ class _Layout(NamedTuple):
         return pltriton.CompilerParams() if jax.default_backend() == "gpu" else None
 
     @property
-    def time(self):
-        return self.enc.shear_time
+    def num_terms(self) -> int:
+        return self.enc.shear_order
 
 
 def _kernel_terms(layout, rows, params, q, k):
@@ -391,7 +360,7 @@ def _query_side_specs(layout, inputs, d_out):
 def _kernel_args(layout):
     return dict(
         num_terms=layout.num_terms,
-        time=layout.time,
+        time=layout.enc.shear_time,
         block=(layout.bq, layout.bk),
         key_offset=layout.key_offset,
         scale=1.0 / math.sqrt(layout.head_dim),
@@ -515,22 +484,10 @@ def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, valu
     return probs, per_term
 
 
-def _forward_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_seg_ref,
-    k_seg_ref,
-    q_coord_ref,
-    k_coord_ref,
-    *refs,
-    num_terms,
-    time,
-    block,
-    key_offset,
-    scale,
-    dtype,
-):
+def _forward_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
     """One (batch row, head, query block): online softmax over its key blocks."""
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
+    refs = refs[6:]
     term_refs = refs[: 4 * num_terms]
     rate_refs = refs[4 * num_terms : 6 * num_terms]
     v_ref, out_ref, lse_ref = refs[6 * num_terms :]
@@ -571,22 +528,10 @@ def _forward_kernel(
     lse_ref[0, 0] = row_max + jnp.log(row_sum)
 
 
-def _query_gradients_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_seg_ref,
-    k_seg_ref,
-    q_coord_ref,
-    k_coord_ref,
-    *refs,
-    num_terms,
-    time,
-    block,
-    key_offset,
-    scale,
-    dtype,
-):
+def _query_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
     """One (batch row, head, query block): dq_r = sum_j time_lag^r ds k'_r over its key blocks."""
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
+    refs = refs[6:]
     term_refs = refs[: 4 * num_terms]
     rate_refs = refs[4 * num_terms : 6 * num_terms]
     v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
@@ -606,17 +551,10 @@ def _query_gradients_kernel(
         moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
         keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
         moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
+        values = v_ref[0, 0, pl.ds(start, bk), :]
         _, d_scores = _score_cotangents(
-            queries,
-            moved,
-            _time_lag(time, q_pos, k_pos),
-            _visible(q_pos, k_pos, q_seg, k_seg),
-            lse,
-            delta,
-            d_out,
-            v_ref[0, 0, pl.ds(start, bk), :],
-            scale,
-            dtype,
+            queries, moved, lag, visible, lse, delta, d_out, values, scale, dtype
         )
         updated = []
         for r, (k_re, k_im) in enumerate(moved):
@@ -632,26 +570,14 @@ def _query_gradients_kernel(
         ref[0, 0] = value
 
 
-def _key_gradients_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_seg_ref,
-    k_seg_ref,
-    q_coord_ref,
-    k_coord_ref,
-    *refs,
-    num_terms,
-    time,
-    block,
-    key_offset,
-    scale,
-    dtype,
-):
+def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
     """One (batch row, head, key block): dk_r, dv over the query blocks that see it.
 
     The cotangent of a moved key k' = M k (M = e^{gamma d} R(-omega d) per pair)
     goes back to the unmoved key as M^T dk'.
     """
+    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
+    refs = refs[6:]
     term_refs = refs[: 4 * num_terms]
     rate_refs = refs[4 * num_terms : 6 * num_terms]
     v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
@@ -678,17 +604,11 @@ def _key_gradients_kernel(
             for r in range(num_terms)
         ]
         d_out = d_out_ref[0, 0, rows, :]
+        moved = _move(keys, rotations)
+        lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
+        lse, delta = lse_ref[0, 0, rows, :], delta_ref[0, 0, rows, :]
         probs, d_scores = _score_cotangents(
-            queries,
-            _move(keys, rotations),
-            _time_lag(time, q_pos, k_pos),
-            _visible(q_pos, k_pos, q_seg, k_seg),
-            lse_ref[0, 0, rows, :],
-            delta_ref[0, 0, rows, :],
-            d_out,
-            values,
-            scale,
-            dtype,
+            queries, moved, lag, visible, lse, delta, d_out, values, scale, dtype
         )
         d_v = d_v + _dot(probs.T.astype(d_out.dtype), d_out)
         updated = []

@@ -38,15 +38,11 @@ folder having no order of its own: with MusicNet that is a different corpus
 than the reference's. The reference skips a file it cannot read; here an
 unreadable file stops the run with its name.
 
-Libraries: ``soundfile`` (libsndfile, shipped in its wheels) reads the WAVs
-and ``soxr`` resamples them: the reader librosa uses first and the resampler
-behind librosa's default, without librosa's own dependencies (numba,
-scikit-learn, ...). The STFT, the filterbank and the dB scale are a few lines
-of numpy here, in float64; on synthetic mono and stereo WAVs at 8 to 48 kHz
-they gave the same bytes as librosa 0.11 with the reference's calls (librosa
-works in float32, so a cell within rounding of a quantisation step could
-differ by one level). soundfile and soxr are imported only when audio is
-read and come with the ``audio`` extra: ``pip install -e ".[train,audio]"``.
+Libraries: ``soundfile`` reads the WAVs and ``soxr`` resamples them (what
+librosa uses, without its own dependencies); the STFT, the filterbank and the
+dB scale are numpy here, in float64, and on synthetic WAVs at 8 to 48 kHz gave
+librosa 0.11's bytes (librosa's float32 may differ by one level at a step's
+rounding). Both come with the ``audio`` extra: ``pip install -e ".[train,audio]"``.
 
 Output, in ``out_dir``, each file written atomically (a temporary file
 renamed into place), the manifest last:

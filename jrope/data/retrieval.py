@@ -33,9 +33,7 @@ checked.
 Randomness: every sequence has its own PCG64 generator seeded with
 ``(seed, stream, step, row)`` for training and ``(eval_seed, stream, length[,
 distance], sequence index)`` for evaluation: training, plain evaluation and
-each distance's evaluation are disjoint streams; the evaluation's are fixed
-by the evaluation seed whatever the run's seed and method, and every stream
-is the same whatever the batch size or process count.
+each distance's evaluation are disjoint streams (jrope.data.source).
 """
 
 from __future__ import annotations

@@ -29,9 +29,7 @@ sum); batches are float32.
 
 Randomness: every sequence has its own PCG64 generator seeded with
 ``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation: the streams differ, evaluation data are fixed per
-``(eval_seed, length)`` whatever the run's seed and method, and every row is
-the same whatever the batch size or process count.
+index)`` for evaluation (the guarantees of jrope.data.source).
 """
 
 from __future__ import annotations

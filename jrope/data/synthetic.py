@@ -33,11 +33,8 @@ growing beyond ``L`` (which is what makes extrapolation hard).
 
 Randomness: every sequence has its own PCG64 generator seeded with
 ``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation: the streams differ, so evaluation data are
-independent of training data, fixed per ``(eval_seed, length)`` whatever the
-run's seed and method (every run of a comparison sees the same sequences),
-and the same whatever the batch size or process count.
-All arithmetic is host-side numpy in float64.
+index)`` for evaluation (the guarantees of jrope.data.source). All
+arithmetic is host-side numpy in float64.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Byte-level language-modelling data from WikiText-103 or -2, any UTF-8 text, or audio tokens.
 
-A corpus is the bytes of its text held as one flat uint8 array: WikiText's
-rows joined as ``wikitext_rows`` says (below), or a
-text file's bytes (a directory: its files' bytes, in sorted path order,
-joined with newlines). Each text corpus is written once to a cache file
-``<cache_dir>/<source>-<hash>.u8`` (atomically: a temporary file renamed into
-place; the hash covers everything the bytes depend on) and memory-mapped, so
-a 540 MB training split costs no Python objects and no resident memory it
-does not touch. Audio token files (jrope.data.audio) are already such byte
-files: they are memory-mapped where they lie, with no UTF-8 check.
+A corpus is the bytes of its text as one flat uint8 array: WikiText's rows
+joined as ``wikitext_rows`` says (below), or a text file's bytes (a
+directory: its files' bytes in sorted path order, joined with newlines),
+written once to ``<cache_dir>/<source>-<hash>.u8`` (atomically; the hash
+covers everything the bytes depend on) and memory-mapped. Audio token files
+(jrope.data.audio) are memory-mapped where they lie, with no UTF-8 check.
 
 WikiText rows (one per line of the official file, without its newline)
 become bytes in one of two ways:
@@ -29,9 +26,7 @@ Sampling (all host-side numpy; ``L = seq_len``):
              ``L + 1`` bytes starting at a position drawn by a PCG64 generator
              seeded with ``(seed, 0, step, r)``; inputs = window[:-1],
              targets = window[1:], weights = 1. Each process draws only its
-             rows ``[process_index * b, (process_index + 1) * b)`` with
-             ``b = global_batch_size / process_count``: the shares are
-             disjoint, cover the global batch, and resume exactly.
+             share of the rows (jrope.data.source.ProcessShare).
   packing    with ``pack`` the training windows are the same bytes, cut into
              articles: a segment starts at the window's first byte and at
              every article title line (a line opening with ``" = "`` and not
@@ -45,11 +40,8 @@ Sampling (all host-side numpy; ``L = seq_len``):
              whole, so packed and unpacked runs are scored on the same
              sequences.
   evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
-             of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``
-             (jrope.data.source.DEFAULT_EVAL_SEED unless eval.seed says
-             otherwise): the same for every run's seed and method, on every
-             restart, whatever the batch size and process count; windows of
-             different lengths are drawn independently.
+             of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``: the
+             same for every run's seed and method, batch size and process count.
 """
 
 from __future__ import annotations

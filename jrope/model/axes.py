@@ -20,7 +20,6 @@ HEADS = "heads"
 HEAD_DIM = "head_dim"
 MLP = "mlp"
 VOCAB = "vocab"
-LOGICAL_AXES = (BATCH, LENGTH, EMBED, HEADS, HEAD_DIM, MLP, VOCAB)
 
 # Metadata key on nnx.Param holding its tuple of logical axis names.
 LOGICAL_AXES_KEY = "logical_axes"

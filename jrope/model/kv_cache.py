@@ -3,59 +3,40 @@
 Every encoding is a per-position map of keys and queries (docs/mathematics.md,
 section 3), so the cache stores each key already mapped, k2_j = A(-(j - o)) k_j,
 from an origin o per batch row, and a decode step maps only its new query
-from the same origin: q2_i . k2_j is the encoded score, with no per-key
-cos, sin or exp per step.
+from the same origin: q2_i . k2_j is the encoded score.
 
-Why an origin, and why it moves: with damping, the key factor
-e^{gamma (j - o)} overflows float32 once j - o passes ~88 / gamma, and the
-query factor e^{-gamma (i - o)} underflows (docs/numerics.md, section 2).
-Before the newest position gets more than `rebase_bound` past the origin,
-the whole cache is moved to a new origin o' (the newest position) by one
-map, Encoding.move_keys: A(-(j - o')) = A(o' - o) A(-(j - o)), exact for
-every translation-invariant encoding; the stabilized ones (shear on absolute
-positions) move by their damped rotation alone, which commutes with their
-shear. Keys far behind the origin get factors e^{-gamma (o - j)} that may
-underflow to zero, which is their true contribution to float32 accuracy.
-ALiBi's bias is computed from the stored positions.
+With damping, e^{gamma (j - o)} overflows float32 once j - o passes ~88 / gamma
+(docs/numerics.md, section 2), so before the newest position gets more than
+`rebase_bound` past the origin the whole cache moves to a new origin o' by one
+map, Encoding.move_keys: A(-(j - o')) = A(o' - o) A(-(j - o)). ALiBi's bias is
+computed from the stored positions.
 
-The raw-shear encodings (Encoding.keeps_float32) map keys whose entries
-include shear products that the score partly cancels: stored so, their keys
-stay float32 and the dots that touch them (the decode step's q . k and p . v,
-the rebase's move) run at the encoding's dot_precision, HIGHEST: at a TPU's
-default (one bfloat16 pass) the stabilized variants' decoded outputs would
-carry up to 4.7 times RoPE's own bfloat16 error (docs/numerics.md, 3b). Where
-the model's attention takes the shear-weight kernels
-(selection.cache_keeps_shear_terms: 'shear', 'shear_flash', or 'auto' on TPU
-and GPU), the cache stores instead each key's shear terms
-(Encoding.shear_terms: damped rotations of chain elements, no
-larger than RoPE's keys) in the compute dtype; the decode step weights the
-term dots by each pair's exact time lag, and a rebase moves each (re, im)
-pair of the terms by its damped rotation, elementwise. No dot of that
-decoding path needs more than the backend's default precision.
+The raw-shear encodings (Encoding.keeps_float32) keep their mapped keys in
+float32 and the dots that touch them at dot_precision, HIGHEST (at a TPU's
+default the stabilized variants' decoded outputs would carry up to 4.7 times
+RoPE's bfloat16 error, docs/numerics.md, 3b). Where the model's attention
+takes the shear-weight kernels (selection.cache_keeps_shear_terms), the cache
+stores each key's shear terms (Encoding.shear_terms) in the compute dtype
+instead: the decode step weights the term dots by each pair's exact time lag,
+a rebase moves each (re, im) pair by its damped rotation, and no dot needs
+more than the backend's default precision.
 
-Layout: per layer, keys [B, N, H, M] (float32 when the encoding keeps
-mapped keys in float32, Encoding.keeps_float32, else the compute dtype; as
-shear terms [B, N, W, M], W the terms' widths together, in the compute dtype) and
-values [B, N, M, H] in buffers of M slots allocated once: the layouts the
-decode step's matmuls read as they lie (q . k contracts H, p . v contracts
-M); stored [B, M, N, H], XLA:CPU transposed them in every step
-(docs/performance.md, Decoding). Per row: the origin, the position of the
-next token and the position held by each slot (EMPTY for a slot without a
-key: after every query, so never visible). All rows write the same slot
-per step (`dynamic_update_slice`): prompts of different lengths are
-right-padded, and a shorter prompt's pad slots stay EMPTY. The arrays carry
-logical axis names (KVCache.map_arrays) so that a harness shards them like
-the activations: batch over data, heads over tensor.
+Layout: per layer, keys [B, N, H, M] (shear terms: [B, N, W, M], W the terms'
+widths together) and values [B, N, M, H] in buffers of M slots allocated
+once, the layouts the decode step's matmuls read as they lie (stored
+[B, M, N, H], XLA:CPU transposed them in every step; docs/performance.md,
+Decoding). Per row: the origin, the next token's position and each slot's
+position (EMPTY for a slot without a key). All rows write the same slot per
+step: prompts of different lengths are right-padded, their pad slots EMPTY.
+The arrays carry logical axis names (KVCache.map_arrays).
 
     logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
     logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
 
-A packed prompt row (prefill's segment_ids) continues its last prompt.
-
-The prefill runs the prompt through the model's ordinary forward (any
-attention kernel); each attention layer hands its keys and values to a
-LayerCache on the way. A decode step runs the same model code with the
-attention replaced by jrope.attention.cached.
+The prefill runs the prompt through the model's ordinary forward (any kernel;
+a packed prompt row continues its last prompt), each attention layer handing
+its keys and values to a LayerCache; a decode step runs the same model code
+with the attention replaced by jrope.attention.cached.
 
 Shape legend: B batch, P prompt length (padded), M cache slots, N heads,
 H head dim, V vocabulary.
@@ -128,22 +109,19 @@ class KVCache:
         )
 
 
+@dataclasses.dataclass
 class LayerCache:
     """One layer's share of the cache during one traced forward pass.
 
-    The model passes it to its layer's attention, which hands it the new raw
-    keys and values (`add`) and, in a decode step, calls `attend` instead of
-    its attention kernel. Mutable on purpose: the updated buffers replace
-    `keys` and `values`, which prefill and decode_step collect after the
-    forward. It lives inside one traced function and never crosses a JAX
-    transformation.
+    The layer's attention hands it the new raw keys and values (`add`) and,
+    in a decode step, calls `attend` instead of its kernel. Mutable on
+    purpose, inside one traced function: prefill and decode_step collect the
+    updated `keys` and `values` after the forward.
 
-    A prefill writes the new entries at once (its attention is the model's
-    kernel). A decode step attends over the buffers as they were and the new
-    entries beside them, then writes the new entries, computed so that they
-    depend on the attention's result (_after): a program that reads a buffer
-    and also updates it in place, with nothing ordering the two, gets the
-    whole buffer copied (XLA:CPU copied every layer's cache twice per step,
+    A decode step attends over the buffers as they were and the new entries
+    beside them, then writes the new entries made to depend on the result
+    (_after): a buffer read and updated in place with nothing ordering the
+    two gets copied whole (XLA:CPU copied every layer's cache twice per step,
     4x the step's time at 8192 slots; docs/performance.md).
 
     keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
@@ -154,28 +132,16 @@ class LayerCache:
     shear_terms: keys are stored as their shear terms (keeps_shear_terms).
     """
 
-    def __init__(
-        self,
-        keys,
-        values,
-        slot_positions,
-        positions,
-        origin,
-        write_index,
-        filled,
-        *,
-        decoding,
-        shear_terms,
-    ):
-        self.keys = keys
-        self.values = values
-        self.slot_positions = slot_positions
-        self.positions = positions
-        self.origin = origin
-        self.write_index = write_index
-        self.filled = filled
-        self.decoding = decoding
-        self.shear_terms = shear_terms
+    keys: jax.Array
+    values: jax.Array
+    slot_positions: jax.Array
+    positions: jax.Array
+    origin: jax.Array
+    write_index: jax.Array
+    filled: jax.Array
+    _: dataclasses.KW_ONLY
+    decoding: bool
+    shear_terms: bool
 
     @property
     def kernel(self) -> str | None:
@@ -294,12 +260,10 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
-    A row may pack several prompts (segment_ids, as in training): each
-    attends to itself only, its positions restarting at the row's offset, and
-    the cache continues the row's last one, the one that holds the row's last
-    prompt token. A decode step continues one sequence per row (one origin,
-    one next position), so the slots of a row's earlier prompts stay empty:
-    the result equals the prefill of each row's last prompt alone.
+    A row may pack several prompts (segment_ids, as in training), each
+    attending to itself, its positions restarting at the row's offset; the
+    cache continues the row's last prompt alone (a decode step continues one
+    sequence per row), the earlier prompts' slots staying empty.
 
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).

@@ -276,13 +276,7 @@ class TransformerBlock(nnx.Module):
         return jnp.where(keep, y / (1.0 - self.dropout_rate), 0.0).astype(y.dtype)
 
 
-def _run_block(
-    block: TransformerBlock,
-    x: jax.Array,
-    positions: jax.Array,
-    dropout_key: jax.Array | None,
-    segment_ids: jax.Array | None,
-) -> jax.Array:
+def _run_block(block: TransformerBlock, x, positions, dropout_key, segment_ids) -> jax.Array:
     return block(x, positions, dropout_key=dropout_key, segment_ids=segment_ids)
 
 
@@ -370,26 +364,16 @@ class Transformer(nnx.Module):
 
         segment_ids: optional int32 [B, T] for packed rows, several sequences
         per row (see decode)."""
-        return self.decode(
-            self.embed(inputs),
-            positions,
-            dropout_key=dropout_key,
-            cache=cache,
-            segment_ids=segment_ids,
-        )
+        options = dict(dropout_key=dropout_key, cache=cache, segment_ids=segment_ids)
+        return self.decode(self.embed(inputs), positions, **options)
 
     def follow_damping(self) -> float:
         """Reads every layer's largest damping on the host and plans the kernels for it.
 
-        Call it on a model with concrete parameters (outside jit) before
-        compiling an evaluation or decoding step: each attention layer then
-        chooses its kernel for the larger of model.max_damping and its
-        measured damping, and runs the blockwise kernel in blocks that carry
-        it (jrope.attention.selection.blockwise_block_size), so no kernel is
-        given a damping that overflows it, past model.max_damping too.
-        Without it, a traced model plans for model.max_damping alone (an
-        eager call measures by itself). Returns the largest damping over the
-        layers (0.0: undamped).
+        Call it outside jit before compiling an evaluation or decoding step:
+        each layer then chooses its kernel and blockwise blocks for the larger
+        of model.max_damping and its measured damping (a traced model plans for
+        model.max_damping alone). Returns the largest damping (0.0: undamped).
         """
         largest = 0.0
         for block in self.blocks:
@@ -451,20 +435,15 @@ class Transformer(nnx.Module):
             else:
                 x = run_block(block, x, positions, key, segment_ids)
         x = self.final_norm(x)
+        # The tied output projection (or the regression head); accumulated in float32.
         if self.reads_signals:
-            head = self.regression_head[...].astype(dtype)
-            return jnp.einsum(
-                "btd,dc->btc",
-                x,
-                head,
-                preferred_element_type=jnp.float32,
-                precision=attention.matmul_precision(self.cfg),
-            )
-        # Tied output projection; logits accumulate in float32.
+            spec, readout = "btd,dc->btc", self.regression_head
+        else:
+            spec, readout = "btd,vd->btv", self.embedding
         return jnp.einsum(
-            "btd,vd->btv",
+            spec,
             x,
-            self.embedding[...].astype(dtype),
+            readout[...].astype(dtype),
             preferred_element_type=jnp.float32,
             precision=attention.matmul_precision(self.cfg),
         )
