@@ -31,8 +31,8 @@ section 4): the Jordan encodings, which carry the features
 d e^{-gamma d} cos(w d), extrapolate a growing kernel better than RoPE and
 ALiBi.
 
-Measured (seasonal_trend, seed 0, 2026-12-04 at 7125d99df7; jordan_raw_tau rerun on
-this tree gave its row exactly; r2 at 512 / 1024 / 2048; all methods in
+Measured (seasonal_trend, seed 0, 2026-12-04 at jrope 4283dc2, runs kept in
+docs/runs/signal/seasonal_trend; r2 at 512 / 1024 / 2048; all methods in
 docs/results.md, section 5):
 
     rope            0.820  0.635  0.241

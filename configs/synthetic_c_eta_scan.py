@@ -22,8 +22,13 @@ Hardware: one GPU or TPU host at the reference's scale; a 2-core CPU runs
 the CPU scale in a minute or two per run.
 
 Expected result: the paper states that a larger forced shear hurts the long
-lengths; the reference ships no results of this scan. The CPU-scale result
-is in docs/results.md (the forced-shear ablation).
+lengths; the reference ships no results of this scan. Measured here at CPU
+scale (jrope 4283dc2, 2026-12-05, the 2-core development machine, seeds 0, 1,
+2; docs/results.md, the forced-shear ablation, runs kept in
+docs/runs/c_eta_scan_cpu): the damping decides accuracy at 2048 (0.77 to 0.83
+for c 0.1, 0.58 to 0.61 for c 0.5, about 0.5 for c 1 and 2), and eta from
+0.002 to 0.01 moves it by less than the seed spread, in no consistent
+direction.
 """
 
 from configs import synthetic_eta_scan

@@ -22,8 +22,8 @@ jordan_raw_tau, jordan_exact_scaled, rope_alibi for the paper's other three):
 Hardware: a 2-core CPU; a 1200-step run with its evaluation on 256
 sequences per length takes 6 to 23 minutes depending on the machine's load.
 
-Measured result (the comparison command above, 2026-12-03, at 085b162e39;
-jordan_rope seed 0 rerun on 2026-12-04 gave its row exactly; accuracy at
+Measured result (the comparison command above, 2026-12-05, at jrope 4283dc2, runs
+kept in docs/runs/synthetic_cpu; accuracy at
 256 / 512 / 1024 / 2048, mean ± sample standard deviation over seeds 0, 1, 2;
 docs/results.md, section 2):
 

@@ -21,8 +21,8 @@ Command (one run; docs/results.md, section 3, has the comparison over seeds):
 Hardware: a 2-core CPU; jordan_exact_scaled seed 0 with its evaluation took 51 s
 with nothing else running on 2026-12-04.
 
-Measured result (docs/results.md, section 3; 2026-12-04 at 7125d99df7, seeds 0-2;
-jordan_exact_scaled seed 0 rerun on this tree gave its row exactly): on WikiText-2's
+Measured result (docs/results.md, section 3; 2026-12-04/05 at jrope 4283dc2, seeds
+0-2, runs kept in docs/runs/wikitext_cpu): on WikiText-2's
 word-level validation text (training) and test text (evaluation) through
 --config.data.source=text, scaled-exact Jordan-RoPE and RoPE+ALiBi keep a
 nearly flat loss out to 8x the training length (test loss at 2048: 2.164 and

@@ -10,6 +10,7 @@ documents are regenerated from the commands they name. The reruns take minutes: 
 `published`, selected by `-m published` only (.ci/run runs them after the suite).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -24,8 +25,6 @@ RESULTS = (ROOT / "docs/results.md").read_text()
 QUICKSTART_DOC = (ROOT / "configs" / "quickstart.py").read_text()
 # In docs/results.md, a table copied from a probe's kernel_probe.md follows this marker.
 PROBE_MARKER = re.compile(r"<!-- kernel_probe\.md of (configs/\w+\.py) -->\n\n((?:\|.*\n)+)")
-# The finished runs of section 2's paper-scale comparison: each one's evaluation and logs.
-PAPER_SCALE_RUNS = ROOT / "docs/runs/synthetic"
 # The quick start's evaluation lines: "length 256: accuracy 0.9062  loss 0.1776"
 LENGTH_LINE = re.compile(r"length (\d+): accuracy ([\d.]+)\s+loss ([\d.]+)")
 
@@ -59,21 +58,72 @@ def test_every_probe_table_in_the_results_is_marked_with_its_config():
         assert f"python eval.py --config={config}" in RESULTS
 
 
-def test_the_paper_scale_tables_are_the_comparison_of_the_runs_kept_in_docs():
-    """Section 2's paper-scale tables are what the comparison makes of the runs in docs/runs."""
+# A table that `comparison.md` holds follows its marker, which names the folder of the runs kept
+# in this repository that it is made of, or says that its runs are not kept.
+COMPARISON_MARKER = re.compile(r"<!-- comparison\.md of ([^>]*?) -->\n\n((?:\|.*\n)+)")
+KEPT_RUNS = re.compile(r"the runs in (docs/runs/[\w/]+)")
+
+
+def _kept_rows(folder):
+    """The result rows of the finished runs kept in `folder`, in the order compare reads them:
+    by seed, then by method in the --methods order of the command that names them all (a run's
+    starts.jsonl; some runs may have been started by a command naming fewer)."""
+    from jrope.train import evaluation
+
+    kept = {path.name for path in folder.iterdir() if path.is_dir()}
+    starts = [
+        json.loads(path.read_text().splitlines()[0]) for path in folder.glob("*/seed*/starts.jsonl")
+    ]
+    commands = [
+        dict(arg.split("=", 1) for arg in s["command"] if arg.startswith("--")) for s in starts
+    ]
+    flags = next(c for c in commands if set(c["--methods"].split(",")) == kept)
+    rows = []
+    for seed in flags["--seeds"].split(","):
+        for method in flags["--methods"].split(","):
+            run = folder / method / f"seed{seed}"
+            assert run.is_dir(), f"{run} is not kept"
+            latest = max(
+                run.glob("eval_step*"), key=lambda path: int(path.name[len("eval_step") :])
+            )
+            rows += evaluation.read_results(latest)
+    return rows
+
+
+def _comparison_tables(rows):
+    """Every table comparison.md holds for `rows`: per metric, the means, each run's values and
+    the tables by distance."""
     from jrope.experiments import compare
     from jrope.train import evaluation
 
-    methods = ["jordan_rope", "rope", "direct_sum"]  # the comparison command's order
-    folders = sorted(
-        PAPER_SCALE_RUNS.glob("*/seed*/eval_step1200"),
-        key=lambda folder: (int(folder.parent.name[4:]), methods.index(folder.parent.parent.name)),
-    )
-    assert folders, f"no finished run in {PAPER_SCALE_RUNS}"
-    rows = [row for folder in folders for row in evaluation.read_results(folder)]
-    assert {row["num_sequences"] for row in rows} == {256}
-    for table in (compare.comparison_table(rows, "accuracy"), compare.seed_table(rows, "accuracy")):
-        assert table.split("\n\n", 1)[1].strip() in RESULTS, table
+    made = []
+    for metric in evaluation.TASK_COLUMNS[compare.task_of(rows)]:
+        for text in (compare.comparison_table(rows, metric), compare.seed_table(rows, metric),
+                     compare.distance_tables(rows, metric)):  # fmt: skip
+            made += [table.strip() for table in re.findall(r"(?:^\|.*\n?)+", text, re.MULTILINE)]
+    return made
+
+
+def test_every_comparison_table_names_its_kept_runs_or_says_they_are_not_kept():
+    markers = COMPARISON_MARKER.findall(RESULTS)
+    assert len(markers) >= 15
+    for source, _ in markers:
+        assert KEPT_RUNS.fullmatch(source) or "not kept" in source, source
+
+
+@pytest.mark.parametrize(
+    "folder",
+    sorted({m for s, _ in COMPARISON_MARKER.findall(RESULTS) for m in KEPT_RUNS.findall(s)}),
+)
+def test_each_documented_comparison_is_what_compare_makes_of_its_kept_runs(folder):
+    tables = [
+        t
+        for source, t in COMPARISON_MARKER.findall(RESULTS)
+        if KEPT_RUNS.findall(source) == [folder]
+    ]
+    made = _comparison_tables(_kept_rows(ROOT / folder))
+    for table in tables:
+        assert table.strip() in made, f"{folder}: no table of its runs reads\n{table}"
 
 
 @pytest.mark.published
