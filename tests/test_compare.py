@@ -1,10 +1,15 @@
 """The method comparison: trains each (method, seed) once, then tabulates mean and spread."""
 
+import copy
 import os
+import shutil
 
 import pytest
 from helpers.tiny_config import tiny_config_dict
+from helpers.train_process import REPO_ROOT
 
+from configs import synthetic
+from jrope.errors import UsageError
 from jrope.experiments import compare
 from jrope.train import evaluation
 
@@ -85,3 +90,43 @@ def test_the_comparison_is_shown_with_its_files(tmp_path, capsys):
     assert len(made_by) == 1 and " at jrope " in made_by[0]
     for name in ("comparison.csv", "comparison.md", "comparison.png"):
         assert (tmp_path / name).exists() and str(tmp_path / name) in console
+
+
+def _rerun(config, workdir, **overrides):
+    changed = copy.deepcopy(config)
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        setattr(changed[section] if section else changed, name, value)
+    return compare.run_comparison(changed, ["rope"], [0], workdir)
+
+
+def test_a_finished_run_is_reused_only_with_its_settings_and_evaluated_at_new_lengths(tmp_path):
+    config = tiny_config_dict(**{"mesh.data": -1})  # the batch of 8 over the 8 test devices
+    workdir = str(tmp_path)
+    compare.run_comparison(config, ["rope"], [0], workdir)
+    table = (tmp_path / "comparison.md").read_text()
+    with pytest.raises(UsageError, match=r"opt\.learning_rate is 0\.\d+ there, 0\.01 now"):
+        _rerun(config, workdir, **{"opt.learning_rate": 1e-2})
+    assert (tmp_path / "comparison.md").read_text() == table  # not relabelled
+    rows = _rerun(config, workdir, **{"eval.lengths": (16, 32)})  # evaluates 32, trains nothing
+    assert sorted(row["length"] for row in rows) == [16, 32]
+    assert "| method | seeds | 16 | 32 |" in (tmp_path / "comparison.md").read_text()
+    rows = _rerun(config, workdir, **{"eval.lengths": (32,)})  # the table names only its lengths
+    assert [row["length"] for row in rows] == [32]
+    assert "| method | seeds | 32 |" in (tmp_path / "comparison.md").read_text()
+
+
+def test_the_kept_headline_runs_are_read_by_the_documented_command(tmp_path, monkeypatch):
+    """docs/results.md: `cp -r docs/runs/synthetic runs/synthetic`, then the command, trains
+    nothing; another learning rate is refused by name."""
+    shutil.copytree(os.path.join(REPO_ROOT, "docs/runs/synthetic"), tmp_path / "synthetic")
+    monkeypatch.setattr(compare, "train_and_evaluate", None)  # any training fails
+    config = synthetic.get_config()
+    config.eval.num_sequences = 256
+    config.mesh.data = -1
+    methods, workdir = ["jordan_rope", "rope", "direct_sum"], str(tmp_path / "synthetic")
+    rows = compare.run_comparison(config, methods, [0, 1, 2], workdir)
+    assert len(rows) == 9 * len(config.eval.lengths)
+    config.opt.learning_rate = 1e-2
+    with pytest.raises(UsageError, match="opt.learning_rate"):
+        compare.run_comparison(config, methods, [0], workdir)

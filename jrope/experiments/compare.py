@@ -10,7 +10,10 @@ first one trains (jrope.train.checks), and all problems of all runs are
 reported together: a misspelt method last in --methods must not cost the
 training of the others first. The run is resumable at two levels: a
 finished run (its final evaluation CSV exists) is not retrained, and an
-interrupted one resumes from its latest checkpoint. The comparison is
+interrupted one resumes from its latest checkpoint. A finished run is read
+only when its last start's config has the command's training settings (else
+UsageError, naming each difference), and is evaluated at the lengths it
+lacks; the tables hold the command's lengths only. The comparison is
 printed at the end, with where its files went, and written to
 `<workdir>/comparison.{csv,md,png}`: every row, then the mean and
 spread (sample standard deviation) over seeds per method and length, and,
@@ -27,6 +30,7 @@ from __future__ import annotations
 import collections
 import copy
 import importlib.metadata
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -40,6 +44,7 @@ from etils import epath
 from jrope import command_line, results
 from jrope.errors import ConfigError, DataError, UsageError
 from jrope.train import checks, evaluation, outputs
+from jrope.train.checkpoints import config_differences
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
@@ -64,21 +69,45 @@ def run_comparison(
         for method in methods
     }
     checked = _check_every_run(runs)
+    finished = {run: _finished_rows(checked[run], run_dir) for run, (_, run_dir) in runs.items()}
     rows = []
     for (method, seed), (_, run_dir) in runs.items():
-        results = evaluation.results_dir(run_dir, checked[method, seed].num_steps)
-        earlier = evaluation.readable_results(results)
-        if earlier is None:
+        if finished[method, seed] is None:
             say(f"{method} seed {seed}: training in {run_dir}")
             train_and_evaluate(checked[method, seed], str(run_dir))
-            earlier = evaluation.read_results(results)
-        else:
-            say(f"{method} seed {seed}: finished earlier, reading its results in {run_dir}")
-        rows.extend(earlier)
+            results = evaluation.results_dir(run_dir, checked[method, seed].num_steps)
+            finished[method, seed] = evaluation.read_results(results)
+        rows.extend(finished[method, seed])
     if jax.process_index() == 0:
         paths = write_comparison(rows, workdir)
         show_comparison(paths)
     return rows
+
+
+def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
+    """The result rows of a run finished with `cfg`'s settings at eval.lengths, evaluating the
+    lengths (or sequence counts) it lacks; None when it has not finished. UsageError for a run
+    trained with other settings (its last start record's config): its rows are not this command's."""
+    earlier = evaluation.readable_results(evaluation.results_dir(run_dir, cfg.num_steps))
+    if earlier is None:
+        return None
+    record = run_dir / outputs.RECORD_FILE
+    starts = results.split_json_lines(record.read_bytes())[0] if record.exists() else []
+    saved = json.loads(starts[-1]).get("config") if starts else None
+    if saved is None:
+        raise UsageError(f"{run_dir} has results but no {outputs.RECORD_FILE} naming its settings; "
+                         "give this comparison another --workdir.")  # fmt: skip
+    if refused := config_differences(saved, cfg.to_json_dict(), purpose="resume")[0]:
+        raise UsageError(f"{run_dir} finished with other settings: {'; '.join(refused)}; give "
+                         "this comparison another --workdir.")  # fmt: skip
+    lengths, count = set(cfg.eval.lengths), cfg.eval.num_sequences
+    evaluated = {row["length"] for row in earlier if row["num_sequences"] == count}
+    if lengths - evaluated:
+        say(f"{run_dir}: finished earlier; evaluating lengths {sorted(lengths - evaluated)}")
+        earlier = evaluation.evaluate_checkpoint(cfg, str(run_dir), cfg.num_steps)
+    else:
+        say(f"{run_dir}: finished earlier, reading its results")
+    return [row for row in earlier if row["length"] in lengths]
 
 
 def _run_config(config, method: str, seed: int):
