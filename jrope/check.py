@@ -168,19 +168,6 @@ def check_parameters(enc: encodings.Encoding) -> dict[str, jax.Array]:
     return params
 
 
-def _choose(settings, enc, length, queries, damping, backend, packed) -> tuple[str, bool]:
-    """(kernel, interpret mode) that `settings` take here, splash off TPU in interpret mode up
-    to INTERPRET_MAX_LENGTH; ValueError says why none."""
-    window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
-    choose = functools.partial(selection.choose_kernel, settings, enc, **window)
-    try:
-        return choose(backend=backend), False
-    except ValueError:
-        if settings.attention_impl != "splash" or backend == "tpu" or length > INTERPRET_MAX_LENGTH:
-            raise
-        return choose(backend="tpu"), True
-
-
 def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     """What 'auto' and each attention_impl run at every window of the config (training and
     evaluation lengths; the last query alone under readout 'last'), against the oracle."""
@@ -195,9 +182,13 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     for length, queries in windows:
         for impl in selection.ATTENTION_IMPLS:
             settings = dataclasses.replace(cfg.model, attention_impl=impl).attention
-            window = (length, queries, damping, backend, packed)
+            # splash runs off TPU in interpret mode, as a TPU would choose it
+            interpret = impl == "splash" and backend != "tpu" and length <= INTERPRET_MAX_LENGTH
+            window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
             try:
-                kernel, interpret = _choose(settings, enc, *window)
+                kernel = selection.choose_kernel(
+                    settings, enc, **window, backend="tpu" if interpret else backend
+                )
             except ValueError as refusal:
                 skips.setdefault((impl, _first_line(refusal)), []).append(length)
                 continue
@@ -309,11 +300,7 @@ def precision_rows(cfg, backend: str) -> list[Row]:
 def _precision_row(cfg, enc, length: int, backend: str) -> Row:
     params, queries = check_parameters(enc), min(PRECISION_ROWS, length)
     (q, k, _, _), positions, _ = _problem(length, cfg.model.head_dim, cfg.model.compute_dtype)
-    q, q_positions, positions = (
-        q[:, length - queries :],
-        positions[0, length - queries :],
-        positions[0],
-    )
+    q, q_positions, positions = q[:, length - queries :], positions[0, -queries:], positions[0]
     with oracle.float64():
         logits = jax.jit(oracle.logits, static_argnums=0)
         want = np.asarray(logits(enc, *oracle.as_float64((params, q, k)), q_positions, positions))
@@ -430,8 +417,7 @@ def main(argv: Sequence[str]) -> None:
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {list(argv[1:])}; give the config with --config.")
+    del argv  # command_line.run refuses arguments
     values = flags.FLAGS
     if values.backend:
         jax.config.update("jax_platforms", PLATFORMS[values.backend])
@@ -486,9 +472,7 @@ def run_main() -> None:
 
         help_config = "The run's config (default: wikitext_scaled_exact)."
         config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-        flags.DEFINE_string(
-            "output_dir", "", "Write the report there: <config>_<backend>.md, .json."
-        )
+        flags.DEFINE_string("output_dir", "", "Write <config>_<backend>.md, .json there.")
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
 
