@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, commands, encodings, flops, oracle
+from jrope import attention, command_line, commands, encodings, flops, oracle, results
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -99,12 +99,10 @@ class Report:
         )
 
     def markdown(self) -> str:
-        lines = [f"`{self.command}` ({self.date})", "", "| section | check | measured | limit | "]
-        lines[-1] += "result |\n|---|---|---|---|---|"
-        for row in self.rows:
-            cells = (row.section, row.check, row.measured, row.limit, row.result)
-            lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
-        return "\n".join([*lines, "", self.verdict, ""])
+        columns = ("section", "check", "measured", "limit", "result")
+        cells = [[getattr(row, c).replace("|", "/") for c in columns] for row in self.rows]
+        table = results.markdown_table(columns, cells)
+        return f"`{self.command}` ({self.date})\n\n{table}\n{self.verdict}\n"
 
     def to_json(self) -> dict[str, Any]:
         return dict(dataclasses.asdict(self), verdict=self.verdict, exit_status=self.exit_status)
