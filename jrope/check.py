@@ -379,16 +379,12 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     rate += f"{100 * model_flops['total'] / seconds / peak:.1f} %" if peak else "unknown"
     memory, kind = flops.device_memory()
     shortfall = flops.memory_shortfall(compiled)
-    shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}"
-    shape += (
-        ", random tokens: data.source reads files)" if isinstance(source, RandomTokens) else ")"
-    )
+    reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
+    shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}{reads})"
     rows = [Row("train step", shape, f"{compile_seconds:.1f} s")]
-    result, advice = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite at the start.")
+    finite = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite at the start.")
     details = {"seconds": seconds, "loss": loss}
-    rows.append(
-        Row("train step", "step time (median)", rate, "finite loss", result, advice, details)
-    )
+    rows.append(Row("train step", "step time (median)", rate, "finite loss", *finite, details))
     used = f"{flops.peak_memory(compiled) / 2**30:.3g} GiB"
     limit = f"{memory / 2**30:.3g} GiB {kind}" if memory else "unknown"
     advice = f"It {shortfall}: lower the batch, set model.remat=full, or add devices."
@@ -440,13 +436,9 @@ def main(argv: Sequence[str]) -> None:
             raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.") from None
     shown = [f"--config={name}", *(a for a in sys.argv[1:] if not a.startswith("--config="))]
     print(f"Checking {name} on {jax.default_backend()}:", flush=True)
-    report = run_check(
-        cfg,
-        command=" ".join(["python -m jrope.check", *shown]),
-        requested_backend=values.backend,
-        timed_steps=values.timed_steps,
-        say=lambda line: print(line, flush=True),
-    )
+    command = " ".join(["python -m jrope.check", *shown])
+    options = dict(requested_backend=values.backend, timed_steps=values.timed_steps)
+    report = run_check(cfg, command=command, **options, say=lambda line: print(line, flush=True))
     print(report.environment, file=sys.stderr)
     print(f"\n{report.markdown()}", flush=True)
     if values.output_dir:

@@ -79,13 +79,11 @@ def blockwise_attention(
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
     """
-    q_positions = jnp.asarray(q_positions)
-    k_positions = jnp.asarray(k_positions)
+    q_positions, k_positions = jnp.asarray(q_positions), jnp.asarray(k_positions)
     _check_inputs(q, k, v, q_positions, k_positions, block_size)
     q_len, k_len = q.shape[1], k.shape[1]
-    layout = blocks.Layout(
-        min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal), precision
-    )
+    q_block, k_block = min(block_size, q_len), min(block_size, k_len)
+    layout = blocks.Layout(q_block, k_block, q_len, k_len, bool(causal), precision)
     q_padded, k_padded = layout.num_q_blocks * layout.q_block, layout.num_k_blocks * layout.k_block
     rows = None
     if segment_ids is not None:
