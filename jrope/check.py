@@ -462,7 +462,9 @@ def run_main() -> None:
 
         help_config = "The run's config (default: wikitext_scaled_exact)."
         config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-        flags.DEFINE_string("output_dir", "", "Write <config>_<backend>.md, .json there.")
+        flags.DEFINE_string(
+            "output_dir", "", "Write the report there: <config>_<backend>.md, .json."
+        )
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
 

@@ -261,14 +261,10 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
             k_start = kb * bk
             kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
             coords, segments = _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk)
-            logits, pullback = jax.vjp(
-                lambda p, qq, kk: blocks.pair_logits(
-                    enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision, coords
-                ),
-                params,
-                q2,
-                blocks.slice_seq(keys, k_start, bk),
-            )
+            pair = (qpos_blk, kpos_blk, k.dtype, layout.precision, coords)
+            logits_of = lambda p, qq, kk: blocks.pair_logits(enc, p, qq, kk, *pair)  # noqa: E731
+            keys_blk = blocks.slice_seq(keys, k_start, bk)
+            logits, pullback = jax.vjp(logits_of, params, q2, keys_blk)
             mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk, segments)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
             v_blk = blocks.slice_seq(v, k_start, bk).astype(jnp.float32)

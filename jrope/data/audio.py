@@ -395,7 +395,8 @@ def _cli() -> None:
     wav_dir = flags.DEFINE_string(
         "wav_dir", None, "Folder of .wav files, searched recursively (sorted path order)."
     )
-    help_archive = "Tar archive of .wav files (musicnet.tar.gz), read in archive order."
+    help_archive = "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the "
+    help_archive += "reference does."
     archive = flags.DEFINE_string("archive", None, help_archive)
     out_dir = flags.DEFINE_string(
         "out_dir", None, "Folder for train.u8, eval.u8, manifest.json.", required=True
@@ -404,7 +405,8 @@ def _cli() -> None:
     eval_fraction = flags.DEFINE_float(
         "eval_fraction", DEFAULT_EVAL_FRACTION, "Fraction of the files held out for evaluation."
     )
-    help_max_files = "Use only the first N WAVs (0: all); 16 of musicnet.tar.gz: the reference's."
+    help_max_files = "Use only the first N WAVs (archive order, or sorted path order for a folder; "
+    help_max_files += "0: all). 16 with --archive=musicnet.tar.gz gives the reference's corpus."
     max_files = flags.DEFINE_integer("max_files", 0, help_max_files)
 
     def main(argv: Sequence[str]) -> None:

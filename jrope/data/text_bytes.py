@@ -291,7 +291,7 @@ def _check_long_enough(corpus: np.ndarray, length: int, description: str) -> Non
     if len(corpus) < length + 1:
         raise ValueError(
             f"{description} has {len(corpus)} bytes, too few for windows of {length} + 1 bytes; "
-            f"use more text or a shorter length."
+            "use more text or a shorter length."
         )
 
 

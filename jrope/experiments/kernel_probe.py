@@ -147,7 +147,9 @@ class KernelProbeConfig:
                 "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
             )
         if min(self.eval_contexts) < 1:
-            raise ValueError(f"probe.eval_contexts must be positive, got {self.eval_contexts}.")
+            raise ValueError(
+                f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."
+            )
         if self.gamma < 0 or self.ridge < 0:
             raise ValueError(
                 f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
