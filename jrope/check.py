@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, commands, encodings, flops, oracle
+from jrope import attention, command_line, commands, encodings, flops, oracle, results
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -99,12 +99,10 @@ class Report:
         )
 
     def markdown(self) -> str:
-        lines = [f"`{self.command}` ({self.date})", "", "| section | check | measured | limit | "]
-        lines[-1] += "result |\n|---|---|---|---|---|"
-        for row in self.rows:
-            cells = (row.section, row.check, row.measured, row.limit, row.result)
-            lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
-        return "\n".join([*lines, "", self.verdict, ""])
+        columns = ("section", "check", "measured", "limit", "result")
+        cells = [[getattr(row, c).replace("|", "/") for c in columns] for row in self.rows]
+        table = results.markdown_table(columns, cells)
+        return f"`{self.command}` ({self.date})\n\n{table}\n{self.verdict}\n"
 
     def to_json(self) -> dict[str, Any]:
         return dict(dataclasses.asdict(self), verdict=self.verdict, exit_status=self.exit_status)
@@ -168,19 +166,6 @@ def check_parameters(enc: encodings.Encoding) -> dict[str, jax.Array]:
     return params
 
 
-def _choose(settings, enc, length, queries, damping, backend, packed) -> tuple[str, bool]:
-    """(kernel, interpret mode) that `settings` take here, splash off TPU in interpret mode up
-    to INTERPRET_MAX_LENGTH; ValueError says why none."""
-    window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
-    choose = functools.partial(selection.choose_kernel, settings, enc, **window)
-    try:
-        return choose(backend=backend), False
-    except ValueError:
-        if settings.attention_impl != "splash" or backend == "tpu" or length > INTERPRET_MAX_LENGTH:
-            raise
-        return choose(backend="tpu"), True
-
-
 def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     """What 'auto' and each attention_impl run at every window of the config (training and
     evaluation lengths; the last query alone under readout 'last'), against the oracle."""
@@ -195,9 +180,13 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
     for length, queries in windows:
         for impl in selection.ATTENTION_IMPLS:
             settings = dataclasses.replace(cfg.model, attention_impl=impl).attention
-            window = (length, queries, damping, backend, packed)
+            # splash runs off TPU in interpret mode, as a TPU would choose it
+            interpret = impl == "splash" and backend != "tpu" and length <= INTERPRET_MAX_LENGTH
+            window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
             try:
-                kernel, interpret = _choose(settings, enc, *window)
+                kernel = selection.choose_kernel(
+                    settings, enc, **window, backend="tpu" if interpret else backend
+                )
             except ValueError as refusal:
                 skips.setdefault((impl, _first_line(refusal)), []).append(length)
                 continue
@@ -309,11 +298,7 @@ def precision_rows(cfg, backend: str) -> list[Row]:
 def _precision_row(cfg, enc, length: int, backend: str) -> Row:
     params, queries = check_parameters(enc), min(PRECISION_ROWS, length)
     (q, k, _, _), positions, _ = _problem(length, cfg.model.head_dim, cfg.model.compute_dtype)
-    q, q_positions, positions = (
-        q[:, length - queries :],
-        positions[0, length - queries :],
-        positions[0],
-    )
+    q, q_positions, positions = q[:, length - queries :], positions[0, -queries:], positions[0]
     with oracle.float64():
         logits = jax.jit(oracle.logits, static_argnums=0)
         want = np.asarray(logits(enc, *oracle.as_float64((params, q, k)), q_positions, positions))
@@ -394,16 +379,12 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     rate += f"{100 * model_flops['total'] / seconds / peak:.1f} %" if peak else "unknown"
     memory, kind = flops.device_memory()
     shortfall = flops.memory_shortfall(compiled)
-    shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}"
-    shape += (
-        ", random tokens: data.source reads files)" if isinstance(source, RandomTokens) else ")"
-    )
+    reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
+    shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}{reads})"
     rows = [Row("train step", shape, f"{compile_seconds:.1f} s")]
-    result, advice = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite at the start.")
+    finite = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite at the start.")
     details = {"seconds": seconds, "loss": loss}
-    rows.append(
-        Row("train step", "step time (median)", rate, "finite loss", result, advice, details)
-    )
+    rows.append(Row("train step", "step time (median)", rate, "finite loss", *finite, details))
     used = f"{flops.peak_memory(compiled) / 2**30:.3g} GiB"
     limit = f"{memory / 2**30:.3g} GiB {kind}" if memory else "unknown"
     advice = f"It {shortfall}: lower the batch, set model.remat=full, or add devices."
@@ -430,8 +411,7 @@ def main(argv: Sequence[str]) -> None:
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
-    if len(argv) > 1:
-        raise UsageError(f"Unexpected arguments: {list(argv[1:])}; give the config with --config.")
+    del argv  # command_line.run refuses arguments
     values = flags.FLAGS
     if values.backend:
         jax.config.update("jax_platforms", PLATFORMS[values.backend])
@@ -456,13 +436,9 @@ def main(argv: Sequence[str]) -> None:
             raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.") from None
     shown = [f"--config={name}", *(a for a in sys.argv[1:] if not a.startswith("--config="))]
     print(f"Checking {name} on {jax.default_backend()}:", flush=True)
-    report = run_check(
-        cfg,
-        command=" ".join(["python -m jrope.check", *shown]),
-        requested_backend=values.backend,
-        timed_steps=values.timed_steps,
-        say=lambda line: print(line, flush=True),
-    )
+    command = " ".join(["python -m jrope.check", *shown])
+    options = dict(requested_backend=values.backend, timed_steps=values.timed_steps)
+    report = run_check(cfg, command=command, **options, say=lambda line: print(line, flush=True))
     print(report.environment, file=sys.stderr)
     print(f"\n{report.markdown()}", flush=True)
     if values.output_dir:

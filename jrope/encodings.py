@@ -539,21 +539,12 @@ def make_encoding(
         _check_divides(cfg, head_dim, 2, "RoPE rotates (re, im) pairs")
         segments = (JordanSegment(0, head_dim, 1, num_heads, cfg),)
     elif cfg.layout == "jordan":
-        _check_divides(
-            cfg,
-            head_dim,
-            2 * cfg.order,
-            f"an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims",
-        )
+        why = f"an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims"
+        _check_divides(cfg, head_dim, 2 * cfg.order, why)
         segments = (JordanSegment(0, head_dim, cfg.order, num_heads, cfg),)
     else:
-        _check_divides(
-            cfg,
-            head_dim,
-            8,
-            "the direct sum splits the head into a RoPE half and an "
-            "order-2 real Jordan half of 4-dim blocks",
-        )
+        why = "the direct sum splits the head into a RoPE half and an order-2 real Jordan half "
+        _check_divides(cfg, head_dim, 8, why + "of 4-dim blocks")
         half = head_dim // 2
         rope = dataclasses.replace(cfg, layout="rope", learn_gamma=False, shear="none")
         real_jordan = dataclasses.replace(cfg, layout="jordan", order=2, rotate=False)
@@ -585,12 +576,9 @@ def attention_logits(
     precision: of the q.k dot (a jax.lax.Precision); default: enc.dot_precision.
     """
     q2, k2 = enc.transform_qk(params, q, k, q_positions, k_positions)
+    dots = enc.dot_precision if precision is None else precision
     logits = jnp.einsum(
-        "btnh,bsnh->bnts",
-        q2,
-        k2,
-        preferred_element_type=jnp.float32,
-        precision=enc.dot_precision if precision is None else precision,
+        "btnh,bsnh->bnts", q2, k2, preferred_element_type=jnp.float32, precision=dots
     )
     logits = logits / math.sqrt(enc.head_dim)
     return add_bias(logits, enc.logit_bias(params, q_positions, k_positions))

@@ -111,10 +111,10 @@ class Throughput:
     ) -> Throughput:
         """Train steps of `rows` x `length` tokens on `devices`; io: the model's vocab_size, or
         input_channels and output_channels (as model_flops_per_step takes them)."""
+        total = model_flops_per_step(model, rows, length, **io)["total"]
+        peak = peak_flops_per_sec(devices, model.compute_dtype)
         return cls(
-            tokens_per_step=rows * length,
-            model_flops_per_step=model_flops_per_step(model, rows, length, **io)["total"],
-            peak_flops_per_sec=peak_flops_per_sec(devices, model.compute_dtype),
+            tokens_per_step=rows * length, model_flops_per_step=total, peak_flops_per_sec=peak
         )
 
     def rates(self, steps_per_sec: float) -> dict[str, float]:
@@ -143,12 +143,8 @@ def peak_memory(compiled) -> int:
     """The compiler's peak memory of a compiled program on one device, in bytes: at least its
     buffers' sum (the CPU's peak counts only the arguments)."""
     stats = compiled.memory_analysis()
-    buffers = (
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
-        + stats.temp_size_in_bytes
-    )
+    buffers = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+    buffers += stats.temp_size_in_bytes
     return int(max(getattr(stats, "peak_memory_in_bytes", 0), buffers))
 
 

@@ -123,17 +123,11 @@ class PositionalEncoding(nnx.Module):
         # Flax shards a parameter on creation where a mesh is set (its default); without one
         # the parameters stay plain arrays, sharded later from their partition specs.
         eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
-        self.params = nnx.Dict(
-            {
-                name: nnx.Param(
-                    value,
-                    out_sharding=axes[name],
-                    eager_sharding=eager,
-                    **{LOGICAL_AXES_KEY: axes[name]},
-                )
-                for name, value in encoding.init_params().items()
-            }
-        )
+        params = {}
+        for name, value in encoding.init_params().items():
+            tags = {"out_sharding": axes[name], LOGICAL_AXES_KEY: axes[name]}
+            params[name] = nnx.Param(value, eager_sharding=eager, **tags)
+        self.params = nnx.Dict(params)
 
     def check_record(self) -> None:
         """Raises ValueError, naming each difference, where the stored record (e.g. restored from
@@ -175,9 +169,8 @@ class PositionalEncoding(nnx.Module):
         Returns q2, k2 shaped like q, k; float32 when `encoding.keeps_float32`,
         else the inputs' dtype.
         """
-        return self.encoding.transform_qk(
-            self.param_values(), q, k, q_positions, k_positions, origin
-        )
+        params = self.param_values()
+        return self.encoding.transform_qk(params, q, k, q_positions, k_positions, origin)
 
     def map_queries(self, q, q_positions, origin=0):
         """The query half alone (decoding with a KV cache of mapped keys); see Encoding.map_queries."""
@@ -269,17 +262,8 @@ def dot_product_attention(
         if is_causal:
             causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
             visible = causal if mask is None else mask & causal
-        return shear_attention(
-            q,
-            k,
-            v,
-            enc=encoding,
-            params=pe.param_values(),
-            q_positions=q_positions,
-            k_positions=k_positions,
-            causal=False,
-            mask=visible,
-        )
+        shear = dict(enc=encoding, params=pe.param_values(), causal=False, mask=visible)
+        return shear_attention(q, k, v, q_positions=q_positions, k_positions=k_positions, **shear)
     check_supported(encoding, MAP_FEATURES | {BIAS}, "dot_product_attention")
     q2, k2 = pe(q, k, q_positions, k_positions)
     bias = pe.logit_bias(q_positions, k_positions)
@@ -289,16 +273,10 @@ def dot_product_attention(
             # cuDNN adds the bias in the inputs' dtype; the slopes hold no parameters.
             bias = jax.lax.stop_gradient(bias).astype(v.dtype)
     common = jnp.promote_types(q2.dtype, v.dtype)
+    options = dict(bias=bias, mask=mask, is_causal=is_causal, implementation=implementation)
     with precision_scope(encoding.dot_precision):
-        out = jax.nn.dot_product_attention(
-            q2.astype(common),
-            k2.astype(common),
-            v.astype(common),
-            bias=bias,
-            mask=mask,
-            is_causal=is_causal,
-            implementation=implementation,
-        )
+        qkv = [x.astype(common) for x in (q2, k2, v)]
+        out = jax.nn.dot_product_attention(*qkv, **options)
     return out.astype(v.dtype)
 
 
@@ -349,14 +327,9 @@ def causal_self_attention(
         raise ValueError(
             f"q holds the last T of the S key positions: T = {q.shape[1]} > S = {k.shape[1]}."
         )
-    settings = attention.AttentionSettings(
-        head_dim=encoding.head_dim,
-        compute_dtype=dtype.name,
-        attention_impl=kernel,
-        blockwise_min_length=blockwise_min_length,
-        block_size=block_size,
-        max_damping=max_damping,
-    )
+    fields = dict(head_dim=encoding.head_dim, compute_dtype=dtype.name, attention_impl=kernel)
+    fields.update(blockwise_min_length=blockwise_min_length, block_size=block_size)
+    settings = attention.AttentionSettings(**fields, max_damping=max_damping)
     damping = _concrete_damping(pe)
     if segment_ids is None:
         span = _positions_extent(k.shape[1], positions) - 1
@@ -365,33 +338,20 @@ def causal_self_attention(
         traced = any(isinstance(x, jax.core.Tracer) for x in (positions, segment_ids))
         # Traced: assumed contiguous within a segment, as a row's positions without segments.
         span = None if traced else largest_segment_span(positions, segment_ids)
+    window = dict(length=k.shape[1], num_queries=q.shape[1], backend=backend, span=span)
     try:
         chosen = attention.choose_kernel(
-            settings,
-            encoding,
-            length=k.shape[1],
-            num_queries=q.shape[1],
-            backend=backend,
-            span=span,
-            damping=damping,
-            packed=segment_ids is not None,
+            settings, encoding, **window, damping=damping, packed=segment_ids is not None
         )
     except ValueError as refusal:
         raise ValueError(f"causal_self_attention(kernel={kernel!r}): {refusal}") from None
-    return attention.causal_attention(
-        q,
-        k,
-        v,
-        enc=encoding,
-        params=pe.param_values(),
-        positions=positions,
-        segment_ids=segment_ids,
-        kernel=chosen,
-        # Blocks that carry the damping planned for (the blockwise kernel's factors reach
-        # e^(gamma * (block_size - 1))).
-        block_size=blockwise_block_size(block_size, damping_bound(settings, damping)),
-        precision=attention.attention_precision(settings, encoding, chosen),
-    )
+    # Blocks that carry the damping planned for (the blockwise kernel's factors reach
+    # e^(gamma * (block_size - 1))).
+    blocks = blockwise_block_size(block_size, damping_bound(settings, damping))
+    precision = attention.attention_precision(settings, encoding, chosen)
+    inputs = dict(enc=encoding, params=pe.param_values(), positions=positions, kernel=chosen)
+    options = dict(segment_ids=segment_ids, block_size=blocks, precision=precision)
+    return attention.causal_attention(q, k, v, **inputs, **options)
 
 
 def _concrete_damping(pe: PositionalEncoding) -> float | None:

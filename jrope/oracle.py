@@ -110,9 +110,8 @@ def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> ja
         bias = enc.logit_bias(params, rows_pos, k_pos)
         if bias is not None:
             scores = scores + bias.astype(jnp.float64)
-        visible = (k_pos[:, None, :] <= rows_pos[:, :, None]) & (
-            segments[:, None, :] == rows_seg[:, :, None]
-        )
+        causal = k_pos[:, None, :] <= rows_pos[:, :, None]
+        visible = causal & (segments[:, None, :] == rows_seg[:, :, None])
         scores = jnp.where(visible[:, None], scores, -jnp.inf)
         return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(scores, -1), v)
 

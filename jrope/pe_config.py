@@ -138,10 +138,7 @@ def _name_eta(name: str, init_eta: float, eta_max: float) -> float:
     logging.warning(
         "%s: initial eta %g exceeds eta_max %g and is clamped to %g, as the reference code "
         "clamps it (the _eta1 suffix of jordan_exact names raises eta_max to 1).",
-        name,
-        init_eta,
-        eta_max,
-        clamped,
+        *(name, init_eta, eta_max, clamped),
     )
     return clamped
 
@@ -261,11 +258,7 @@ class PEConfig:
 
 def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:
     """jordan_exact[_scaled][_c..][_eta...][_m..][_eta1]: raw shear scaled by 1/L."""
-    L = base["train_context"]
-    c = 1.0
-    order = 2
-    name_eta = None
-    eta_max = base["eta_max"]
+    c, order, name_eta, eta_max = 1.0, 2, None, base["eta_max"]
     for token in tokens:
         if token == "scaled":
             continue
@@ -281,26 +274,19 @@ def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:
             raise ValueError(f"unknown token {token!r}")
     # Only the name's eta is clamped; a base init_eta above eta_max stays an error.
     init_eta = base["init_eta"] if name_eta is None else _name_eta(name, name_eta, eta_max)
-    return dict(
-        layout="jordan",
-        order=order,
-        learn_gamma=True,
-        gamma_min=0.0,
-        init_gamma=c / L,
-        shear="eta",
-        shear_time="raw",
-        shear_scale=1.0 / L,
-        eta_max=eta_max,
-        init_eta=init_eta,
-    )
+    shear = dict(shear="eta", shear_time="raw", eta_max=eta_max, init_eta=init_eta)
+    return dict(_scaled_jordan(order, c, base["train_context"]), **shear)
+
+
+def _scaled_jordan(order: int, c: float, L: int) -> dict:
+    """An order-`order` Jordan block learning gamma from c/L, its shear time in units of L."""
+    scaled = dict(gamma_min=0.0, init_gamma=c / L, shear_scale=1.0 / L)
+    return dict(layout="jordan", order=order, learn_gamma=True, **scaled)
 
 
 def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
     """jordan_jetmix[full][_m..][_c..]_g..: gated bounded-time jets, gamma init c/L."""
-    L = base["train_context"]
-    c = 1.0
-    order = 4
-    gates = []
+    c, order, gates = 1.0, 4, []
     for token in tokens:
         if m := re.fullmatch(r"c(\d+)", token):
             c = int(m.group(1)) / 100.0
@@ -313,19 +299,9 @@ def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
     expected = order if full else order - 1
     if len(gates) != expected:
         raise ValueError(f"order {order} needs {expected} gate tokens g{{100 g}}, got {len(gates)}")
-    return dict(
-        layout="jordan",
-        order=order,
-        learn_gamma=True,
-        gamma_min=0.0,
-        init_gamma=c / L,
-        shear="jet",
-        shear_time="bounded",
-        shear_scale=1.0 / L,
-        jet_base=gates[0] if full else None,
-        jet_gates=tuple(gates[1:] if full else gates),
-        jet_gate_max=2.0 if full else 1.0,
-    )
+    jets = dict(jet_base=gates[0] if full else None, jet_gates=tuple(gates[1:] if full else gates))
+    jets.update(shear="jet", shear_time="bounded", jet_gate_max=2.0 if full else 1.0)
+    return dict(_scaled_jordan(order, c, base["train_context"]), **jets)
 
 
 def _parse_base(name: str, base: dict) -> dict:
@@ -337,9 +313,7 @@ def _parse_base(name: str, base: dict) -> dict:
         "rope_temperature": dict(layout="rope", order=1, learn_temperature=True),
         "damped_rope": dict(layout="jordan", learn_gamma=True),
         "real_jordan": dict(stabilized, rotate=False),
-        "direct_sum": dict(
-            layout="direct_sum", learn_gamma=True, shear="eta", shear_time="bounded"
-        ),
+        "direct_sum": dict(stabilized, layout="direct_sum"),
         "jordan_rope": stabilized,
         "jordan_no_gamma": dict(stabilized, learn_gamma=False),
         "jordan_raw_tau": dict(stabilized, shear_time="raw"),
@@ -387,13 +361,9 @@ def pe_config_from_name(
             f"position-encoding name must be a non-empty string, got {name!r}\n{ACCEPTED_NAMES}"
         )
     base = dict(
-        train_context=train_context,
-        theta=theta,
-        gamma_min=gamma_min,
-        init_gamma=init_gamma,
-        eta_max=eta_max,
-        init_eta=init_eta,
+        train_context=train_context, theta=theta, gamma_min=gamma_min, init_gamma=init_gamma
     )
+    base.update(eta_max=eta_max, init_eta=init_eta)
     core, alibi = name, False
     if name == "alibi":
         core, alibi = "nope", True

@@ -151,8 +151,7 @@ def complex_generator(gamma, omega, eta, order: int) -> jax.Array:
 
 def rotation_generator(gamma, omega) -> jax.Array:
     """Real form of multiplication by -gamma + i omega on one (re, im) pair, [2, 2]."""
-    gamma = jnp.float32(gamma)
-    omega = jnp.float32(omega)
+    gamma, omega = jnp.float32(gamma), jnp.float32(omega)
     return jnp.stack([jnp.stack([-gamma, -omega]), jnp.stack([omega, -gamma])])
 
 

@@ -255,6 +255,5 @@ class JordanSegment:
         omega = _lead(self.frequencies(), lags.ndim + 1)
         d = lags[..., None, None]
         coefficients = self.chain_coefficients(physical, lags)
-        return pe_math.real_block_operator(
-            omega * d, -_lead(gamma, lags.ndim) * d, coefficients, self.order
-        )
+        angle, log_scale = omega * d, -_lead(gamma, lags.ndim) * d
+        return pe_math.real_block_operator(angle, log_scale, coefficients, self.order)

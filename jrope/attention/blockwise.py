@@ -79,13 +79,11 @@ def blockwise_attention(
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.
     """
-    q_positions = jnp.asarray(q_positions)
-    k_positions = jnp.asarray(k_positions)
+    q_positions, k_positions = jnp.asarray(q_positions), jnp.asarray(k_positions)
     _check_inputs(q, k, v, q_positions, k_positions, block_size)
     q_len, k_len = q.shape[1], k.shape[1]
-    layout = blocks.Layout(
-        min(block_size, q_len), min(block_size, k_len), q_len, k_len, bool(causal), precision
-    )
+    q_block, k_block = min(block_size, q_len), min(block_size, k_len)
+    layout = blocks.Layout(q_block, k_block, q_len, k_len, bool(causal), precision)
     q_padded, k_padded = layout.num_q_blocks * layout.q_block, layout.num_k_blocks * layout.k_block
     rows = None
     if segment_ids is not None:
@@ -263,14 +261,10 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
             k_start = kb * bk
             kpos_blk = blocks.slice_seq(k_positions, k_start, bk)
             coords, segments = _pair_rows(rows, qcoord_blk, qseg_blk, k_start, bk)
-            logits, pullback = jax.vjp(
-                lambda p, qq, kk: blocks.pair_logits(
-                    enc, p, qq, kk, qpos_blk, kpos_blk, k.dtype, layout.precision, coords
-                ),
-                params,
-                q2,
-                blocks.slice_seq(keys, k_start, bk),
-            )
+            pair = (qpos_blk, kpos_blk, k.dtype, layout.precision, coords)
+            logits_of = lambda p, qq, kk: blocks.pair_logits(enc, p, qq, kk, *pair)  # noqa: E731
+            keys_blk = blocks.slice_seq(keys, k_start, bk)
+            logits, pullback = jax.vjp(logits_of, params, q2, keys_blk)
             mask = blocks.pair_mask(layout, k_start, qpos_blk, kpos_blk, segments)
             probs = jnp.where(mask, jnp.exp(logits - lse_blk[..., None]), 0.0)
             v_blk = blocks.slice_seq(v, k_start, bk).astype(jnp.float32)

@@ -77,13 +77,9 @@ def xla_attention(
     if segments is not None:
         mask = mask & segment_mask(*segments)
     with precision_scope(precision):
+        qkv = [x.astype(common) for x in (q, k, v)]
         out = jax.nn.dot_product_attention(
-            q.astype(common),
-            k.astype(common),
-            v.astype(common),
-            mask=mask,
-            is_causal=mask is None,
-            implementation="xla",
+            *qkv, mask=mask, is_causal=mask is None, implementation="xla"
         )
     return out.astype(v.dtype)
 
@@ -146,14 +142,8 @@ def _chunked_forward(q, k, v, bias, segments, precision):
         same_segment = None
         if segments is not None:
             same_segment = segment_mask(segments[0][:, start:stop], segments[1][:, :key_stop])
-        out, unnormalised, row_sum = _chunk_forward(
-            q[:, :, start:stop],
-            k[:, :, :key_stop],
-            v[:, :, :key_stop],
-            chunk_bias,
-            same_segment,
-            precision,
-        )
+        chunk = (q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop])
+        out, unnormalised, row_sum = _chunk_forward(*chunk, chunk_bias, same_segment, precision)
         outputs.append(out)
         saved.append((unnormalised, row_sum))
     out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=2)
@@ -183,13 +173,8 @@ def _chunk_forward(q, k, v, bias, same_segment, precision):
     # to the [B, N, T, S] matrix.
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)
-    out = jnp.einsum(
-        "bnts,bnsh->bnth",
-        unnormalised.astype(v.dtype),
-        v,
-        preferred_element_type=jnp.float32,
-        precision=precision,
-    )
+    dots = dict(preferred_element_type=jnp.float32, precision=precision)
+    out = jnp.einsum("bnts,bnsh->bnth", unnormalised.astype(v.dtype), v, **dots)
     return (out / row_sum[..., None]).astype(v.dtype), unnormalised, row_sum
 
 

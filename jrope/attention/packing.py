@@ -70,9 +70,8 @@ def _runs(positions, segment_ids):
     """Host copies: segment ids [B, S], positions int64 [B, S], and where each run starts."""
     segments = np.asarray(segment_ids)
     rows = np.broadcast_to(np.asarray(positions, np.int64), segments.shape)
-    starts = np.concatenate(
-        [np.ones((segments.shape[0], 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1
-    )
+    first = np.ones((segments.shape[0], 1), bool)
+    starts = np.concatenate([first, segments[:, 1:] != segments[:, :-1]], axis=1)
     return segments, rows, starts
 
 

@@ -105,9 +105,8 @@ def choose_kernel(
     extent = length if span is None else max(length, span + 1)  # the positions one origin covers
     bound = damping_bound(settings, damping)
     if impl == "auto":
-        kernel = _auto_kernel(
-            settings, encoding, extent, bound, num_queries, length, backend, packed
-        )
+        window = (extent, bound, num_queries, length, backend, packed)
+        kernel = _auto_kernel(settings, encoding, *window)
         refusal = feature_refusal(kernel, encoding)
         if refusal:  # a feature that no kernel 'auto' considers here computes
             raise ValueError(f"attention_impl='auto' found no kernel: {refusal}")
@@ -131,9 +130,8 @@ def choose_kernel(
             f"{SINGLE_ORIGIN_EXPONENT_LIMIT:g}); use 'blockwise' or 'auto'."
         )
     if impl in ("cudnn", "splash"):
-        problem = fused_kernel_problem(
-            impl, settings, encoding, length, num_queries, backend, extent, bound
-        )
+        window = (length, num_queries, backend, extent, bound)
+        problem = fused_kernel_problem(impl, settings, encoding, *window)
         if problem:
             raise ValueError(f"attention_impl={impl!r} does not apply: {problem}; use 'auto'.")
     return impl

@@ -234,11 +234,6 @@ def masked_softmax_values(logits, visible, v, precision):
     row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
     unnormalised = jnp.where(visible, jnp.exp(masked - row_max), 0.0)
     row_sum = jnp.maximum(jnp.sum(unnormalised, axis=-1), jnp.finfo(jnp.float32).tiny)
-    out = jnp.einsum(
-        "bnts,bsnh->btnh",
-        unnormalised.astype(v.dtype),
-        v,
-        preferred_element_type=jnp.float32,
-        precision=precision,
-    )
+    dots = dict(preferred_element_type=jnp.float32, precision=precision)
+    out = jnp.einsum("bnts,bsnh->btnh", unnormalised.astype(v.dtype), v, **dots)
     return (out / jnp.transpose(row_sum, (0, 2, 1))[..., None]).astype(v.dtype)

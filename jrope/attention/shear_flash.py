@@ -243,16 +243,9 @@ def _kernel_terms(layout, rows, params, q, k):
     gamma [N, 1, d]: the differentiable map from (params, q, k) to the kernels' operands."""
     q_pos, k_pos = rows.q_pos[:, :, 0], rows.k_pos[:, 0, :]
     q_coord, k_coord = rows.q_coord[:, :, 0], rows.k_coord[:, 0, :]
-    terms = shear.shear_terms(
-        layout.enc,
-        params,
-        _pad_rows(q, layout.q_len, 0),
-        _pad_rows(k, layout.k_len, 0),
-        q_pos,
-        k_pos,
-        _block_origins(q_pos, q_coord, layout.bq),
-        _block_origins(k_pos, k_coord, layout.bk),
-    )
+    padded = _pad_rows(q, layout.q_len, 0), _pad_rows(k, layout.k_len, 0)
+    origins = _block_origins(q_pos, q_coord, layout.bq), _block_origins(k_pos, k_coord, layout.bk)
+    terms = shear.shear_terms(layout.enc, params, *padded, q_pos, k_pos, *origins)
     halves = []
     for q_r, k_r in zip(terms.queries, terms.keys, strict=True):
         halves += [*_halves(q_r), *_halves(k_r)]
@@ -358,14 +351,9 @@ def _query_side_specs(layout, inputs, d_out):
 
 
 def _kernel_args(layout):
-    return dict(
-        num_terms=layout.num_terms,
-        time=layout.enc.shear_time,
-        block=(layout.bq, layout.bk),
-        key_offset=layout.key_offset,
-        scale=1.0 / math.sqrt(layout.head_dim),
-        dtype=layout.dtype,
-    )
+    common = dict(num_terms=layout.num_terms, time=layout.enc.shear_time, dtype=layout.dtype)
+    scale = 1.0 / math.sqrt(layout.head_dim)
+    return dict(common, block=(layout.bq, layout.bk), key_offset=layout.key_offset, scale=scale)
 
 
 def _forward_call(layout, rows, inputs, out_dtype):

@@ -78,16 +78,9 @@ def _kernel(length: int, heads: int, *, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention
 
     block = next(size for size in _BLOCK_CHOICES if length % size == 0)
-    blocks = splash_attention.BlockSizes(
-        block_q=block,
-        block_kv=block,
-        block_kv_compute=block,
-        block_q_dkv=block,
-        block_kv_dkv=block,
-        block_kv_dkv_compute=block,
-        block_q_dq=block,
-        block_kv_dq=block,
-    )
+    # One block for every size of the forward and backward passes.
+    names = "q kv kv_compute q_dkv kv_dkv kv_dkv_compute q_dq kv_dq".split()
+    blocks = splash_attention.BlockSizes(**{f"block_{name}": block for name in names})
     mask = splash_attention.MultiHeadMask(
         [splash_attention.CausalMask((length, length)) for _ in range(heads)]
     )

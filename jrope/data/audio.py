@@ -150,10 +150,8 @@ def read_mono(path, settings: MelTokenSettings, name: str | None = None) -> np.n
     soundfile, soxr = _audio_libraries()
     try:
         with soundfile.SoundFile(path) as wav:
-            native_rate = wav.samplerate
-            samples = wav.read(
-                frames=int(settings.max_seconds * native_rate), dtype="float32", always_2d=True
-            )
+            native_rate, frames = wav.samplerate, int(settings.max_seconds * wav.samplerate)
+            samples = wav.read(frames=frames, dtype="float32", always_2d=True)
     except soundfile.SoundFileError as error:
         raise ValueError(
             f"{name or path} is not a readable audio file ({error}); remove or replace it."
@@ -204,9 +202,8 @@ def mel_power(audio: np.ndarray, settings: MelTokenSettings) -> np.ndarray:
     """float64 [1 + n // hop_length, n_mels]: mel-filtered power spectra of centred frames."""
     half = settings.n_fft // 2
     padded = np.pad(np.asarray(audio, np.float64), half)  # zeros, so frame t centres on t * hop
-    frames = np.lib.stride_tricks.sliding_window_view(padded, settings.n_fft)[
-        :: settings.hop_length
-    ]
+    frames = np.lib.stride_tricks.sliding_window_view(padded, settings.n_fft)
+    frames = frames[:: settings.hop_length]
     periodic_hann = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(settings.n_fft) / settings.n_fft)
     spectra = np.fft.rfft(frames * periodic_hann, axis=-1)
     power = spectra.real**2 + spectra.imag**2
@@ -398,11 +395,9 @@ def _cli() -> None:
     wav_dir = flags.DEFINE_string(
         "wav_dir", None, "Folder of .wav files, searched recursively (sorted path order)."
     )
-    archive = flags.DEFINE_string(
-        "archive",
-        None,
-        "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the reference does.",
-    )
+    help_archive = "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the "
+    help_archive += "reference does."
+    archive = flags.DEFINE_string("archive", None, help_archive)
     out_dir = flags.DEFINE_string(
         "out_dir", None, "Folder for train.u8, eval.u8, manifest.json.", required=True
     )
@@ -410,12 +405,9 @@ def _cli() -> None:
     eval_fraction = flags.DEFINE_float(
         "eval_fraction", DEFAULT_EVAL_FRACTION, "Fraction of the files held out for evaluation."
     )
-    max_files = flags.DEFINE_integer(
-        "max_files",
-        0,
-        "Use only the first N WAVs (archive order, or sorted path order for a folder; 0: all). "
-        "16 with --archive=musicnet.tar.gz gives the reference's corpus.",
-    )
+    help_max_files = "Use only the first N WAVs (archive order, or sorted path order for a folder; "
+    help_max_files += "0: all). 16 with --archive=musicnet.tar.gz gives the reference's corpus."
+    max_files = flags.DEFINE_integer("max_files", 0, help_max_files)
 
     def main(argv: Sequence[str]) -> None:
         del argv
@@ -424,13 +416,9 @@ def _cli() -> None:
                 raise ValueError(
                     f"Pass exactly one of --archive and --wav_dir.\n{MUSICNET_DIRECTIONS}"
                 )
-            manifest = prepare_audio_tokens(
-                archive.value or wav_dir.value,
-                out_dir.value,
-                seed=seed.value,
-                eval_fraction=eval_fraction.value,
-                max_files=max_files.value or None,
-            )
+            source, options = archive.value or wav_dir.value, dict(seed=seed.value)
+            options.update(eval_fraction=eval_fraction.value, max_files=max_files.value or None)
+            manifest = prepare_audio_tokens(source, out_dir.value, **options)
         except (AudioDataUnavailable, AudioExtraMissing, ValueError) as error:
             print(error, file=sys.stderr)  # the message is the whole story: no traceback
             sys.exit(getattr(error, "exit_status", UsageError.exit_status))

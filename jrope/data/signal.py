@@ -52,23 +52,14 @@ def signal_kernel(
     name: str, lags, *, train_len: int, omega: float, second_omega: float, gamma: float
 ) -> np.ndarray:
     """K(d) of a kernel of SIGNAL_KERNELS at integer lags (any shape), unnormalised, float64."""
+    common = dict(train_len=train_len, omega=omega)
     if name == "seasonal_trend":
-        return synthetic.seasonal_trend(lags, train_len=train_len, omega=omega)
+        return synthetic.seasonal_trend(lags, **common)
     if name == "damped_wave":
-        return synthetic.damped_mixed(
-            lags, train_len=train_len, omega=omega, gamma=gamma, sin_weight=0.75
-        )
+        return synthetic.damped_mixed(lags, **common, gamma=gamma, sin_weight=0.75)
     if name == "rhythm_envelope":
-        return synthetic.rhythm_envelope(
-            lags,
-            train_len=train_len,
-            omega=omega,
-            second_omega=second_omega,
-            envelope_offset=0.25,
-            envelope_slope=0.85,
-            cos_weight=0.65,
-            sin_weight=0.35,
-        )
+        weights = dict(envelope_offset=0.25, envelope_slope=0.85, cos_weight=0.65, sin_weight=0.35)
+        return synthetic.rhythm_envelope(lags, **common, second_omega=second_omega, **weights)
     if name == "motif_spacing":
         return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
     raise ValueError(f"Unknown signal kernel {name!r}; choose one of {SIGNAL_KERNELS}.")
@@ -132,16 +123,10 @@ class SignalRegressionConfig:
         return norm
 
     def _raw_kernel(self, lags) -> np.ndarray:
-        return signal_kernel(
-            self.kernel,
-            lags,
-            train_len=self.seq_len,
-            omega=synthetic.rotary_frequency(self.theta, self.freq_index, self.head_dim),
-            second_omega=synthetic.rotary_frequency(
-                self.theta, self.second_freq_index, self.head_dim
-            ),
-            gamma=self.gamma,
-        )
+        indices = (self.freq_index, self.second_freq_index)
+        omega, second = (synthetic.rotary_frequency(self.theta, i, self.head_dim) for i in indices)
+        options = dict(train_len=self.seq_len, omega=omega, second_omega=second, gamma=self.gamma)
+        return signal_kernel(self.kernel, lags, **options)
 
 
 def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:

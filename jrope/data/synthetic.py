@@ -188,9 +188,8 @@ def damped_mixed(
 ) -> np.ndarray:
     """e^{-gamma d} (cos(w d) + a (d/L) sin(w d))."""
     d = np.asarray(lags, np.float64)
-    return np.exp(-gamma * d) * (
-        np.cos(omega * d) + sin_weight * (d / train_len) * np.sin(omega * d)
-    )
+    wave = np.cos(omega * d) + sin_weight * (d / train_len) * np.sin(omega * d)
+    return np.exp(-gamma * d) * wave
 
 
 def rhythm_envelope(
@@ -254,15 +253,9 @@ def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
             lags, **common, gamma=cfg.damping_gamma, sin_weight=cfg.damping_sin_weight
         )
     if cfg.kernel == "rhythm_envelope":
-        return rhythm_envelope(
-            lags,
-            **common,
-            second_omega=cfg.second_omega,
-            envelope_offset=cfg.envelope_offset,
-            envelope_slope=cfg.envelope_slope,
-            cos_weight=cfg.carrier_cos_weight,
-            sin_weight=cfg.carrier_sin_weight,
-        )
+        weights = dict(envelope_offset=cfg.envelope_offset, envelope_slope=cfg.envelope_slope)
+        weights.update(cos_weight=cfg.carrier_cos_weight, sin_weight=cfg.carrier_sin_weight)
+        return rhythm_envelope(lags, **common, second_omega=cfg.second_omega, **weights)
     if cfg.kernel == "high_jet":
         return high_jet(lags, **common, power=cfg.jet_power)
     # The config validated the name, so this is the last kernel.
@@ -358,7 +351,6 @@ class SyntheticSource:
         num_rows = len(rngs)
         inputs = np.concatenate([bits, np.full((num_rows, 1), QUERY, np.int32)], axis=1)
         targets = np.zeros((num_rows, length), np.int32)
-        targets[:, -1] = labels
         weights = np.zeros((num_rows, length), np.float32)
-        weights[:, -1] = 1.0
+        targets[:, -1], weights[:, -1] = labels, 1.0
         return {"inputs": inputs, "targets": targets, "weights": weights}

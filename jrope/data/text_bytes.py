@@ -181,9 +181,8 @@ def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
     tokens = np.asarray(tokens)
     if vocab_size == 257:
         tokens = tokens[tokens != 0]
-    return (
-        (tokens - (vocab_size - 256)).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
-    )
+    data = (tokens - (vocab_size - 256)).astype(np.uint8).tobytes()
+    return data.decode("utf-8", errors="replace")
 
 
 class ByteTextSource:
@@ -215,17 +214,12 @@ class ByteTextSource:
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step``."""
-        starts = [
-            self._window_start(
-                (self.data_cfg.seed, _TRAIN_STREAM, step, row),
-                len(self.train_corpus),
-                self.data_cfg.seq_len,
-            )
-            for row in self.share.train_rows()
-        ]
-        batch = self._make_batch(self.train_corpus, starts, self.data_cfg.seq_len)
+        seed, length, corpus = self.data_cfg.seed, self.data_cfg.seq_len, self.train_corpus
+        rows = self.share.train_rows()
+        starts = [_window_start((seed, _TRAIN_STREAM, step, r), len(corpus), length) for r in rows]
+        batch = self._make_batch(corpus, starts, length)
         if self.data_cfg.pack:
-            batch.update(article_segments(self.train_corpus, starts, self.data_cfg.seq_len))
+            batch.update(article_segments(corpus, starts, length))
         return batch
 
     def eval_batches(
@@ -239,31 +233,25 @@ class ByteTextSource:
         # The request is checked before the text's length.
         batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
         _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
+        corpus = self.eval_corpus
         for indices in batches:
-            starts = [
-                self._window_start(
-                    (seed, _EVAL_STREAM, length, index), len(self.eval_corpus), length
-                )
-                for index in indices
-            ]
-            yield self._make_batch(self.eval_corpus, starts, length)
-
-    @staticmethod
-    def _window_start(entropy: tuple[int, ...], corpus_len: int, length: int) -> int:
-        # A window of length + 1 bytes fits at starts 0 .. corpus_len - length - 1.
-        rng = np.random.default_rng(list(entropy))
-        return int(rng.integers(0, corpus_len - length))
+            entropies = [(seed, _EVAL_STREAM, length, index) for index in indices]
+            starts = [_window_start(entropy, len(corpus), length) for entropy in entropies]
+            yield self._make_batch(corpus, starts, length)
 
     def _make_batch(self, corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
-        windows = np.stack([corpus[start : start + length + 1] for start in starts]).astype(
-            np.int32
-        )
-        windows += self.data_cfg.token_offset
+        windows = np.stack([corpus[start : start + length + 1] for start in starts])
+        windows = windows.astype(np.int32) + self.data_cfg.token_offset
         return {
             "inputs": windows[:, :-1],
             "targets": windows[:, 1:],
             "weights": np.ones((len(starts), length), np.float32),
         }
+
+
+def _window_start(entropy: tuple[int, ...], corpus_len: int, length: int) -> int:
+    # A window of length + 1 bytes fits at starts 0 .. corpus_len - length - 1.
+    return int(np.random.default_rng(list(entropy)).integers(0, corpus_len - length))
 
 
 # An article's title line: a newline, then " = " and a title (" = = " opens a section).
@@ -287,9 +275,8 @@ def article_segments(corpus: np.ndarray, starts: Sequence[int], length: int) -> 
         text = np.asarray(corpus[start - 1 + front : start + length + opening - 1])
         text = np.pad(text, (front, length + opening - front - len(text)))
         windows = np.lib.stride_tricks.sliding_window_view(text, opening + 1)[:length]
-        starts_of_segments[row] = np.all(windows[:, :opening] == _TITLE_OPENING, axis=1) & (
-            windows[:, opening] != _SECTION_MARK
-        )
+        titles = np.all(windows[:, :opening] == _TITLE_OPENING, axis=1)
+        starts_of_segments[row] = titles & (windows[:, opening] != _SECTION_MARK)
     starts_of_segments[:, 0] = True
     index = np.arange(length)
     segment_ids = np.cumsum(starts_of_segments, axis=1) - 1
@@ -304,7 +291,7 @@ def _check_long_enough(corpus: np.ndarray, length: int, description: str) -> Non
     if len(corpus) < length + 1:
         raise ValueError(
             f"{description} has {len(corpus)} bytes, too few for windows of {length} + 1 bytes; "
-            f"use more text or a shorter length."
+            "use more text or a shorter length."
         )
 
 
@@ -341,30 +328,18 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
             write_atomically(path, _limit_bytes(_text_file_chunks(files), fraction, files))
     else:
         split = data_cfg.train_split if training else data_cfg.eval_split
-        rows = wikitext.wikitext_data_source(
-            data_cfg.source,
-            split,
-            data_dir=data_cfg.data_dir or None,
-            manual_dir=data_cfg.manual_dir or None,
-        )
+        folders = dict(data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None)
+        rows = wikitext.wikitext_data_source(data_cfg.source, split, **folders)
         num_rows = max(1, round(fraction * len(rows)))
         builder = wikitext.builder_class(data_cfg.source)
-        key = {
-            "builder": f"{builder.name}:{builder.VERSION}",
-            "split": split,
-            "rows": [num_rows, len(rows)],
-        }
+        key = {"builder": f"{builder.name}:{builder.VERSION}", "split": split}
+        key["rows"] = [num_rows, len(rows)]
         if data_cfg.wikitext_rows != "file":  # the file stream keeps the key of earlier caches
             key["joined"] = data_cfg.wikitext_rows
         path = _cache_path(cache_dir, data_cfg.source, key)
         if not os.path.exists(path):
-            logging.info(
-                "Writing the bytes of %d rows of %s %s to %s.",
-                num_rows,
-                builder.ARCHIVE.title,
-                split,
-                path,
-            )
+            what = (num_rows, builder.ARCHIVE.title, split, path)
+            logging.info("Writing the bytes of %d rows of %s %s to %s.", *what)
             write_atomically(path, _joined_rows(rows, num_rows, data_cfg.wikitext_rows))
     if os.path.getsize(path) == 0:
         raise ValueError(
@@ -375,9 +350,8 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
 
 
 def _cache_path(cache_dir: str, source: str, key: dict) -> str:
-    digest = hashlib.sha256(
-        json.dumps({"source": source, **key}, sort_keys=True).encode()
-    ).hexdigest()
+    text = json.dumps({"source": source, **key}, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
 
 
@@ -477,9 +451,7 @@ def _check_utf8(decoder, chunk: bytes, name: str, offset: int, *, final: bool) -
         ) from None
 
 
-def _limit_bytes(
-    chunks: Iterable[bytes], fraction: float, files: Sequence[epath.Path]
-) -> Iterator[bytes]:
+def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[epath.Path]):
     """The leading ``fraction`` of the bytes the chunks make up."""
     if fraction == 1.0:
         yield from chunks

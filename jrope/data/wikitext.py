@@ -201,9 +201,8 @@ def _unavailable_message(
     dataset: str, manual_dir: epath.Path, data_dir: str | None, reason: str
 ) -> str:
     archive = BUILDERS[dataset].ARCHIVE
-    prepare_command = f"python -m jrope.data.wikitext --dataset={dataset}" + (
-        f" --data_dir={data_dir}" if data_dir else ""
-    )
+    prepare_command = f"python -m jrope.data.wikitext --dataset={dataset}"
+    prepare_command += f" --data_dir={data_dir}" if data_dir else ""
     return (
         f"{archive.title} is not available: {reason}\n"
         f"Put the official archive {archive.archive_name} (or the files "
@@ -257,38 +256,27 @@ def prepare_wikitext(
     if prepared:
         return builder
     manual = epath.Path(manual_dir).expanduser() if manual_dir else default_manual_dir(data_dir)
-    has_manual_files = (
-        find_extracted_files(manual, archive) is not None
-        or (manual / archive.archive_name).is_file()
-    )
+
+    def unavailable(reason: str) -> WikiTextUnavailable:
+        return WikiTextUnavailable(_unavailable_message(dataset, manual, data_dir, reason))
+
+    has_manual_files = find_extracted_files(manual, archive) is not None
+    has_manual_files = has_manual_files or (manual / archive.archive_name).is_file()
     # Checked before TFDS starts, so that an offline machine fails at once with directions.
     if not has_manual_files and not archive_host_reachable():
         host = urllib.parse.urlparse(ARCHIVE_HOST).hostname
-        raise WikiTextUnavailable(
-            _unavailable_message(
-                dataset,
-                manual,
-                data_dir,
-                f"nothing is prepared in {builder.data_dir}, "
-                f"the manual directory holds no data, and {host} cannot be reached.",
-            )
+        raise unavailable(
+            f"nothing is prepared in {builder.data_dir}, "
+            f"the manual directory holds no data, and {host} cannot be reached."
         )
     config = tfds.download.DownloadConfig(manual_dir=os.fspath(manual))
     try:
         builder.download_and_prepare(download_config=config, file_format="array_record")
     except NonMatchingChecksumError as error:
-        raise WikiTextUnavailable(
-            _unavailable_message(
-                dataset, manual, data_dir, f"the archive is not the official one ({error})."
-            )
-        ) from None
+        raise unavailable(f"the archive is not the official one ({error}).") from None
     except (tfds.download.DownloadError, OSError) as error:
         # Failed downloads (HTTP errors, resets, timeouts) and unreadable archives.
-        raise WikiTextUnavailable(
-            _unavailable_message(
-                dataset, manual, data_dir, f"preparing failed with {type(error).__name__}: {error}"
-            )
-        ) from None
+        raise unavailable(f"preparing failed with {type(error).__name__}: {error}") from None
     return builder
 
 
@@ -315,18 +303,16 @@ def _cli() -> None:
         "dataset", None, list(BUILDERS), "Which WikiText to prepare.", required=True
     )
     data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
-    manual_dir = flags.DEFINE_string(
-        "manual_dir",
-        "",
-        "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual).",
+    help_manual = (
+        "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual)."
     )
+    manual_dir = flags.DEFINE_string("manual_dir", "", help_manual)
 
     def main(argv: Sequence[str]) -> None:
         del argv
         try:
-            builder = prepare_wikitext(
-                dataset.value, data_dir.value or None, manual_dir.value or None
-            )
+            folders = data_dir.value or None, manual_dir.value or None
+            builder = prepare_wikitext(dataset.value, *folders)
         except WikiTextUnavailable as error:
             print(error, file=sys.stderr)  # the message is the whole story: no traceback
             sys.exit(error.exit_status)

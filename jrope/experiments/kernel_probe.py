@@ -185,15 +185,9 @@ def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
 
     Raises ValueError for an encoding with a feature the probe's closed-form features lack.
     """
-    cfg = pe_config_from_name(
-        method,
-        train_context=probe.train_context,
-        theta=probe.theta,
-        gamma_min=0.0,
-        init_gamma=probe.gamma,
-    )
-    missing = unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES)
-    if missing:
+    settings = dict(train_context=probe.train_context, theta=probe.theta, gamma_min=0.0)
+    cfg = pe_config_from_name(method, init_gamma=probe.gamma, **settings)
+    if missing := unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES):
         raise ValueError(
             f"{method}: the kernel probe has no closed-form features of its {missing[0]}."
         )
@@ -210,11 +204,9 @@ def _jordan_features(
         carriers = pe_math.damped_phase(d, gamma, omegas[None, :])
     else:
         carriers = pe_math.damped_phase(d, gamma, 0.0)[:1]  # sin(0 d) = 0 carries nothing
-    clock = cfg.clock
-    if clock is None:
-        coefficients = [1.0]
-    else:
-        coefficients = pe_math.shear_series(clock.unscaled(d) / cfg.train_context, order)
+    coefficients = [1.0]
+    if cfg.clock is not None:
+        coefficients = pe_math.shear_series(cfg.clock.unscaled(d) / cfg.train_context, order)
     return [np.asarray(c * carrier, np.float64) for c in coefficients for carrier in carriers]
 
 
@@ -235,11 +227,8 @@ def _baseline_features(
         tau = pe_math.bounded_time(d, probe.train_context) / probe.train_context
         powers = [np.asarray(tau**r, np.float64)[:, None] for r in range(1, baseline.order)]
         return _rotary_features(lags, omegas) + powers
-    exact = pe_config_from_name(
-        f"jordan_exact_m{baseline.order}_c{round(100 * baseline.c):03d}",
-        train_context=probe.train_context,
-        theta=probe.theta,
-    )
+    name = f"jordan_exact_m{baseline.order}_c{round(100 * baseline.c):03d}"
+    exact = pe_config_from_name(name, train_context=probe.train_context, theta=probe.theta)
     return _jordan_features(exact, exact.order, True, lags, omegas)
 
 
@@ -331,14 +320,8 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
                 x_fit = x_all[fit_lags]
                 weights = ridge_fit(x_fit, y_fit, probe.ridge, probe.solver_dtype)
                 common = dict(seed=seed, task=target, method=method)
-                rows.append(
-                    dict(
-                        common,
-                        context=probe.train_context,
-                        split="train",
-                        mse=float(np.mean((x_fit @ weights - y_fit) ** 2)),
-                    )
-                )
+                fit_error = float(np.mean((x_fit @ weights - y_fit) ** 2))
+                rows.append(dict(common, context=probe.train_context, split="train", mse=fit_error))
                 prediction = x_all @ weights
                 for context in probe.eval_contexts:
                     error = np.mean((prediction[:context] - y_all[:context]) ** 2)
@@ -351,31 +334,18 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
 def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
     """One table per target: MSE (mean over seeds) per method, train and each context; best in bold."""
     columns = [("train", probe.train_context)] + [("eval", c) for c in probe.eval_contexts]
-    header = ["method", f"train (L={probe.train_context})"] + [
-        f"T={c}" for c in probe.eval_contexts
-    ]
+    header = ["method", f"train (L={probe.train_context})"]
+    header += [f"T={c}" for c in probe.eval_contexts]
     lines = [
         f"Kernel probe: ridge {probe.ridge:g}, head_dim {probe.head_dim}, {probe.num_freqs} frequencies, "
         f"target frequency index {probe.target_freq_index}, gamma {probe.gamma:g}, "
         f"seeds {list(probe.seeds)}, {probe.solver_dtype} solver. Mean squared error."
     ]
     for target in probe.targets:
-        mean = {
-            (method, column): _mean_mse(rows, target, method, column)
-            for method in probe.methods
-            for column in columns
-        }
-        best = {column: min(mean[m, column] for m in probe.methods) for column in columns}
-        cells = [
-            [method]
-            + [
-                f"**{mean[method, c]:.3g}**"
-                if mean[method, c] == best[c]
-                else f"{mean[method, c]:.3g}"
-                for c in columns
-            ]
-            for method in probe.methods
+        by_column = [
+            _bold_best([_mean_mse(rows, target, m, c) for m in probe.methods]) for c in columns
         ]
+        cells = [[method, *shown] for method, *shown in zip(probe.methods, *by_column, strict=True)]
         lines += ["", f"### {target}", "", results.markdown_table(header, cells).rstrip("\n")]
     if len(probe.targets) > 1:
         for title, column in (
@@ -388,24 +358,23 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
 
 def _mean_mse(rows: list[dict], target: str, method: str, column: tuple[str, int]) -> float:
     """The MSE of one target, method and (split, context), averaged over seeds."""
+    key = (target, method, column)
     return np.mean(
-        [
-            r["mse"]
-            for r in rows
-            if (r["task"], r["method"], (r["split"], r["context"])) == (target, method, column)
-        ]
+        [r["mse"] for r in rows if (r["task"], r["method"], (r["split"], r["context"])) == key]
     )
+
+
+def _bold_best(values: list[float]) -> list[str]:
+    """Each value to 3 digits, the smallest in bold."""
+    return [f"**{v:.3g}**" if v == min(values) else f"{v:.3g}" for v in values]
 
 
 def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str, int]) -> str:
     """Targets as rows, methods as columns: the MSE (mean over seeds) at one column; best in bold."""
-    cells = []
-    for target in probe.targets:
-        mean = {method: _mean_mse(rows, target, method, column) for method in probe.methods}
-        best = min(mean.values())
-        cells.append(
-            [target] + [f"**{v:.3g}**" if v == best else f"{v:.3g}" for v in mean.values()]
-        )
+    cells = [
+        [target, *_bold_best([_mean_mse(rows, target, m, column) for m in probe.methods])]
+        for target in probe.targets
+    ]
     return results.markdown_table(["target", *probe.methods], cells).rstrip("\n")
 
 
@@ -434,21 +403,19 @@ def plot_fits(
         windows = (prediction - values)[: longest // window * window].reshape(-1, window)
         rms = np.sqrt(np.mean(windows**2, axis=1))
         color = colors[index % len(colors)]
-        top.semilogy(
-            np.arange(rms.size) * window + window / 2, rms, linewidth=1.0, color=color, label=method
-        )
+        centres = np.arange(rms.size) * window + window / 2
+        top.semilogy(centres, rms, linewidth=1.0, color=color, label=method)
         bottom.plot(tail, prediction[tail], linewidth=0.9, color=color, label=method)
     bottom.plot(tail, values[tail], color="black", linewidth=2.0, label="target")
     top.axvline(probe.train_context, color="gray", linestyle="--", linewidth=1.0)
-    top.set_xlabel(f"lag d (fit on d < L = {probe.train_context}, dashed)")
-    top.set_ylabel(f"RMS error per {window} lags")
+    top.set(
+        xlabel=f"lag d (fit on d < L = {probe.train_context}, dashed)",
+        ylabel=f"RMS error per {window} lags",
+    )
     top.set_title(f"Kernel probe: fits of the {target} target, extrapolated to T={longest}")
     top.legend(ncol=4, fontsize=7)
-    span = np.abs(values[tail]).max()
-    # fits that blow up leave the frame instead of squashing the rest
-    bottom.set_ylim(-1.5 * span, 1.5 * span)
-    bottom.set_xlabel("lag d")
-    bottom.set_ylabel("kernel value")
+    span = np.abs(values[tail]).max()  # fits that blow up leave the frame, not squash the rest
+    bottom.set(ylim=(-1.5 * span, 1.5 * span), xlabel="lag d", ylabel="kernel value")
     bottom.set_title(f"the last {tail.size} lags")
     fig.tight_layout()
     results.save_figure(fig, path, dpi=130)
@@ -465,11 +432,10 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     results.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
     results.write_text(workdir / "kernel_probe.md", table)
-    plots = [
-        workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png" for target in plot_curves
-    ]
-    for path, (target, curves) in zip(plots, plot_curves.items(), strict=True):
-        plot_fits(path, target, curves, probe)
+    plots = []
+    for target, curves in plot_curves.items():
+        plots.append(workdir / f"kernel_probe_{target}_T{max(probe.eval_contexts)}.png")
+        plot_fits(plots[-1], target, curves, probe)
     print(table)
     written = [workdir / "kernel_probe.csv", workdir / "kernel_probe.md", *plots]
     print("Probe files:\n" + "\n".join(f"  {path}" for path in written))

@@ -69,15 +69,11 @@ def target_values(target: str, lags: np.ndarray, probe: TargetSettings) -> np.nd
     if target == "phase_drift":
         return synthetic.high_jet(lags, train_len=L, omega=omega * (1.0 + probe.drift), power=0)
     if target in signal.SIGNAL_KERNELS:
-        second_omega = synthetic.rotary_frequency(
-            probe.theta, probe.second_freq_index, probe.head_dim
-        )
-        return signal.signal_kernel(
-            target, lags, train_len=L, omega=omega, second_omega=second_omega, gamma=probe.gamma
-        )
+        second = synthetic.rotary_frequency(probe.theta, probe.second_freq_index, probe.head_dim)
+        options = dict(train_len=L, omega=omega, second_omega=second, gamma=probe.gamma)
+        return signal.signal_kernel(target, lags, **options)
     scaled, power = _JET.fullmatch(target).groups()
     if scaled:
-        return synthetic.scaled_high_jet(
-            lags, train_len=L, omega=omega, power=int(power), decay=probe.jet_decay
-        )
+        jet = dict(power=int(power), decay=probe.jet_decay)
+        return synthetic.scaled_high_jet(lags, train_len=L, omega=omega, **jet)
     return synthetic.high_jet(lags, train_len=L, omega=omega, power=int(power))

@@ -80,11 +80,8 @@ class TextRun:
         if not measured.passed:
             return graphdef, settings
         rebase_bound = cache_rebase_bound(settings.rebase_bound, measured.largest)
-        logging.warning(
-            "%s: generating with kernels planned for it and rebase_bound %d.",
-            measured.describe(),
-            rebase_bound,
-        )
+        message = "%s: generating with kernels planned for it and rebase_bound %d."
+        logging.warning(message, measured.describe(), rebase_bound)
         return graphdef, dataclasses.replace(settings, rebase_bound=rebase_bound)
 
     def byte_token(self, byte: int) -> int:

@@ -115,13 +115,5 @@ class ModelConfig(ConfigSection):
     @property
     def attention(self) -> AttentionSettings:
         """The attention kernels' share of these settings (jrope.attention takes no ModelConfig)."""
-        return AttentionSettings(
-            head_dim=self.head_dim,
-            compute_dtype=self.compute_dtype,
-            attention_impl=self.attention_impl,
-            blockwise_min_length=self.blockwise_min_length,
-            block_size=self.block_size,
-            max_damping=self.max_damping,
-            attention_precision=self.attention_precision,
-            matmul_precision=self.matmul_precision,
-        )
+        names = [field.name for field in dataclasses.fields(AttentionSettings)]
+        return AttentionSettings(**{name: getattr(self, name) for name in names})

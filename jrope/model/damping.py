@@ -77,13 +77,9 @@ def measure(model: ModelConfig, encoding: Encoding, params: Any) -> MeasuredDamp
     per_layer = tuple(float(np.max(layer)) for layer in heads)
     # argmax takes the first NaN, so a non-finite damping is the one named.
     layer = int(np.argmax(per_layer))
-    return MeasuredDamping(
-        per_layer,
-        layer,
-        int(np.argmax(heads[layer])),
-        bound=model.max_damping,
-        block_size=min(blockwise_block_size(model.block_size, g) for g in per_layer),
-    )
+    head = int(np.argmax(heads[layer]))
+    block_size = min(blockwise_block_size(model.block_size, g) for g in per_layer)
+    return MeasuredDamping(per_layer, layer, head, bound=model.max_damping, block_size=block_size)
 
 
 def plan(
@@ -110,9 +106,8 @@ def kernel(
     head's damping and model.max_damping where it rules out an explicit attention_impl."""
     damping = None if measured is None or not measured.passed else measured.largest
     try:
-        return choose_kernel(
-            model.attention, encoding, length=length, backend=platform, damping=damping
-        )
+        window = dict(length=length, backend=platform, damping=damping)
+        return choose_kernel(model.attention, encoding, **window)
     except ValueError as err:
         if damping is None:
             raise

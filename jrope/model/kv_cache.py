@@ -185,19 +185,8 @@ class LayerCache:
         bias = None
         if encoding.has_bias:
             bias = encoding.logit_bias(params, self.positions, key_positions)
-        y = cached_attention(
-            q2,
-            self.positions,
-            self.keys,
-            self.values,
-            self.new_keys,
-            self.new_values,
-            key_positions,
-            bias,
-            precision,
-            term_widths,
-            time_lag,
-        )
+        stored = (self.positions, self.keys, self.values, self.new_keys, self.new_values)
+        y = cached_attention(q2, *stored, key_positions, bias, precision, term_widths, time_lag)
         self._write(_after(self.new_keys, y), _after(self.new_values, y))
         return y
 
@@ -304,20 +293,14 @@ def prefill(
     empty = jnp.full((batch, max_length), EMPTY, jnp.int32)
     attentions = _attention_layers(model)
     heads, head_dim = attentions[0].encoding.num_heads, attentions[0].encoding.head_dim
-    layers = [
-        LayerCache(
-            jnp.zeros((batch, heads, key_width(model), max_length), key_dtype(model)),
-            jnp.zeros((batch, heads, max_length, head_dim), model.cfg.compute_dtype),
-            empty,
-            positions,
-            origin,
-            jnp.int32(0),
-            filled,
-            decoding=False,
-            shear_terms=keeps_shear_terms(model),
-        )
-        for _ in attentions
-    ]
+    flags = dict(decoding=False, shear_terms=keeps_shear_terms(model))
+
+    def new_layer() -> LayerCache:
+        keys = jnp.zeros((batch, heads, key_width(model), max_length), key_dtype(model))
+        values = jnp.zeros((batch, heads, max_length, head_dim), model.cfg.compute_dtype)
+        return LayerCache(keys, values, empty, positions, origin, jnp.int32(0), filled, **flags)
+
+    layers = [new_layer() for _ in attentions]
     logits = model(tokens, positions, cache=layers, segment_ids=segment_ids)  # [B, P, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     cache = KVCache(
@@ -391,16 +374,12 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
     A cache of shear terms moves by _move_terms instead, with no matmul.
     """
     batch, heads, head_dim, _ = keys.shape
-    units = jnp.broadcast_to(
-        jnp.eye(head_dim, dtype=jnp.float32)[None, :, None, :], (batch, head_dim, heads, head_dim)
-    )  # [B, i, N, H]: unit vector e_i for every head
+    eye = jnp.eye(head_dim, dtype=jnp.float32)[None, :, None, :]
+    units = jnp.broadcast_to(eye, (batch, head_dim, heads, head_dim))  # [B, i, N, H]: e_i per head
     columns = encoding.move_keys(params, units, shift)  # [B, i, N, H]: A(shift) e_i
+    options = dict(precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     moved = jnp.einsum(
-        "bino,bnis->bnos",
-        columns.astype(jnp.float32),
-        keys.astype(jnp.float32),
-        precision=jax.lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
+        "bino,bnis->bnos", columns.astype(jnp.float32), keys.astype(jnp.float32), **options
     )
     return moved.astype(keys.dtype)
 
@@ -436,18 +415,10 @@ def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[
     """
     cache = rebase(model, cache)
     positions = cache.next_position[:, None]  # [B, 1]
+    flags = dict(decoding=True, shear_terms=keeps_shear_terms(model))
+    slots = (cache.positions, positions, cache.origin, cache.length)
     layers = [
-        LayerCache(
-            keys,
-            values,
-            cache.positions,
-            positions,
-            cache.origin,
-            cache.length,
-            jnp.ones(positions.shape, bool),
-            decoding=True,
-            shear_terms=keeps_shear_terms(model),
-        )
+        LayerCache(keys, values, *slots, jnp.ones(positions.shape, bool), **flags)
         for keys, values in zip(cache.keys, cache.values, strict=False)
     ]
     logits = model(tokens[:, None], positions, cache=layers)[:, 0]

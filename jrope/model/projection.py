@@ -56,9 +56,8 @@ def _cpu_projection_backward(num_contracted, precision, residuals, d_out):
     num_out = kernel.ndim - num_contracted
     kernel_out_axes = tuple(range(num_contracted, kernel.ndim))
     d_out_axes = tuple(range(d_out.ndim - num_out, d_out.ndim))
-    d_x = jax.lax.dot_general(
-        d_out, kernel, ((d_out_axes, kernel_out_axes), ((), ())), precision=precision
-    )
+    dimensions = ((d_out_axes, kernel_out_axes), ((), ()))
+    d_x = jax.lax.dot_general(d_out, kernel, dimensions, precision=precision)
     rows = math.prod(x.shape[: x.ndim - num_contracted])
     x_rows = x.reshape((rows,) + x.shape[x.ndim - num_contracted :])
     d_out_rows = d_out.reshape((rows,) + d_out.shape[d_out.ndim - num_out :])

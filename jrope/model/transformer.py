@@ -24,6 +24,7 @@ V vocabulary.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -115,9 +116,8 @@ class CausalSelfAttention(nnx.Module):
         d, n, h = cfg.d_model, cfg.num_heads, cfg.head_dim
         # One [D, 3, N, H] kernel: a single matmul yields q, k and v already in
         # the [B, T, N, H] layout attention wants (no reshape or transpose).
-        self.qkv = _param(
-            _uniform_fan_in(rngs.params(), (d, 3, n, h), d), (EMBED, None, HEADS, HEAD_DIM)
-        )
+        qkv = _uniform_fan_in(rngs.params(), (d, 3, n, h), d)
+        self.qkv = _param(qkv, (EMBED, None, HEADS, HEAD_DIM))
         self.out = _param(_uniform_fan_in(rngs.params(), (n, h, d), d), (HEADS, HEAD_DIM, EMBED))
         axes = encoding.param_logical_axes
         self.pe_params = nnx.Dict(
@@ -145,8 +145,8 @@ class CausalSelfAttention(nnx.Module):
                 "a decode step continues one sequence per row and takes no segment ids; pass "
                 "them to kv_cache.prefill, which keeps each row's last sequence."
             )
-        qkv = self.qkv[...].astype(x.dtype)
-        precision = attention.matmul_precision(self.cfg.attention)
+        qkv, settings = self.qkv[...].astype(x.dtype), self.cfg.attention
+        precision = attention.matmul_precision(settings)
         with jax.named_scope("qkv_projection"):
             if num_queries is None:
                 # [B, S, 3, N, H]: the matmul's natural output layout. unstack
@@ -162,35 +162,20 @@ class CausalSelfAttention(nnx.Module):
             cache.add(k, v, self.encoding, pe_params)
         if cache is not None and cache.decoding:
             # A decode step attends over all the cache holds.
-            precision_of_cache = attention.attention_precision(
-                self.cfg.attention, self.encoding, cache.kernel
-            )
-            y = cache.attend(q, self.encoding, pe_params, precision_of_cache)
+            dots = attention.attention_precision(settings, self.encoding, cache.kernel)
+            y = cache.attend(q, self.encoding, pe_params, dots)
         else:
             damping = self._damping(pe_params)
             if segment_ids is not None:
                 attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
-            kernel = attention.choose_kernel(
-                self.cfg.attention,
-                self.encoding,
-                length=k.shape[1],
-                num_queries=q.shape[1],
-                span=_concrete_span(positions, segment_ids),
-                damping=damping,
-                packed=segment_ids is not None,
-            )
-            y = attention.causal_attention(
-                q,
-                k,
-                v,
-                enc=self.encoding,
-                params=pe_params,
-                positions=positions,
-                kernel=kernel,
-                block_size=blockwise_block_size(self.cfg.block_size, damping),
-                precision=attention.attention_precision(self.cfg.attention, self.encoding, kernel),
-                segment_ids=segment_ids,
-            )
+            span, packed = _concrete_span(positions, segment_ids), segment_ids is not None
+            window = dict(length=k.shape[1], num_queries=q.shape[1], span=span, packed=packed)
+            kernel = attention.choose_kernel(settings, self.encoding, **window, damping=damping)
+            blocks = blockwise_block_size(self.cfg.block_size, damping)
+            dots = attention.attention_precision(settings, self.encoding, kernel)
+            inputs = dict(enc=self.encoding, params=pe_params, positions=positions, kernel=kernel)
+            options = dict(block_size=blocks, precision=dots, segment_ids=segment_ids)
+            y = attention.causal_attention(q, k, v, **inputs, **options)
         with jax.named_scope("out_projection"):
             return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
 
@@ -328,26 +313,17 @@ class Transformer(nnx.Module):
         self.projection = projection
         # True for a signal model (input projection and regression head), False for tokens.
         self.reads_signals = vocab_size is None
+        d = cfg.d_model
         if not self.reads_signals:
-            self.embedding = _param(
-                jax.random.normal(rngs.params(), (vocab_size, cfg.d_model), jnp.float32),
-                (VOCAB, EMBED),
-            )
+            embedding = jax.random.normal(rngs.params(), (vocab_size, d), jnp.float32)
+            self.embedding = _param(embedding, (VOCAB, EMBED))
         else:
-            self.input_projection = _param(
-                _uniform_fan_in(rngs.params(), (input_channels, cfg.d_model), input_channels),
-                (None, EMBED),
-            )
-            self.regression_head = _param(
-                _uniform_fan_in(rngs.params(), (cfg.d_model, output_channels), cfg.d_model),
-                (EMBED, None),
-            )
-        self.blocks = nnx.List(
-            [
-                TransformerBlock(cfg, encoding, rngs=rngs, projection=projection)
-                for _ in range(cfg.num_layers)
-            ]
-        )
+            inputs = _uniform_fan_in(rngs.params(), (input_channels, d), input_channels)
+            self.input_projection = _param(inputs, (None, EMBED))
+            head = _uniform_fan_in(rngs.params(), (d, output_channels), d)
+            self.regression_head = _param(head, (EMBED, None))
+        block = functools.partial(TransformerBlock, cfg, encoding, rngs=rngs, projection=projection)
+        self.blocks = nnx.List([block() for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(
@@ -388,9 +364,8 @@ class Transformer(nnx.Module):
         dtype = self.cfg.compute_dtype
         if self.reads_signals:
             kernel = self.input_projection[...].astype(dtype)
-            return self.projection(
-                inputs.astype(dtype), kernel, 1, attention.matmul_precision(self.cfg)
-            )
+            precision = attention.matmul_precision(self.cfg)
+            return self.projection(inputs.astype(dtype), kernel, 1, precision)
         return jnp.take(self.embedding[...], inputs, axis=0).astype(dtype)
 
     def decode(
@@ -440,10 +415,5 @@ class Transformer(nnx.Module):
             spec, readout = "btd,dc->btc", self.regression_head
         else:
             spec, readout = "btd,vd->btv", self.embedding
-        return jnp.einsum(
-            spec,
-            x,
-            readout[...].astype(dtype),
-            preferred_element_type=jnp.float32,
-            precision=attention.matmul_precision(self.cfg),
-        )
+        precision, weights = attention.matmul_precision(self.cfg), readout[...].astype(dtype)
+        return jnp.einsum(spec, x, weights, preferred_element_type=jnp.float32, precision=precision)
