@@ -63,7 +63,7 @@ def bounded_time(t: jax.Array, train_context: int) -> jax.Array:
 class ShearTime(NamedTuple):
     """The shear's clock: s(p) / eta = scale * time(p), time the bounded tau(p) or the raw p.
 
-    The one place the shear time is formed: the maps (jrope.segments), the shear
+    The one place the shear time is formed: the maps (segments.py), the shear
     kernels' per-pair weight (jrope.attention.shear, shear_flash) and the kernel
     probe all call it. Static and hashable, so a Pallas kernel takes it as is.
     """

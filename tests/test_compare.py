@@ -107,6 +107,10 @@ def test_a_finished_run_is_reused_only_with_its_settings_and_evaluated_at_new_le
     table = (tmp_path / "comparison.md").read_text()
     with pytest.raises(UsageError, match=r"opt\.learning_rate is 0\.\d+ there, 0\.01 now"):
         _rerun(config, workdir, **{"opt.learning_rate": 1e-2})
+    with pytest.raises(UsageError, match=r"opt\.learning_rate"):  # nothing left to accept it
+        _rerun(
+            config, workdir, **{"opt.learning_rate": 1e-2}, **{"checkpoint.accept_changes": "opt"}
+        )
     assert (tmp_path / "comparison.md").read_text() == table  # not relabelled
     rows = _rerun(config, workdir, **{"eval.lengths": (16, 32)})  # evaluates 32, trains nothing
     assert sorted(row["length"] for row in rows) == [16, 32]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import importlib.metadata
 import json
 import shlex
@@ -97,14 +98,21 @@ def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     if saved is None:
         raise UsageError(f"{run_dir} has results but no {outputs.RECORD_FILE} naming its settings; "
                          "give this comparison another --workdir.")  # fmt: skip
-    if refused := config_differences(saved, cfg.to_json_dict(), purpose="resume")[0]:
+    asked = cfg.to_json_dict()
+    asked["checkpoint"]["accept_changes"] = ""  # a finished run trains no further
+    if refused := config_differences(saved, asked, purpose="resume")[0]:
         raise UsageError(f"{run_dir} finished with other settings: {'; '.join(refused)}; give "
                          "this comparison another --workdir.")  # fmt: skip
     lengths, count = set(cfg.eval.lengths), cfg.eval.num_sequences
-    evaluated = {row["length"] for row in earlier if row["num_sequences"] == count}
-    if lengths - evaluated:
-        say(f"{run_dir}: finished earlier; evaluating lengths {sorted(lengths - evaluated)}")
-        earlier = evaluation.evaluate_checkpoint(cfg, str(run_dir), cfg.num_steps)
+    missing = sorted(lengths - {row["length"] for row in earlier if row["num_sequences"] == count})
+    if missing:
+        say(f"{run_dir}: finished earlier; evaluating lengths {missing}")
+        only_missing = dataclasses.replace(cfg.eval, lengths=tuple(missing))
+        new = evaluation.evaluate_checkpoint(
+            dataclasses.replace(cfg, eval=only_missing), str(run_dir), cfg.num_steps
+        )
+        kept = [row for row in earlier if row["length"] not in missing]
+        earlier = sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
     else:
         say(f"{run_dir}: finished earlier, reading its results")
     return [row for row in earlier if row["length"] in lengths]
