@@ -1,16 +1,19 @@
 """The damping bound: model.max_damping held against the damping of the parameters being run.
 
 Before training, a bound the blockwise kernel's blocks cannot carry is refused
-(`bound_problems`). Before an evaluation or decoding step is compiled, and at
-every checkpoint, the damping is read on the host (`measure`); past the bound
-the model's layers plan their kernels and blocks for it (`plan`). A
-non-finite loss or evaluation names a passed bound first (`diagnosis`).
-Each function takes the model's config and its Encoding (`TrainConfig.encoding`).
+(`bound_problems`). Before a run's first step, and before decoding, the damping
+is read on the host (`measure`); past the bound the model's layers plan their
+kernels and blocks for it (`plan`). A run's steps compile once for that
+`KernelPlan`; at each checkpoint the run asks whether the plan still carries
+the damping learned since (`KernelPlan.carries`). A non-finite loss or
+evaluation names a passed bound first (`diagnosis`). Each function takes the
+model's config and its Encoding.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import jax
@@ -112,6 +115,57 @@ def kernel(
         if damping is None:
             raise
         raise UsageError(f"{measured.describe()}: {err}") from err
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """The kernels a run's steps compile with: planned for model.max_damping, or `for_params`
+    for the damping of the parameters a run starts from (each layer its own, past the bound).
+
+    lengths: the lengths the run computes at (its training length first); graphdef: the model
+    whose layers plan for `measured` (Transformer.follow_damping; None: for the bound alone).
+    """
+
+    model: ModelConfig
+    encoding: Encoding
+    platform: str
+    lengths: tuple[int, ...]
+    graphdef: Any
+    measured: MeasuredDamping | None = None
+
+    def for_params(self, params: Any) -> KernelPlan:
+        """This plan made for the damping of `params` (the graphdef follows it past the bound)."""
+        graphdef, measured = plan(self.model, self.encoding, self.graphdef, params)
+        return dataclasses.replace(self, graphdef=graphdef, measured=measured)
+
+    def kernel(self, length: int) -> str:
+        """The kernel of the largest damping at `length` (`kernel`: UsageError where refused)."""
+        return kernel(self.model, self.encoding, length, self.platform, self.measured)
+
+    def measure(self, params: Any) -> MeasuredDamping:
+        return measure(self.model, self.encoding, params)
+
+    def carries(self, measured: MeasuredDamping) -> bool:
+        """Whether every layer runs, at every length, the kernel and blocks that a plan for
+        `measured` would choose: the steps compiled for this plan then compute what steps
+        planned for `measured` would."""
+        return self._choices(self.measured) == self._choices(measured)
+
+    def _choices(self, measured: MeasuredDamping | None) -> list:
+        passed = measured is not None and measured.passed
+        per_layer = measured.per_layer if passed else (None,) * self.model.num_layers
+        choices = []
+        for damping, length in itertools.product(per_layer, self.lengths):
+            try:
+                name = choose_kernel(
+                    self.model.attention, self.encoding, length=length, backend=self.platform,
+                    damping=damping,
+                )  # fmt: skip
+            except ValueError:
+                name = None  # refused: the plan for `measured` says why
+            blocks = blockwise_block_size(self.model.block_size, damping)
+            choices.append((name, blocks if name == "blockwise" else None))
+        return choices
 
 
 def diagnosis(measured: MeasuredDamping | None) -> str:
