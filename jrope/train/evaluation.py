@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import flops, results
+from jrope import commands, flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
@@ -63,7 +63,7 @@ class EvalStep:
 
     def __init__(self, run: RunSetup, plan: damping.KernelPlan | None = None):
         task, num_classes = run.source.task, run.source.num_classes
-        self.plan = plan or run.plan_kernels()
+        self.plan = plan or run.plan
         self.graphdef = self.plan.graphdef
 
         def eval_sums(graphdef, params, batch):
@@ -89,17 +89,6 @@ class EvalStep:
     def __call__(self, params, batch):
         return self.for_length(batch["inputs"].shape[1])(self.graphdef, params, batch)
 
-    def compile(self, params, batch) -> None:
-        """Compiles the step for batches shaped as `batch` (its calls reuse it); UsageError where
-        it needs more than a device's memory (XLA's count), before it runs."""
-        length = batch["inputs"].shape[1]
-        compiled = self.for_length(length).lower(self.graphdef, params, batch).compile()
-        if shortfall := flops.memory_shortfall(compiled):
-            raise UsageError(
-                f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
-                "eval.lengths, or lower eval.batch_size."
-            )
-
 
 def _batches(run: RunSetup, length: int, distance: int | None = None):
     """The evaluation sequences of `length` (at `distance`), this process's rows of each batch."""
@@ -110,10 +99,17 @@ def _batches(run: RunSetup, length: int, distance: int | None = None):
 
 
 def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
-    """EvalStep.compile at every length of eval.lengths (one batch's shapes), before the work."""
+    """Compiles `eval_step` at every length of eval.lengths (one batch's shapes; its calls reuse
+    it), before the work; UsageError where one needs more than a device's memory (XLA's count)."""
     with jax.set_mesh(run.mesh):
         for length in run.eval.lengths:
-            eval_step.compile(params, run.global_batch(next(iter(_batches(run, length)))))
+            batch = run.global_batch(next(iter(_batches(run, length))))
+            lowered = eval_step.for_length(length).lower(eval_step.graphdef, params, batch)
+            if shortfall := flops.memory_shortfall(lowered.compile()):
+                raise UsageError(
+                    f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
+                    "eval.lengths, or lower eval.batch_size."
+                )
 
 
 def evaluate_lengths(
@@ -196,7 +192,7 @@ def evaluate_and_report(
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
     rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
-    check_evaluation(rows, step, checkpoint, eval_step.plan.measure(params))
+    check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
     if jax.process_index() == 0:
@@ -247,7 +243,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     source = checks.check_run(cfg, workdir, evaluation=True)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, workdir=workdir, source=source)
+        run = setup.set_up_run(cfg, workdir, source)
         checkpointer = run.checkpointer
         step = checkpointer.latest_step() if step is None else step
         with contextlib.closing(checkpointer):
@@ -289,6 +285,15 @@ def finished_results(workdir: str, step: int) -> epath.Path | None:
     """The folder of step `step`'s evaluation in `workdir`, or None while it holds no whole one."""
     path = results_dir(workdir, step)
     return path if (path / RESULTS_CSV).exists() else None
+
+
+def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
+    """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
+    finished = results_dir(workdir, step)
+    if (rows := readable_results(finished)) is not None:
+        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
+        show_results(rows, finished, task=task)
+    return rows
 
 
 def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
@@ -342,10 +347,11 @@ def write_results(
     by_length = [row for row in rows if row["distance"] is None]
     curve = ([row["length"] for row in by_length], [row[metric] for row in by_length], None)
     labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
+    table = markdown_table(rows, task=task)
     results.plot_against_length(
         paths["png"], {rows[0]["method"]: curve}, ylabel=labels.get(task, metric), size=(5, 3.5)
     )
-    results.write_text(paths["md"], markdown_table(rows, task=task))
+    results.write_text(paths["md"], table)
     results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
@@ -377,7 +383,7 @@ def check_evaluation(
     rows: Sequence[Row], step: int, checkpoint: str, measured: damping.MeasuredDamping | None = None
 ) -> None:
     """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and
-    first the damping `measured` of the evaluated parameters where it passed model.max_damping."""
+    first the damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
         raise NonFiniteError(

@@ -179,8 +179,10 @@ class RunSetup:
     source: DataSource
     mesh: Mesh
     layout: StateLayout
+    plan: damping.KernelPlan  # the kernels planned for model.max_damping alone
     model: ModelConfig
     rules: Rules  # logical axis names -> mesh axes
+    batch_sharding: NamedSharding  # of a global train batch [B, T]
     seed: int  # the parameters' and the dropout's
     train_length: int  # pe.train_context
     batch_size: int  # rows of a global train batch
@@ -208,17 +210,9 @@ class RunSetup:
         """global_batch over this run's mesh."""
         return global_batch(local_batch, self.rules, self.mesh)
 
-    def plan_kernels(self, params: Any = None) -> damping.KernelPlan:
-        """The kernels of the train step and the evaluations for the damping of `params` (None:
-        planned for model.max_damping alone), at the training length and eval.lengths."""
-        lengths = (self.train_length, *self.eval.lengths)
-        platform = self.mesh.devices.flat[0].platform
-        plan = damping.KernelPlan(
-            self.model, self.encoding, platform, lengths, self.layout.graphdef
-        )
-        if params is None:
-            return plan
-        plan = plan.for_params(params)
+    def plan_kernels(self, params: Any) -> damping.KernelPlan:
+        """The kernels of the train step and the evaluations for the damping of `params`."""
+        plan = self.plan.for_params(params)
         if plan.measured.passed:
             say(f"{plan.measured.describe()}: the kernels plan for it (blockwise blocks of "
                 f"{plan.measured.block_size}; at length {self.train_length} the "
@@ -257,12 +251,12 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
 
 def set_up_run(
     cfg: TrainConfig,
-    *,
     workdir: str | None = None,
+    source: DataSource | None = None,
+    *,
     devices: Sequence[jax.Device] | None = None,
     process_index: int | None = None,
     process_count: int | None = None,
-    source: DataSource | None = None,
 ) -> RunSetup:
     """Builds the source, the mesh over `devices` (default: all), the state layout and, for a
     `workdir`, its checkpointer (`<workdir>/checkpoints`).
@@ -276,6 +270,8 @@ def set_up_run(
         source = build_source(cfg.data, cfg.batch_size, index, count)
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     layout = state_layout(cfg, encoding, model_io(source), mesh)
+    lengths, platform = (cfg.pe.train_context, *cfg.eval.lengths), mesh.devices.flat[0].platform
+    plan = damping.KernelPlan(cfg.model, encoding, platform, lengths, layout.graphdef)
     schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
     config_json = cfg.to_json_dict()
     checkpointer = None
@@ -288,7 +284,8 @@ def set_up_run(
             accept_missing_digests=cfg.checkpoint.accept_missing_digests,
         )
     return RunSetup(
-        encoding, source, mesh, layout, cfg.model, rules, cfg.seed, cfg.pe.train_context,
+        encoding, source, mesh, layout, plan, cfg.model, rules,
+        batch_sharding(cfg.batch_size, rules, mesh), cfg.seed, cfg.pe.train_context,
         cfg.batch_size, cfg.num_steps, schedule, cfg.opt.nonfinite == "skip",
         cfg.opt.max_consecutive_skips, cfg.pe.name, cfg.eval, cfg.log, cfg.runtime, config_json,
         checkpointer,

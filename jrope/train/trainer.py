@@ -27,7 +27,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from jrope import commands, errors, flops, losses
+from jrope import errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock
@@ -82,7 +82,7 @@ def make_train_step(
     'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped' (1.0: this
     update was dropped), 'skipped_steps' and 'skipped_in_a_row' (up to this step).
     """
-    plan = plan or run.plan_kernels()
+    plan = plan or run.plan
     layout, mesh, optimizer = run.layout, run.mesh, run.layout.optimizer
     task, num_classes = run.source.task, run.source.num_classes
 
@@ -117,7 +117,6 @@ def make_train_step(
             metrics["skipped_in_a_row"] = opt_state.notfinite_count
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
-    batch_sharding = setup.batch_sharding(run.batch_size, run.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
         blockwise = plan.kernel(run.train_length) == "blockwise"
@@ -126,7 +125,7 @@ def make_train_step(
         )
     return jax.jit(
         train_step,
-        in_shardings=(layout.shardings, batch_sharding),
+        in_shardings=(layout.shardings, run.batch_sharding),
         out_shardings=(layout.shardings, replicated),
         donate_argnums=0,
         compiler_options=compiler_options,
@@ -147,7 +146,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     source = checks.check_run(cfg, workdir)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        run = setup.set_up_run(cfg, workdir=workdir, source=source)
+        run = setup.set_up_run(cfg, workdir, source)
         with contextlib.closing(run.checkpointer):  # an in-flight save finishes, also on errors
             while True:
                 with contextlib.suppress(_PlanOutgrown):
@@ -164,11 +163,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     )
     state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
     start = int(jax.device_get(state["step"]))
-    finished = evaluation.results_dir(workdir, num_steps)
-    rows = evaluation.readable_results(finished) if start == num_steps else None
-    if rows is not None:
-        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
-        evaluation.show_results(rows, finished, task=run.source.task)
+    if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
     plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
     eval_step = evaluation.EvalStep(run, plan)
