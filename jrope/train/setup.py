@@ -30,16 +30,10 @@ from jrope.encodings import Encoding, make_encoding
 from jrope.model import Transformer, damping
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
 from jrope.model.config import ModelConfig
+from jrope.train import config as run_config
 from jrope.train import runtime
 from jrope.train.checkpoints import Checkpointer
-from jrope.train.config import (
-    EvalConfig,
-    LogConfig,
-    MeshConfig,
-    OptimConfig,
-    RuntimeConfig,
-    TrainConfig,
-)
+from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
 from jrope.train.outputs import say
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -187,13 +181,11 @@ class RunSetup:
     train_length: int  # pe.train_context
     batch_size: int  # rows of a global train batch
     num_steps: int
-    schedule: optax.Schedule
-    skip_nonfinite: bool  # opt.nonfinite = 'skip'
-    max_consecutive_skips: int
     method: str  # pe.name, which labels the result rows
-    eval: EvalConfig
-    log: LogConfig
-    runtime: RuntimeConfig
+    opt: OptimConfig
+    eval: run_config.EvalConfig
+    log: run_config.LogConfig
+    runtime: run_config.RuntimeConfig
     config_json: dict[str, Any]  # the config as checkpoints and start records save it
     checkpointer: Checkpointer | None = None  # of the workdir set_up_run was given
 
@@ -272,21 +264,15 @@ def set_up_run(
     layout = state_layout(cfg, encoding, model_io(source), mesh)
     lengths, platform = (cfg.pe.train_context, *cfg.eval.lengths), mesh.devices.flat[0].platform
     plan = damping.KernelPlan(cfg.model, encoding, platform, lengths, layout.graphdef)
-    schedule = learning_rate_schedule(cfg.opt, cfg.num_steps)
-    config_json = cfg.to_json_dict()
-    checkpointer = None
-    if workdir is not None:
-        checkpointer = Checkpointer(
-            epath.Path(workdir) / "checkpoints",
-            every_steps=cfg.checkpoint.every_steps,
-            max_to_keep=cfg.checkpoint.max_to_keep,
-            config_json=config_json,
-            accept_missing_digests=cfg.checkpoint.accept_missing_digests,
-        )
+    config_json, saves = cfg.to_json_dict(), cfg.checkpoint
+    checkpointer = None if workdir is None else Checkpointer(
+        epath.Path(workdir) / "checkpoints", every_steps=saves.every_steps,
+        max_to_keep=saves.max_to_keep, config_json=config_json,
+        accept_missing_digests=saves.accept_missing_digests,
+    )  # fmt: skip
     return RunSetup(
         encoding, source, mesh, layout, plan, cfg.model, rules,
         batch_sharding(cfg.batch_size, rules, mesh), cfg.seed, cfg.pe.train_context,
-        cfg.batch_size, cfg.num_steps, schedule, cfg.opt.nonfinite == "skip",
-        cfg.opt.max_consecutive_skips, cfg.pe.name, cfg.eval, cfg.log, cfg.runtime, config_json,
-        checkpointer,
+        cfg.batch_size, cfg.num_steps, cfg.pe.name, cfg.opt, cfg.eval, cfg.log, cfg.runtime,
+        config_json, checkpointer,
     )  # fmt: skip

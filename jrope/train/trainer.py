@@ -1,7 +1,9 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
 `make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
-`train_and_evaluate` is the whole run. Data and dropout keys are pure functions of the step, so a
+`train_and_evaluate` is the whole run: its parts come from setup once, its kernels are planned
+once before step 1, and the loop is the step, its metrics, the save, the evaluation and
+preemption. Data and dropout keys are pure functions of the step, so a
 resumed run reproduces an uninterrupted one. The host reads each step's metrics one step late and
 before every save, so no checkpoint holds a non-finite step's state unnoticed: opt.nonfinite =
 'stop' ends the run there; 'skip' has optax.apply_if_finite drop the update (its counters live in
@@ -85,6 +87,7 @@ def make_train_step(
     plan = plan or run.plan
     layout, mesh, optimizer = run.layout, run.mesh, run.layout.optimizer
     task, num_classes = run.source.task, run.source.num_classes
+    schedule = setup.learning_rate_schedule(run.opt, run.num_steps)
 
     def train_step(state, batch):
         # Packed batches carry positions restarting at each segment (jrope.data.text_bytes).
@@ -109,9 +112,9 @@ def make_train_step(
         metrics = {
             **losses.metrics_from_sums(sums, task),
             "grad_norm": optax.tree.norm(grads),
-            "learning_rate": run.schedule(state["step"]),
+            "learning_rate": schedule(state["step"]),
         }
-        if run.skip_nonfinite:  # optax.apply_if_finite's counters
+        if run.opt.nonfinite == "skip":  # optax.apply_if_finite's counters
             metrics["skipped"] = 1.0 - opt_state.last_finite.astype(jnp.float32)
             metrics["skipped_steps"] = opt_state.total_notfinite
             metrics["skipped_in_a_row"] = opt_state.notfinite_count
@@ -223,7 +226,7 @@ def _train_steps(
             step, metrics = pending
             pending = None
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            stop_if_nonfinite(step, values, run.max_consecutive_skips, checkpointer, measured)
+            stop_if_nonfinite(step, values, run.opt.max_consecutive_skips, checkpointer, measured)
             # 'skipped' and the streak decide above; the count of skipped updates is logged.
             streak = ("skipped", "skipped_in_a_row")
             logger.write_step(step, {k: v for k, v in values.items() if k not in streak})
