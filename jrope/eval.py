@@ -26,7 +26,7 @@ def main(argv: list[str]) -> None:
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     if "probe" not in config:
         from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
-        from jrope.train.evaluation import evaluate_checkpoint
+        from jrope.train.trainer import evaluate_checkpoint
 
         evaluate_checkpoint(TrainConfig.from_config_dict(config), workdir)
         return

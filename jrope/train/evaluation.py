@@ -4,9 +4,8 @@
 kernel plan) over the fixed sequences of `eval.seed` per length (and distance), adding the task's sums (jrope.losses) over batches and processes, with progress on
 long lengths. `evaluate_and_report` merges the rows into `eval_step<step>/` (newer rows win),
 written CSV last so no folder holds half a result; a NaN loss is a failure.
-`evaluate_checkpoint` (eval.py) takes the workdir's lock: evaluations take turns, and a running
-training is refused; it adds its rows to the run's metrics.jsonl and TensorBoard at the
-checkpoint's step.
+`log_evaluation` adds the rows of a later evaluation (eval.py) to the run's metrics.jsonl and
+TensorBoard at the checkpoint's step.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -30,8 +29,7 @@ from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
-from jrope.train import checkpoints, checks, outputs, runtime, setup
-from jrope.train.config import TrainConfig
+from jrope.train import outputs, runtime
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
 
@@ -230,32 +228,6 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     """The results table on the console, with where it is saved."""
     say(f"\n{epath.Path(out_dir) / 'eval.md'}:\n")
     say(markdown_table(rows, task=task))
-
-
-def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[Row]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
-    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
-
-    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
-    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
-    evaluate.
-    """
-    source = checks.check_run(cfg, workdir, evaluation=True)
-    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, workdir, source)
-        checkpointer = run.checkpointer
-        step = checkpointer.latest_step() if step is None else step
-        with contextlib.closing(checkpointer):
-            state = checkpoints.restore_compatible(
-                checkpointer, run.layout.abstract, step, purpose="evaluate"
-            )
-        checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
-        eval_step = EvalStep(run, run.plan_kernels(state["params"]))
-        compile_lengths(eval_step, state["params"], run)
-        rows, _ = evaluate_and_report(eval_step, state["params"], run, workdir, step, checkpoint)
-        log_evaluation(workdir, step, logged_scalars(rows, run.source.task), run.log.tensorboard)
-    return rows
 
 
 def log_evaluation(

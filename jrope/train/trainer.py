@@ -146,14 +146,46 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     restored (so checked) and its results read. The kernels are planned once, before the first
     step; a damping learned past what they carry resumes from its checkpoint with a new plan.
     """
-    source = checks.check_run(cfg, workdir)
+    with _set_up(cfg, workdir, role="training") as run:
+        while True:
+            with contextlib.suppress(_PlanOutgrown):
+                return _run(run, workdir)
+
+
+def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
+    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
+    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
+
+    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
+    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
+    evaluate.
+    """
+    with _set_up(cfg, workdir, role="evaluation") as run:
+        step = run.checkpointer.latest_step() if step is None else step
+        state = checkpoints.restore_compatible(
+            run.checkpointer, run.layout.abstract, step, purpose="evaluate"
+        )
+        checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
+        eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
+        evaluation.compile_lengths(eval_step, state["params"], run)
+        rows, _ = evaluation.evaluate_and_report(
+            eval_step, state["params"], run, workdir, step, checkpoint
+        )
+        logged = evaluation.logged_scalars(rows, run.source.task)
+        evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
+    return rows
+
+
+@contextlib.contextmanager
+def _set_up(cfg: TrainConfig, workdir: str, *, role: str):
+    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run); its
+    checkpointer is closed on leaving (an in-flight save finishes, also on errors)."""
+    source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role):
         run = setup.set_up_run(cfg, workdir, source)
-        with contextlib.closing(run.checkpointer):  # an in-flight save finishes, also on errors
-            while True:
-                with contextlib.suppress(_PlanOutgrown):
-                    return _run(run, workdir)
+        with contextlib.closing(run.checkpointer):
+            yield run
 
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
