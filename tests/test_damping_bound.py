@@ -209,14 +209,18 @@ def test_a_non_finite_loss_names_a_passed_bound():
 def test_fused_kernels_obey_the_measured_damping(backend, fused):
     cfg = tiny_config(**{"model.compute_dtype": "bfloat16"})
     passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
+
     # A kernel that maps each block from its own origin: the shear-weight flash kernel for the
     # raw shear, blockwise for the others.
-    assert damping.kernel(cfg.model, run_encoding(cfg), 512, backend, passed) == "shear_flash"
+    def kernel(cfg):
+        return damping.KernelPlan(cfg.model, run_encoding(cfg), backend, (512,), None, passed)
+
+    assert kernel(cfg).kernel(512) == "shear_flash"
     rope = tiny_config(**{"model.compute_dtype": "bfloat16", "pe.name": "damped_rope"})
-    assert damping.kernel(rope.model, run_encoding(rope), 512, backend, passed) == "blockwise"
+    assert kernel(rope).kernel(512) == "blockwise"
     explicit = tiny_config(**{"model.compute_dtype": "bfloat16", "model.attention_impl": fused})
     with pytest.raises(UsageError) as refused:
-        damping.kernel(explicit.model, run_encoding(explicit), 512, backend, passed)
+        kernel(explicit).kernel(512)
     message = str(refused.value)
     assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
     assert f"attention_impl={fused!r}" in message

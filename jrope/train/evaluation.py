@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import commands, flops, results
+from jrope import flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
@@ -253,21 +253,6 @@ def results_dir(workdir: str, step: int) -> epath.Path:
     return epath.Path(workdir) / f"eval_step{step}"
 
 
-def finished_results(workdir: str, step: int) -> epath.Path | None:
-    """The folder of step `step`'s evaluation in `workdir`, or None while it holds no whole one."""
-    path = results_dir(workdir, step)
-    return path if (path / RESULTS_CSV).exists() else None
-
-
-def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
-    """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
-    finished = results_dir(workdir, step)
-    if (rows := readable_results(finished)) is not None:
-        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
-        show_results(rows, finished, task=task)
-    return rows
-
-
 def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
     """The rows of a results folder's CSV; None when it has none, or when its CSV cannot be read
     as results (damaged, edited): that one is renamed `eval.csv.damaged` (a number added where
@@ -358,7 +343,8 @@ def check_evaluation(
     first the damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
-        raise NonFiniteError(
-            f"{damping.diagnosis(measured)}The loss of {checkpoint} is not finite at length "
-            f"{', '.join(bad)} (nothing written); train again at a lower opt.learning_rate."
+        error = NonFiniteError(
+            f"The loss of {checkpoint} is not finite at length {', '.join(bad)} (nothing "
+            "written); train again at a lower opt.learning_rate."
         )
+        raise damping.diagnosed(error, measured)
