@@ -1,15 +1,17 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
 `make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
-`train_and_evaluate` is the whole run: its parts come from setup once, its kernels are planned
-once before step 1, and the loop is the step, its metrics, the save, the evaluation and
-preemption. Data and dropout keys are pure functions of the step, so a
-resumed run reproduces an uninterrupted one. The host reads each step's metrics one step late and
-before every save, so no checkpoint holds a non-finite step's state unnoticed: opt.nonfinite =
-'stop' ends the run there; 'skip' has optax.apply_if_finite drop the update (its counters live in
-the optimizer state) and the run ends after opt.max_consecutive_skips in a row. In the loop,
-SIGTERM and Ctrl-C only set a flag: the loop saves its step (the processes of a multi-process run
-agree on it through orbax) and raises TrainingPreempted. Shapes: B batch, T length.
+`train_and_evaluate` is the whole run: its parts come from setup once, its kernels are planned once
+before step 1, and the loop is the step, its metrics, the save, the evaluation and preemption. Data
+and dropout keys are pure functions of the step, so a resumed run reproduces an uninterrupted one.
+The host reads each step's metrics one step late and before every save, so no checkpoint holds a
+non-finite step's state unnoticed: opt.nonfinite = 'stop' ends the run there; 'skip' has
+optax.apply_if_finite drop the update (its counters live in the optimizer state) and the run ends
+after opt.max_consecutive_skips in a row. In the loop, SIGTERM and Ctrl-C only set a flag: the loop
+saves its step (the processes of a multi-process run agree on it through orbax) and raises
+TrainingPreempted. `evaluate_checkpoint` (eval.py) evaluates a checkpoint with the same parts,
+holding the workdir's lock as an evaluation: evaluations take turns, a running training is
+refused. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
