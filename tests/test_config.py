@@ -90,7 +90,11 @@ def test_every_problem_of_every_section_is_reported_at_once_with_its_key():
         ("opt.b2", 2.0, "opt.b2 must be a finite number in [0, 1), got 2.0."),
         ("opt.eps", -1.0, "opt.eps must be a finite number > 0, got -1.0."),
         ("opt.weight_decay", -0.5, "opt.weight_decay must be a finite number >= 0, got -0.5."),
-        ("opt.final_lr_ratio", -3.0, "opt.final_lr_ratio must be a finite number in [0, 1], got -3.0."),
+        (
+            "opt.final_lr_ratio",
+            -3.0,
+            "opt.final_lr_ratio must be a finite number in [0, 1], got -3.0.",
+        ),
         ("pe.eta_max", float("nan"), "pe.eta_max must be a finite number > 0.0, got nan."),
         ("pe.theta", float("inf"), "pe.theta must be a finite number > 1.0, got inf."),
     ],
@@ -129,7 +133,9 @@ def test_a_missing_key_is_named_and_a_missing_section_takes_its_defaults():
 
 
 def test_sections_check_themselves_when_built_directly():
-    with pytest.raises(ValueError, match=r"eval\.batch_size must divide num_sequences = 4, got 3\."):
+    with pytest.raises(
+        ValueError, match=r"eval\.batch_size must divide num_sequences = 4, got 3\."
+    ):
         EvalConfig(lengths=(16,), num_sequences=4, batch_size=3, every_steps=0)
     model = tiny_config().model  # the model's own config, usable without the harness
     with pytest.raises(ValueError, match=r"model\.num_heads must divide d_model = 32, got 3\."):
