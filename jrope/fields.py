@@ -92,6 +92,17 @@ def did_you_mean(word: str, choices, prefix: str = "") -> str:
     return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
+def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a nested dict's leaves."""
+    keys = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            keys += flat_keys(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
 def _problem(kind: Any, value: Any, rules: dict, values: Mapping[str, Any]) -> str | None:
     """' must be <what is allowed>, got <value>.' (or ' = <value> is not one of ...'), or None."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)

@@ -62,6 +62,7 @@ from etils import epath
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
 from jrope.encodings import make_encoding, unsupported_features
+from jrope.errors import ConfigError
 from jrope.experiments.probe_targets import check_target, target_values
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
 
@@ -160,20 +161,21 @@ class KernelProbeConfig:
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
-        """From the whole experiment ConfigDict: its one section, `probe`."""
-        if set(config.keys()) != {"probe"}:
-            raise ValueError(
-                f"a kernel-probe config has exactly one section, probe; got keys {sorted(config.keys())}."
-            )
-        section = dict(config["probe"])
+        """From the whole experiment ConfigDict: its one section, `probe`; ConfigError (a
+        ValueError) naming every problem."""
+        section = dict(config.get("probe", {}))
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(section) != names:
-            raise ValueError(
-                f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
+        if set(config.keys()) != {"probe"} or set(section) != names:
+            raise ConfigError([
+                f"a kernel-probe config has exactly one section, probe; got {sorted(config.keys())}, "
+                f"unknown keys {sorted(set(section) - names)}, missing {sorted(names - set(section))}."
+            ])  # fmt: skip
+        try:
+            return cls(
+                **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
             )
-        return cls(
-            **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
-        )
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
 
     @property
     def target_omega(self) -> float:

@@ -22,7 +22,7 @@ from jrope import commands, fields
 from jrope.attention.selection import PACKING_KERNELS
 from jrope.data.source import DEFAULT_EVAL_SEED, SOURCES
 from jrope.errors import ConfigError
-from jrope.fields import RESULT, Declared, did_you_mean, setting
+from jrope.fields import RESULT, Declared, did_you_mean, flat_keys, setting
 from jrope.model.config import ModelConfig
 from jrope.pe_config import PEConfig, UnknownEncodingName, pe_config_from_name
 
@@ -226,6 +226,19 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     return (None, refused) if refused else (cfg, [])
 
 
+def declared_effect(key: str, data_source: str | None) -> str | None:
+    """RESULT, PARAMETERS or None: what the field at dotted `key` of a run config declares it
+    defines (a data key: in the config of `data_source`)."""
+    section, _, name = key.partition(".")
+    if not name:
+        return fields.defines(TrainConfig, section)
+    classes = {**SECTIONS, "pe": PEConfig}
+    if section == "data" and data_source in SOURCES:
+        classes["data"] = SOURCES[data_source].load()[0]
+    cls = classes.get(section)
+    return fields.defines(cls, name) if dataclasses.is_dataclass(cls) else None
+
+
 def build_section(
     name: str, factory: Any, values: Any, problems: list[str], derived: Any = ()
 ) -> Any:
@@ -254,17 +267,6 @@ def build_section(
             problems += [line if line.startswith(name) else f"{name}: {line}" for line in lines]
         return None
     return None if unknown else built
-
-
-def flat_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys of a nested dict's leaves."""
-    keys = []
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            keys += flat_keys(value, f"{prefix}{key}.")
-        else:
-            keys.append(f"{prefix}{key}")
-    return keys
 
 
 def _as_tuples(value: Any) -> Any:
