@@ -193,7 +193,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     if model and pe and model.head_dim % pe.head_block:
         problems.append(
             f"model.d_model = {model.d_model} (head dim {model.head_dim} with {model.num_heads} "
-            f"heads) must give a head dim that {pe.name}'s blocks of {pe.head_block} divide."
+            f"heads): {pe.name} needs a head dim divisible by {pe.head_block}; choose d_model / "
+            f"num_heads as a multiple of {pe.head_block}."
         )
         model = None  # the data section's head dim would only repeat it
     data = dict(raw.get("data", {}))
