@@ -79,7 +79,7 @@ class RetrievalConfig(Declared):
 
     seq_len: int = setting(ge=1)
     source: str = setting("retrieval", choices=("retrieval",), defines=PARAMETERS)
-    seed: int = setting(0, ge=0, le=2**32 - 1, defines=RESULT)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     num_pairs: int = setting(32, ge=1, le="num_keys", defines=RESULT)  # distinct keys
     num_keys: int = setting(128, ge=1, defines=PARAMETERS)
     num_values: int = setting(128, ge=1, defines=PARAMETERS)

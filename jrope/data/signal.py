@@ -90,7 +90,7 @@ class SignalRegressionConfig(Declared):
 
     seq_len: int = setting(ge=2)
     source: str = setting("signal", choices=("signal",), defines=PARAMETERS)
-    seed: int = setting(0, ge=0, le=2**32 - 1, defines=RESULT)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     kernel: str = setting("seasonal_trend", choices=SIGNAL_KERNELS, defines=RESULT)
     input_channels: int = setting(1, ge=1, defines=PARAMETERS)
     head_dim: int = setting(32, ge=2)

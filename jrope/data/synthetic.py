@@ -101,7 +101,7 @@ class SyntheticTaskConfig(Declared):
 
     seq_len: int = setting(ge=2)
     source: str = setting("synthetic", choices=("synthetic",), defines=PARAMETERS)
-    seed: int = setting(0, ge=0, le=2**32 - 1, defines=RESULT)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     kernel: str = setting("mixed_raw", choices=KERNEL_NAMES, defines=RESULT)
     head_dim: int = setting(32, ge=2)
     freq_index: int = setting(3, defines=RESULT)

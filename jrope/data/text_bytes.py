@@ -122,7 +122,7 @@ class TextDataConfig(Declared):
     train_fraction: float = setting(1.0, gt=0.0, le=1.0)
     vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
     seq_len: int = setting(1024, ge=1)
-    seed: int = setting(0, ge=0, le=2**32 - 1, defines=RESULT)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     cache_dir: str = ""
     data_dir: str = ""
     manual_dir: str = ""
