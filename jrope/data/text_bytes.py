@@ -140,18 +140,13 @@ class TextDataConfig(Declared):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.source == "text" and not (self.path and self.eval_path):
+        if self.source in ("text", "audio_tokens") and not (self.path and self.eval_path):
+            files = "training and evaluation text" if self.source == "text" else "train.u8, eval.u8"
             raise ValueError(
-                "source='text' needs both path (training text) and eval_path (evaluation text), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
-                "--config.data.path=train.txt --config.data.eval_path=valid.txt."
-            )
-        if self.source == "audio_tokens" and not (self.path and self.eval_path):
-            raise ValueError(
-                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
-                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
-                "--config.data.eval_path=DIR."
+                f"source={self.source!r} needs both path and eval_path ({files}), got "
+                f"path={self.path!r}, eval_path={self.eval_path!r}; set both, e.g. "
+                "--config.data.path=train.txt --config.data.eval_path=valid.txt (audio_tokens: "
+                "the folder python -m jrope.data.audio wrote)."
             )
 
     @property
