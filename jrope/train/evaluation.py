@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import flops, results
+from jrope import commands, flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
@@ -251,6 +251,15 @@ def log_evaluation(
 def results_dir(workdir: str, step: int) -> epath.Path:
     """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`."""
     return epath.Path(workdir) / f"eval_step{step}"
+
+
+def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
+    """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
+    finished = results_dir(workdir, step)
+    if (rows := readable_results(finished)) is not None:
+        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
+        show_results(rows, finished, task=task)
+    return rows
 
 
 def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
