@@ -492,9 +492,10 @@ class Encoding:
         The identity (the logits themselves, no op) but for the logit soft-cap
         cap * tanh(logits / cap). A kernel that applies it declares LOGITS.
         """
-        del params  # the cap is fixed
+        if not self.cfg.logit_softcap:
+            return logits
         cap = self.cfg.logit_softcap
-        return logits if not cap else cap * jnp.tanh(logits / cap)
+        return cap * jnp.tanh(logits / cap)
 
     def relative_logits(self, params, q, k, q_positions, k_positions):
         """The O(T^2) relative (oracle) form of attention_logits, for exact variants.
