@@ -487,7 +487,7 @@ class Encoding:
 
     def transform_logits(self, params, logits):
         """The logits after the encoding's elementwise map of each head's scaled logits (bias
-        added), before the mask and the softmax: float32 [..., N, T, S] -> [..., N, T, S].
+        added), before the mask and the softmax: float [B, N, T, S] -> [B, N, T, S].
 
         The identity (the logits themselves, no op) but for the logit soft-cap
         cap * tanh(logits / cap). A kernel that applies it declares LOGITS.

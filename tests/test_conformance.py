@@ -11,6 +11,11 @@ runs every family on the kernel the CPU takes for it and every kernel on one fam
 """
 
 import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -290,13 +295,38 @@ def test_the_documented_kernel_features_are_the_declared_ones():
     assert documented == {kernel: set(features) for kernel, features in KERNEL_FEATURES.items()}
 
 
-def test_the_worked_example_is_the_librarys_code():
-    text = (REPOSITORY / "docs/extending.md").read_text()
-    example = text.split("## 2. A worked example", 1)[1].split("## 3.", 1)[0]
-    library = {
-        name: (REPOSITORY / "jrope" / name).read_text() for name in ("pe_config.py", "encodings.py")
-    }
-    blocks = [block.split("```", 1)[0] for block in example.split("```python\n")[1:]]
-    assert len(blocks) == 8
-    for block in blocks:
-        assert any(block in source for source in library.values()), block
+def _worked_examples() -> list[str]:
+    return (REPOSITORY / "docs/extending.md").read_text().split("```diff\n")[1:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(_worked_examples())))
+def test_a_worked_example_applied_to_the_library_passes_this_test(index, tmp_path):
+    """docs/extending.md's patches, each applied to a copy of the library as written: the new family
+    runs on every kernel against the oracle or is refused by name, and sets its new field."""
+    patch = _worked_examples()[index].split("```", 1)[0]
+    for part in ("jrope", "tests", "docs"):
+        shutil.copytree(
+            REPOSITORY / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(REPOSITORY / "pyproject.toml", tmp_path)
+    subprocess.run(["git", "apply", "-"], input=patch, text=True, cwd=tmp_path, check=True)
+    name = re.search(r'^\+    "(\w+)",$', patch, re.MULTILINE).group(1)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_conformance.py",
+        ]
+        + ["-k", f"{name} or every_setting"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+    )
+    passed = re.search(r"(\d+) passed", run.stdout)
+    assert run.returncode == 0 and passed and int(passed.group(1)) > len(KERNELS) // 2, run.stdout
