@@ -249,3 +249,15 @@ def test_every_enumerated_or_numeric_field_is_validated(change, message):
 def test_a_non_finite_base_setting_is_refused_by_name():
     with pytest.raises(ValueError, match="train_context must be a finite int, got nan"):
         pe_config_from_name("jordan_rope", train_context=float("nan"))
+
+
+def test_any_name_takes_a_logit_softcap_suffix_and_a_bad_cap_is_refused():
+    for name in ("rope", "alibi", "jordan_exact_c150_eta010_alibi", "jordan_jetmix_m3_g050_g030"):
+        plain = pe_config_from_name(name, train_context=L, theta=500.0)
+        capped = pe_config_from_name(f"{name}_softcap30", train_context=L, theta=500.0)
+        assert capped == dataclasses.replace(plain, name=f"{name}_softcap30", logit_softcap=30.0)
+    for name in ("rope_softcap0", "rope_softcap", "softcap30", "rope_softcap30_alibi"):
+        with pytest.raises(ValueError, match="accepted position-encoding names"):
+            pe_config_from_name(name, train_context=L)
+    with pytest.raises(ValueError, match=r"logit_softcap must be >= 0 \(0: no cap\), got -1"):
+        dataclasses.replace(pe_config_from_name("rope", train_context=L), logit_softcap=-1.0)
