@@ -1,4 +1,4 @@
-"""Positional encodings behind one interface: `transform_qk` and `logit_bias`.
+"""Positional encodings behind one interface: `transform_qk`, `logit_bias`, `transform_logits`.
 
 `make_encoding(cfg, num_heads, head_dim)` turns a PEConfig into an
 `Encoding`, which owns no state: its learnable parameters (gamma, eta, jet
@@ -7,7 +7,8 @@ and passed back in, so the same object serves jit, grad and sharding.
 
 Every variant is a per-position linear map on q and k followed by an
 ordinary dot product (docs/mathematics.md, section 3), plus an optional additive bias, so
-it works with any attention kernel.
+it works with any attention kernel; the logit soft-cap also maps the logits elementwise, which
+the kernels that apply `transform_logits` compute (docs/extending.md).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per head, m chain order.
@@ -243,7 +244,11 @@ class Encoding:
                 features.add(FIELD_FEATURES.get(field.name, field.name))
         # What transform_logits computes, traced once: an identity leaves its input as it is.
         probe = jax.ShapeDtypeStruct((1, self.num_heads, 1, 1), jnp.float32)
-        traced = jax.make_jaxpr(self.transform_logits)(self.init_params(), probe).jaxpr
+        params = {
+            name: jax.ShapeDtypeStruct(v.shape, v.dtype)
+            for name, (v, _) in self._parameters().items()
+        }
+        traced = jax.make_jaxpr(self.transform_logits)(params, probe).jaxpr
         if traced.outvars != traced.invars[-1:]:
             features.add(LOGITS)
         return frozenset(features - {None})
