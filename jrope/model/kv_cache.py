@@ -194,8 +194,10 @@ class LayerCache:
         if encoding.has_bias:
             bias = encoding.logit_bias(params, self.positions, key_positions)
         stored = (self.positions, self.keys, self.values, self.new_keys, self.new_values)
-        terms = (term_widths, time_lag, functools.partial(encoding.transform_logits, params))
-        y = cached_attention(q2, *stored, key_positions, bias, precision, *terms)
+        transform = functools.partial(encoding.transform_logits, params)
+        y = cached_attention(
+            q2, *stored, key_positions, bias, precision, term_widths, time_lag, transform
+        )
         self._write(_after(self.new_keys, y), _after(self.new_values, y))
         return y
 
