@@ -99,12 +99,9 @@ def plan(
 
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
-    """The kernels a run's steps compile with: planned for model.max_damping, or `for_params`
-    for the damping of the parameters a run starts from (each layer its own, past the bound).
-
-    lengths: the lengths the run computes at (its training length first); graphdef: the model
-    whose layers plan for `measured` (Transformer.follow_damping; None: for the bound alone).
-    """
+    """The kernels a run's steps compile with at `lengths` (the training length first): for
+    model.max_damping, or (`for_params`) for the damping `measured` of the parameters a run starts
+    from, which `graphdef`'s layers follow past the bound (Transformer.follow_damping)."""
 
     model: ModelConfig
     encoding: Encoding
