@@ -74,8 +74,6 @@ def model_flops_per_step(
     the data source (jrope.train.setup.model_io), which this count does not build.
     """
     signal = input_channels is not None
-    if vocab_size is None and not signal:
-        raise ValueError("model_flops_per_step needs vocab_size, or input and output channels.")
     b, t, d, v = rows, length, model.d_model, vocab_size
     f = model.mlp_ratio * d
     last_queries = 1 if model.readout == "last" else t

@@ -408,14 +408,11 @@ def _cli() -> None:
     help_max_files = "Use only the first N WAVs (archive order, or sorted path order for a folder; "
     help_max_files += "0: all). 16 with --archive=musicnet.tar.gz gives the reference's corpus."
     max_files = flags.DEFINE_integer("max_files", 0, help_max_files)
+    flags.mark_flags_as_mutual_exclusive(["archive", "wav_dir"], required=True)
 
     def main(argv: Sequence[str]) -> None:
         del argv
         try:
-            if (wav_dir.value is None) == (archive.value is None):
-                raise ValueError(
-                    f"Pass exactly one of --archive and --wav_dir.\n{MUSICNET_DIRECTIONS}"
-                )
             source, options = archive.value or wav_dir.value, dict(seed=seed.value)
             options.update(eval_fraction=eval_fraction.value, max_files=max_files.value or None)
             manifest = prepare_audio_tokens(source, out_dir.value, **options)

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
 
 PAD = 0
 BOS = 1
@@ -84,23 +84,19 @@ class RetrievalConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "eval_distances", tuple(int(d) for d in self.eval_distances))
-        if self.source != "retrieval":
-            raise ValueError(f"source must be 'retrieval' for this task, got {self.source!r}.")
-        if min(self.num_pairs, self.num_keys, self.num_values) < 1:
-            raise ValueError(
-                "num_pairs, num_keys and num_values must be >= 1, got "
-                f"{self.num_pairs}, {self.num_keys}, {self.num_values}."
-            )
-        if self.num_pairs > self.num_keys:
-            raise ValueError(
-                f"num_pairs {self.num_pairs} exceeds num_keys {self.num_keys}: the keys of a "
-                "sequence are distinct; lower num_pairs or raise num_keys."
-            )
-        check_room(self.seq_len, self.num_pairs)
-        if any(d < MIN_DISTANCE for d in self.eval_distances):
-            raise ValueError(
-                f"eval_distances must be >= {MIN_DISTANCE}, got {self.eval_distances}."
-            )
+        refuse([
+            (self.source == "retrieval",
+             f"source must be 'retrieval' for this task, got {self.source!r}."),
+            (min(self.num_pairs, self.num_keys, self.num_values) >= 1,
+             "num_pairs, num_keys and num_values must be >= 1, got "
+             f"{self.num_pairs}, {self.num_keys}, {self.num_values}."),
+            (self.num_pairs <= self.num_keys,
+             f"num_pairs {self.num_pairs} exceeds num_keys {self.num_keys}: the keys of a "
+             "sequence are distinct; lower num_pairs or raise num_keys."),
+            room_check(self.seq_len, self.num_pairs),
+            (min(self.eval_distances, default=MIN_DISTANCE) >= MIN_DISTANCE,
+             f"eval_distances must be >= {MIN_DISTANCE}, got {self.eval_distances}."),
+        ])  # fmt: skip
 
     @property
     def vocab_size(self) -> int:
@@ -115,14 +111,14 @@ class RetrievalConfig:
         return FIRST_KEY + self.num_keys + np.asarray(value)
 
 
-def check_room(length: int, num_pairs: int) -> None:
-    """ValueError unless sequences of `length` surely have room for `num_pairs` pairs."""
-    if length < 8 or 3 * num_pairs > length - 5:
-        raise ValueError(
-            f"sequences of length {length} have no sure room for {num_pairs} pairs "
-            f"(need length >= max(8, 3 num_pairs + 5) = {max(8, 3 * num_pairs + 5)}); "
-            "lower data.num_pairs or use longer sequences."
-        )
+def room_check(length: int, num_pairs: int) -> tuple[bool, str]:
+    """(holds, message) for source.refuse: sequences of `length` surely have room for the pairs."""
+    return (
+        length >= 8 and 3 * num_pairs <= length - 5,
+        f"sequences of length {length} have no sure room for {num_pairs} pairs "
+        f"(need length >= max(8, 3 num_pairs + 5) = {max(8, 3 * num_pairs + 5)}); "
+        "lower data.num_pairs or use longer sequences.",
+    )
 
 
 def make_sequence(
@@ -191,7 +187,7 @@ class RetrievalSource:
 
         ``seed``: the evaluation seed (not the data config's).
         """
-        check_room(length, self.data_cfg.num_pairs)
+        refuse([room_check(length, self.data_cfg.num_pairs)])
         words = (seed, _EVAL_STREAM, length)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, None)
@@ -209,12 +205,11 @@ class RetrievalSource:
         seed: int = DEFAULT_EVAL_SEED,
     ) -> Iterator[dict]:
         """Like eval_batches, with every target pair ``distance`` positions before the query's key."""
-        check_room(length, self.data_cfg.num_pairs)
-        if not MIN_DISTANCE <= distance <= length - 2:
-            raise ValueError(
-                f"distance {distance} does not fit in length {length}: "
-                f"it must lie in [{MIN_DISTANCE}, {length - 2}]."
-            )
+        refuse([
+            room_check(length, self.data_cfg.num_pairs),
+            (MIN_DISTANCE <= distance <= length - 2, f"distance {distance} does not fit in "
+             f"length {length}: it must lie in [{MIN_DISTANCE}, {length - 2}]."),
+        ])  # fmt: skip
         words = (seed, _DISTANCE_STREAM, length, distance)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self._make_batch(rngs, length, distance)

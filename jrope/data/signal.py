@@ -40,7 +40,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jrope.data import synthetic
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
 
@@ -60,9 +60,8 @@ def signal_kernel(
     if name == "rhythm_envelope":
         weights = dict(envelope_offset=0.25, envelope_slope=0.85, cos_weight=0.65, sin_weight=0.35)
         return synthetic.rhythm_envelope(lags, **common, second_omega=second_omega, **weights)
-    if name == "motif_spacing":
-        return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
-    raise ValueError(f"Unknown signal kernel {name!r}; choose one of {SIGNAL_KERNELS}.")
+    # The config (or the probe's target check) validated the name, so this is the last kernel.
+    return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,17 +96,15 @@ class SignalRegressionConfig:
     gamma: float = 1e-4
 
     def __post_init__(self):
-        if self.source != "signal":
-            raise ValueError(f"source must be 'signal' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}.")
-        if self.kernel not in SIGNAL_KERNELS:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}.")
-        if self.input_channels < 1:
-            raise ValueError(f"input_channels must be >= 1, got {self.input_channels}.")
-        synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {self.gamma}.")
+        refuse([
+            (self.source == "signal", f"source must be 'signal' for this task, got {self.source!r}."),
+            (self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}."),
+            (self.kernel in SIGNAL_KERNELS,
+             f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}."),
+            (self.input_channels >= 1, f"input_channels must be >= 1, got {self.input_channels}."),
+            *synthetic.frequency_checks(self.head_dim, self.freq_index, self.second_freq_index),
+            (self.gamma >= 0, f"gamma must be >= 0, got {self.gamma}."),
+        ])  # fmt: skip
 
     def kernel_values(self, lags) -> np.ndarray:
         """The normalised K(d) at integer lags >= 0 (K(0) = 0), float64."""

@@ -95,13 +95,17 @@ class DistanceEvaluation(Protocol):
         ...
 
 
+def refuse(checks: Sequence[tuple[bool, str]]) -> None:
+    """ValueError with the message of every check that does not hold, one a line: a data config
+    reports all its problems at once (the run's config names each as a problem of `data`)."""
+    problems = [message for holds, message in checks if not holds]
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessShare:
-    """This process's rows of global batches; the checks every source needs, in one place.
-
-    Raises ValueError (naming the fix) when the process index is out of
-    range or the global batch does not split over the processes.
-    """
+    """This process's rows of global batches; the checks every source needs, in one place."""
 
     global_batch_size: int
     process_index: int
@@ -134,8 +138,6 @@ class ProcessShare:
         """Per global evaluation batch, the indices of this process's sequences.
 
         Sequence i is the same whatever the batch size and process count.
-        Raises ValueError for a length below min_length or a batch size that
-        does not split over the processes or divide num_sequences.
         """
         if length < min_length:
             raise ValueError(f"Evaluation length must be >= {min_length}, got {length}.")
@@ -210,8 +212,4 @@ def build_source(
 ) -> DataSource:
     """The source of a converted data config (its `source` field picks the class)."""
     _, source_class = source_spec(data_cfg.source).load()
-    if source_class.task not in TASKS:
-        raise ValueError(
-            f"{source_class.__name__}.task = {source_class.task!r} is not one of {TASKS}."
-        )
     return source_class(data_cfg, global_batch_size, process_index, process_count)

@@ -45,7 +45,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
 
 BIT0 = 0
 BIT1 = 1
@@ -128,21 +128,18 @@ class SyntheticTaskConfig:
     }
 
     def __post_init__(self):
-        if self.source != "synthetic":
-            raise ValueError(f"source must be 'synthetic' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}.")
-        if self.kernel not in KERNEL_NAMES:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}.")
-        if self.label_mode not in LABEL_MODES:
-            raise ValueError(
-                f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
-            )
-        check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}.")
-        if self.jet_power < 0:
-            raise ValueError(f"jet_power must be >= 0, got {self.jet_power}.")
+        refuse([
+            (self.source == "synthetic",
+             f"source must be 'synthetic' for this task, got {self.source!r}."),
+            (self.seq_len >= 2, f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}."),
+            (self.kernel in KERNEL_NAMES,
+             f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}."),
+            (self.label_mode in LABEL_MODES,
+             f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."),
+            *frequency_checks(self.head_dim, self.freq_index, self.second_freq_index),
+            (self.temperature > 0, f"temperature must be positive, got {self.temperature}."),
+            (self.jet_power >= 0, f"jet_power must be >= 0, got {self.jet_power}."),
+        ])  # fmt: skip
 
     @property
     def omega(self) -> float:
@@ -153,13 +150,14 @@ class SyntheticTaskConfig:
         return rotary_frequency(self.theta, self.second_freq_index, self.head_dim)
 
 
-def check_frequencies(head_dim: int, freq_index: int, second_freq_index: int) -> None:
-    """ValueError unless head_dim is even and both frequency indices are rotary pairs of it."""
-    if head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"head_dim must be a positive even number, got {head_dim}.")
+def frequency_checks(head_dim: int, freq_index: int, second_freq_index: int) -> list:
+    """(holds, message) for source.refuse: head_dim is even, both indices are rotary pairs of it."""
+    checks = [(head_dim > 0 and head_dim % 2 == 0,
+               f"head_dim must be a positive even number, got {head_dim}.")]  # fmt: skip
     for name, index in (("freq_index", freq_index), ("second_freq_index", second_freq_index)):
-        if not 0 <= index < head_dim // 2:
-            raise ValueError(f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}.")
+        message = f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}."
+        checks.append((0 <= index < head_dim // 2, message))
+    return checks
 
 
 def rotary_frequency(theta: float, index: int, head_dim: int) -> float:

@@ -60,7 +60,7 @@ from etils import epath
 
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
@@ -136,33 +136,25 @@ class TextDataConfig:
     }
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"Unknown text source {self.source!r}; choose one of {SOURCES}.")
-        if self.source == "text" and not (self.path and self.eval_path):
-            raise ValueError(
-                "source='text' needs both path (training text) and eval_path (evaluation text), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
-                "--config.data.path=train.txt --config.data.eval_path=valid.txt."
-            )
-        if self.source == "audio_tokens" and not (self.path and self.eval_path):
-            raise ValueError(
-                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
-                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
-                "--config.data.eval_path=DIR."
-            )
-        if self.wikitext_rows not in WIKITEXT_ROWS:
-            raise ValueError(
-                f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."
-            )
-        if self.vocab_size not in VOCAB_SIZES:
-            raise ValueError(
-                f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."
-            )
-        if not 0.0 < self.train_fraction <= 1.0:
-            raise ValueError(f"train_fraction must lie in (0, 1], got {self.train_fraction}.")
-        if self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}.")
+        paths = f"got path={self.path!r}, eval_path={self.eval_path!r}; set"
+        has_paths = bool(self.path and self.eval_path)
+        refuse([
+            (self.source in SOURCES, f"Unknown text source {self.source!r}; choose one of {SOURCES}."),
+            (self.source != "text" or has_paths,
+             "source='text' needs both path (training text) and eval_path (evaluation text), "
+             f"{paths} e.g. --config.data.path=train.txt --config.data.eval_path=valid.txt."),
+            (self.source != "audio_tokens" or has_paths,
+             "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
+             f"{paths} both to the folder written by python -m jrope.data.audio, e.g. "
+             "--config.data.path=DIR --config.data.eval_path=DIR."),
+            (self.wikitext_rows in WIKITEXT_ROWS,
+             f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."),
+            (self.vocab_size in VOCAB_SIZES,
+             f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."),
+            (0.0 < self.train_fraction <= 1.0,
+             f"train_fraction must lie in (0, 1], got {self.train_fraction}."),
+            (self.seq_len >= 1, f"seq_len must be >= 1, got {self.seq_len}."),
+        ])  # fmt: skip
 
     @property
     def token_offset(self) -> int:
@@ -331,7 +323,7 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         folders = dict(data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None)
         rows = wikitext.wikitext_data_source(data_cfg.source, split, **folders)
         num_rows = max(1, round(fraction * len(rows)))
-        builder = wikitext.builder_class(data_cfg.source)
+        builder = wikitext.BUILDERS[data_cfg.source]
         key = {"builder": f"{builder.name}:{builder.VERSION}", "split": split}
         key["rows"] = [num_rows, len(rows)]
         if data_cfg.wikitext_rows != "file":  # the file stream keeps the key of earlier caches

@@ -161,13 +161,6 @@ class Wikitext2Raw(WikiTextRaw, skip_registration=True):
 BUILDERS: dict[str, type[WikiTextRaw]] = {"wikitext103": Wikitext103Raw, "wikitext2": Wikitext2Raw}
 
 
-def builder_class(dataset: str) -> type[WikiTextRaw]:
-    """The builder of a dataset name ('wikitext103' or 'wikitext2')."""
-    if dataset not in BUILDERS:
-        raise ValueError(f"Unknown WikiText dataset {dataset!r}; choose one of {tuple(BUILDERS)}.")
-    return BUILDERS[dataset]
-
-
 def find_extracted_files(directory: epath.PathLike, archive: WikiTextArchive) -> epath.Path | None:
     """The folder under ``directory`` holding all three ``wiki.*.raw`` files, or None.
 
@@ -243,14 +236,13 @@ def prepare_wikitext(
     """The builder of ``dataset``, with its ArrayRecord files written if they were not yet.
 
     Raises:
-      ValueError: ``dataset`` is not a key of BUILDERS.
+      KeyError: ``dataset`` is not a key of BUILDERS.
       WikiTextUnavailable: no prepared data, no manual files and no route
         to the archive's host; or the archive failed to download or does not
         match the recorded checksum.
     """
-    builder_cls = builder_class(dataset)
-    archive = builder_cls.ARCHIVE
-    builder = builder_cls(data_dir=data_dir, file_format="array_record")
+    archive = BUILDERS[dataset].ARCHIVE
+    builder = BUILDERS[dataset](data_dir=data_dir, file_format="array_record")
     with _unprepared_folders_quiet():
         prepared = builder.is_prepared()
     if prepared:
@@ -287,7 +279,7 @@ def wikitext_data_source(
 
     Prepares the dataset on first use (see ``prepare_wikitext``).
     """
-    title = builder_class(dataset).ARCHIVE.title
+    title = BUILDERS[dataset].ARCHIVE.title
     if split not in SPLIT_FILES:
         raise ValueError(f"Unknown {title} split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
     return prepare_wikitext(dataset, data_dir, manual_dir).as_data_source(split=split)

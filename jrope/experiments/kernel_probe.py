@@ -61,6 +61,7 @@ from etils import epath
 
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
+from jrope.data.source import refuse
 from jrope.encodings import make_encoding, unsupported_features
 from jrope.experiments.probe_targets import check_target, target_values
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
@@ -121,39 +122,29 @@ class KernelProbeConfig:
     solver_dtype: str = "float64"
 
     def __post_init__(self):
-        if self.solver_dtype not in SOLVER_DTYPES:
-            raise ValueError(
-                f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
-                f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."
-            )
         for target in self.targets:
             check_target(target)
-        if not set(self.plot_targets) <= set(self.targets):
-            raise ValueError(
-                f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
-            )
-        if not 0 < self.train_points <= self.train_context:
-            raise ValueError(
-                f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
-            )
-        for name in ("target_freq_index", "second_freq_index"):
-            if not 0 <= getattr(self, name) < self.num_freqs:
-                raise ValueError(
-                    f"probe.{name} {getattr(self, name)} must be below num_freqs {self.num_freqs}: "
-                    "the targets' frequencies must be basis frequencies."
-                )
-        if not self.methods or not self.seeds or not self.eval_contexts:
-            raise ValueError(
-                "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
-            )
-        if min(self.eval_contexts) < 1:
-            raise ValueError(
-                f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."
-            )
-        if self.gamma < 0 or self.ridge < 0:
-            raise ValueError(
-                f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
-            )
+        frequencies = [(self.target_freq_index, "target_freq_index")]
+        frequencies.append((self.second_freq_index, "second_freq_index"))
+        refuse([
+            (self.solver_dtype in SOLVER_DTYPES,
+             f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
+             f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."),
+            (set(self.plot_targets) <= set(self.targets),
+             f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."),
+            (0 < self.train_points <= self.train_context,
+             f"probe.train_points must lie in (0, train_context = {self.train_context}], "
+             f"got {self.train_points}."),
+            *[(0 <= index < self.num_freqs,
+               f"probe.{name} {index} must be below num_freqs {self.num_freqs}: "
+               "the targets' frequencies must be basis frequencies.") for index, name in frequencies],
+            (bool(self.methods and self.seeds and self.eval_contexts),
+             "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."),
+            (min(self.eval_contexts, default=1) >= 1,
+             f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."),
+            (self.gamma >= 0 and self.ridge >= 0,
+             f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."),
+        ])  # fmt: skip
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
                 method_pe_config(method, self)  # an unknown name fails here, listing the forms
@@ -161,16 +152,14 @@ class KernelProbeConfig:
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
         """From the whole experiment ConfigDict: its one section, `probe`."""
-        if set(config.keys()) != {"probe"}:
-            raise ValueError(
-                f"a kernel-probe config has exactly one section, probe; got keys {sorted(config.keys())}."
-            )
-        section = dict(config["probe"])
+        section = dict(config["probe"]) if "probe" in config else {}
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(section) != names:
-            raise ValueError(
-                f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
-            )
+        refuse([
+            (set(config.keys()) == {"probe"}, "a kernel-probe config has exactly one section, "
+             f"probe; got keys {sorted(config.keys())}."),
+            (set(section) == names, f"probe: unknown keys {sorted(set(section) - names)}, "
+             f"missing keys {sorted(names - set(section))}."),
+        ])  # fmt: skip
         return cls(
             **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
         )

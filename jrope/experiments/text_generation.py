@@ -35,10 +35,7 @@ from jrope.errors import GenerationRequestError, UsageError
 from jrope.model import damping, kv_cache
 from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import setup
-from jrope.train.checkpoints import (
-    Checkpointer,
-    restore_compatible,
-)
+from jrope.train.checkpoints import Checkpointer, restore_compatible
 from jrope.train.config import MeshConfig, TrainConfig
 from jrope.train.setup import state_layout
 

@@ -100,12 +100,8 @@ def filtered_logits(logits: jax.Array, settings: SamplingSettings) -> jax.Array:
         # A token stays when the tokens more likely than it hold less than p.
         before = jnp.cumsum(probs, axis=-1)
         before = jnp.concatenate([jnp.zeros_like(before[:, :1]), before[:, :-1]], axis=-1)
-        keep_sorted = before < settings.top_p
-        keep = (
-            jnp.zeros_like(keep_sorted)
-            .at[jnp.arange(logits.shape[0])[:, None], order]
-            .set(keep_sorted)
-        )
+        keep_sorted, rows = before < settings.top_p, jnp.arange(logits.shape[0])[:, None]
+        keep = jnp.zeros_like(keep_sorted).at[rows, order].set(keep_sorted)
         logits = jnp.where(keep, logits, -jnp.inf)
     return logits
 
@@ -204,24 +200,15 @@ class Generator:
             new_tokens = np.asarray(finish(params, logits, state, key))
         return [row[row != NO_TOKEN] for row in new_tokens]
 
-    def _model(self, params):
-        return nnx.merge(self._graphdef, params)
-
     def _start(self, params, tokens, lengths, offsets):
         """(float32 [B, V] logits after each prompt, the loop's state)."""
-        model = self._model(params)
+        model = nnx.merge(self._graphdef, params)
         prompt_length = tokens.shape[1]
-        if self.settings.use_cache:
-            logits, cache = kv_cache.prefill(
-                model,
-                tokens,
-                lengths,
-                offsets,
-                max_length=prompt_length + self.settings.num_tokens - 1,
-                rebase_bound=self.settings.rebase_bound,
-            )
-            return logits, self._constrain(cache)
         length = prompt_length + self.settings.num_tokens - 1
+        if self.settings.use_cache:
+            sizes = dict(max_length=length, rebase_bound=self.settings.rebase_bound)
+            logits, cache = kv_cache.prefill(model, tokens, lengths, offsets, **sizes)
+            return logits, self._constrain(cache)
         buffer = jnp.zeros((tokens.shape[0], length), jnp.int32).at[:, :prompt_length].set(tokens)
         positions = offsets[:, None] + jnp.arange(length, dtype=jnp.int32)[None]
         logits = _logits_at(model(buffer, positions), lengths - 1)
@@ -229,7 +216,7 @@ class Generator:
 
     def _finish(self, params, logits, state, key):
         """int32 [B, N] new tokens (NO_TOKEN after a row's stop token)."""
-        model = self._model(params)
+        model = nnx.merge(self._graphdef, params)
         if self.settings.use_cache:
 
             def advance(cache, tokens):
@@ -280,9 +267,8 @@ def _sampling_loop(
             done = done | (token == settings.stop_token)
         return token, out, done
 
-    token, out, done = draw(
-        0, logits, jnp.full((batch, num_tokens), NO_TOKEN, jnp.int32), jnp.zeros((batch,), bool)
-    )
+    out = jnp.full((batch, num_tokens), NO_TOKEN, jnp.int32)
+    token, out, done = draw(0, logits, out, jnp.zeros((batch,), bool))
 
     def not_finished(carry):
         index, _, _, _, done = carry

@@ -43,11 +43,8 @@ from jrope.model.projection import ProjectionFn, contract
 
 
 class LayerCache(Protocol):
-    """One attention layer's share of a KV cache (jrope.model.kv_cache.LayerCache).
-
-    Spelled here as what the layer calls, so that the Transformer needs no
-    import of the cache, which builds on it.
-    """
+    """One attention layer's share of a KV cache (jrope.model.kv_cache.LayerCache, which
+    imports this module): what the layer calls."""
 
     decoding: bool  # a decode step (attend over the cache), else a prefill
     kernel: str | None  # 'shear' when the keys are stored as shear terms (attention_precision)
@@ -268,21 +265,16 @@ def _run_block(block: TransformerBlock, x, positions, dropout_key, segment_ids) 
 class Transformer(nnx.Module):
     """Tokens -> float32 logits over the vocabulary, or real-valued signals -> float32 predictions.
 
-    Each layer has its own encoding parameters (the encoding object itself,
-    pure and stateless, is shared). `encoding` is made for cfg.num_heads heads
-    of cfg.head_dim (jrope.make_encoding).
-
+    Each layer has its own encoding parameters; the stateless `encoding`
+    (jrope.make_encoding for cfg.num_heads of cfg.head_dim) is shared.
     Token models (`vocab_size`) embed their inputs and read out through the
-    tied embedding. Signal models (`vocab_size=None` with `input_channels`
-    and `output_channels`, the regression task of jrope.data.source) project
-    their real-valued inputs [B, T, C_in] in with a linear map [C_in, D] and
-    read out through a linear regression head [D, C_out], both without bias
-    (the paper's signal benchmark model); everything between is the same.
+    tied embedding. Signal models (`input_channels` and `output_channels`,
+    the regression task) project their inputs [B, T, C_in] in by [C_in, D]
+    and read out through a regression head [D, C_out], both without bias.
 
     projection: the function of every projection (jrope.model.projection):
-    `contract` (plain autodiff), or `cpu_projection`, the same values and
-    gradients with a backward pass laid out for XLA:CPU (a faster train step
-    there; a harness passes it on CPU only).
+    `contract`, or `cpu_projection`, whose backward pass is laid out for
+    XLA:CPU (a harness passes it on CPU only).
     """
 
     def __init__(
@@ -336,10 +328,7 @@ class Transformer(nnx.Module):
         segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """tokens int32 [B, T] or signals [B, T, C_in], positions int32 [T] or [B, T] ->
-        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode).
-
-        segment_ids: optional int32 [B, T] for packed rows, several sequences
-        per row (see decode)."""
+        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode)."""
         options = dict(dropout_key=dropout_key, cache=cache, segment_ids=segment_ids)
         return self.decode(self.embed(inputs), positions, **options)
 
@@ -385,14 +374,11 @@ class Transformer(nnx.Module):
         values still cover every position), which is all a loss on the last
         position needs.
 
-        cache: one LayerCache per block (jrope.model.kv_cache.prefill and
-        decode_step): every position is computed, without remat.
-        segment_ids: optional int32 [B, T] of packed rows: each sequence a
-        contiguous run of one id, its positions restarting at its first token
-        (jrope.attention.packing); every position then gives what its own
-        sequence alone in a row would. Runs on the kernels that take them
-        (jrope.attention.PACKING_KERNELS; 'auto' picks one); with a KV cache, in a
-        prefill only (jrope.model.kv_cache.prefill).
+        cache: one LayerCache per block (jrope.model.kv_cache): every
+        position is computed, without remat.
+        segment_ids: optional int32 [B, T] of packed rows (jrope.attention.packing):
+        every position gives what its own sequence alone in a row would; on
+        the PACKING_KERNELS, and with a KV cache in a prefill only.
         """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)
