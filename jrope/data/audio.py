@@ -107,21 +107,13 @@ MUSICNET_DIRECTIONS = (
 
 @dataclasses.dataclass(frozen=True)
 class MelTokenSettings:
-    """How audio becomes bytes (defaults: the reference's).
+    """How audio becomes bytes (defaults: the reference's)."""
 
-    Attributes:
-      sample_rate: Hz the audio is resampled to.
-      max_seconds: leading seconds of each file that are read.
-      n_fft: STFT frame and Hann window length, samples.
-      hop_length: STFT hop, samples.
-      n_mels: mel bands, i.e. bytes per frame.
-    """
-
-    sample_rate: int = 16_000
-    max_seconds: float = 10.0
-    n_fft: int = 1024
-    hop_length: int = 512
-    n_mels: int = 32
+    sample_rate: int = 16_000  # Hz the audio is resampled to
+    max_seconds: float = 10.0  # leading seconds of each file that are read
+    n_fft: int = 1024  # STFT frame and Hann window length, samples
+    hop_length: int = 512  # STFT hop, samples
+    n_mels: int = 32  # mel bands, i.e. bytes per frame
 
 
 def _audio_libraries():

@@ -35,17 +35,13 @@ index)`` for evaluation (the guarantees of jrope.data.source).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 
 from jrope.data import synthetic
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
+from jrope.data.source import SeededSource, refuse
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
-
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
 
 
 def signal_kernel(
@@ -66,34 +62,22 @@ def signal_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class SignalRegressionConfig:
-    """Everything that determines the signal regression data.
+    """Everything that determines the signal regression data (kernels: the module docstring)."""
 
-    Attributes:
-      source: 'signal' (the data section's source name).
-      seq_len: training length L; also the kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
-      input_channels: C, independent noise channels, each convolved with the
-        same kernel (the model's input projection and regression head have C
-        channels; the reference uses 1).
-      head_dim: head dimension of the model whose rotary frequencies the kernel uses.
-      freq_index: index of the kernel's main frequency w.
-      second_freq_index: index of its second frequency w2 (rhythm_envelope, motif_spacing).
-      theta: rotary base.
-      gamma: damping of damped_wave.
-    """
-
-    seq_len: int
-    source: str = "signal"
-    seed: int = 0
-    kernel: str = "seasonal_trend"
+    seq_len: int  # training length L; also the kernel's length scale and normalisation range
+    source: str = "signal"  # the data section's source name
+    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
+    kernel: str = "seasonal_trend"  # one of SIGNAL_KERNELS
+    # C independent noise channels, each convolved with the same kernel (the model's input
+    # projection and regression head have C channels; the reference uses 1).
     input_channels: int = 1
+    # The rotary frequencies the kernel uses: w of freq_index, w2 of second_freq_index
+    # (rhythm_envelope, motif_spacing), theta^(-2 index / head_dim).
     head_dim: int = 32
     freq_index: int = 3
     second_freq_index: int = 5
     theta: float = 10000.0
-    gamma: float = 1e-4
+    gamma: float = 1e-4  # damping of damped_wave
 
     def __post_init__(self):
         refuse([
@@ -140,7 +124,7 @@ def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     return np.fft.irfft(spectrum, n=size, axis=1)[:, :length]
 
 
-class SignalRegressionSource:
+class SignalRegressionSource(SeededSource):
     """Data source of the signal regression task (jrope.data.source's contract, task 'regression').
 
     Batches: 'inputs' float32 [b, T, C] (the noise), 'targets' float32
@@ -152,35 +136,12 @@ class SignalRegressionSource:
     vocab_size = None
     num_classes = None
 
-    def __init__(
-        self,
-        data_cfg: SignalRegressionConfig,
-        global_batch_size: int,
-        process_index: int,
-        process_count: int,
-    ):
-        self.data_cfg = data_cfg
-        self.input_channels = self.output_channels = data_cfg.input_channels
-        self.share = ProcessShare(global_batch_size, process_index, process_count)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.input_channels = self.output_channels = self.data_cfg.input_channels
         self._kernels = {}  # length -> normalised kernel [length]
 
-    def train_batch(self, step: int) -> dict:
-        """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
-        return self._make_batch(rngs, self.data_cfg.seq_len)
-
-    def eval_batches(
-        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
-    ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
-
-        ``seed``: the evaluation seed (not the data config's).
-        """
-        words = (seed, _EVAL_STREAM, length)
-        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
-            yield self._make_batch(rngs, length)
-
-    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+    def make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
         if length not in self._kernels:
             self._kernels[length] = self.data_cfg.kernel_values(np.arange(length))
         channels = self.data_cfg.input_channels

@@ -59,6 +59,8 @@ TASKS = ("language_model", "classification", "regression")
 # The evaluation sequences' seed when eval.seed is not set: one value for every run. The
 # evaluation draws from its own streams, so it shares no data with training of any seed.
 DEFAULT_EVAL_SEED = 0
+# First entropy word after the seed of a row's generator: the train and eval streams are disjoint.
+TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
 class DataSource(Protocol):
@@ -168,6 +170,41 @@ class ProcessShare:
         seeded with (*words, i)."""
         for indices in self.eval_rows(length, num_sequences, batch_size, min_length):
             yield [np.random.default_rng([*words, index]) for index in indices]
+
+
+class SeededSource:
+    """A source whose every row comes from a generator of its own: training row r of `step` from
+    (data_cfg.seed, TRAIN_STREAM, step, r), evaluation sequence i of a length from (the eval seed,
+    EVAL_STREAM, length, i). A subclass sets `task` and its sizes, and makes a batch of `length`
+    from a generator per row (`make_batch`)."""
+
+    min_eval_length = 2
+
+    def __init__(self, data_cfg, global_batch_size: int, process_index: int, process_count: int):
+        self.data_cfg = data_cfg
+        self.share = ProcessShare(global_batch_size, process_index, process_count)
+
+    def train_batch(self, step: int) -> Batch:
+        """This process's rows of the global training batch of `step` (length data_cfg.seq_len)."""
+        rngs = self.share.train_generators(self.data_cfg.seed, TRAIN_STREAM, step)
+        return self.make_batch(rngs, self.data_cfg.seq_len)
+
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[Batch]:
+        """This process's share of `num_sequences` fixed evaluation sequences of `length`
+        (`batch_size`: the global evaluation batch)."""
+        words, least = (seed, EVAL_STREAM, length), self.min_eval_length
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, least):
+            yield self.make_batch(rngs, length)
+
+
+def last_position_batch(inputs: np.ndarray, labels: Sequence[int]) -> Batch:
+    """A classification batch of int32 inputs [b, T] whose labels [b] are the targets of the last
+    position, the only one weighted."""
+    targets, weights = np.zeros(inputs.shape, np.int32), np.zeros(inputs.shape, np.float32)
+    targets[:, -1], weights[:, -1] = labels, 1.0
+    return {"inputs": inputs, "targets": targets, "weights": weights}
 
 
 @dataclasses.dataclass(frozen=True)

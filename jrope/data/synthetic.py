@@ -40,12 +40,11 @@ arithmetic is host-side numpy in float64.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
+from jrope.data.source import SeededSource, last_position_batch, refuse
 
 BIT0 = 0
 BIT1 = 1
@@ -63,54 +62,28 @@ KERNEL_NAMES = (
 )
 LABEL_MODES = ("threshold", "stochastic")
 
-# First entropy word after the seed: keeps the train and eval streams disjoint.
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
-
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTaskConfig:
-    """Everything that determines the synthetic task's data.
+    """Everything that determines the synthetic task's data (kernels: the module docstring)."""
 
-    Attributes:
-      source: 'synthetic' (the data section's source name).
-      seq_len: training length L (the QUERY token included); also the
-        kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of KERNEL_NAMES (formulas in the module docstring).
-      head_dim: head dimension of the model whose rotary frequencies the
-        kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
-      freq_index: index of the kernel's main frequency.
-      second_freq_index: index of the second carrier frequency ('rhythm_envelope').
-      theta: rotary base.
-      label_mode: 'threshold' (1[S > 0]) or 'stochastic'
-        (Bernoulli(sigmoid(S / temperature))).
-      temperature: stochastic-label temperature; the reference's logit scale
-        3 is temperature 1/3.
-      jet_power: r of 'high_jet' and 'scaled_high_jet'.
-      jet_decay: c of 'scaled_high_jet'.
-      damping_gamma: gamma of 'damped_mixed'.
-      damping_sin_weight: weight of the x sin(w d) term of 'damped_mixed'.
-      envelope_offset, envelope_slope: the 'rhythm_envelope' envelope e0 + e1 x.
-      carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
-    """
-
-    seq_len: int
-    source: str = "synthetic"
-    seed: int = 0
-    kernel: str = "mixed_raw"
+    seq_len: int  # training length L (QUERY included); the kernel's length scale and norm range
+    source: str = "synthetic"  # the data section's source name
+    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
+    kernel: str = "mixed_raw"  # one of KERNEL_NAMES
+    # The rotary frequencies the kernel uses: w = theta^(-2 * freq_index / head_dim), and w2 of
+    # second_freq_index ('rhythm_envelope').
     head_dim: int = 32
     freq_index: int = 3
     second_freq_index: int = 5
     theta: float = 10000.0
-    label_mode: str = "threshold"
-    temperature: float = 1.0 / 3.0
-    jet_power: int = 2
-    jet_decay: float = 0.1
-    damping_gamma: float = 1e-4
-    damping_sin_weight: float = 0.75
-    envelope_offset: float = 0.25
+    label_mode: str = "threshold"  # 1[S > 0], or 'stochastic': Bernoulli(sigmoid(S / temperature))
+    temperature: float = 1.0 / 3.0  # the reference's logit scale 3
+    jet_power: int = 2  # r of 'high_jet' and 'scaled_high_jet'
+    jet_decay: float = 0.1  # c of 'scaled_high_jet'
+    damping_gamma: float = 1e-4  # gamma of 'damped_mixed'
+    damping_sin_weight: float = 0.75  # a of 'damped_mixed'
+    envelope_offset: float = 0.25  # e0, e1 and c1, c2 of 'rhythm_envelope'
     envelope_slope: float = 0.85
     carrier_cos_weight: float = 0.65
     carrier_sin_weight: float = 0.35
@@ -290,65 +263,28 @@ def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
     return signs @ kernel(cfg, lags)
 
 
-class SyntheticSource:
-    """Data source of the synthetic task (jrope.data.source's contract).
-
-    Each process builds one with the same config and global batch size and
-    gets its own contiguous slice of every global batch: rows
-    ``[process_index * b, (process_index + 1) * b)``, ``b = global / process_count``.
-
-    Batches: 'inputs' int32 [b, T] (bits then QUERY), 'targets' int32 [b, T]
-    (the label at the last position, 0 elsewhere), 'weights' float32 [b, T]
-    (1 at the last position, 0 elsewhere).
-    """
+class SyntheticSource(SeededSource):
+    """Data source of the synthetic task: 'inputs' int32 [b, T] (bits then QUERY), the label
+    the target of the last position, the only one weighted (last_position_batch)."""
 
     task = "classification"
     vocab_size = VOCAB_SIZE
     num_classes = NUM_CLASSES
 
-    def __init__(
-        self,
-        task_cfg: SyntheticTaskConfig,
-        global_batch_size: int,
-        process_index: int,
-        process_count: int,
-    ):
-        self.task_cfg = task_cfg
-        self.share = ProcessShare(global_batch_size, process_index, process_count)
-        kernel_norm(task_cfg)  # a vanishing kernel fails here, not at the first batch
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        kernel_norm(self.data_cfg)  # a vanishing kernel fails here, not at the first batch
 
-    def train_batch(self, step: int) -> dict:
-        """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = self.share.train_generators(self.task_cfg.seed, _TRAIN_STREAM, step)
-        return self._make_batch(rngs, self.task_cfg.seq_len)
-
-    def eval_batches(
-        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
-    ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
-
-        ``batch_size`` is the global evaluation batch size; ``seed`` the
-        evaluation seed (not the task's). Sequence ``i`` is the same whatever
-        the batch size and process count.
-        """
-        words = (seed, _EVAL_STREAM, length)
-        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
-            yield self._make_batch(rngs, length)
-
-    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+    def make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
         bits = np.stack([rng.integers(0, 2, size=length - 1, dtype=np.int32) for rng in rngs])
-        scores = sequence_scores(self.task_cfg, bits)
-        if self.task_cfg.label_mode == "threshold":
+        scores = sequence_scores(self.data_cfg, bits)
+        if self.data_cfg.label_mode == "threshold":
             labels = (scores > 0).astype(np.int32)
         else:
             # sigmoid(z) = (1 + tanh(z/2)) / 2 cannot overflow for large |z|.
-            probs = 0.5 * (1.0 + np.tanh(0.5 * scores / self.task_cfg.temperature))
+            probs = 0.5 * (1.0 + np.tanh(0.5 * scores / self.data_cfg.temperature))
             # Each row's own generator draws its label after its bits: reproducible per row.
             uniforms = np.array([rng.random() for rng in rngs])
             labels = (uniforms < probs).astype(np.int32)
-        num_rows = len(rngs)
-        inputs = np.concatenate([bits, np.full((num_rows, 1), QUERY, np.int32)], axis=1)
-        targets = np.zeros((num_rows, length), np.int32)
-        weights = np.zeros((num_rows, length), np.float32)
-        targets[:, -1], weights[:, -1] = labels, 1.0
-        return {"inputs": inputs, "targets": targets, "weights": weights}
+        query = np.full((len(rngs), 1), QUERY, np.int32)
+        return last_position_batch(np.concatenate([bits, query], axis=1), labels)

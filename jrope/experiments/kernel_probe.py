@@ -76,49 +76,27 @@ SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 @dataclasses.dataclass(frozen=True)
 class KernelProbeConfig:
-    """The probe's settings (the `probe` section of configs/kernel_probe*.py).
+    """The probe's settings (the `probe` section of configs/kernel_probe*.py)."""
 
-    Attributes:
-      methods: encoding names, any name `jrope.pe_config_from_name` accepts,
-        or a probe baseline of the reference (`rope_matched_m{m}`,
-        `direct_sum_poly_m{m}`, `jordan_scaled_m{m}[_c{100c}]`).
-      targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
-      seeds: one fit per seed; seeds matter only when train_points < train_context.
-      train_context: L: the fit uses lags in [0, L), and L is the unit of time.
-      train_points: how many of those lags the fit sees (a seeded random subset
-        when fewer than L).
-      eval_contexts: T values; the error is measured on all lags in [0, T).
-      head_dim: sets the frequencies theta^(-2k/head_dim).
-      num_freqs: k < num_freqs, for every method.
-      target_freq_index: the targets' frequency index i.
-      second_freq_index: the second frequency of rhythm_envelope and motif_spacing.
-      theta: rotary base.
-      gamma: the damping of learned-gamma variants whose name does not set
-        it, and of the damped_wave target.
-      drift: phase_drift's relative frequency error eps.
-      jet_decay: c of the scaled_high_jet targets.
-      ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
-      plot_targets: targets whose fits a PNG each shows at the longest context.
-      solver_dtype: 'float64' or 'float32' (the reference's): the precision of
-        the normal equations, the predictions and the errors.
-    """
-
+    # Encoding names (jrope.pe_config_from_name) or the reference's probe baselines
+    # (rope_matched_m{m}, direct_sum_poly_m{m}, jordan_scaled_m{m}[_c{100c}]).
     methods: tuple[str, ...]
-    targets: tuple[str, ...]
-    seeds: tuple[int, ...]
-    train_context: int
-    train_points: int
-    eval_contexts: tuple[int, ...]
-    head_dim: int
+    targets: tuple[str, ...]  # jrope.experiments.probe_targets names (e.g. 'high_jet_r2')
+    seeds: tuple[int, ...]  # one fit each; they matter only when train_points < train_context
+    train_context: int  # L: the fit uses lags in [0, L), and L is the unit of time
+    train_points: int  # how many of those lags the fit sees (a seeded subset when fewer than L)
+    eval_contexts: tuple[int, ...]  # T values: the error is measured on all lags in [0, T)
+    head_dim: int  # the frequencies are theta^(-2k/head_dim), k < num_freqs, for every method
     num_freqs: int
-    target_freq_index: int
-    second_freq_index: int
-    theta: float
-    gamma: float
-    drift: float
-    jet_decay: float
-    ridge: float
-    plot_targets: tuple[str, ...]
+    target_freq_index: int  # the targets' frequency index
+    second_freq_index: int  # the second frequency of rhythm_envelope and motif_spacing
+    theta: float  # rotary base
+    gamma: float  # damping of learned-gamma variants whose name sets none, and of damped_wave
+    drift: float  # phase_drift's relative frequency error
+    jet_decay: float  # c of the scaled_high_jet targets
+    ridge: float  # lambda of (X^T X + lambda I) w = X^T y
+    plot_targets: tuple[str, ...]  # targets whose fits a PNG each shows at the longest context
+    # The precision of the normal equations, predictions and errors; 'float32' is the reference's.
     solver_dtype: str = "float64"
 
     def __post_init__(self):

@@ -57,18 +57,12 @@ from jrope.model.axes import Rules, logical_to_spec
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    """How tokens are drawn; every check raises ValueError naming the flag and the fix.
+    """How tokens are drawn; every check raises ValueError naming the flag and the fix."""
 
-    temperature: 0 for greedy decoding, else the logits are divided by it.
-    top_k: keep the k most likely tokens (0: all).
-    top_p: keep the most likely tokens up to total probability p (1: all).
-    seed: the PRNG seed of the draws (unused when greedy).
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float = 0.0  # 0: greedy decoding; else the logits are divided by it
+    top_k: int = 0  # keep the k most likely tokens (0: all)
+    top_p: float = 1.0  # keep the most likely tokens up to total probability p (1: all)
+    seed: int = 0  # the PRNG seed of the draws (unused when greedy)
 
     def __post_init__(self):
         problems = []
@@ -119,23 +113,16 @@ NO_TOKEN = -1
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings:
-    """What to generate; every check raises ValueError naming the flag and the fix.
+    """What to generate; every check raises ValueError naming the flag and the fix."""
 
-    num_tokens: new tokens per prompt (fewer when the stop token comes first).
-    sampling: how each token is drawn.
-    stop_token: stop a row after it produces this token (None: never).
-    position_offset: absolute position of every prompt's first token.
-    rebase_bound: the cache moves its origin before a position gets further past it
-      (jrope.model.kv_cache); small values only cost time.
-    use_cache: False recomputes the full forward for every token (the reference).
-    """
-
-    num_tokens: int
+    num_tokens: int  # new tokens per prompt (fewer when the stop token comes first)
     sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
-    stop_token: int | None = None
-    position_offset: int = 0
+    stop_token: int | None = None  # stop a row after it produces this token (None: never)
+    position_offset: int = 0  # absolute position of every prompt's first token
+    # The cache moves its origin before a position gets further past it (jrope.model.kv_cache);
+    # small values only cost time.
     rebase_bound: int = 1024
-    use_cache: bool = True
+    use_cache: bool = True  # False recomputes the full forward for every token (the reference)
 
     def __post_init__(self):
         problems = []
