@@ -462,9 +462,8 @@ def run_main() -> None:
 
         help_config = "The run's config (default: wikitext_scaled_exact)."
         config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-        flags.DEFINE_string(
-            "output_dir", "", "Write the report there: <config>_<backend>.md, .json."
-        )
+        help_output = "Write the report there: <config>_<backend>.md, .json."
+        flags.DEFINE_string("output_dir", "", help_output)
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
 

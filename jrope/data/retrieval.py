@@ -30,10 +30,8 @@ each taken when neither it nor its neighbour is taken yet. Every pair blocks
 at most three candidates, so ``3 num_pairs <= T - 5`` guarantees room and is
 checked.
 
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, stream, step, row)`` for training and ``(eval_seed, stream, length[,
-distance], sequence index)`` for evaluation: training, plain evaluation and
-each distance's evaluation are disjoint streams (jrope.data.source).
+Every sequence has a generator of its own (jrope.data.source.SeededSource);
+each distance's evaluation draws from a stream of its own.
 """
 
 from __future__ import annotations

@@ -26,10 +26,6 @@ linear regression head, trained with the mean squared error (the
 The convolution is computed with a float64 FFT of length ``2T`` (exact up to
 float64 rounding, about 1e-13 here; the tests check it against the direct
 sum); batches are float32.
-
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation (the guarantees of jrope.data.source).
 """
 
 from __future__ import annotations
@@ -111,13 +107,8 @@ class SignalRegressionConfig:
 
 
 def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-    """y[:, i] = sum_{j <= i} kernel[i - j] inputs[:, j], per channel, float64.
-
-    Args:
-      inputs: [b, T, C]; kernel: [T] (kernel[0] included; the task's is 0).
-    Returns:
-      float64 [b, T, C].
-    """
+    """y[:, i] = sum_{j <= i} kernel[i - j] inputs[:, j], per channel: inputs [b, T, C],
+    kernel [T] (kernel[0] included; the task's is 0) -> float64 [b, T, C]."""
     length = inputs.shape[1]
     size = 2 * length  # no wrap-around: the circular convolution of length 2T is the linear one
     spectrum = np.fft.rfft(inputs, n=size, axis=1) * np.fft.rfft(kernel, n=size)[None, :, None]
@@ -155,15 +146,11 @@ class SignalRegressionSource(SeededSource):
 
 
 def sequence_r2(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The coefficient of determination of each sequence, float64 [b], as the reference reports R².
+    """The coefficient of determination of each sequence, float64 [b], as the reference reports R²
+    (its mean over sequences, not the pooled R²).
 
-    predictions, targets: [b, T, C]. For each sequence, 1 - MSE / Var, the
-    mean squared error and the variance (about the sequence's own mean) both
-    taken over all its positions and channels, position 0 (y_0 = 0) included;
-    a constant target's variance is floored at 1e-12. The reference evaluates
-    one sequence per batch and reports the mean of these values over its
-    sequences; pooling every sequence into one MSE and one variance gives a
-    different number (the pooled R²).
+    predictions, targets: [b, T, C]. 1 - MSE / Var over each sequence's
+    positions and channels, the variance about its own mean floored at 1e-12.
     """
     predictions = np.asarray(predictions, np.float64)
     targets = np.asarray(targets, np.float64)

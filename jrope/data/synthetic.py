@@ -31,10 +31,8 @@ its L2 norm over ``d = 1 .. L-1`` at the training length; evaluation at a
 longer length ``T`` uses that same constant, so the growing kernels keep
 growing beyond ``L`` (which is what makes extrapolation hard).
 
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation (the guarantees of jrope.data.source). All
-arithmetic is host-side numpy in float64.
+Every sequence has a generator of its own (jrope.data.source.SeededSource);
+all arithmetic is host-side numpy in float64.
 """
 
 from __future__ import annotations

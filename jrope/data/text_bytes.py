@@ -27,18 +27,12 @@ Sampling (all host-side numpy; ``L = seq_len``):
              seeded with ``(seed, 0, step, r)``; inputs = window[:-1],
              targets = window[1:], weights = 1. Each process draws only its
              share of the rows (jrope.data.source.ProcessShare).
-  packing    with ``pack`` the training windows are the same bytes, cut into
-             articles: a segment starts at the window's first byte and at
-             every article title line (a line opening with ``" = "`` and not
-             ``" = = "``: WikiText's level-1 headings; text without such lines
-             is one segment per window). Batches then also hold
-             'segment_ids' and 'positions' int32 [b, T], positions counting
-             from 0 at each segment's start; the model attends within a
-             segment only (jrope.attention.packing). The last token of a
-             segment keeps its target, the next article's first byte, as a
-             window of that segment alone would. Evaluation windows stay
-             whole, so packed and unpacked runs are scored on the same
-             sequences.
+  packing    with ``pack`` the same training windows are cut into articles: a
+             segment starts at the window's first byte and at every title line
+             (``" = "`` and not ``" = = "``: WikiText's level-1 headings).
+             Batches then also hold 'segment_ids' and 'positions' int32 [b, T]
+             (from 0 in each segment; jrope.attention.packing). Evaluation
+             windows stay whole, so packed and unpacked runs are scored alike.
   evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
              of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``: the
              same for every run's seed and method, batch size and process count.
@@ -155,14 +149,8 @@ def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
 
 
 class ByteTextSource:
-    """Byte-level LM data source (jrope.data.source's contract).
-
-    Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the inputs
-    shifted by one), 'weights' float32 [b, T] of ones; ``b`` is this
-    process's share of the batch, T = seq_len for training. Training
-    batches with ``pack`` also hold 'segment_ids' and 'positions' int32
-    [b, T] (see the module docstring).
-    """
+    """Byte-level LM data source: 'inputs' int32 [b, T], 'targets' the inputs shifted by one,
+    'weights' ones (and with ``pack``, 'segment_ids' and 'positions')."""
 
     task = "language_model"
     num_classes = None  # language modelling: the loss runs over the full vocabulary
@@ -194,11 +182,8 @@ class ByteTextSource:
     def eval_batches(
         self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
     ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens.
-
-        ``batch_size`` is the global evaluation batch size; ``seed`` the
-        evaluation seed (the windows do not depend on the data config's seed).
-        """
+        """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens
+        (``batch_size``: the global evaluation batch; ``seed``: the evaluation seed)."""
         # The request is checked before the text's length.
         batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
         _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
@@ -229,12 +214,8 @@ _SECTION_MARK = ord("=")
 
 
 def article_segments(corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
-    """'segment_ids' and 'positions' int32 [b, length] of the windows at ``starts``.
-
-    A segment starts at each window's first byte and at every byte that
-    opens an article title line (see "packing" in the module docstring);
-    segment ids count from 0 in each row, positions from 0 in each segment.
-    """
+    """'segment_ids' (from 0 in each row) and 'positions' (from 0 in each segment) int32
+    [b, length] of the windows at ``starts`` (the module docstring's "packing")."""
     opening = len(_TITLE_OPENING)
     starts_of_segments = np.zeros((len(starts), length), bool)
     for row, start in enumerate(starts):

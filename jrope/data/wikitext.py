@@ -81,13 +81,9 @@ WIKITEXT2 = WikiTextArchive("WikiText-2", "wikitext-2-raw-v1.zip", "wikitext-2-r
 
 
 class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Raw WikiText, one example ``{'text': str}`` per line of the official files.
-
-    The shared body of the builders below, each of which names its ARCHIVE.
-    All are kept out of TFDS's global registry (build them with their class,
-    not ``tfds.builder``): running this module as ``__main__`` next to its
-    imported copy would otherwise register the names twice.
-    """
+    """Raw WikiText, one example ``{'text': str}`` per line of the official files: the body of
+    the builders below, each naming its ARCHIVE. Out of TFDS's registry (build them by class):
+    this module run as ``__main__`` beside its imported copy would register the names twice."""
 
     ARCHIVE: ClassVar[WikiTextArchive]
     VERSION = tfds.core.Version("1.0.0")
@@ -162,10 +158,8 @@ BUILDERS: dict[str, type[WikiTextRaw]] = {"wikitext103": Wikitext103Raw, "wikite
 
 
 def find_extracted_files(directory: epath.PathLike, archive: WikiTextArchive) -> epath.Path | None:
-    """The folder under ``directory`` holding all three ``wiki.*.raw`` files, or None.
-
-    Looks in ``directory`` itself and in the archive's folder below it.
-    """
+    """``directory`` or the archive's folder below it, whichever holds all three ``wiki.*.raw``
+    files; else None."""
     directory = epath.Path(directory)
     for candidate in (directory, directory / archive.archive_folder):
         if all((candidate / filename).is_file() for filename in SPLIT_FILES.values()):
@@ -211,13 +205,8 @@ def _unavailable_message(
 
 @contextlib.contextmanager
 def _unprepared_folders_quiet():
-    """Drops TFDS's warning that a dataset's folder holds no dataset_info.json.
-
-    `is_prepared()` looks for the prepared files and warns when they are
-    absent, which before the first preparation is the normal state, not a
-    problem to print (when it is one, WikiTextUnavailable says so with
-    directions).
-    """
+    """Drops TFDS's warning that a dataset's folder holds no dataset_info.json: before the first
+    preparation that is the normal state (where it is a problem, WikiTextUnavailable says so)."""
 
     def not_that_warning(record: logging.LogRecord) -> bool:
         return "has no dataset_info.json" not in record.getMessage()
@@ -275,10 +264,8 @@ def prepare_wikitext(
 def wikitext_data_source(
     dataset: str, split: str, *, data_dir: str | None = None, manual_dir: str | None = None
 ) -> Sequence[dict]:
-    """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test').
-
-    Prepares the dataset on first use (see ``prepare_wikitext``).
-    """
+    """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test'), the
+    dataset prepared on first use (``prepare_wikitext``)."""
     title = BUILDERS[dataset].ARCHIVE.title
     if split not in SPLIT_FILES:
         raise ValueError(f"Unknown {title} split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
@@ -291,9 +278,8 @@ def _cli() -> None:
 
     from jrope import command_line
 
-    dataset = flags.DEFINE_enum(
-        "dataset", None, list(BUILDERS), "Which WikiText to prepare.", required=True
-    )
+    which = "Which WikiText to prepare."
+    dataset = flags.DEFINE_enum("dataset", None, list(BUILDERS), which, required=True)
     data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
     help_manual = (
         "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual)."

@@ -33,19 +33,13 @@ measured in units of L as in the paper. Every method uses the same
 frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
 is about the lag functions and not about which frequencies a head layout keeps.
 
-The features come from jrope.pe_math (the code of the encodings), which
-computes in float32. The regression (normal equations with a ridge penalty on
-every weight, constant included), the predictions and the errors run in
-`solver_dtype`: 'float64' (the default) solves the normal equations of the
-float32 features accurately; 'float32' solves them as the reference code does
-(torch.linalg.solve on float32 tensors) and reproduces its tables. The gram
-matrix of these features is ill-conditioned, so the two give different
-weights, and the extrapolated errors differ by up to tens of percent
-(docs/reference.md, section "Probe solver precision"); the targets are
-computed in float64 and rounded to `solver_dtype`.
-
-The targets (phase, linear, mixed, the high jets and the structured
-benchmarks' kernels) are defined in jrope.experiments.probe_targets.
+The features come from jrope.pe_math (the code of the encodings), in
+float32; the targets (jrope.experiments.probe_targets) in float64. The
+regression (a ridge penalty on every weight, constant included), predictions
+and errors run in `solver_dtype`: 'float64' solves the ill-conditioned normal
+equations accurately, 'float32' as the reference code does and reproduces its
+tables; the extrapolated errors differ by up to tens of percent
+(docs/reference.md, section "Probe solver precision").
 """
 
 from __future__ import annotations
@@ -226,13 +220,10 @@ def ridge_fit(
 ) -> np.ndarray:
     """Weights w [F] solving (X^T X + ridge I) w = X^T y; X [n, F], y [n].
 
-    'float64': numpy in float64. 'float32': XLA on the CPU in float32 with
-    full-precision dots (no TF32 or bfloat16 passes on any host). At the
-    probe's condition numbers (about 1e7 for the raw-time Jordan bases) a
-    float32 solve is accurate to a few digits at best and its result depends
-    on the library's summation order: for motif_spacing / jordan_raw_tau at
-    8192, XLA's CPU path gives 0.161 and numpy's float32 path 0.274, against
-    the reference's (torch) 0.167 (docs/reference.md, section 3).
+    'float64': numpy in float64. 'float32': XLA on the CPU with full-precision
+    dots on any host. At the probe's condition numbers (about 1e7) a float32
+    solve depends on the summation order: XLA's is the closest to the
+    reference's (docs/reference.md, section 3).
     """
     if solver_dtype == "float64":
         x = np.asarray(features, np.float64)
@@ -348,14 +339,9 @@ def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str
 def plot_fits(
     path: epath.PathLike, target: str, curves: dict[str, np.ndarray], probe: KernelProbeConfig
 ) -> None:
-    """Every method's fit (curves: method -> fit) of `target` over [0, T_max): error along the
-    lag, and the last lags.
-
-    The carrier period is a few lags, so the raw curves over thousands of
-    lags are a solid band: the top panel shows the RMS error per window of
-    lags (log scale, fit window dashed), the bottom one the curves over the
-    last 96 lags, where extrapolation is hardest.
-    """
+    """Every method's fit (curves: method -> fit) of `target` over [0, T_max): the RMS error
+    per window of lags (the raw curves of a few lags' period would be a solid band), and the
+    curves over the last 96 lags, where extrapolation is hardest."""
     import matplotlib  # loaded with the first figure, not with the module
 
     longest = max(probe.eval_contexts)
@@ -389,10 +375,8 @@ def plot_fits(
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
-    """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into workdir.
-
-    Returns the CSV rows.
-    """
+    """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into
+    workdir; returns the CSV rows."""
     probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
     workdir = epath.Path(workdir)

@@ -16,23 +16,16 @@ each row reads its logits at its own last token. Each new token is at the
 row's next position (its prompt starts at `position_offset`).
 
 Both loops are a `lax.while_loop` inside one jitted function (no host round
-trip per token), which stops when every row has produced the stop token or
-after num_tokens. They are compiled in two stages, `start` (prompt ->
-logits of the first new token) and `finish` (the loop), which
-benchmarks/decode.py times apart. The recomputed loop runs the forward over
-a fixed buffer of P + N - 1 positions (P the padded prompt length, N the
-tokens to generate) so that it compiles once: by causality the positions
-after a row's last token change nothing.
+trip per token), stopping when every row has produced the stop token or
+after num_tokens, compiled in two stages: `start` (prompt -> logits of the
+first new token) and `finish` (the loop). The recomputed loop runs the
+forward over a fixed buffer of P + N - 1 positions so that it compiles once:
+by causality the positions after a row's last token change nothing. The
+cache is sharded like the activations, by its logical axes and the run's rules.
 
-The cache is sharded like the activations: batch over the data axes, heads
-over tensor (its logical axes, jrope.model.kv_cache, through the run's
-rules, jrope.model.axes.logical_to_spec).
-
-Sampling (`SamplingSettings`, `next_tokens`): pure, jittable functions of
-the logits and a key; the filters apply in the usual order: divide by the
-temperature, keep the k most likely tokens, then the smallest set of the
-most likely whose probability reaches p (the most likely always stays), and
-draw from what remains. Temperature 0 is greedy (argmax).
+Sampling: divide by the temperature, keep the k most likely tokens, then the
+smallest set of the most likely whose probability reaches p, and draw from
+what remains; temperature 0 is greedy (argmax).
 
 Shape legend: B batch, P padded prompt length, N new tokens, V vocabulary.
 """
