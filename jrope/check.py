@@ -348,11 +348,11 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     """One train step through the harness's own set-up: compile time, median step time,
     tokens/s, MFU, a finite loss, and the compiler's peak memory against the device's (the
     count the harness refuses a run by before step 1)."""
-    from jrope.data.source import build_source, source_spec
+    from jrope.data.source import SOURCES, build_source
     from jrope.train.setup import set_up_run
     from jrope.train.trainer import make_train_step
 
-    if source_spec(cfg.data.source).load()[1].task == "language_model":
+    if SOURCES[cfg.data.source].load()[1].task == "language_model":
         source = RandomTokens(cfg.data.vocab_size, cfg.pe.train_context, cfg.batch_size)
     else:
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())

@@ -261,14 +261,10 @@ def prepare_audio_tokens(
 ) -> dict:
     """Writes train.u8, eval.u8 and manifest.json into ``out_dir``; returns the manifest.
 
-    ``wav_source``: a tar archive (MusicNet's musicnet.tar.gz; its WAV members in
-    archive order) or a folder (its WAVs, recursively, in sorted path order);
-    ``max_files`` keeps the first few of that order.
-
-    Raises:
-      AudioDataUnavailable: ``wav_source`` is missing or holds fewer than two WAVs.
-      AudioExtraMissing: soundfile or soxr is not installed.
-      ValueError: a bad argument, or a WAV that cannot be read.
+    ``wav_source``: a tar archive (its WAV members in archive order) or a
+    folder (its WAVs, recursively, in sorted path order); ``max_files`` keeps
+    the first few of that order. AudioDataUnavailable where it is missing or
+    holds fewer than two WAVs.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction}.")

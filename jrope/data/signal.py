@@ -116,12 +116,8 @@ def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 class SignalRegressionSource(SeededSource):
-    """Data source of the signal regression task (jrope.data.source's contract, task 'regression').
-
-    Batches: 'inputs' float32 [b, T, C] (the noise), 'targets' float32
-    [b, T, C] (its causal convolution with K), 'weights' float32 [b, T] of
-    ones (every position counts, as in the reference's loss).
-    """
+    """Data source of the signal regression task: 'inputs' float32 [b, T, C] (the noise),
+    'targets' its causal convolution with K, 'weights' ones (as in the reference's loss)."""
 
     task = "regression"
     vocab_size = None

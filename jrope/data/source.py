@@ -237,16 +237,9 @@ SOURCES = {
 }
 
 
-def source_spec(name: Any) -> SourceSpec:
-    """The spec of data.source `name`; ValueError naming the choices otherwise."""
-    if name not in SOURCES:
-        raise ValueError(f"data.source = {name!r} is not one of {tuple(SOURCES)}.")
-    return SOURCES[name]
-
-
 def build_source(
     data_cfg: Any, global_batch_size: int, process_index: int, process_count: int
 ) -> DataSource:
-    """The source of a converted data config (its `source` field picks the class)."""
-    _, source_class = source_spec(data_cfg.source).load()
+    """The source of a converted data config (its `source`, checked there, picks the class)."""
+    _, source_class = SOURCES[data_cfg.source].load()
     return source_class(data_cfg, global_batch_size, process_index, process_count)

@@ -247,13 +247,8 @@ def kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
 
 
 def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
-    """Hidden scores S of bit rows.
-
-    Args:
-      bits: int [b, T-1] of 0/1, the sequence before its QUERY token.
-    Returns:
-      float64 [b]: sum_p (2 b_p - 1) K(T - 1 - p).
-    """
+    """Hidden scores S float64 [b] of bit rows int [b, T-1] (the sequence before its QUERY):
+    sum_p (2 b_p - 1) K(T - 1 - p)."""
     num_bits = bits.shape[-1]
     # position p sits T - 1 - p = num_bits - p before the query
     lags = num_bits - np.arange(num_bits)

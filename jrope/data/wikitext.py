@@ -222,14 +222,9 @@ def _unprepared_folders_quiet():
 def prepare_wikitext(
     dataset: str, data_dir: str | None = None, manual_dir: str | None = None
 ) -> WikiTextRaw:
-    """The builder of ``dataset``, with its ArrayRecord files written if they were not yet.
-
-    Raises:
-      KeyError: ``dataset`` is not a key of BUILDERS.
-      WikiTextUnavailable: no prepared data, no manual files and no route
-        to the archive's host; or the archive failed to download or does not
-        match the recorded checksum.
-    """
+    """The builder of ``dataset`` (a key of BUILDERS), its ArrayRecord files written if they
+    were not yet. WikiTextUnavailable without prepared data, manual files or a route to the
+    archive's host, or where the archive failed to download or to match its checksum."""
     archive = BUILDERS[dataset].ARCHIVE
     builder = BUILDERS[dataset](data_dir=data_dir, file_format="array_record")
     with _unprepared_folders_quiet():

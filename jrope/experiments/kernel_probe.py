@@ -142,10 +142,8 @@ class KernelProbeConfig:
 
 
 def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
-    """The method's PEConfig, with the probe's gamma as the base damping (its name may override it).
-
-    Raises ValueError for an encoding with a feature the probe's closed-form features lack.
-    """
+    """The method's PEConfig, the probe's gamma its base damping (its name may override it);
+    ValueError for an encoding with a feature the probe's closed-form features lack."""
     settings = dict(train_context=probe.train_context, theta=probe.theta, gamma_min=0.0)
     cfg = pe_config_from_name(method, init_gamma=probe.gamma, **settings)
     if missing := unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES):
@@ -252,27 +250,20 @@ def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
 
 
 def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Runs every (seed, target, method) fit.
-
-    Returns:
-      rows: dicts with CSV_COLUMNS: one 'train' row (context = L) and one
-        'eval' row per eval context for each fit.
-      plot_curves: target -> method -> the fitted kernel on the lags
-        [0, max(eval_contexts)), float64, for the first seed and each of plot_targets.
-    """
+    """Every (seed, target, method) fit: (rows of CSV_COLUMNS, one 'train' row and one 'eval'
+    row per eval context each; target -> method -> the first seed's fit on [0, max(eval_contexts)),
+    float64, for each of plot_targets)."""
     longest = max(probe.eval_contexts)
     dtype = SOLVER_DTYPES[probe.solver_dtype]
     # One feature matrix per method covers the fit lags and every evaluation window.
-    span = max(longest, probe.train_context)
-    eval_features = {
-        m: basis_features(m, np.arange(span), probe).astype(dtype) for m in probe.methods
-    }
+    lags = np.arange(max(longest, probe.train_context))
+    eval_features = {m: basis_features(m, lags, probe).astype(dtype) for m in probe.methods}
     rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
         fit_lags = training_lags(probe, seed)
         for target in probe.targets:
             y_fit = target_values(target, fit_lags, probe).astype(dtype)
-            y_all = target_values(target, np.arange(span), probe).astype(dtype)
+            y_all = target_values(target, lags, probe).astype(dtype)
             for method in probe.methods:
                 x_all = eval_features[method]
                 x_fit = x_all[fit_lags]

@@ -32,12 +32,8 @@ Rules = Sequence[tuple[str, MeshAxes]]
 def logical_to_spec(
     logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh
 ) -> PartitionSpec:
-    """PartitionSpec of an array with the given logical axes under `rules`.
-
-    Raises ValueError for a logical name that has no rule (add it to
-    config.mesh.rules). Replicates a dimension that does not divide its mesh
-    axes, or whose mesh axes an earlier dimension already uses.
-    """
+    """PartitionSpec of an array with the given logical axes under `rules`; a dimension that does
+    not divide its mesh axes, or whose axes an earlier dimension uses, is replicated."""
     table = dict(rules)
     used: set[str] = set()
     spec = []

@@ -242,10 +242,8 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
-    A row may pack several prompts (segment_ids, as in training), each
-    attending to itself, its positions restarting at the row's offset; the
-    cache continues the row's last prompt alone (a decode step continues one
-    sequence per row), the earlier prompts' slots staying empty.
+    A row may pack several prompts (segment_ids), each attending to itself
+    from the row's offset; the cache continues the row's last prompt alone.
 
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).
@@ -375,13 +373,8 @@ def _move_terms(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -
 
 
 def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
-    """Appends one token per row and returns the logits for the token after it.
-
-    tokens: int32 [B], each at its row's next_position. Returns (float32
-    [B, V], the cache one slot longer). Jit it once: the shapes never change.
-    A step past the last slot returns NaN logits (the buffer is full; size it
-    with prefill's max_length).
-    """
+    """tokens int32 [B], each at its row's next_position -> (float32 [B, V] logits of the next
+    token, the cache one slot longer); NaN logits past the last slot. Jit it once."""
     cache = rebase(model, cache)
     positions = cache.next_position[:, None]  # [B, 1]
     flags = dict(decoding=True, shear_terms=keeps_shear_terms(model))

@@ -133,9 +133,8 @@ class CausalSelfAttention(nnx.Module):
 
         The output covers the last T = num_queries positions (default: all S).
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
-        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing:
-        each sequence one contiguous run of an id, its positions restarting
-        there); a query attends to its own sequence only.
+        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
+        a query attends to its own sequence only.
         """
         if segment_ids is not None and cache is not None and cache.decoding:
             raise ValueError(
@@ -333,13 +332,9 @@ class Transformer(nnx.Module):
         return self.decode(self.embed(inputs), positions, **options)
 
     def follow_damping(self) -> float:
-        """Reads every layer's largest damping on the host and plans the kernels for it.
-
-        Call it outside jit before compiling an evaluation or decoding step:
-        each layer then chooses its kernel and blockwise blocks for the larger
-        of model.max_damping and its measured damping (a traced model plans for
-        model.max_damping alone). Returns the largest damping (0.0: undamped).
-        """
+        """Reads every layer's largest damping on the host (outside jit, before compiling an
+        evaluation or decoding step), so that each layer plans its kernel for the larger of it
+        and model.max_damping; returns the largest (0.0: undamped)."""
         largest = 0.0
         for block in self.blocks:
             attn = block.attn
