@@ -96,8 +96,7 @@ class KernelProbeConfig:
     def __post_init__(self):
         for target in self.targets:
             check_target(target)
-        frequencies = [(self.target_freq_index, "target_freq_index")]
-        frequencies.append((self.second_freq_index, "second_freq_index"))
+        indices = {name: getattr(self, name) for name in ("target_freq_index", "second_freq_index")}
         refuse([
             (self.solver_dtype in SOLVER_DTYPES,
              f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
@@ -107,9 +106,9 @@ class KernelProbeConfig:
             (0 < self.train_points <= self.train_context,
              f"probe.train_points must lie in (0, train_context = {self.train_context}], "
              f"got {self.train_points}."),
-            *[(0 <= index < self.num_freqs,
-               f"probe.{name} {index} must be below num_freqs {self.num_freqs}: "
-               "the targets' frequencies must be basis frequencies.") for index, name in frequencies],
+            *[(0 <= index < self.num_freqs, f"probe.{name} {index} must be below num_freqs "
+               f"{self.num_freqs}: the targets' frequencies must be basis frequencies.")
+              for name, index in indices.items()],
             (bool(self.methods and self.seeds and self.eval_contexts),
              "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."),
             (min(self.eval_contexts, default=1) >= 1,
