@@ -41,7 +41,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, SeededSource, last_position_batch, refuse
+from jrope.data.source import DEFAULT_EVAL_SEED, SeededSource, last_position_batch
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 PAD = 0
 BOS = 1
@@ -55,34 +56,35 @@ _DISTANCE_STREAM = 2  # after jrope.data.source's train and eval streams
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalConfig:
-    """Everything that determines the retrieval data."""
+class RetrievalConfig(Declared):
+    """Everything that determines the retrieval data.
 
-    seq_len: int  # training length T
-    source: str = "retrieval"  # the data section's source name
-    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
-    num_pairs: int = 32  # (key, value) pairs per sequence, their keys distinct
-    num_keys: int = 128  # key tokens
-    num_values: int = 128  # value tokens
-    # Key-to-query distances evaluated at every evaluation length they fit in
-    # (4 <= d < length - 2), besides the plain evaluation.
-    eval_distances: tuple[int, ...] = ()
+    Attributes:
+      source: 'retrieval' (the data section's source name).
+      seq_len: training length T.
+      seed: data seed; every training batch is a pure function of it (evaluation
+        batches are of the evaluation seed).
+      num_pairs: (key, value) pairs per sequence.
+      num_keys: key tokens; the pairs of a sequence have distinct keys.
+      num_values: value tokens.
+      eval_distances: key-to-query distances evaluated at every evaluation
+        length they fit in (4 <= d < length - 2), besides the plain evaluation.
+    """
+
+    section = "data"
+
+    seq_len: int = setting(ge=1)
+    source: str = setting("retrieval", choices=("retrieval",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    num_pairs: int = setting(32, ge=1, le="num_keys", defines=RESULT)  # distinct keys
+    num_keys: int = setting(128, ge=1, defines=PARAMETERS)
+    num_values: int = setting(128, ge=1, defines=PARAMETERS)
+    eval_distances: tuple[int, ...] = setting((), ge=MIN_DISTANCE)
 
     def __post_init__(self):
-        object.__setattr__(self, "eval_distances", tuple(int(d) for d in self.eval_distances))
-        refuse([
-            (self.source == "retrieval",
-             f"source must be 'retrieval' for this task, got {self.source!r}."),
-            (min(self.num_pairs, self.num_keys, self.num_values) >= 1,
-             "num_pairs, num_keys and num_values must be >= 1, got "
-             f"{self.num_pairs}, {self.num_keys}, {self.num_values}."),
-            (self.num_pairs <= self.num_keys,
-             f"num_pairs {self.num_pairs} exceeds num_keys {self.num_keys}: the keys of a "
-             "sequence are distinct; lower num_pairs or raise num_keys."),
-            room_check(self.seq_len, self.num_pairs),
-            (min(self.eval_distances, default=MIN_DISTANCE) >= MIN_DISTANCE,
-             f"eval_distances must be >= {MIN_DISTANCE}, got {self.eval_distances}."),
-        ])  # fmt: skip
+        object.__setattr__(self, "eval_distances", tuple(self.eval_distances))
+        super().__post_init__()
+        check_room(self.seq_len, self.num_pairs)
 
     @property
     def vocab_size(self) -> int:
@@ -97,14 +99,14 @@ class RetrievalConfig:
         return FIRST_KEY + self.num_keys + np.asarray(value)
 
 
-def room_check(length: int, num_pairs: int) -> tuple[bool, str]:
-    """(holds, message) for source.refuse: sequences of `length` surely have room for the pairs."""
-    return (
-        length >= 8 and 3 * num_pairs <= length - 5,
-        f"sequences of length {length} have no sure room for {num_pairs} pairs "
-        f"(need length >= max(8, 3 num_pairs + 5) = {max(8, 3 * num_pairs + 5)}); "
-        "lower data.num_pairs or use longer sequences.",
-    )
+def check_room(length: int, num_pairs: int) -> None:
+    """ValueError unless sequences of `length` surely have room for `num_pairs` pairs."""
+    if length < 8 or 3 * num_pairs > length - 5:
+        raise ValueError(
+            f"sequences of length {length} have no sure room for {num_pairs} pairs "
+            f"(need length >= max(8, 3 num_pairs + 5) = {max(8, 3 * num_pairs + 5)}); "
+            "lower data.num_pairs or use longer sequences."
+        )
 
 
 def make_sequence(
@@ -155,7 +157,7 @@ class RetrievalSource(SeededSource):
 
     def eval_batches(self, length: int, *args, **kwargs) -> Iterator[dict]:
         """SeededSource.eval_batches: sequences of ``length``, at random distances."""
-        refuse([room_check(length, self.data_cfg.num_pairs)])
+        check_room(length, self.data_cfg.num_pairs)
         yield from super().eval_batches(length, *args, **kwargs)
 
     def eval_distances(self, length: int) -> tuple[int, ...]:
@@ -171,11 +173,12 @@ class RetrievalSource(SeededSource):
         seed: int = DEFAULT_EVAL_SEED,
     ) -> Iterator[dict]:
         """Like eval_batches, with every target pair ``distance`` positions before the query's key."""
-        refuse([
-            room_check(length, self.data_cfg.num_pairs),
-            (MIN_DISTANCE <= distance <= length - 2, f"distance {distance} does not fit in "
-             f"length {length}: it must lie in [{MIN_DISTANCE}, {length - 2}]."),
-        ])  # fmt: skip
+        check_room(length, self.data_cfg.num_pairs)
+        if not MIN_DISTANCE <= distance <= length - 2:
+            raise ValueError(
+                f"distance {distance} does not fit in length {length}: "
+                f"it must lie in [{MIN_DISTANCE}, {length - 2}]."
+            )
         words = (seed, _DISTANCE_STREAM, length, distance)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
             yield self.make_batch(rngs, length, distance)

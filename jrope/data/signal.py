@@ -35,7 +35,8 @@ import dataclasses
 import numpy as np
 
 from jrope.data import synthetic
-from jrope.data.source import SeededSource, refuse
+from jrope.data.source import SeededSource
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
 
@@ -57,34 +58,41 @@ def signal_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class SignalRegressionConfig:
-    """Everything that determines the signal regression data (kernels: the module docstring)."""
+class SignalRegressionConfig(Declared):
+    """Everything that determines the signal regression data.
 
-    seq_len: int  # training length L; also the kernel's length scale and normalisation range
-    source: str = "signal"  # the data section's source name
-    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
-    kernel: str = "seasonal_trend"  # one of SIGNAL_KERNELS
-    # C independent noise channels, each convolved with the same kernel (the model's input
-    # projection and regression head have C channels; the reference uses 1).
-    input_channels: int = 1
-    # The rotary frequencies the kernel uses: w of freq_index, w2 of second_freq_index
-    # (rhythm_envelope, motif_spacing), theta^(-2 index / head_dim).
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    gamma: float = 1e-4  # damping of damped_wave
+    Attributes:
+      source: 'signal' (the data section's source name).
+      seq_len: training length L; also the kernel's length scale and normalisation range.
+      seed: data seed; the training data are a pure function of it (the evaluation
+        data of the evaluation seed).
+      kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
+      input_channels: C, independent noise channels, each convolved with the
+        same kernel (the model's input projection and regression head have C
+        channels; the reference uses 1).
+      head_dim: head dimension of the model whose rotary frequencies the kernel uses.
+      freq_index: index of the kernel's main frequency w.
+      second_freq_index: index of its second frequency w2 (rhythm_envelope, motif_spacing).
+      theta: rotary base.
+      gamma: damping of damped_wave.
+    """
+
+    section = "data"
+
+    seq_len: int = setting(ge=2)
+    source: str = setting("signal", choices=("signal",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("seasonal_trend", choices=SIGNAL_KERNELS, defines=RESULT)
+    input_channels: int = setting(1, ge=1, defines=PARAMETERS)
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    gamma: float = setting(1e-4, ge=0.0, defines=RESULT)
 
     def __post_init__(self):
-        refuse([
-            (self.source == "signal", f"source must be 'signal' for this task, got {self.source!r}."),
-            (self.seq_len >= 2, f"seq_len must be >= 2, got {self.seq_len}."),
-            (self.kernel in SIGNAL_KERNELS,
-             f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}."),
-            (self.input_channels >= 1, f"input_channels must be >= 1, got {self.input_channels}."),
-            *synthetic.frequency_checks(self.head_dim, self.freq_index, self.second_freq_index),
-            (self.gamma >= 0, f"gamma must be >= 0, got {self.gamma}."),
-        ])  # fmt: skip
+        super().__post_init__()
+        synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
 
     def kernel_values(self, lags) -> np.ndarray:
         """The normalised K(d) at integer lags >= 0 (K(0) = 0), float64."""

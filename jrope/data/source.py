@@ -97,14 +97,6 @@ class DistanceEvaluation(Protocol):
         ...
 
 
-def refuse(checks: Sequence[tuple[bool, str]]) -> None:
-    """ValueError with the message of every check that does not hold, one a line: a data config
-    reports all its problems at once (the run's config names each as a problem of `data`)."""
-    problems = [message for holds, message in checks if not holds]
-    if problems:
-        raise ValueError("\n".join(problems))
-
-
 @dataclasses.dataclass(frozen=True)
 class ProcessShare:
     """This process's rows of global batches; the checks every source needs, in one place."""

@@ -42,7 +42,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from jrope.data.source import SeededSource, last_position_batch, refuse
+from jrope.data.source import SeededSource, last_position_batch
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 BIT0 = 0
 BIT1 = 1
@@ -62,29 +63,53 @@ LABEL_MODES = ("threshold", "stochastic")
 
 
 @dataclasses.dataclass(frozen=True)
-class SyntheticTaskConfig:
-    """Everything that determines the synthetic task's data (kernels: the module docstring)."""
+class SyntheticTaskConfig(Declared):
+    """Everything that determines the synthetic task's data.
 
-    seq_len: int  # training length L (QUERY included); the kernel's length scale and norm range
-    source: str = "synthetic"  # the data section's source name
-    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
-    kernel: str = "mixed_raw"  # one of KERNEL_NAMES
-    # The rotary frequencies the kernel uses: w = theta^(-2 * freq_index / head_dim), and w2 of
-    # second_freq_index ('rhythm_envelope').
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    label_mode: str = "threshold"  # 1[S > 0], or 'stochastic': Bernoulli(sigmoid(S / temperature))
-    temperature: float = 1.0 / 3.0  # the reference's logit scale 3
-    jet_power: int = 2  # r of 'high_jet' and 'scaled_high_jet'
-    jet_decay: float = 0.1  # c of 'scaled_high_jet'
-    damping_gamma: float = 1e-4  # gamma of 'damped_mixed'
-    damping_sin_weight: float = 0.75  # a of 'damped_mixed'
-    envelope_offset: float = 0.25  # e0, e1 and c1, c2 of 'rhythm_envelope'
-    envelope_slope: float = 0.85
-    carrier_cos_weight: float = 0.65
-    carrier_sin_weight: float = 0.35
+    Attributes:
+      source: 'synthetic' (the data section's source name).
+      seq_len: training length L (the QUERY token included); also the
+        kernel's length scale and normalisation range.
+      seed: data seed; the training data are a pure function of it (the evaluation
+        data of the evaluation seed).
+      kernel: one of KERNEL_NAMES (formulas in the module docstring).
+      head_dim: head dimension of the model whose rotary frequencies the
+        kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
+      freq_index: index of the kernel's main frequency.
+      second_freq_index: index of the second carrier frequency ('rhythm_envelope').
+      theta: rotary base.
+      label_mode: 'threshold' (1[S > 0]) or 'stochastic'
+        (Bernoulli(sigmoid(S / temperature))).
+      temperature: stochastic-label temperature; the reference's logit scale
+        3 is temperature 1/3.
+      jet_power: r of 'high_jet' and 'scaled_high_jet'.
+      jet_decay: c of 'scaled_high_jet'.
+      damping_gamma: gamma of 'damped_mixed'.
+      damping_sin_weight: weight of the x sin(w d) term of 'damped_mixed'.
+      envelope_offset, envelope_slope: the 'rhythm_envelope' envelope e0 + e1 x.
+      carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
+    """
+
+    section = "data"
+
+    seq_len: int = setting(ge=2)
+    source: str = setting("synthetic", choices=("synthetic",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("mixed_raw", choices=KERNEL_NAMES, defines=RESULT)
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    label_mode: str = setting("threshold", choices=LABEL_MODES, defines=RESULT)
+    temperature: float = setting(1.0 / 3.0, gt=0.0, defines=RESULT)
+    jet_power: int = setting(2, ge=0, defines=RESULT)
+    jet_decay: float = setting(0.1, defines=RESULT)
+    damping_gamma: float = setting(1e-4, defines=RESULT)
+    damping_sin_weight: float = setting(0.75, defines=RESULT)
+    envelope_offset: float = setting(0.25, defines=RESULT)
+    envelope_slope: float = setting(0.85, defines=RESULT)
+    carrier_cos_weight: float = setting(0.65, defines=RESULT)
+    carrier_sin_weight: float = setting(0.35, defines=RESULT)
     # Keys only some kernels or label modes read (chooser, its values that read the keys, whether
     # setting them anyway is refused) -> keys: one section carries every kernel's parameters, so
     # a value the chosen kernel ignores is only warned of (keys_without_effect).
@@ -99,18 +124,8 @@ class SyntheticTaskConfig:
     }
 
     def __post_init__(self):
-        refuse([
-            (self.source == "synthetic",
-             f"source must be 'synthetic' for this task, got {self.source!r}."),
-            (self.seq_len >= 2, f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}."),
-            (self.kernel in KERNEL_NAMES,
-             f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}."),
-            (self.label_mode in LABEL_MODES,
-             f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."),
-            *frequency_checks(self.head_dim, self.freq_index, self.second_freq_index),
-            (self.temperature > 0, f"temperature must be positive, got {self.temperature}."),
-            (self.jet_power >= 0, f"jet_power must be >= 0, got {self.jet_power}."),
-        ])  # fmt: skip
+        super().__post_init__()
+        check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
 
     @property
     def omega(self) -> float:
@@ -121,14 +136,13 @@ class SyntheticTaskConfig:
         return rotary_frequency(self.theta, self.second_freq_index, self.head_dim)
 
 
-def frequency_checks(head_dim: int, freq_index: int, second_freq_index: int) -> list:
-    """(holds, message) for source.refuse: head_dim is even, both indices are rotary pairs of it."""
-    checks = [(head_dim > 0 and head_dim % 2 == 0,
-               f"head_dim must be a positive even number, got {head_dim}.")]  # fmt: skip
+def check_frequencies(head_dim: int, freq_index: int, second_freq_index: int) -> None:
+    """ValueError unless head_dim is even and both frequency indices are rotary pairs of it."""
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number, got {head_dim}.")
     for name, index in (("freq_index", freq_index), ("second_freq_index", second_freq_index)):
-        message = f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}."
-        checks.append((0 <= index < head_dim // 2, message))
-    return checks
+        if not 0 <= index < head_dim // 2:
+            raise ValueError(f"{name} must lie in [0, head_dim/2 = {head_dim // 2}), got {index}.")
 
 
 def rotary_frequency(theta: float, index: int, head_dim: int) -> float:

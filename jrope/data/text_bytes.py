@@ -54,7 +54,8 @@ from etils import epath
 
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare, refuse
+from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
@@ -72,29 +73,54 @@ _CHUNK_ROWS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
-class TextDataConfig:
-    """Everything that determines the byte-level data."""
+class TextDataConfig(Declared):
+    """Everything that determines the byte-level data.
 
-    # 'wikitext103' or 'wikitext2' (the TFDS builders of jrope.data.wikitext), 'text' (UTF-8
-    # text at path and eval_path) or 'audio_tokens' (jrope.data.audio's files there).
-    source: str = "text"
-    # 'text': a file or a directory of files; 'audio_tokens': train.u8 / eval.u8 or their folder.
+    Attributes:
+      source: 'wikitext103' or 'wikitext2' (the TFDS builders of
+        jrope.data.wikitext), 'text' (local UTF-8 text at ``path`` and
+        ``eval_path``) or 'audio_tokens' (token files of jrope.data.audio at
+        ``path`` and ``eval_path``).
+      path: 'text': training text, a file or a directory of files.
+        'audio_tokens': train.u8, or the folder holding it.
+      eval_path: 'text': evaluation text, a file or a directory of files.
+        'audio_tokens': eval.u8, or the folder holding it.
+      train_split: 'wikitext103' / 'wikitext2': split to train on.
+      eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
+      train_fraction: in (0, 1]: train on this leading fraction of the
+        training rows (WikiText; 0.01 is the paper's v2 setting, the
+        split's first 1% of lines) or bytes ('text', 'audio_tokens').
+      vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
+      seq_len: training length L (the model sees L tokens, predicts L).
+      seed: data seed; every training batch is a pure function of it (evaluation
+        windows are of the evaluation seed).
+      cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
+      data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
+      manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
+        extracted files ('' = ``<data_dir>/downloads/manual``).
+      wikitext_rows: 'wikitext103' / 'wikitext2': how rows become the byte stream,
+        'file' (the official file's text) or 'reference' (the reference code's
+        stream; WIKITEXT_ROWS).
+      pack: cut each training window into segments at article titles (see
+        "packing" above); not for 'audio_tokens', whose tokens have no
+        articles.
+    """
+
+    section = "data"
+
+    source: str = setting("text", choices=SOURCES, defines=PARAMETERS)
     path: str = ""
     eval_path: str = ""
-    train_split: str = "train"  # WikiText: the split to train on
-    eval_split: str = "validation"  # WikiText: the split to evaluate on
-    # Train on this leading fraction of the training rows (WikiText; 0.01 is the paper's v2
-    # setting, the split's first 1% of lines) or bytes ('text', 'audio_tokens').
-    train_fraction: float = 1.0
-    vocab_size: int = 257  # 257: byte + 1 (0 reserved); 256: the byte
-    seq_len: int = 1024  # training length L (the model sees L tokens, predicts L)
-    seed: int = 0  # the training data are a pure function of it (evaluation: of the eval seed)
-    cache_dir: str = ""  # where corpus cache files go ('': DEFAULT_CACHE_DIR)
-    data_dir: str = ""  # WikiText: TFDS data directory ('': TFDS's default)
-    manual_dir: str = ""  # WikiText: the archive or its files ('': <data_dir>/downloads/manual)
-    wikitext_rows: str = "file"  # how rows become bytes (WIKITEXT_ROWS; the module docstring)
-    # Cut each training window into segments at article titles (the module docstring's
-    # "packing"); not for 'audio_tokens', whose tokens have no articles.
+    train_split: str = "train"
+    eval_split: str = setting("validation", defines=RESULT)
+    train_fraction: float = setting(1.0, gt=0.0, le=1.0)
+    vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
+    seq_len: int = setting(1024, ge=1)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    cache_dir: str = ""
+    data_dir: str = ""
+    manual_dir: str = ""
+    wikitext_rows: str = setting("file", choices=WIKITEXT_ROWS, defines=RESULT)
     pack: bool = False
     # Keys only some sources read: (chooser, its values that read the keys, whether setting
     # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).
@@ -107,25 +133,15 @@ class TextDataConfig:
     }
 
     def __post_init__(self):
-        paths = f"got path={self.path!r}, eval_path={self.eval_path!r}; set"
-        has_paths = bool(self.path and self.eval_path)
-        refuse([
-            (self.source in SOURCES, f"Unknown text source {self.source!r}; choose one of {SOURCES}."),
-            (self.source != "text" or has_paths,
-             "source='text' needs both path (training text) and eval_path (evaluation text), "
-             f"{paths} e.g. --config.data.path=train.txt --config.data.eval_path=valid.txt."),
-            (self.source != "audio_tokens" or has_paths,
-             "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
-             f"{paths} both to the folder written by python -m jrope.data.audio, e.g. "
-             "--config.data.path=DIR --config.data.eval_path=DIR."),
-            (self.wikitext_rows in WIKITEXT_ROWS,
-             f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."),
-            (self.vocab_size in VOCAB_SIZES,
-             f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."),
-            (0.0 < self.train_fraction <= 1.0,
-             f"train_fraction must lie in (0, 1], got {self.train_fraction}."),
-            (self.seq_len >= 1, f"seq_len must be >= 1, got {self.seq_len}."),
-        ])  # fmt: skip
+        super().__post_init__()
+        if self.source in ("text", "audio_tokens") and not (self.path and self.eval_path):
+            files = "training and evaluation text" if self.source == "text" else "train.u8, eval.u8"
+            raise ValueError(
+                f"source={self.source!r} needs both path and eval_path ({files}), got "
+                f"path={self.path!r}, eval_path={self.eval_path!r}; set both, e.g. "
+                "--config.data.path=train.txt --config.data.eval_path=valid.txt (audio_tokens: "
+                "the folder python -m jrope.data.audio wrote)."
+            )
 
     @property
     def token_offset(self) -> int:

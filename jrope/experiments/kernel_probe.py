@@ -55,9 +55,10 @@ from etils import epath
 
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
-from jrope.data.source import refuse
 from jrope.encodings import make_encoding, unsupported_features
+from jrope.errors import ConfigError
 from jrope.experiments.probe_targets import check_target, target_values
+from jrope.fields import Declared, setting
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
@@ -69,71 +70,85 @@ SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelProbeConfig:
-    """The probe's settings (the `probe` section of configs/kernel_probe*.py)."""
+class KernelProbeConfig(Declared):
+    """The probe's settings (the `probe` section of configs/kernel_probe*.py).
 
-    # Encoding names (jrope.pe_config_from_name) or the reference's probe baselines
-    # (rope_matched_m{m}, direct_sum_poly_m{m}, jordan_scaled_m{m}[_c{100c}]).
-    methods: tuple[str, ...]
-    targets: tuple[str, ...]  # jrope.experiments.probe_targets names (e.g. 'high_jet_r2')
-    seeds: tuple[int, ...]  # one fit each; they matter only when train_points < train_context
-    train_context: int  # L: the fit uses lags in [0, L), and L is the unit of time
-    train_points: int  # how many of those lags the fit sees (a seeded subset when fewer than L)
-    eval_contexts: tuple[int, ...]  # T values: the error is measured on all lags in [0, T)
-    head_dim: int  # the frequencies are theta^(-2k/head_dim), k < num_freqs, for every method
-    num_freqs: int
-    target_freq_index: int  # the targets' frequency index
-    second_freq_index: int  # the second frequency of rhythm_envelope and motif_spacing
-    theta: float  # rotary base
-    gamma: float  # damping of learned-gamma variants whose name sets none, and of damped_wave
-    drift: float  # phase_drift's relative frequency error
-    jet_decay: float  # c of the scaled_high_jet targets
-    ridge: float  # lambda of (X^T X + lambda I) w = X^T y
-    plot_targets: tuple[str, ...]  # targets whose fits a PNG each shows at the longest context
-    # The precision of the normal equations, predictions and errors; 'float32' is the reference's.
-    solver_dtype: str = "float64"
+    Attributes:
+      methods: encoding names, any name `jrope.pe_config_from_name` accepts,
+        or a probe baseline of the reference (`rope_matched_m{m}`,
+        `direct_sum_poly_m{m}`, `jordan_scaled_m{m}[_c{100c}]`).
+      targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
+      seeds: one fit per seed; seeds matter only when train_points < train_context.
+      train_context: L: the fit uses lags in [0, L), and L is the unit of time.
+      train_points: how many of those lags the fit sees (a seeded random subset
+        when fewer than L).
+      eval_contexts: T values; the error is measured on all lags in [0, T).
+      head_dim: sets the frequencies theta^(-2k/head_dim).
+      num_freqs: k < num_freqs, for every method.
+      target_freq_index: the targets' frequency index i.
+      second_freq_index: the second frequency of rhythm_envelope and motif_spacing.
+      theta: rotary base.
+      gamma: the damping of learned-gamma variants whose name does not set
+        it, and of the damped_wave target.
+      drift: phase_drift's relative frequency error eps.
+      jet_decay: c of the scaled_high_jet targets.
+      ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
+      plot_targets: targets whose fits a PNG each shows at the longest context.
+      solver_dtype: 'float64' or 'float32' (the reference's): the precision of
+        the normal equations, the predictions and the errors.
+    """
+
+    section = "probe"
+
+    methods: tuple[str, ...] = setting(nonempty=True)
+    targets: tuple[str, ...]
+    seeds: tuple[int, ...] = setting(nonempty=True)
+    train_context: int = setting(ge=1)
+    train_points: int = setting(ge=1, le="train_context")
+    eval_contexts: tuple[int, ...] = setting(ge=1, nonempty=True)
+    head_dim: int = setting(ge=2)
+    num_freqs: int = setting(ge=1)
+    # The targets' frequencies must be basis frequencies.
+    target_freq_index: int = setting(ge=0, lt="num_freqs")
+    second_freq_index: int = setting(ge=0, lt="num_freqs")
+    theta: float
+    gamma: float = setting(ge=0)
+    drift: float
+    jet_decay: float
+    ridge: float = setting(ge=0)
+    plot_targets: tuple[str, ...]
+    # float32 reproduces the reference's tables.
+    solver_dtype: str = setting("float64", choices=SOLVER_DTYPES)
 
     def __post_init__(self):
+        super().__post_init__()
         for target in self.targets:
             check_target(target)
-        indices = {name: getattr(self, name) for name in ("target_freq_index", "second_freq_index")}
-        refuse([
-            (self.solver_dtype in SOLVER_DTYPES,
-             f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
-             f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."),
-            (set(self.plot_targets) <= set(self.targets),
-             f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."),
-            (0 < self.train_points <= self.train_context,
-             f"probe.train_points must lie in (0, train_context = {self.train_context}], "
-             f"got {self.train_points}."),
-            *[(0 <= index < self.num_freqs, f"probe.{name} {index} must be below num_freqs "
-               f"{self.num_freqs}: the targets' frequencies must be basis frequencies.")
-              for name, index in indices.items()],
-            (bool(self.methods and self.seeds and self.eval_contexts),
-             "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."),
-            (min(self.eval_contexts, default=1) >= 1,
-             f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."),
-            (self.gamma >= 0 and self.ridge >= 0,
-             f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."),
-        ])  # fmt: skip
+        if not set(self.plot_targets) <= set(self.targets):
+            raise ValueError(
+                f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
+            )
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
                 method_pe_config(method, self)  # an unknown name fails here, listing the forms
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
-        """From the whole experiment ConfigDict: its one section, `probe`."""
-        section = dict(config["probe"]) if "probe" in config else {}
+        """From the whole experiment ConfigDict: its one section, `probe`; ConfigError (a
+        ValueError) naming every problem."""
+        section = dict(config.get("probe", {}))
         names = {f.name for f in dataclasses.fields(cls)}
-        refuse([
-            (set(config.keys()) == {"probe"}, "a kernel-probe config has exactly one section, "
-             f"probe; got keys {sorted(config.keys())}."),
-            (set(section) == names, f"probe: unknown keys {sorted(set(section) - names)}, "
-             f"missing keys {sorted(names - set(section))}."),
-        ])  # fmt: skip
-        return cls(
-            **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
-        )
+        if set(config.keys()) != {"probe"} or set(section) != names:
+            raise ConfigError([
+                f"a kernel-probe config has exactly one section, probe; got {sorted(config.keys())}, "
+                f"unknown keys {sorted(set(section) - names)}, missing {sorted(names - set(section))}."
+            ])  # fmt: skip
+        try:
+            return cls(
+                **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
+            )
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
 
     @property
     def target_omega(self) -> float:
