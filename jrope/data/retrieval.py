@@ -57,28 +57,18 @@ _DISTANCE_STREAM = 2  # after jrope.data.source's train and eval streams
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig(Declared):
-    """Everything that determines the retrieval data.
-
-    Attributes:
-      source: 'retrieval' (the data section's source name).
-      seq_len: training length T.
-      seed: data seed; every training batch is a pure function of it (evaluation
-        batches are of the evaluation seed).
-      num_pairs: (key, value) pairs per sequence.
-      num_keys: key tokens; the pairs of a sequence have distinct keys.
-      num_values: value tokens.
-      eval_distances: key-to-query distances evaluated at every evaluation
-        length they fit in (4 <= d < length - 2), besides the plain evaluation.
-    """
+    """Everything that determines the retrieval data."""
 
     section = "data"
 
-    seq_len: int = setting(ge=1)
+    seq_len: int = setting(ge=1)  # training length T
     source: str = setting("retrieval", choices=("retrieval",), defines=PARAMETERS)
     seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     num_pairs: int = setting(32, ge=1, le="num_keys", defines=RESULT)  # distinct keys
-    num_keys: int = setting(128, ge=1, defines=PARAMETERS)
-    num_values: int = setting(128, ge=1, defines=PARAMETERS)
+    num_keys: int = setting(128, ge=1, defines=PARAMETERS)  # key tokens
+    num_values: int = setting(128, ge=1, defines=PARAMETERS)  # value tokens
+    # Key-to-query distances evaluated at every evaluation length they fit in
+    # (4 <= d < length - 2), besides the plain evaluation.
     eval_distances: tuple[int, ...] = setting((), ge=MIN_DISTANCE)
 
     def __post_init__(self):

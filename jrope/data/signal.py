@@ -59,36 +59,24 @@ def signal_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class SignalRegressionConfig(Declared):
-    """Everything that determines the signal regression data.
-
-    Attributes:
-      source: 'signal' (the data section's source name).
-      seq_len: training length L; also the kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
-      input_channels: C, independent noise channels, each convolved with the
-        same kernel (the model's input projection and regression head have C
-        channels; the reference uses 1).
-      head_dim: head dimension of the model whose rotary frequencies the kernel uses.
-      freq_index: index of the kernel's main frequency w.
-      second_freq_index: index of its second frequency w2 (rhythm_envelope, motif_spacing).
-      theta: rotary base.
-      gamma: damping of damped_wave.
-    """
+    """Everything that determines the signal regression data (kernels: the module docstring)."""
 
     section = "data"
 
-    seq_len: int = setting(ge=2)
+    seq_len: int = setting(ge=2)  # training length L; the kernel's length scale and norm range
     source: str = setting("signal", choices=("signal",), defines=PARAMETERS)
     seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     kernel: str = setting("seasonal_trend", choices=SIGNAL_KERNELS, defines=RESULT)
+    # C independent noise channels, each convolved with the same kernel (the model's input
+    # projection and regression head have C channels; the reference uses 1).
     input_channels: int = setting(1, ge=1, defines=PARAMETERS)
+    # The kernel's rotary frequencies: w of freq_index, w2 of second_freq_index
+    # (rhythm_envelope, motif_spacing), theta^(-2 index / head_dim).
     head_dim: int = setting(32, ge=2)
     freq_index: int = setting(3, defines=RESULT)
     second_freq_index: int = setting(5, defines=RESULT)
     theta: float = setting(10000.0, gt=1.0)
-    gamma: float = setting(1e-4, ge=0.0, defines=RESULT)
+    gamma: float = setting(1e-4, ge=0.0, defines=RESULT)  # damping of damped_wave
 
     def __post_init__(self):
         super().__post_init__()

@@ -64,48 +64,29 @@ LABEL_MODES = ("threshold", "stochastic")
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTaskConfig(Declared):
-    """Everything that determines the synthetic task's data.
-
-    Attributes:
-      source: 'synthetic' (the data section's source name).
-      seq_len: training length L (the QUERY token included); also the
-        kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of KERNEL_NAMES (formulas in the module docstring).
-      head_dim: head dimension of the model whose rotary frequencies the
-        kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
-      freq_index: index of the kernel's main frequency.
-      second_freq_index: index of the second carrier frequency ('rhythm_envelope').
-      theta: rotary base.
-      label_mode: 'threshold' (1[S > 0]) or 'stochastic'
-        (Bernoulli(sigmoid(S / temperature))).
-      temperature: stochastic-label temperature; the reference's logit scale
-        3 is temperature 1/3.
-      jet_power: r of 'high_jet' and 'scaled_high_jet'.
-      jet_decay: c of 'scaled_high_jet'.
-      damping_gamma: gamma of 'damped_mixed'.
-      damping_sin_weight: weight of the x sin(w d) term of 'damped_mixed'.
-      envelope_offset, envelope_slope: the 'rhythm_envelope' envelope e0 + e1 x.
-      carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
-    """
+    """Everything that determines the synthetic task's data (kernels: the module docstring)."""
 
     section = "data"
 
+    # Training length L (QUERY included); also the kernel's length scale and normalisation range.
     seq_len: int = setting(ge=2)
     source: str = setting("synthetic", choices=("synthetic",), defines=PARAMETERS)
     seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     kernel: str = setting("mixed_raw", choices=KERNEL_NAMES, defines=RESULT)
+    # The kernel's rotary frequencies: w = theta^(-2 * freq_index / head_dim), and w2 of
+    # second_freq_index ('rhythm_envelope').
     head_dim: int = setting(32, ge=2)
     freq_index: int = setting(3, defines=RESULT)
     second_freq_index: int = setting(5, defines=RESULT)
     theta: float = setting(10000.0, gt=1.0)
+    # 'threshold': 1[S > 0]; 'stochastic': Bernoulli(sigmoid(S / temperature)).
     label_mode: str = setting("threshold", choices=LABEL_MODES, defines=RESULT)
-    temperature: float = setting(1.0 / 3.0, gt=0.0, defines=RESULT)
-    jet_power: int = setting(2, ge=0, defines=RESULT)
-    jet_decay: float = setting(0.1, defines=RESULT)
-    damping_gamma: float = setting(1e-4, defines=RESULT)
-    damping_sin_weight: float = setting(0.75, defines=RESULT)
+    temperature: float = setting(1.0 / 3.0, gt=0.0, defines=RESULT)  # the reference's scale 3
+    jet_power: int = setting(2, ge=0, defines=RESULT)  # r of 'high_jet' and 'scaled_high_jet'
+    jet_decay: float = setting(0.1, defines=RESULT)  # c of 'scaled_high_jet'
+    damping_gamma: float = setting(1e-4, defines=RESULT)  # gamma of 'damped_mixed'
+    damping_sin_weight: float = setting(0.75, defines=RESULT)  # a of 'damped_mixed'
+    # e0, e1 and c1, c2 of 'rhythm_envelope'.
     envelope_offset: float = setting(0.25, defines=RESULT)
     envelope_slope: float = setting(0.85, defines=RESULT)
     carrier_cos_weight: float = setting(0.65, defines=RESULT)

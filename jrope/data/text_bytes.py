@@ -74,53 +74,32 @@ _CHUNK_ROWS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class TextDataConfig(Declared):
-    """Everything that determines the byte-level data.
-
-    Attributes:
-      source: 'wikitext103' or 'wikitext2' (the TFDS builders of
-        jrope.data.wikitext), 'text' (local UTF-8 text at ``path`` and
-        ``eval_path``) or 'audio_tokens' (token files of jrope.data.audio at
-        ``path`` and ``eval_path``).
-      path: 'text': training text, a file or a directory of files.
-        'audio_tokens': train.u8, or the folder holding it.
-      eval_path: 'text': evaluation text, a file or a directory of files.
-        'audio_tokens': eval.u8, or the folder holding it.
-      train_split: 'wikitext103' / 'wikitext2': split to train on.
-      eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
-      train_fraction: in (0, 1]: train on this leading fraction of the
-        training rows (WikiText; 0.01 is the paper's v2 setting, the
-        split's first 1% of lines) or bytes ('text', 'audio_tokens').
-      vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
-      seq_len: training length L (the model sees L tokens, predicts L).
-      seed: data seed; every training batch is a pure function of it (evaluation
-        windows are of the evaluation seed).
-      cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
-      data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
-      manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
-        extracted files ('' = ``<data_dir>/downloads/manual``).
-      wikitext_rows: 'wikitext103' / 'wikitext2': how rows become the byte stream,
-        'file' (the official file's text) or 'reference' (the reference code's
-        stream; WIKITEXT_ROWS).
-      pack: cut each training window into segments at article titles (see
-        "packing" above); not for 'audio_tokens', whose tokens have no
-        articles.
-    """
+    """Everything that determines the byte-level data."""
 
     section = "data"
 
+    # 'wikitext103' or 'wikitext2' (the TFDS builders of jrope.data.wikitext), 'text' (UTF-8
+    # text at path and eval_path) or 'audio_tokens' (jrope.data.audio's files there).
     source: str = setting("text", choices=SOURCES, defines=PARAMETERS)
+    # 'text': a file or a directory of files; 'audio_tokens': train.u8 / eval.u8 or their folder.
     path: str = ""
     eval_path: str = ""
-    train_split: str = "train"
-    eval_split: str = setting("validation", defines=RESULT)
+    train_split: str = "train"  # WikiText: the split to train on
+    eval_split: str = setting("validation", defines=RESULT)  # WikiText: the split to evaluate on
+    # Train on this leading fraction of the training rows (WikiText; 0.01 is the paper's v2
+    # setting, the split's first 1% of lines) or bytes ('text', 'audio_tokens').
     train_fraction: float = setting(1.0, gt=0.0, le=1.0)
+    # 257: byte + 1 (0 reserved); 256: the byte.
     vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
-    seq_len: int = setting(1024, ge=1)
+    seq_len: int = setting(1024, ge=1)  # training length L (the model sees L tokens, predicts L)
     seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
-    cache_dir: str = ""
-    data_dir: str = ""
-    manual_dir: str = ""
+    cache_dir: str = ""  # where corpus cache files go ('': DEFAULT_CACHE_DIR)
+    data_dir: str = ""  # WikiText: TFDS data directory ('': TFDS's default)
+    manual_dir: str = ""  # WikiText: the archive or its files ('': <data_dir>/downloads/manual)
+    # How WikiText rows become bytes (WIKITEXT_ROWS; the module docstring).
     wikitext_rows: str = setting("file", choices=WIKITEXT_ROWS, defines=RESULT)
+    # Cut each training window into segments at article titles (the module docstring's
+    # "packing"); not for 'audio_tokens', whose tokens have no articles.
     pack: bool = False
     # Keys only some sources read: (chooser, its values that read the keys, whether setting
     # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).

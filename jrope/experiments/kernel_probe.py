@@ -71,53 +71,35 @@ SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 @dataclasses.dataclass(frozen=True)
 class KernelProbeConfig(Declared):
-    """The probe's settings (the `probe` section of configs/kernel_probe*.py).
-
-    Attributes:
-      methods: encoding names, any name `jrope.pe_config_from_name` accepts,
-        or a probe baseline of the reference (`rope_matched_m{m}`,
-        `direct_sum_poly_m{m}`, `jordan_scaled_m{m}[_c{100c}]`).
-      targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
-      seeds: one fit per seed; seeds matter only when train_points < train_context.
-      train_context: L: the fit uses lags in [0, L), and L is the unit of time.
-      train_points: how many of those lags the fit sees (a seeded random subset
-        when fewer than L).
-      eval_contexts: T values; the error is measured on all lags in [0, T).
-      head_dim: sets the frequencies theta^(-2k/head_dim).
-      num_freqs: k < num_freqs, for every method.
-      target_freq_index: the targets' frequency index i.
-      second_freq_index: the second frequency of rhythm_envelope and motif_spacing.
-      theta: rotary base.
-      gamma: the damping of learned-gamma variants whose name does not set
-        it, and of the damped_wave target.
-      drift: phase_drift's relative frequency error eps.
-      jet_decay: c of the scaled_high_jet targets.
-      ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
-      plot_targets: targets whose fits a PNG each shows at the longest context.
-      solver_dtype: 'float64' or 'float32' (the reference's): the precision of
-        the normal equations, the predictions and the errors.
-    """
+    """The probe's settings (the `probe` section of configs/kernel_probe*.py)."""
 
     section = "probe"
 
+    # Encoding names (jrope.pe_config_from_name) or the reference's probe baselines
+    # (rope_matched_m{m}, direct_sum_poly_m{m}, jordan_scaled_m{m}[_c{100c}]).
     methods: tuple[str, ...] = setting(nonempty=True)
-    targets: tuple[str, ...]
+    targets: tuple[str, ...]  # jrope.experiments.probe_targets names (e.g. 'high_jet_r2')
+    # One fit each; they matter only when train_points < train_context.
     seeds: tuple[int, ...] = setting(nonempty=True)
-    train_context: int = setting(ge=1)
+    train_context: int = setting(ge=1)  # L: the fit uses lags in [0, L), and L is the unit of time
+    # How many of those lags the fit sees (a seeded subset when fewer than L).
     train_points: int = setting(ge=1, le="train_context")
+    # T values: the error is measured on all lags in [0, T).
     eval_contexts: tuple[int, ...] = setting(ge=1, nonempty=True)
-    head_dim: int = setting(ge=2)
+    head_dim: int = setting(ge=2)  # the frequencies theta^(-2k/head_dim), k < num_freqs
     num_freqs: int = setting(ge=1)
-    # The targets' frequencies must be basis frequencies.
+    # The targets' frequencies (the second: rhythm_envelope's and motif_spacing's), which must
+    # be basis frequencies.
     target_freq_index: int = setting(ge=0, lt="num_freqs")
     second_freq_index: int = setting(ge=0, lt="num_freqs")
-    theta: float
-    gamma: float = setting(ge=0)
-    drift: float
-    jet_decay: float
-    ridge: float = setting(ge=0)
-    plot_targets: tuple[str, ...]
-    # float32 reproduces the reference's tables.
+    theta: float  # rotary base
+    gamma: float = setting(ge=0)  # damping of learned-gamma variants whose name sets none
+    drift: float  # phase_drift's relative frequency error
+    jet_decay: float  # c of the scaled_high_jet targets
+    ridge: float = setting(ge=0)  # lambda of (X^T X + lambda I) w = X^T y
+    plot_targets: tuple[str, ...]  # targets whose fits a PNG each shows at the longest context
+    # The precision of the normal equations, predictions and errors; float32 reproduces the
+    # reference's tables.
     solver_dtype: str = setting("float64", choices=SOLVER_DTYPES)
 
     def __post_init__(self):
