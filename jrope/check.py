@@ -183,10 +183,9 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
             # splash runs off TPU in interpret mode, as a TPU would choose it
             interpret = impl == "splash" and backend != "tpu" and length <= INTERPRET_MAX_LENGTH
             window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
+            window["backend"] = "tpu" if interpret else backend
             try:
-                kernel = selection.choose_kernel(
-                    settings, enc, **window, backend="tpu" if interpret else backend
-                )
+                kernel = selection.choose_kernel(settings, enc, **window)
             except ValueError as refusal:
                 skips.setdefault((impl, _first_line(refusal)), []).append(length)
                 continue

@@ -200,10 +200,8 @@ def dot_product_attention(
       is_causal: jax's causal mask (query t sees keys <= t, counted from 0).
       implementation: None or 'xla' (XLA's attention), or 'cudnn'.
     Returns:
-      [B, T, N, H] in v's dtype.
-    Raises:
-      ValueError: naming the argument that does not fit, or a concrete damping
-        that overflows one map origin ('cudnn' refuses float32 q2, k2 itself).
+      [B, T, N, H] in v's dtype. ValueError naming an argument that does not
+      fit, or a concrete damping that overflows one map origin.
     """
     encoding = pe.encoding
     check_floating("v", v)
@@ -276,10 +274,8 @@ def causal_self_attention(
       segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing);
         positions [B, S] restart per segment.
     Returns:
-      [B, T, N, H] in v's dtype.
-    Raises:
-      ValueError: the kernel cannot run this encoding here, v is neither
-        float32 nor bfloat16, or the shapes do not fit (the message says which).
+      [B, T, N, H] in v's dtype. ValueError where the kernel cannot run this
+      encoding here, v is neither float32 nor bfloat16, or a shape does not fit.
     """
     encoding = pe.encoding
     dtype = jnp.dtype(v.dtype)

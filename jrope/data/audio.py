@@ -38,13 +38,9 @@ Libraries: ``soundfile`` reads and ``soxr`` resamples (librosa's, without its
 dependencies; the ``audio`` extra); the STFT, filterbank and dB scale are
 numpy in float64, and gave librosa 0.11's bytes on WAVs at 8 to 48 kHz.
 
-Output, in ``out_dir``, each file written atomically (a temporary file
-renamed into place), the manifest last:
-
-  train.u8, eval.u8   the token bytes, raw uint8;
-  manifest.json       settings, seed, the WAVs' source and order, each split's
-                      WAVs (member names, or paths relative to the folder),
-                      frames and bytes.
+Output, in ``out_dir``, each file written atomically, the manifest last:
+train.u8 and eval.u8 (raw uint8 tokens) and manifest.json (settings, seed,
+the WAVs' source and order, each split's WAVs, frames and bytes).
 
 Commands (the reference's 16 MusicNet files; a folder of WAVs instead):
 

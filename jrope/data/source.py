@@ -27,16 +27,11 @@ A source that can place what the evaluation asks about at a chosen distance
 DistanceEvaluation; the evaluation then reports every length per distance too.
 
 Row r of a global batch belongs to process r // b (b = global / process
-count), so the processes' shares are disjoint, cover the global batch, and
-are the same whatever the process count. Training batches are pure functions
-of the config's seed and the step: a resumed run sees exactly the data an
-uninterrupted one would. Evaluation sequences are pure functions of the
-evaluation seed (eval.seed, DEFAULT_EVAL_SEED unless set), the length and
-the sequence index, and not of the run's seed or method: every run of a
-comparison is scored on the same sequences (paired), as the paper's
-reference code does for its WikiText and audio windows. Sequence i of a
-length is the same whatever num_sequences, so fewer sequences are a prefix
-of more.
+count), whatever the process count. Training batches are pure functions of
+the config's seed and the step (a resumed run sees the data an uninterrupted
+one would); evaluation sequences of the evaluation seed, the length and the
+sequence index alone, so every run of a comparison is scored on the same
+sequences, as the reference code does, and fewer sequences are a prefix of more.
 
 `data.source` names the source; SOURCES maps each name to the module, the
 frozen config dataclass its `data` section converts to, and the source class.

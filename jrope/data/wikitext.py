@@ -19,18 +19,14 @@ Where the text comes from, first match wins:
 2. the official archive in the manual directory;
 3. the archive downloaded from its ``archive_url``.
 
-The archive, manual or downloaded, is checked by TFDS against the size and
-SHA-256 in ``checksums.tsv`` beside this file (the values published for the
-official archives), then read member by member with ``zipfile``: TFDS's own
-extractor needs TensorFlow. The manual directory defaults
-to ``<data_dir>/downloads/manual`` (TFDS's convention), ``data_dir`` to
-TFDS's (``~/tensorflow_datasets``).
+The archive is checked by TFDS against the size and SHA-256 published for it
+(``checksums.tsv`` beside this file), then read with ``zipfile`` (TFDS's
+extractor needs TensorFlow). The manual directory defaults to
+``<data_dir>/downloads/manual``, ``data_dir`` to TFDS's.
 
-``wikitext_data_source`` prepares a dataset on first use and returns a
-split's random-access data source; without the files and without a route to
-the archives' host it fails at once with WikiTextUnavailable, saying where to
-put the files. To prepare once, on a machine with network access
-(``--dataset=wikitext2`` for WikiText-2):
+``wikitext_data_source`` prepares a dataset on first use; without the files
+and a route to the archives' host it fails at once with WikiTextUnavailable,
+saying where to put the files. To prepare once, with network access:
 
     python -m jrope.data.wikitext --dataset=wikitext103 [--data_dir=DIR] [--manual_dir=DIR]
 """

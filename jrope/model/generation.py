@@ -143,11 +143,8 @@ def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Generator:
-    """Compiled generation for one model and one GenerationSettings.
-
-    graphdef: the model's structure (its params are passed per call).
-    mesh, rules: the device mesh and the logical-to-mesh rules the cache is sharded by.
-    """
+    """Compiled generation for one model's graphdef (its params passed per call) and one
+    GenerationSettings; the cache is sharded over `mesh` by the logical-to-mesh `rules`."""
 
     def __init__(self, graphdef: Any, settings: GenerationSettings, *, mesh: Mesh, rules: Rules):
         self.settings = settings

@@ -8,9 +8,8 @@ caller passes: the train step's per-step key; evaluation passes none).
 Positions are always passed in (no table sized at construction), so a model
 trained at length L evaluates at any length.
 
-Initialisation follows the reference implementation so that runs are
-comparable: embedding N(0, 1); projections U(-1/sqrt(fan_in), 1/sqrt(fan_in));
-norm scales 1; the encoding's own `init_params()`.
+Initialisation is the reference's: embedding N(0, 1); projections
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)); norm scales 1; the encoding's `init_params()`.
 
 Numerics: parameters float32; activations and matmuls in
 `model.compute_dtype`; RMSNorm statistics, positional maths, softmax and the
