@@ -41,6 +41,7 @@ ENCODINGS = (
     "jordan_exact_m3",
     "jordan_m3",
     "jordan_jetmix_m3_c150_g050_g030",
+    "rope_alibi_softcap3",
 )
 QUICK = ("jordan_exact_scaled_alibi",)  # in the quick loop; the others are marked slow
 # The raw-shear encodings whose shear is an exact per-pair weight: every shear time and order.
@@ -52,6 +53,7 @@ SHEAR_TERM_ENCODINGS = (
     "direct_sum",
     "real_jordan",
     "jordan_rope_alibi",
+    "jordan_rope_softcap3",
 )
 
 

@@ -43,6 +43,7 @@ H head dim, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -53,7 +54,14 @@ from jrope.attention import shear
 from jrope.attention.cached import cached_attention
 from jrope.attention.packing import segment_starts
 from jrope.attention.selection import cache_keeps_shear_terms
-from jrope.encodings import BIAS, MAP_FEATURES, Encoding, check_positions, check_supported
+from jrope.encodings import (
+    BIAS,
+    LOGITS,
+    MAP_FEATURES,
+    Encoding,
+    check_positions,
+    check_supported,
+)
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
 from jrope.model.transformer import Transformer
 
@@ -179,7 +187,10 @@ class LayerCache:
         if encoding.has_bias:
             bias = encoding.logit_bias(params, self.positions, key_positions)
         stored = (self.positions, self.keys, self.values, self.new_keys, self.new_values)
-        y = cached_attention(q2, *stored, key_positions, bias, precision, term_widths, time_lag)
+        transform = functools.partial(encoding.transform_logits, params)
+        y = cached_attention(
+            q2, *stored, key_positions, bias, precision, term_widths, time_lag, transform
+        )
         self._write(_after(self.new_keys, y), _after(self.new_values, y))
         return y
 
@@ -261,8 +272,8 @@ def prefill(
     """
     batch, prompt_length = tokens.shape
     _check_offsets(offsets, max_length)
-    # A decode step computes the maps' features (or the shear terms') and the bias.
-    supported = shear.FEATURES if keeps_shear_terms(model) else MAP_FEATURES | {BIAS}
+    # A decode step computes the maps' features (or the shear terms'), the bias and the logits'.
+    supported = shear.FEATURES if keeps_shear_terms(model) else MAP_FEATURES | {BIAS, LOGITS}
     check_supported(_attention_layers(model)[0].encoding, supported, "the KV cache")
     lengths = jnp.asarray(lengths, jnp.int32)
     offsets = jnp.asarray(offsets, jnp.int32)
