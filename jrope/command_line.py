@@ -67,7 +67,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable | None = None)
     # Ctrl-C ends the command at once, as SIGTERM does: a KeyboardInterrupt raised inside one of
     # JAX's callbacks would be swallowed, and the command would go on.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.excepthook = _excepthook
+    sys.excepthook, sys.unraisablehook = _excepthook, _unraisablehook
     parser = functools.partial(parse_flags, define_flags=define_flags)
     app.run(functools.partial(_run_main, main), flags_parser=parser)
 
@@ -150,10 +150,20 @@ def _run_main(main: Callable[[list[str]], None], argv: list[str]) -> None:
 
 
 def _excepthook(kind, error, trace) -> None:
-    """Python's, but for the closed event loop that tensorstore's threads print (PyErr_Print)
-    when orbax has abandoned their reads after a failed one: that is no error of the command."""
-    if not (kind is RuntimeError and str(error) == "Event loop is closed"):
+    """Python's, but for the closed event loop that tensorstore's threads report (PyErr_Print, or
+    as unraisable) when orbax has abandoned their reads after a failed one: no error of the
+    command."""
+    if not _closed_loop(error):
         sys.__excepthook__(kind, error, trace)
+
+
+def _unraisablehook(unraisable) -> None:
+    if not _closed_loop(unraisable.exc_value):
+        sys.__unraisablehook__(unraisable)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return type(error) is RuntimeError and str(error) == "Event loop is closed"
 
 
 def _fail(message: str, status: int, error: BaseException) -> None:

@@ -18,6 +18,7 @@ from ml_collections import config_dict
 from jrope.data.files import resolved
 from jrope.errors import CheckpointError
 
+DIGESTS_ITEM = "digests"  # beside each checkpoint's state (jrope.train.checkpoints)
 # Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
 RETIRED_KEYS = {"eval": ("max_hours",), "data": ("seq_len", "head_dim", "theta")}
 
@@ -39,10 +40,24 @@ def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
     try:
         saved = json.loads((checkpoint / "config" / "metadata").read_bytes())
     except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
-        raise CheckpointError(
-            f"{checkpoint}'s config is unreadable ({error}); move it aside."
-        ) from None
+        raise damaged(checkpoint, f"has a config that cannot be read ({error})") from None
     return without_retired_keys(saved)
+
+
+def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
+    """The refusal of `checkpoint` (`<workdir>/checkpoints/<step>`), naming the latest earlier one
+    with digests (checked when it restores) and the `mv` that sets the later ones aside."""
+    folder, step = checkpoint.parent, int(checkpoint.name)
+    finished = sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
+    earlier = [s for s in finished if s < step and (folder / str(s) / DIGESTS_ITEM).exists()]
+    later = [folder / str(s) for s in finished if earlier and earlier[-1] < s <= step]
+    aside = folder.parent / "damaged_checkpoints"
+    resume = (
+        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
+        if earlier
+        else "start again in another --workdir"
+    )
+    return CheckpointError(f"Checkpoint {checkpoint} {problem}; {resume}.")
 
 
 def saved_config_path(workdir: str) -> epath.Path:

@@ -343,5 +343,11 @@ def test_eval_reads_a_garbled_saved_config_as_a_damaged_checkpoint(tmp_path):
     saved = tmp_path / "checkpoints" / "8" / "config" / "metadata"
     saved.parent.mkdir(parents=True)
     saved.write_bytes(RANDOM_BYTES)
-    with pytest.raises(CheckpointError, match=r"8's config is unreadable .*; move it aside"):
+    (tmp_path / "checkpoints" / "4" / DIGESTS_ITEM).mkdir(parents=True)  # an earlier, checked one
+    with pytest.raises(CheckpointError) as refused:
         saved_run_config.get_config(str(tmp_path))
+    aside = tmp_path / "damaged_checkpoints"
+    assert str(refused.value).startswith(f"Checkpoint {saved.parent.parent} has a config that ")
+    assert str(refused.value).endswith(
+        f"; resume from step 4: mkdir -p {aside} && mv {saved.parent.parent} {aside}/."
+    )

@@ -144,11 +144,17 @@ async def read_array():
     finally:  # as a read orbax abandoned after a failed one raises when collected
         raise ValueError("Encountered error while reading array index")
 
+class Abandoned:
+    def __del__(self):
+        raise RuntimeError("Event loop is closed")
+
 def main(argv):
     main.pending = read_array()
     main.pending.send(None)  # alive until the interpreter's shutdown
-    # What tensorstore's threads print (PyErr_Print) for the reads orbax abandoned.
+    # What tensorstore's threads print (PyErr_Print, or as unraisable) for the reads orbax
+    # abandoned.
     ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('Event loop is closed')")
+    Abandoned()
     if os.environ.get("A_BUG"):
         raise ZeroDivisionError("a bug")
     raise CheckpointError("Checkpoint 2 cannot be read.")

@@ -201,13 +201,14 @@ def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, 
 
 
 def evaluate_and_report(
-    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str
+    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str, log
 ) -> tuple[list[Row], epath.Path]:
     """Evaluate the model of `step` at every length, showing progress; write and show the results.
 
     Returns this evaluation's rows and the folder `eval_step<step>` holding them merged with its
     earlier rows. checkpoint: where the model is (named where a loss is NaN or infinite:
-    NonFiniteError, nothing written).
+    NonFiniteError, nothing written). log(rows) writes them to the run's logs before the CSV
+    that marks the result whole, so that a kill in between leaves the evaluation to redo.
     """
     cfg, task = run.cfg, run.source.task
     lengths = ", ".join(str(length) for length in cfg.eval.lengths)
@@ -221,6 +222,7 @@ def evaluate_and_report(
     check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
+    log(rows)
     if jax.process_index() == 0:
         write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
@@ -279,8 +281,15 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
         checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
         eval_step = EvalStep(run)
         compile_lengths(eval_step, state["params"], run)
-        rows, _ = evaluate_and_report(eval_step, state["params"], run, workdir, step, checkpoint)
-        log_evaluation(workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard)
+
+        def log(rows):
+            log_evaluation(
+                workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard
+            )
+
+        rows, _ = evaluate_and_report(
+            eval_step, state["params"], run, workdir, step, checkpoint, log
+        )
     return rows
 
 

