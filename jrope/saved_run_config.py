@@ -9,6 +9,7 @@ starts before a multi-process run's processes have found each other.
 
 from __future__ import annotations
 
+import fcntl
 import json
 from typing import Any
 
@@ -16,7 +17,7 @@ from etils import epath
 from ml_collections import config_dict
 
 from jrope.data.files import resolved
-from jrope.errors import CheckpointError
+from jrope.errors import CheckpointError, WorkdirBusy
 
 DIGESTS_ITEM = "digests"  # beside each checkpoint's state (jrope.train.checkpoints)
 # Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
@@ -68,21 +69,28 @@ def saved_config_path(workdir: str) -> epath.Path:
     for step in sorted(steps, reverse=True):
         if (path := folder / str(step) / "config" / "metadata").exists():
             return path
-    raise CheckpointError(no_checkpoint_message(workdir))
+    raise no_checkpoint(workdir)
 
 
-def no_checkpoint_message(workdir: str) -> str:
+def no_checkpoint(workdir: str) -> CheckpointError | WorkdirBusy:
+    """The refusal of `workdir` without a finished checkpoint: WorkdirBusy while a training holds
+    its lock (an evaluation waits for the training to end), else CheckpointError."""
     path = resolved(workdir)
     if path.exists() and not path.is_dir():
-        return f"--workdir {path} is a file, not a run's folder."
+        return CheckpointError(f"--workdir {path} is a file, not a run's folder.")
     lock = path / "run.lock"  # its holder's line (jrope.train.checkpoints.WorkdirLock)
     holder = lock.read_bytes().decode(errors="replace").strip() if lock.is_file() else ""
-    if holder.startswith("training"):
-        return (
-            f"--workdir {path} holds no finished checkpoint: the training there ({holder}) has "
-            "saved none yet; wait for its first save (checkpoint.every_steps)."
-        )
-    return f"--workdir {path} holds no finished checkpoint; point it at a trained run."
+    if not holder.startswith("training"):
+        return CheckpointError(f"--workdir {path} holds no finished checkpoint; point it at a "
+                               "trained run.")  # fmt: skip
+    with lock.open("rb") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return WorkdirBusy(f"{lock} is held ({holder}), which has saved no checkpoint yet: "
+                               "wait for it to end, or use another --workdir.")  # fmt: skip
+    return CheckpointError(f"--workdir {path} holds no finished checkpoint: the training there "
+                           f"({holder}) ended before its first save; train it again.")  # fmt: skip
 
 
 def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:

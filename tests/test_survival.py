@@ -20,6 +20,8 @@ from helpers.train_process import (
     subprocess_env,
 )
 
+from jrope import results
+from jrope.errors import UsageError
 from jrope.train import evaluation
 from jrope.train.trainer import train_and_evaluate
 
@@ -82,3 +84,57 @@ def test_sample_refuses_a_temperature_that_is_no_number_at_or_above_zero(tmp_pat
     assert refused.returncode == 2
     assert refused.stderr.endswith(": --temperature must be >= 0; see --help.\n")
     assert len(refused.stderr.splitlines()) == 1
+
+
+# 6 and 15. eval.py at more lengths, and at another evaluation seed.
+
+
+def _scores(row):
+    return row["length"], row["num_sequences"], row["eval_seed"], row["loss"], row["accuracy"]
+
+
+def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(tmp_path, capsys):
+    settings = {"mesh.data": -1, "eval.lengths": (8,)}
+    train_and_evaluate(tiny_config(**settings), str(tmp_path))
+    trained = evaluation.read_results(evaluation.results_dir(str(tmp_path), 2))
+    assert [row["eval_seed"] for row in trained] == [tiny_config().eval.seed]
+    capsys.readouterr()
+    more = tiny_config(**settings | {"eval.lengths": (8, 16)})
+    rows = evaluation.evaluate_checkpoint(more, str(tmp_path))
+    assert "Evaluating step 2 at lengths 16 (" in capsys.readouterr().out
+    assert [_scores(row) for row in rows[:1]] == [_scores(row) for row in trained]
+    assert [row["length"] for row in rows] == [8, 16]
+    again = evaluation.evaluate_checkpoint(more, str(tmp_path))  # nothing to evaluate
+    assert [_scores(row) for row in again] == [_scores(row) for row in rows]
+    assert "holds every length asked; move it aside" in capsys.readouterr().out
+    assert _eval_records(tmp_path) == ["eval_8", "eval_16"]
+
+    other_seed = tiny_config(**settings | {"eval.seed": 5})
+    out_dir = evaluation.results_dir(str(tmp_path), 2)
+    with pytest.raises(UsageError) as refused:
+        evaluation.evaluate_checkpoint(other_seed, str(tmp_path))
+    assert str(refused.value) == (
+        f"eval.seed = 5, but {out_dir}/eval.csv holds rows of eval.seed 0 (other sequences); "
+        f"evaluate with --config.eval.seed=0, or set those rows aside first: mv {out_dir} "
+        f"{out_dir}.eval_seed0"
+    )
+    assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
+
+
+def test_a_table_written_before_the_eval_seed_column_reads_and_is_added_to(tmp_path):
+    row = {
+        "method": "rope",
+        "seed": 0,
+        "step": 8,
+        "length": 8,
+        "distance": None,
+        "num_sequences": 8,
+        **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
+        "compute_dtype": "float32",
+    }
+    out_dir = tmp_path / "eval_step8"
+    results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS[:-1])
+    earlier = evaluation.read_results(out_dir)
+    assert earlier == [row | {"eval_seed": None}]
+    cfg = tiny_config(**{"eval.lengths": (8, 16), "eval.num_sequences": 8, "eval.seed": 5})
+    assert evaluation.lengths_to_evaluate(cfg, earlier, out_dir) == (16,)

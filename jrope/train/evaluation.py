@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -41,11 +42,11 @@ Row = dict[str, Any]
 
 
 # What a result row is of (distance: empty for the source's own evaluation sequences), what it
-# measures (NaN where the task has no such metric), and the model's compute dtype (last: a CSV
-# written before it was added reads with None).
+# measures (NaN where the task has no such metric), the model's compute dtype and the seed of the
+# evaluation sequences (eval.seed; last: a CSV written before they were added reads with None).
 KEY_COLUMNS = ("method", "seed", "step", "length", "distance", "num_sequences")
 METRIC_COLUMNS = ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled")
-CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype",)
+CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype", "eval_seed")
 # The columns of each task's markdown table, after the length: headline metric first.
 TASK_COLUMNS = {
     "language_model": ("loss", "bits_per_byte"),
@@ -188,7 +189,7 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
     keys = (cfg.pe.name, cfg.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
     row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
-    return row | {"compute_dtype": cfg.model.compute_dtype}
+    return row | {"compute_dtype": cfg.model.compute_dtype, "eval_seed": seed}
 
 
 def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
@@ -261,8 +262,9 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[Row]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
-    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
+    """Evaluate the checkpoint `step` (default: latest) of `workdir` at the lengths of eval.lengths
+    that `eval_step<step>/` lacks (lengths_to_evaluate); returns the rows of every length asked.
+    The new rows join that folder by length and the run's metrics.jsonl (and TensorBoard) at `step`.
 
     Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
     runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
@@ -270,27 +272,58 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     """
     source = checks.check_run(cfg, workdir, evaluation=True)
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
+    asked, new = cfg.eval.lengths, []
     with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, source=source)
         checkpointer = checkpoints.Checkpointer.for_run(cfg, workdir)
-        step = checkpointer.latest_step() if step is None else step
         with contextlib.closing(checkpointer):
-            state = checkpoints.restore_compatible(
-                cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
-            )
-        checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
-        eval_step = EvalStep(run)
-        compile_lengths(eval_step, state["params"], run)
+            step = checkpointer.latest_step() if step is None else step
+            out_dir = results_dir(workdir, step)
+            earlier = readable_results(out_dir) or []
+            if missing := lengths_to_evaluate(cfg, earlier, out_dir):
+                cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, lengths=missing))
+                run = setup.set_up_run(cfg, source=source)
+                state = checkpoints.restore_compatible(
+                    cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
+                )
+        if missing:
+            checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
+            eval_step = EvalStep(run)
+            compile_lengths(eval_step, state["params"], run)
 
-        def log(rows):
-            log_evaluation(
-                workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard
-            )
+            def log(rows):
+                logged = logged_scalars(rows, source.task)
+                log_evaluation(workdir, step, logged, cfg.log.tensorboard)
 
-        rows, _ = evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, checkpoint, log
+            new, _ = evaluate_and_report(
+                eval_step, state["params"], run, workdir, step, checkpoint, log
+            )
+        else:
+            say(
+                f"{out_dir / RESULTS_CSV} holds every length asked; move it aside to evaluate again."
+            )
+            show_results(earlier, out_dir, task=source.task)
+    kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
+    return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
+
+
+def lengths_to_evaluate(cfg: TrainConfig, earlier: Sequence[Row], out_dir: epath.Path) -> tuple:
+    """The lengths of eval.lengths without a row in `earlier` (the rows in `out_dir`) of the same
+    sequences (eval.num_sequences) and compute dtype. UsageError where `earlier` holds rows of
+    another eval.seed: their sequences are others, which one table does not mix."""
+    if seeds := sorted({row["eval_seed"] for row in earlier} - {None, cfg.eval.seed}):
+        raise UsageError(
+            f"eval.seed = {cfg.eval.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
+            f"{seeds[0]} (other sequences); evaluate with --config.eval.seed={seeds[0]}, or set "
+            f"those rows aside first: mv {out_dir} {out_dir}.eval_seed{seeds[0]}"
         )
-    return rows
+    done = {
+        row["length"]
+        for row in earlier
+        if row["distance"] is None
+        and row["num_sequences"] == cfg.eval.num_sequences
+        and row["compute_dtype"] in (None, cfg.model.compute_dtype)
+    }
+    return tuple(length for length in cfg.eval.lengths if length not in done)
 
 
 def log_evaluation(
@@ -357,6 +390,7 @@ def read_results(out_dir: epath.PathLike) -> list[Row]:
             row[key] = int(row[key])
         row["distance"] = int(row["distance"]) if row["distance"] else None
         row["compute_dtype"] = row.get("compute_dtype") or None
+        row["eval_seed"] = int(row["eval_seed"]) if row.get("eval_seed") else None
         for key in METRIC_COLUMNS:
             row[key] = float(row[key])
     return rows
