@@ -29,11 +29,15 @@ def define_run_flags(config: str | None = None) -> None:
     """--config (an experiment's name or file; `config` by default), --workdir, and the flags of a
     multi-process run. A key --config.<key>=<value> sets that the config lacks reaches the run's
     config, which names it (jrope.train.config)."""
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file(
-        "config", config, "Experiment: name or file.", lock_config=False, accept_new_attributes=True
-    )
+    about = f"Experiment: a config file, or one of {', '.join(commands.config_names())}."
+    try:
+        from ml_collections import config_flags
+    except ModuleNotFoundError as missing:  # no 'train' extra: --help answers, a run names it
+        flags.DEFINE(_MissingExtra(missing), "config", config, about)
+    else:
+        config_flags.DEFINE_config_file(
+            "config", config, about, lock_config=False, accept_new_attributes=True
+        )
     flags.DEFINE_string("workdir", None, "The run's directory: checkpoints, logs and results.")
     flags.mark_flags_as_required(["workdir"] + (["config"] if config is None else []))
     flags.DEFINE_bool("multiprocess", False, "Start JAX's distributed runtime (cluster detected).")
@@ -45,6 +49,16 @@ def define_run_flags(config: str | None = None) -> None:
         lambda v: None in v.values() or v["process_id"] < v["num_processes"],
         "--process_id must be below --num_processes",
     )
+
+
+class _MissingExtra(flags.ArgumentParser):
+    """A flag's parser without its package: any value given raises the ModuleNotFoundError."""
+
+    def __init__(self, missing: ModuleNotFoundError):
+        self.missing = missing
+
+    def parse(self, argument):
+        raise self.missing
 
 
 def start_processes() -> None:
@@ -130,7 +144,10 @@ def exit_status(error: BaseException) -> tuple[int, str] | None:
             where = f" writing {error.filename}" if error.filename else ""
             return 7, f"Storage failure{where}: {error.strerror}; free space and run it again."
         if isinstance(error, ModuleNotFoundError) and "jrope" not in str(error.name):
-            return 2, f"No {error.name}: install the 'train' extra (pip install 'jrope[train]')."
+            return (
+                2,
+                f"No {error.name}: install the 'train' extra: {commands.install_command('train')}.",
+            )
         error = error.__cause__
     return None
 

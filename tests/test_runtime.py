@@ -192,8 +192,15 @@ def test_a_command_without_its_extra_says_which_to_install(command):
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "No ml_collections: install the 'train' extra (pip install 'jrope[train]').\n"
+        "No ml_collections: install the 'train' extra: pip install \".[train]\" in a clone, or "
+        "the wheel with [train].\n"
     )
+    # --help answers all the same, with the run's flags and the experiments' names.
+    helped = subprocess.run(
+        [sys.executable, "-c", code, "--help"], env=env, capture_output=True, text=True
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "--workdir" in helped.stdout and "quickstart, retrieval" in helped.stdout
 
 
 _GC_SIGINT = """

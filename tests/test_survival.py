@@ -20,8 +20,10 @@ from helpers.train_process import (
     subprocess_env,
 )
 
+import configs.kernel_probe
 from jrope import results
 from jrope.errors import UsageError
+from jrope.experiments import kernel_probe
 from jrope.train import evaluation
 from jrope.train.trainer import train_and_evaluate
 
@@ -138,3 +140,14 @@ def test_a_table_written_before_the_eval_seed_column_reads_and_is_added_to(tmp_p
     assert earlier == [row | {"eval_seed": None}]
     cfg = tiny_config(**{"eval.lengths": (8, 16), "eval.num_sequences": 8, "eval.seed": 5})
     assert evaluation.lengths_to_evaluate(cfg, earlier, out_dir) == (16,)
+
+
+# 7. A probe config on a run's workdir.
+
+
+@pytest.mark.parametrize("entry", ["checkpoints", "starts.jsonl", "comparison.csv"])
+def test_a_probe_refuses_the_workdir_of_a_run(tmp_path, entry):
+    (tmp_path / entry).mkdir() if entry == "checkpoints" else (tmp_path / entry).write_text("{}\n")
+    with pytest.raises(UsageError, match=rf"holds a run \({entry}\): a probe writes its tables"):
+        kernel_probe.run(configs.kernel_probe.get_config(), str(tmp_path))
+    assert os.listdir(tmp_path) == [entry]

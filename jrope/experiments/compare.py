@@ -275,13 +275,6 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
     )
 
 
-def define_flags(argv: list[str]) -> None:
-    """The command's flags: those of a run (command_line.define_run_flags), methods and seeds."""
-    command_line.define_run_flags()
-    flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
-    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
-
-
 def main(argv: list[str]) -> None:
     methods, seeds = comparison_axes(flags.FLAGS.methods, flags.FLAGS.seeds)
     command_line.start_processes()  # before anything starts a JAX backend
