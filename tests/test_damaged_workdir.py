@@ -181,6 +181,7 @@ def test_a_readable_result_table_is_read_as_it_is(tmp_path):
         "num_sequences": 8,
         **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
         "compute_dtype": "float32",
+        "eval_seed": 0,
     }
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS)
