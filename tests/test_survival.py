@@ -22,7 +22,7 @@ from helpers.train_process import (
 
 import configs.kernel_probe
 from jrope import results
-from jrope.errors import UsageError
+from jrope.errors import CheckpointError, UsageError
 from jrope.experiments import kernel_probe
 from jrope.train import evaluation
 from jrope.train.trainer import train_and_evaluate
@@ -121,6 +121,10 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
         f"{out_dir}.eval_seed0"
     )
     assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
+    for data in (tmp_path / "checkpoints" / "2" / "state" / "d").iterdir():
+        data.write_bytes(data.read_bytes()[:10])
+    with pytest.raises(CheckpointError, match="cannot be read"):  # restored, with nothing to do
+        evaluation.evaluate_checkpoint(more, str(tmp_path))
 
 
 def test_a_table_written_before_the_eval_seed_column_reads_and_is_added_to(tmp_path):

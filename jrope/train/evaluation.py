@@ -281,11 +281,16 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             earlier = readable_results(out_dir) or []
             if missing := lengths_to_evaluate(cfg, earlier, out_dir):
                 cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, lengths=missing))
-                run = setup.set_up_run(cfg, source=source)
-                state = checkpoints.restore_compatible(
-                    cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
-                )
-        if missing:
+            run = setup.set_up_run(cfg, source=source)
+            state = checkpoints.restore_compatible(  # checked, also with nothing to evaluate
+                cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
+            )
+        if not missing:
+            say(
+                f"{out_dir / RESULTS_CSV} holds every length asked; move it aside to evaluate again."
+            )
+            show_results(earlier, out_dir, task=source.task)
+        else:
             checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
             eval_step = EvalStep(run)
             compile_lengths(eval_step, state["params"], run)
@@ -297,11 +302,6 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             new, _ = evaluate_and_report(
                 eval_step, state["params"], run, workdir, step, checkpoint, log
             )
-        else:
-            say(
-                f"{out_dir / RESULTS_CSV} holds every length asked; move it aside to evaluate again."
-            )
-            show_results(earlier, out_dir, task=source.task)
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
