@@ -1,6 +1,7 @@
 """MusicNet audio LM: byte-level language modelling of quantised log-mel frames (the paper's v2).
 
-v2's positive case for scaled-exact Jordan-RoPE of order three. Each WAV
+The paper's v2 presents this as its positive case for scaled-exact Jordan-RoPE
+of order three (copied from the paper; not measured here). Each WAV
 becomes the byte 0 and then its 32-band log-mel frames (mono 16 kHz, the
 first 10 s, hop 512, dB clipped to [-80, 0] and quantised to 0..255, one
 byte per band; jrope/data/audio.py), a language model predicts the next
@@ -36,7 +37,9 @@ CPU runs it too, slowly.
 
 Expected result: not measured with this code (MusicNet was not reachable
 where jrope was developed). The paper reports scaled-exact order three
-(jordan_exact_m3_c010_eta100_eta1) ahead of RoPE and the other orders here.
+(jordan_exact_m3_c010_eta100_eta1) ahead of RoPE and the other orders here
+(the paper's claim, copied; that it comes from this setting is read from the
+reference's audio_lm_medium_musicnet.yaml: docs/reference.md, section 5).
 """
 
 from configs import wikitext_scaled_exact

@@ -13,13 +13,14 @@ Writes runs/kernel_probe/kernel_probe.{csv,md} and kernel_probe_mixed_T8192.png.
 
 Hardware: any CPU; a few seconds.
 
-Expected result (the paper): on the mixed target (d/L) cos(w d) the exact/raw
-Jordan basis (jordan_raw_tau) has the lowest error at every context, clearly
-below rope, alibi and direct_sum; rope is exact on the phase target; the
-ALiBi-type bases are exact on the linear target.
+Expected result: the paper reports (copied) that on the mixed target
+(d/L) cos(w d) the exact/raw Jordan basis (jordan_raw_tau) has the lowest
+error at every context, clearly below rope, alibi and direct_sum. That rope
+is exact on the phase target and the ALiBi-type bases on the linear one
+follows from their features (inferred here).
 
-Measured (this config, the command above, 2-core CPU, 4 s, 2026-12-04; MSE,
-full table in docs/results.md, section 1):
+Measured (this config, the command above, 4 s on a 2-core CPU, 2026-12-04; the same
+digits on 2026-12-06 on another CPU model; MSE, full table in docs/results.md, section 1):
 
     target  method               train (L)  T=2048   T=8192
     mixed   jordan_raw_tau       3.0e-05    0.028    2.04    lowest at 4096 and 8192 of all 13;

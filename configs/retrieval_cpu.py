@@ -10,10 +10,11 @@ Command:
     python -m jrope.compare --config=configs/retrieval_cpu.py \
         --methods=rope,rope_alibi,jordan_rope,jordan_raw_tau --seeds=0 --workdir=runs/retrieval_cpu
 
-Hardware: a 2-core CPU; 8 to 15 minutes a run on the shared development machine.
+Hardware: a 2-core CPU; 3.0 to 4.9 minutes a run (the kept runs' logs, a 2-core AMD EPYC
+development machine beside other work).
 
-Measured (seed 0, 2026-12-03; rope_alibi rerun on 2026-12-04 gave its rows
-exactly; docs/results.md, section 6): none of rope, rope_alibi, jordan_rope,
+Measured (seed 0, 2026-12-05 at jrope 4283dc2, runs kept in docs/runs/retrieval_cpu;
+docs/results.md, section 6): none of rope, rope_alibi, jordan_rope,
 jordan_raw_tau learns the retrieval in 3000 steps;
 each stays near the plateau of picking one of the 4 values present (accuracy
 0.117 to 0.391 at every length), so this scale does not order the encodings.

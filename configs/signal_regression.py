@@ -22,9 +22,10 @@ jordan_raw_tau, and its kernels seasonal_trend and damped_wave):
         --methods=nope,rope,alibi,rope_alibi,damped_rope,direct_sum,jordan_rope,jordan_raw_tau \
         --seeds=0,1,2 --workdir=runs/signal/damped_wave
 
-Hardware: a CPU runs it (a run with its evaluation took 2 to 7 minutes on
-the shared 2-core development machine on 2026-12-04); evaluation at 4096 and
-8192 runs blockwise.
+Hardware: a CPU runs it (a run with its evaluation took 1.0 to 1.6 minutes
+on seasonal_trend and 1.8 to 3.8 on damped_wave: the kept runs' logs, a
+2-core AMD EPYC development machine beside other work, 2026-12-04);
+evaluation at 4096 and 8192 runs blockwise.
 
 Expected result: the structured probe's ordering (docs/results.md,
 section 4): the Jordan encodings, which carry the features

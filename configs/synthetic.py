@@ -17,8 +17,9 @@ jordan_rope, jordan_no_gamma and jordan_raw_tau, on seeds 0, 1, 2):
 Hardware: one GPU or TPU host (any device count: the batch of 24 is split
 over the `data` axis, so use 1, 2, 3, 4, 6, 8, 12 or 24 devices, or fix
 --config.mesh.data and set --config.mesh.tensor=-1 for the rest).
-Evaluation reaches length 8192. On a 2-core CPU a run takes about 15 minutes of training
-and 2 of evaluation (256 sequences per length).
+Evaluation reaches length 8192. On a 2-core CPU a run trained in 14 to 16 minutes (one,
+slowed by other work, in 23) and evaluated in about 2 (256 sequences per length; the kept
+runs' logs, a 2-core AMD EPYC development machine).
 
 Expected result: the paper reports accuracies at length 8192 of 0.906 for
 jordan_rope, 0.781 for rope and 0.500 for direct_sum (copied from the paper;

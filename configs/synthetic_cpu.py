@@ -20,7 +20,8 @@ jordan_raw_tau, jordan_exact_scaled, rope_alibi for the paper's other three):
         --methods=rope,direct_sum,jordan_rope
 
 Hardware: a 2-core CPU; a 1200-step run with its evaluation on 256
-sequences per length takes 6 to 23 minutes depending on the machine's load.
+sequences per length took 3.5 to 3.8 minutes (the kept runs' logs, a 2-core
+AMD EPYC development machine beside other work).
 
 Measured result (the comparison command above, 2026-12-05, at jrope 4283dc2, runs
 kept in docs/runs/synthetic_cpu; accuracy at

@@ -18,16 +18,17 @@ Command (one run; docs/results.md, section 3, has the comparison over seeds):
     python train.py --config=configs/wikitext_cpu.py \
         --config.pe.name=jordan_exact_scaled --workdir=runs/wikitext_cpu_one
 
-Hardware: a 2-core CPU; jordan_exact_scaled seed 0 with its evaluation took 51 s
-with nothing else running on 2026-12-04.
+Hardware: a 2-core CPU; a run with its evaluation took 0.8 to 1.6 minutes (the kept
+runs' logs, a 2-core AMD EPYC development machine beside other work).
 
 Measured result (docs/results.md, section 3; 2026-12-04/05 at jrope 4283dc2, seeds
 0-2, runs kept in docs/runs/wikitext_cpu): on WikiText-2's
 word-level validation text (training) and test text (evaluation) through
---config.data.source=text, scaled-exact Jordan-RoPE and RoPE+ALiBi keep a
-nearly flat loss out to 8x the training length (test loss at 2048: 2.164 and
-2.188 nats/byte, means over seeds) while RoPE (2.367), damped RoPE (2.380),
-the direct sum (2.370) and stabilized Jordan-RoPE (2.373) degrade.
+--config.data.source=text, scaled-exact Jordan-RoPE and RoPE+ALiBi lose
+least out to 8x the training length (test loss at 2048: 2.164 and 2.188
+nats/byte, means over seeds, up 0.103 and 0.142 from 256; RoPE+ALiBi's seed
+2 from 2.057 to 2.293) while RoPE (2.367), damped RoPE (2.380), the direct
+sum (2.370) and stabilized Jordan-RoPE (2.373) degrade more.
 """
 
 from configs import wikitext_scaled_exact

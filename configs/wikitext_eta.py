@@ -11,8 +11,9 @@ config that runs these two names on WikiText: WikiText-103 (raw, bytes),
 d_model 384, 6 heads, 6 layers, MLP 4x, L = 1024, batch 4, 1000 steps, lr
 3e-4, weight decay 0.1, evaluation at 1024 .. 8192 on 16 windows of one
 sequence per length, seeds 0, 1, 2, with jordan_rope (eta 0) beside the two
-(the reference has no WikiText config with jordan_exact_scaled; the paper
-compares against it). This is configs/wikitext_scaled_exact.py with the
+(the reference has no WikiText config with jordan_exact_scaled, so the runs
+behind the paper's comparison with it are an inference: docs/reference.md,
+section 5). This is configs/wikitext_scaled_exact.py with the
 encoding and the window count changed.
 
 Commands (one method and seed per run, on one GPU or TPU host), or the whole

@@ -522,8 +522,7 @@ def make_encoding(
       k and ask for full-precision attention dots (Encoding.keeps_float32).
 
     Raises:
-      ValueError: when the block size does not divide head_dim (2m for an
-        order-m Jordan head, 2 for RoPE, 8 for the direct sum).
+      ValueError: when cfg.head_block does not divide head_dim.
     """
     if not isinstance(cfg, PEConfig):
         raise TypeError(
@@ -533,18 +532,17 @@ def make_encoding(
     for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if head_dim % cfg.head_block:
+        raise ValueError(
+            f"{cfg.name}: head_dim {head_dim} is not divisible by {cfg.head_block} "
+            f"(PEConfig.head_block); choose d_model / num_heads as a multiple of {cfg.head_block}"
+        )
     if cfg.layout == "none":
         segments = ()
-    elif cfg.layout == "rope":
-        _check_divides(cfg, head_dim, 2, "RoPE rotates (re, im) pairs")
-        segments = (JordanSegment(0, head_dim, 1, num_heads, cfg),)
-    elif cfg.layout == "jordan":
-        why = f"an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims"
-        _check_divides(cfg, head_dim, 2 * cfg.order, why)
-        segments = (JordanSegment(0, head_dim, cfg.order, num_heads, cfg),)
+    elif cfg.layout in ("rope", "jordan"):
+        order = 1 if cfg.layout == "rope" else cfg.order
+        segments = (JordanSegment(0, head_dim, order, num_heads, cfg),)
     else:
-        why = "the direct sum splits the head into a RoPE half and an order-2 real Jordan half "
-        _check_divides(cfg, head_dim, 8, why + "of 4-dim blocks")
         half = head_dim // 2
         rope = dataclasses.replace(cfg, layout="rope", learn_gamma=False, shear="none")
         real_jordan = dataclasses.replace(cfg, layout="jordan", order=2, rotate=False)
@@ -557,14 +555,6 @@ def make_encoding(
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}")
     return Encoding(cfg, num_heads, head_dim, segments, max_length)
-
-
-def _check_divides(cfg: PEConfig, head_dim: int, block: int, why: str) -> None:
-    if head_dim % block:
-        raise ValueError(
-            f"{cfg.name}: head_dim {head_dim} is not divisible by {block} ({why}); "
-            f"choose d_model / num_heads as a multiple of {block}"
-        )
 
 
 def attention_logits(

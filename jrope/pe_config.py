@@ -11,15 +11,13 @@ suffixes override them).
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import re
-import typing
 from typing import Literal
 
 from absl import logging
 
 from jrope import pe_math
+from jrope.fields import PARAMETERS, Declared, did_you_mean, problems, setting
 
 Layout = Literal["none", "rope", "jordan", "direct_sum"]
 Shear = Literal["none", "eta", "jet"]
@@ -52,6 +50,10 @@ accepted position-encoding names:
   an _eta{xyz} above eta_max is clamped to eta_max, as the reference code does
 kernel-probe baselines (features only, no encoding; the probe configs accept them):
   rope_matched_m{m} | direct_sum_poly_m{m} | jordan_scaled_m{m}[_c{100c}]"""
+
+# The names of ACCEPTED_NAMES without a pattern, for a misspelt name's nearest.
+_PLAIN_NAMES = [name.strip() for line in ACCEPTED_NAMES.splitlines() for name in line.split(" | ")
+                if re.fullmatch(r"\s*\w+", name)]  # fmt: skip
 
 # One name of every family of ACCEPTED_NAMES: the conformance tests run each through every
 # attention kernel, against the float64 oracle or refused by name (tests/test_conformance.py).
@@ -144,7 +146,7 @@ def _name_eta(name: str, init_eta: float, eta_max: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class PEConfig:
+class PEConfig(Declared):
     """A positional encoding, fully specified.
 
     Attributes:
@@ -170,54 +172,36 @@ class PEConfig:
       learn_temperature: a learned logit temperature per head: queries times e^{t_h}, t_h from 0.
     """
 
-    name: str
+    section = "pe"
+
+    name: str = setting(defines=PARAMETERS)
     layout: Layout
-    train_context: int
-    theta: float = 10000.0
-    order: int = 2
+    train_context: int = setting(ge=1, defines=PARAMETERS)
+    theta: float = setting(10000.0, gt=1.0, defines=PARAMETERS)
+    order: int = setting(2, ge=1)
     rotate: bool = True
     learn_gamma: bool = False
-    gamma_min: float = 1e-4
-    init_gamma: float = 1e-4
+    gamma_min: float = setting(1e-4, defines=PARAMETERS)
+    init_gamma: float = setting(1e-4, defines=PARAMETERS)
     shear: Shear = "none"
     shear_time: ShearTime = "bounded"
-    shear_scale: float = 1.0
-    eta_max: float = 0.1
-    init_eta: float = 0.0
+    shear_scale: float = setting(1.0, gt=0.0)
+    eta_max: float = setting(0.1, gt=0.0, defines=PARAMETERS)
+    init_eta: float = setting(0.0, defines=PARAMETERS)
     jet_gates: tuple[float, ...] = ()
     jet_base: float | None = None
-    jet_gate_max: float = 1.0
+    jet_gate_max: float = setting(1.0, gt=0.0)
     alibi: bool = False
     learn_temperature: bool = False
 
     def __post_init__(self):
+        super().__post_init__()  # each field against its declaration; below, the variant's rules
+
         def fail(msg):
             raise ValueError(f"PEConfig {self.name!r}: {msg}")
 
-        for field, choices in (("layout", Layout), ("shear", Shear), ("shear_time", ShearTime)):
-            value = getattr(self, field)
-            if value not in typing.get_args(choices):
-                fail(f"{field} must be one of {', '.join(typing.get_args(choices))}, got {value!r}")
-        fields = [(f.name, f.type) for f in dataclasses.fields(self) if f.type in ("int", "float")]
-        fields += [("jet_gates", "float")] * len(self.jet_gates)
-        gates = iter(self.jet_gates)
-        for key, kind in fields:
-            value = next(gates) if key == "jet_gates" else getattr(self, key)
-            allowed = numbers.Integral if kind == "int" else numbers.Real
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, allowed)
-                or not math.isfinite(value)
-            ):
-                fail(f"{key} must be a finite {kind}, got {value!r}")
-        if self.train_context <= 0:
-            fail(f"train_context must be a positive length, got {self.train_context}")
-        if self.theta <= 1.0:
-            fail(f"theta must be > 1, got {self.theta}")
-        if self.order < 1 or (self.layout == "jordan" and self.order < 2):
-            fail(f"a {self.layout} layout needs order m >= {2 if self.layout == 'jordan' else 1}")
-        if self.shear_scale <= 0 or self.eta_max <= 0 or self.jet_gate_max <= 0:
-            fail("shear_scale, eta_max and jet_gate_max must be positive")
+        if self.layout == "jordan" and self.order < 2:
+            fail("a jordan layout needs order m >= 2")
         if self.learn_gamma and not 0 <= self.gamma_min <= self.init_gamma:
             fail(
                 f"need 0 <= gamma_min <= init_gamma, got gamma_min={self.gamma_min}, "
@@ -242,6 +226,12 @@ class PEConfig:
                 )
         if self.jet_base is not None and self.jet_base == 0.0:
             fail("jet_base (alpha_0) must be nonzero: it is inverted in the query map")
+
+    @property
+    def head_block(self) -> int:
+        """The width that must divide a head's dimension: a RoPE pair, an order-m Jordan block's
+        2m real dims, or the direct sum's two halves of 4-dim blocks."""
+        return {"none": 1, "rope": 2, "jordan": 2 * self.order, "direct_sum": 8}[self.layout]
 
     @property
     def clock(self) -> pe_math.ShearTime | None:
@@ -364,6 +354,8 @@ def pe_config_from_name(
         train_context=train_context, theta=theta, gamma_min=gamma_min, init_gamma=init_gamma
     )
     base.update(eta_max=eta_max, init_eta=init_eta)
+    if found := problems(PEConfig, base):  # before a suffix divides by train_context
+        raise ValueError("\n".join(found))
     core, alibi = name, False
     if name == "alibi":
         core, alibi = "nope", True
@@ -385,7 +377,8 @@ def pe_config_from_name(
     try:
         settings = _parse_base(core, base)
     except ValueError as err:
+        hint = did_you_mean(name, _PLAIN_NAMES)
         raise UnknownEncodingName(
-            f"unknown position-encoding name {name!r} ({err})\n{ACCEPTED_NAMES}"
+            f"unknown position-encoding name {name!r} ({err}){hint}\n{ACCEPTED_NAMES}"
         ) from None
     return PEConfig(name=name, **{**base, **settings, "alibi": alibi})

@@ -176,6 +176,24 @@ def test_a_resume_refuses_settings_that_change_the_results_and_names_them():
     assert "seed is 0 there, 1 now" in differences("evaluate", seed=1)[0]
 
 
+def test_what_defines_the_result_is_refused_everywhere_unless_accepted_the_parameters_always():
+    saved = tiny_config().to_json_dict()
+
+    def refused(purpose, **overrides):
+        return config_differences(saved, tiny_config(**overrides).to_json_dict(), purpose=purpose)[
+            0
+        ]
+
+    kernel = {"data.kernel": "damped_mixed"}
+    for purpose in ("resume", "evaluate"):  # compare checks a finished run as a resume
+        assert refused(purpose, **kernel) == [
+            "data.kernel is 'mixed_raw' there, 'damped_mixed' now"
+        ]
+        assert refused(purpose, **kernel, **{"checkpoint.accept_changes": "data.kernel"}) == []
+        wider = {"model.num_layers": 3, "checkpoint.accept_changes": "model"}
+        assert refused(purpose, **wider) == ["model.num_layers is 2 there, 3 now"]
+
+
 # 5. A checkpoint without digests.
 
 
@@ -272,7 +290,7 @@ def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, pr
 def test_a_negative_seed_is_one_config_problem(tmp_path):
     with pytest.raises(ConfigError) as refused:
         TrainConfig.from_config_dict(tiny_config_dict(seed=-1, **{"mesh.data": -1}))
-    assert refused.value.problems == ("seed must be an integer in 0 .. 2**32 - 1, got -1.",)
+    assert refused.value.problems == ("seed must be an integer in [0, 4294967295], got -1.",)
 
 
 @pytest.mark.slow

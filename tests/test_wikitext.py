@@ -259,5 +259,5 @@ def test_reference_rows_build_the_reference_codes_stream(tmp_path):
     # Each stream has its own cache file, so switching never reads the other's bytes.
     assert file_stream.eval_corpus.tobytes() == "\n".join(FAKE_LINES["validation"]).encode()
     assert len(list((tmp_path / "cache").iterdir())) == 4
-    with pytest.raises(ValueError, match="wikitext_rows must be one of"):
+    with pytest.raises(ValueError, match="data.wikitext_rows = 'hf' is not one of"):
         TextDataConfig(**common, wikitext_rows="hf")

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 PAD = 0
 BOS = 1
@@ -59,7 +60,7 @@ _DISTANCE_STREAM = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalConfig:
+class RetrievalConfig(Declared):
     """Everything that determines the retrieval data.
 
     Attributes:
@@ -74,33 +75,20 @@ class RetrievalConfig:
         length they fit in (4 <= d < length - 2), besides the plain evaluation.
     """
 
-    seq_len: int
-    source: str = "retrieval"
-    seed: int = 0
-    num_pairs: int = 32
-    num_keys: int = 128
-    num_values: int = 128
-    eval_distances: tuple[int, ...] = ()
+    section = "data"
+
+    seq_len: int = setting(ge=1)
+    source: str = setting("retrieval", choices=("retrieval",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    num_pairs: int = setting(32, ge=1, le="num_keys", defines=RESULT)  # distinct keys
+    num_keys: int = setting(128, ge=1, defines=PARAMETERS)
+    num_values: int = setting(128, ge=1, defines=PARAMETERS)
+    eval_distances: tuple[int, ...] = setting((), ge=MIN_DISTANCE)
 
     def __post_init__(self):
-        object.__setattr__(self, "eval_distances", tuple(int(d) for d in self.eval_distances))
-        if self.source != "retrieval":
-            raise ValueError(f"source must be 'retrieval' for this task, got {self.source!r}.")
-        if min(self.num_pairs, self.num_keys, self.num_values) < 1:
-            raise ValueError(
-                "num_pairs, num_keys and num_values must be >= 1, got "
-                f"{self.num_pairs}, {self.num_keys}, {self.num_values}."
-            )
-        if self.num_pairs > self.num_keys:
-            raise ValueError(
-                f"num_pairs {self.num_pairs} exceeds num_keys {self.num_keys}: the keys of a "
-                "sequence are distinct; lower num_pairs or raise num_keys."
-            )
+        object.__setattr__(self, "eval_distances", tuple(self.eval_distances))
+        super().__post_init__()
         check_room(self.seq_len, self.num_pairs)
-        if any(d < MIN_DISTANCE for d in self.eval_distances):
-            raise ValueError(
-                f"eval_distances must be >= {MIN_DISTANCE}, got {self.eval_distances}."
-            )
 
     @property
     def vocab_size(self) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 
 from jrope.data import synthetic
 from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
 
@@ -66,7 +67,7 @@ def signal_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class SignalRegressionConfig:
+class SignalRegressionConfig(Declared):
     """Everything that determines the signal regression data.
 
     Attributes:
@@ -85,29 +86,22 @@ class SignalRegressionConfig:
       gamma: damping of damped_wave.
     """
 
-    seq_len: int
-    source: str = "signal"
-    seed: int = 0
-    kernel: str = "seasonal_trend"
-    input_channels: int = 1
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    gamma: float = 1e-4
+    section = "data"
+
+    seq_len: int = setting(ge=2)
+    source: str = setting("signal", choices=("signal",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("seasonal_trend", choices=SIGNAL_KERNELS, defines=RESULT)
+    input_channels: int = setting(1, ge=1, defines=PARAMETERS)
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    gamma: float = setting(1e-4, ge=0.0, defines=RESULT)
 
     def __post_init__(self):
-        if self.source != "signal":
-            raise ValueError(f"source must be 'signal' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}.")
-        if self.kernel not in SIGNAL_KERNELS:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}.")
-        if self.input_channels < 1:
-            raise ValueError(f"input_channels must be >= 1, got {self.input_channels}.")
+        super().__post_init__()
         synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {self.gamma}.")
 
     def kernel_values(self, lags) -> np.ndarray:
         """The normalised K(d) at integer lags >= 0 (K(0) = 0), float64."""

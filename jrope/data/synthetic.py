@@ -46,6 +46,7 @@ from typing import ClassVar
 import numpy as np
 
 from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 BIT0 = 0
 BIT1 = 1
@@ -69,7 +70,7 @@ _EVAL_STREAM = 1
 
 
 @dataclasses.dataclass(frozen=True)
-class SyntheticTaskConfig:
+class SyntheticTaskConfig(Declared):
     """Everything that determines the synthetic task's data.
 
     Attributes:
@@ -96,24 +97,26 @@ class SyntheticTaskConfig:
       carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
     """
 
-    seq_len: int
-    source: str = "synthetic"
-    seed: int = 0
-    kernel: str = "mixed_raw"
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    label_mode: str = "threshold"
-    temperature: float = 1.0 / 3.0
-    jet_power: int = 2
-    jet_decay: float = 0.1
-    damping_gamma: float = 1e-4
-    damping_sin_weight: float = 0.75
-    envelope_offset: float = 0.25
-    envelope_slope: float = 0.85
-    carrier_cos_weight: float = 0.65
-    carrier_sin_weight: float = 0.35
+    section = "data"
+
+    seq_len: int = setting(ge=2)
+    source: str = setting("synthetic", choices=("synthetic",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("mixed_raw", choices=KERNEL_NAMES, defines=RESULT)
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    label_mode: str = setting("threshold", choices=LABEL_MODES, defines=RESULT)
+    temperature: float = setting(1.0 / 3.0, gt=0.0, defines=RESULT)
+    jet_power: int = setting(2, ge=0, defines=RESULT)
+    jet_decay: float = setting(0.1, defines=RESULT)
+    damping_gamma: float = setting(1e-4, defines=RESULT)
+    damping_sin_weight: float = setting(0.75, defines=RESULT)
+    envelope_offset: float = setting(0.25, defines=RESULT)
+    envelope_slope: float = setting(0.85, defines=RESULT)
+    carrier_cos_weight: float = setting(0.65, defines=RESULT)
+    carrier_sin_weight: float = setting(0.35, defines=RESULT)
     # Keys only some kernels or label modes read (chooser, its values that read the keys, whether
     # setting them anyway is refused) -> keys: one section carries every kernel's parameters, so
     # a value the chosen kernel ignores is only warned of (keys_without_effect).
@@ -128,21 +131,8 @@ class SyntheticTaskConfig:
     }
 
     def __post_init__(self):
-        if self.source != "synthetic":
-            raise ValueError(f"source must be 'synthetic' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}.")
-        if self.kernel not in KERNEL_NAMES:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}.")
-        if self.label_mode not in LABEL_MODES:
-            raise ValueError(
-                f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
-            )
+        super().__post_init__()
         check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}.")
-        if self.jet_power < 0:
-            raise ValueError(f"jet_power must be >= 0, got {self.jet_power}.")
 
     @property
     def omega(self) -> float:

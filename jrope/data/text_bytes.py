@@ -61,6 +61,7 @@ from etils import epath
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
 from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
@@ -78,7 +79,7 @@ _CHUNK_ROWS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
-class TextDataConfig:
+class TextDataConfig(Declared):
     """Everything that determines the byte-level data.
 
     Attributes:
@@ -111,19 +112,21 @@ class TextDataConfig:
         articles.
     """
 
-    source: str = "text"
+    section = "data"
+
+    source: str = setting("text", choices=SOURCES, defines=PARAMETERS)
     path: str = ""
     eval_path: str = ""
     train_split: str = "train"
-    eval_split: str = "validation"
-    train_fraction: float = 1.0
-    vocab_size: int = 257
-    seq_len: int = 1024
-    seed: int = 0
+    eval_split: str = setting("validation", defines=RESULT)
+    train_fraction: float = setting(1.0, gt=0.0, le=1.0)
+    vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
+    seq_len: int = setting(1024, ge=1)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
     cache_dir: str = ""
     data_dir: str = ""
     manual_dir: str = ""
-    wikitext_rows: str = "file"
+    wikitext_rows: str = setting("file", choices=WIKITEXT_ROWS, defines=RESULT)
     pack: bool = False
     # Keys only some sources read: (chooser, its values that read the keys, whether setting
     # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).
@@ -136,33 +139,15 @@ class TextDataConfig:
     }
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"Unknown text source {self.source!r}; choose one of {SOURCES}.")
-        if self.source == "text" and not (self.path and self.eval_path):
+        super().__post_init__()
+        if self.source in ("text", "audio_tokens") and not (self.path and self.eval_path):
+            files = "training and evaluation text" if self.source == "text" else "train.u8, eval.u8"
             raise ValueError(
-                "source='text' needs both path (training text) and eval_path (evaluation text), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
-                "--config.data.path=train.txt --config.data.eval_path=valid.txt."
+                f"source={self.source!r} needs both path and eval_path ({files}), got "
+                f"path={self.path!r}, eval_path={self.eval_path!r}; set both, e.g. "
+                "--config.data.path=train.txt --config.data.eval_path=valid.txt (audio_tokens: "
+                "the folder python -m jrope.data.audio wrote)."
             )
-        if self.source == "audio_tokens" and not (self.path and self.eval_path):
-            raise ValueError(
-                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
-                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
-                "--config.data.eval_path=DIR."
-            )
-        if self.wikitext_rows not in WIKITEXT_ROWS:
-            raise ValueError(
-                f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."
-            )
-        if self.vocab_size not in VOCAB_SIZES:
-            raise ValueError(
-                f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."
-            )
-        if not 0.0 < self.train_fraction <= 1.0:
-            raise ValueError(f"train_fraction must lie in (0, 1], got {self.train_fraction}.")
-        if self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}.")
 
     @property
     def token_offset(self) -> int:

@@ -62,8 +62,9 @@ from etils import epath
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
 from jrope.encodings import make_encoding, unsupported_features
-from jrope.errors import UsageError
+from jrope.errors import ConfigError, UsageError
 from jrope.experiments.probe_targets import check_target, target_values
+from jrope.fields import Declared, setting
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
@@ -75,7 +76,7 @@ SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelProbeConfig:
+class KernelProbeConfig(Declared):
     """The probe's settings (the `probe` section of configs/kernel_probe*.py).
 
     Attributes:
@@ -103,57 +104,35 @@ class KernelProbeConfig:
         the normal equations, the predictions and the errors.
     """
 
-    methods: tuple[str, ...]
+    section = "probe"
+
+    methods: tuple[str, ...] = setting(nonempty=True)
     targets: tuple[str, ...]
-    seeds: tuple[int, ...]
-    train_context: int
-    train_points: int
-    eval_contexts: tuple[int, ...]
-    head_dim: int
-    num_freqs: int
-    target_freq_index: int
-    second_freq_index: int
+    seeds: tuple[int, ...] = setting(nonempty=True)
+    train_context: int = setting(ge=1)
+    train_points: int = setting(ge=1, le="train_context")
+    eval_contexts: tuple[int, ...] = setting(ge=1, nonempty=True)
+    head_dim: int = setting(ge=2)
+    num_freqs: int = setting(ge=1)
+    # The targets' frequencies must be basis frequencies.
+    target_freq_index: int = setting(ge=0, lt="num_freqs")
+    second_freq_index: int = setting(ge=0, lt="num_freqs")
     theta: float
-    gamma: float
+    gamma: float = setting(ge=0)
     drift: float
     jet_decay: float
-    ridge: float
+    ridge: float = setting(ge=0)
     plot_targets: tuple[str, ...]
-    solver_dtype: str = "float64"
+    # float32 reproduces the reference's tables.
+    solver_dtype: str = setting("float64", choices=SOLVER_DTYPES)
 
     def __post_init__(self):
-        if self.solver_dtype not in SOLVER_DTYPES:
-            raise ValueError(
-                f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
-                f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."
-            )
+        super().__post_init__()
         for target in self.targets:
             check_target(target)
         if not set(self.plot_targets) <= set(self.targets):
             raise ValueError(
                 f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
-            )
-        if not 0 < self.train_points <= self.train_context:
-            raise ValueError(
-                f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
-            )
-        for name in ("target_freq_index", "second_freq_index"):
-            if not 0 <= getattr(self, name) < self.num_freqs:
-                raise ValueError(
-                    f"probe.{name} {getattr(self, name)} must be below num_freqs {self.num_freqs}: "
-                    "the targets' frequencies must be basis frequencies."
-                )
-        if not self.methods or not self.seeds or not self.eval_contexts:
-            raise ValueError(
-                "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
-            )
-        if min(self.eval_contexts) < 1:
-            raise ValueError(
-                f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."
-            )
-        if self.gamma < 0 or self.ridge < 0:
-            raise ValueError(
-                f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
             )
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
@@ -161,20 +140,21 @@ class KernelProbeConfig:
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
-        """From the whole experiment ConfigDict: its one section, `probe`."""
-        if set(config.keys()) != {"probe"}:
-            raise ValueError(
-                f"a kernel-probe config has exactly one section, probe; got keys {sorted(config.keys())}."
-            )
-        section = dict(config["probe"])
+        """From the whole experiment ConfigDict: its one section, `probe`; ConfigError (a
+        ValueError) naming every problem."""
+        section = dict(config.get("probe", {}))
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(section) != names:
-            raise ValueError(
-                f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
+        if set(config.keys()) != {"probe"} or set(section) != names:
+            raise ConfigError([
+                f"a kernel-probe config has exactly one section, probe; got {sorted(config.keys())}, "
+                f"unknown keys {sorted(set(section) - names)}, missing {sorted(names - set(section))}."
+            ])  # fmt: skip
+        try:
+            return cls(
+                **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
             )
-        return cls(
-            **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
-        )
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
 
     @property
     def target_omega(self) -> float:
@@ -427,12 +407,11 @@ def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
 
     Returns the CSV rows. UsageError for a workdir of a training run or a comparison.
     """
-    workdir = epath.Path(workdir)
+    probe, workdir = KernelProbeConfig.from_config_dict(config), epath.Path(workdir)
     run_files = ("checkpoints", "starts.jsonl", "comparison.csv")
     if found := [name for name in run_files if (workdir / name).exists()]:
         raise UsageError(f"--workdir {workdir} holds a run ({found[0]}): a probe writes its "
                          "tables into a folder of its own; give it another --workdir.")  # fmt: skip
-    probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
     results.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
