@@ -2,11 +2,11 @@
 
 `evaluate_lengths` runs `EvalStep` over the fixed sequences of `eval.seed` per length (and
 distance), adding the task's sums (jrope.losses) over batches and processes, with progress on
-long lengths. `evaluate_and_report` merges the rows into `eval_step<step>/` (newer rows win),
-written CSV last so no folder holds half a result; a NaN loss is a failure.
-`evaluate_checkpoint` (eval.py) takes the workdir's lock: evaluations take turns, and a running
-training is refused; it adds its rows to the run's metrics.jsonl and TensorBoard at the
-checkpoint's step.
+long lengths. `evaluate_and_report` logs the rows, then merges them into `eval_step<step>/`
+(newer rows win), written CSV last so no folder holds half a result and a folder with its CSV
+has its rows logged; a NaN loss is a failure. `evaluate_checkpoint` (eval.py) takes the workdir's
+lock: evaluations take turns, and a running training is refused; it evaluates the lengths the
+step's folder lacks and logs them to the run's metrics.jsonl and TensorBoard at that step.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -285,12 +285,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             state = checkpoints.restore_compatible(  # checked, also with nothing to evaluate
                 cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
             )
-        if not missing:
-            say(
-                f"{out_dir / RESULTS_CSV} holds every length asked; move it aside to evaluate again."
-            )
-            show_results(earlier, out_dir, task=source.task)
-        else:
+        if missing:
             checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
             eval_step = EvalStep(run)
             compile_lengths(eval_step, state["params"], run)
@@ -302,6 +297,9 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             new, _ = evaluate_and_report(
                 eval_step, state["params"], run, workdir, step, checkpoint, log
             )
+        else:
+            say(f"{out_dir / RESULTS_CSV} holds every length asked (move it aside to redo them).")
+            show_results(earlier, out_dir, task=source.task)
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
