@@ -45,6 +45,7 @@ accepted position-encoding names:
   jordan_jetmix[_m{m}][_c{100c}]_g{100 g1}..._g{100 g(m-1)}
   jordan_jetmixfull[_m{m}][_c{100c}]_g{100 alpha0}_g{100 g1}..._g{100 g(m-1)}
   any name but alibi/rope_alibi may end in _alibi (adds the ALiBi bias)
+  any name may end in _softcap{cap} (logits cap * tanh(logits / cap), cap >= 1, as Gemma 2)
   e.g. jordan_exact_c150_eta010_alibi, jordan_exact_m3_c010_eta100_eta1,
        jordan_jetmix_m4_c150_g050_g030_g020, jordan_eta020, jordan_m3
   an _eta{xyz} above eta_max is clamped to eta_max, as the reference code does
@@ -75,6 +76,7 @@ FAMILY_EXAMPLES = (
     "jordan_jetmix_m3_c150_g050_g030",
     "jordan_jetmixfull_m3_c150_g100_g050_g030",
     "rope_temperature",
+    "jordan_rope_softcap3",
 )
 
 # The reference code's probe-only baselines (its causal_delta_features), with its defaults.
@@ -170,6 +172,7 @@ class PEConfig(Declared):
       jet_gate_max: gates and alpha_0 are jet_gate_max * tanh(raw).
       alibi: add the ALiBi bias -slope_h * max(i - j, 0).
       learn_temperature: a learned logit temperature per head: queries times e^{t_h}, t_h from 0.
+      logit_softcap: cap > 0 maps the scaled logits to cap * tanh(logits / cap); 0: no cap.
     """
 
     section = "pe"
@@ -193,6 +196,7 @@ class PEConfig(Declared):
     jet_gate_max: float = setting(1.0, gt=0.0)
     alibi: bool = False
     learn_temperature: bool = False
+    logit_softcap: float = setting(0.0, ge=0.0)
 
     def __post_init__(self):
         super().__post_init__()  # each field against its declaration; below, the variant's rules
@@ -356,7 +360,10 @@ def pe_config_from_name(
     base.update(eta_max=eta_max, init_eta=init_eta)
     if found := problems(PEConfig, base):  # before a suffix divides by train_context
         raise ValueError("\n".join(found))
-    core, alibi = name, False
+    core, alibi, softcap = name, False, re.fullmatch(r"(.+)_softcap([1-9]\d*)", name)
+    if softcap:  # the cap applies to any encoding: the rest of the name is parsed as usual
+        settings = pe_config_from_name(softcap.group(1), **base)
+        return dataclasses.replace(settings, name=name, logit_softcap=float(softcap.group(2)))
     if name == "alibi":
         core, alibi = "nope", True
     elif name == "rope_alibi":

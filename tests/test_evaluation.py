@@ -189,7 +189,9 @@ def test_paper_configs_evaluate_on_the_reference_counts_of_fixed_sequences(name,
 
 
 def test_eval_seed_out_of_range_is_refused():
-    with pytest.raises(ConfigError, match=r"eval.seed must be an integer in 0 .. 2\*\*32 - 1"):
+    with pytest.raises(
+        ConfigError, match=r"eval\.seed must be an integer in \[0, 4294967295\], got -1"
+    ):
         tiny_config(**{"eval.seed": -1})
 
 

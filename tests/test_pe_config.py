@@ -264,3 +264,17 @@ def test_a_train_context_outside_int32_or_zero_is_refused_before_any_suffix_divi
         ValueError, match=r"^pe\.train_context must be an integer in \[1, 2147483647\]"
     ):
         pe_config_from_name("jordan_exact_scaled", train_context=train_context)
+
+
+def test_any_name_takes_a_logit_softcap_suffix_and_a_bad_cap_is_refused():
+    for name in ("rope", "alibi", "jordan_exact_c150_eta010_alibi", "jordan_jetmix_m3_g050_g030"):
+        plain = pe_config_from_name(name, train_context=L, theta=500.0)
+        capped = pe_config_from_name(f"{name}_softcap30", train_context=L, theta=500.0)
+        assert capped == dataclasses.replace(plain, name=f"{name}_softcap30", logit_softcap=30.0)
+    for name in ("rope_softcap0", "rope_softcap", "softcap30", "rope_softcap30_alibi"):
+        with pytest.raises(ValueError, match="accepted position-encoding names"):
+            pe_config_from_name(name, train_context=L)
+    with pytest.raises(
+        ValueError, match=r"pe\.logit_softcap must be a finite number >= 0\.0, got -1\.0"
+    ):
+        dataclasses.replace(pe_config_from_name("rope", train_context=L), logit_softcap=-1.0)
