@@ -127,8 +127,7 @@ def backend_problem(backend: str) -> str | None:
     if extra and not any(flops.installed_version(package) for package in packages):
         return (
             f"--backend={backend}: JAX has no {backend.upper()} support installed here "
-            f'({reason}); install the extra: pip install ".[{extra}]" in a clone, or the '
-            f"wheel with [{extra}]."
+            f"({reason}); install the extra: {commands.install_command(extra)}."
         )
     return f"--backend={backend}: JAX cannot start the {backend.upper()} here ({reason})."
 
