@@ -38,7 +38,6 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 import urllib.parse
 import zipfile
 from collections.abc import Sequence
@@ -265,7 +264,7 @@ def wikitext_data_source(
 
 def _cli() -> None:
     """``python -m jrope.data.wikitext --dataset=...``: prepare once and print the splits' sizes."""
-    from absl import app, flags
+    from absl import flags
 
     from jrope import command_line
 
@@ -278,17 +277,11 @@ def _cli() -> None:
     manual_dir = flags.DEFINE_string("manual_dir", "", help_manual)
 
     def main(argv: Sequence[str]) -> None:
-        del argv
-        try:
-            folders = data_dir.value or None, manual_dir.value or None
-            builder = prepare_wikitext(dataset.value, *folders)
-        except WikiTextUnavailable as error:
-            print(error, file=sys.stderr)  # the message is the whole story: no traceback
-            sys.exit(error.exit_status)
+        builder = prepare_wikitext(dataset.value, data_dir.value or None, manual_dir.value or None)
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 
-    app.run(main, flags_parser=command_line.parse_flags)  # --help lists these, exits 0
+    command_line.run(main)
 
 
 if __name__ == "__main__":
