@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     from jrope import saved_run_config
     from jrope.train.checkpoints import check_changes
     from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
-    from jrope.train.evaluation import evaluate_checkpoint
+    from jrope.train.trainer import evaluate_checkpoint
 
     if flags.FLAGS["config"].using_default_value:  # the saved config and its overrides
         saved = saved_run_config.saved_config_path(workdir).parent.parent

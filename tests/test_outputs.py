@@ -283,7 +283,7 @@ def test_a_later_evaluation_joins_the_metrics_and_tensorboard_under_the_training
 def test_the_start_record_names_the_code_version_and_its_commit():
     import subprocess
 
-    record = outputs.start_record(tiny_config(), 0)["jrope"]
+    record = outputs.start_record(tiny_config().to_json_dict(), 0)["jrope"]
     assert record["version"] != "not installed"
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(outputs.__file__))))
     try:

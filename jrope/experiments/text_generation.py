@@ -85,12 +85,14 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     _check_text_run(cfg, resolved(workdir))
     directory = resolved(workdir) / "checkpoints"
     # Read only: this manager never saves, so it never deletes old checkpoints either.
-    checkpointer = Checkpointer(directory, every_steps=1, max_to_keep=step, config_json={})
+    checkpointer = Checkpointer(
+        directory, every_steps=1, max_to_keep=step, config_json=cfg.to_json_dict()
+    )
     with contextlib.closing(checkpointer):
         mesh_cfg = decoding_mesh_config(cfg.mesh, len(devices or jax.devices()))
         mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
         layout = state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
-        state = restore_compatible(cfg, checkpointer, layout.abstract, step)
+        state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)
 
