@@ -95,11 +95,8 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         raw_dir = None
-        try:
+        with contextlib.suppress(AssertionError):  # TFDS's when the manual directory is empty
             raw_dir = find_extracted_files(dl_manager.manual_dir, self.ARCHIVE)
-        except AssertionError:
-            # TFDS asserts when the manual directory is absent or empty: no manual files.
-            pass
         if raw_dir is not None:
             return {
                 split: self._generate_examples(raw_dir / name, None)
