@@ -143,14 +143,16 @@ def peak_memory(compiled) -> int:
     return int(max(getattr(stats, "peak_memory_in_bytes", 0), buffers))
 
 
-def memory_shortfall(compiled) -> str | None:
-    """'needs X GiB of <memory> (XLA's count), which holds Y GiB' where the compiled program's
-    peak on one device exceeds what that device may use (device_memory); else None."""
+def memory_shortfall(compiled, count: str = "XLA's count") -> str | None:
+    """'needs X GiB of <memory> (<count>), which holds Y GiB' where the compiled program's peak
+    on one device (or `compiled` bytes, so counted) exceeds what that device may use; else None."""
     limit, where = device_memory()
-    if limit is None or (peak := peak_memory(compiled)) <= limit:
+    needs = compiled if isinstance(compiled, int) else peak_memory(compiled)
+    if limit is None or needs <= limit:
         return None
-    needs, holds = peak / 2**30, limit / 2**30
-    return f"needs {needs:.2f} GiB of {where} (XLA's count), which holds {holds:.2f} GiB"
+    return (
+        f"needs {needs / 2**30:.2f} GiB of {where} ({count}), which holds {limit / 2**30:.2f} GiB"
+    )
 
 
 def median_seconds(call, repeats: int) -> float:

@@ -11,7 +11,9 @@ from helpers.tiny_config import tiny_config_dict
 from ml_collections import config_flags
 
 from configs import wikitext_cpu
+from jrope import flops
 from jrope.errors import CheckpointError, ConfigError, DataError
+from jrope.train import checks
 from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.config import TrainConfig, convert_config
 from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
@@ -279,6 +281,27 @@ def test_entry_points_check_before_building_anything(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds no finished checkpoint") as refused:
         evaluate_checkpoint(TrainConfig.from_config_dict(_tiny()), str(tmp_path))
     assert refused.value.exit_status == 4  # as sample.py's for a workdir without a checkpoint
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("model.d_model", 2**20), ("model.num_layers", 10**6), ("model.mlp_ratio", 10**6),
+     ("batch_size", 10**8), ("pe.train_context", 10**8), ("eval.lengths", (10**8,))],
+)  # fmt: skip
+def test_sizes_the_devices_cannot_hold_are_refused_before_anything_is_built(
+    key, value, tmp_path, monkeypatch
+):
+    """Each would hang or crash building the data, the state or the program; refused from the
+    abstract block and the batch shapes, with no data generated."""
+    monkeypatch.setattr(flops, "device_memory", lambda: (GIB, "device memory"))
+    monkeypatch.setattr(checks, "build_source", lambda *_: pytest.fail("built the data"))
+    with pytest.raises(ConfigError) as refused:
+        check_run(TrainConfig.from_config_dict(_tiny(**{key: value})), str(tmp_path), EIGHT_CPUS)
+    assert refused.value.exit_status == 2
+    shown = {"eval.lengths": f"max(eval.lengths) = {10**8}"}.get(key, f"{key} = {value}")
+    assert shown in str(refused.value), str(refused.value)
+    assert re.search(r"a device needs [\d.]+ GiB of device memory \(at least: .*, which holds "
+                     r"1\.00 GiB; lower them, or shard over more devices", str(refused.value))  # fmt: skip
 
 
 def test_every_misspelt_command_line_override_is_named_by_the_config(monkeypatch):

@@ -12,17 +12,19 @@ import re
 
 import jax
 import numpy as np
+from flax import nnx
 
-from jrope import commands, saved_run_config
+from jrope import commands, flops, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.data import files
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.model import damping
+from jrope.model.transformer import TransformerBlock
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, first_line
-from jrope.train.setup import mesh_sizes, run_encoding
+from jrope.train.setup import make_optimizer, mesh_sizes, run_encoding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,9 @@ def check_run(
                 f"model.attention_impl = {impl!r} at length {length}: {first_line(err)}"
             )
             break
-    source, data_problems = _data_problems(cfg, env)
+    memory = _memory_problems(cfg, env, encoding, evaluation=evaluation)
+    source, data_problems = (None, []) if memory else _data_problems(cfg, env)  # too big to try
+    problems += memory
     if source is not None and (
         readout := readout_problem(source.train_batch(0), cfg.model.readout)
     ):
@@ -92,6 +96,28 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
         for key, rows, parts, what in splits
         if rows % parts
     ]
+
+
+def _memory_problems(cfg: TrainConfig, env, encoding, *, evaluation: bool) -> list[str]:
+    """What a device holds at the least, before anything is built: the train state (one block's
+    parameters and optimizer state, num_layers times) and one [rows, length, d_model] activation
+    of the largest batch, all spread evenly over the devices."""
+    model, block = cfg.model, lambda: TransformerBlock(cfg.model, encoding, rngs=nnx.Rngs(0))
+    params = nnx.state(nnx.eval_shape(block), nnx.Param)
+    state = (params, jax.eval_shape(make_optimizer(cfg.opt, cfg.num_steps).init, params))
+    state_bytes = model.num_layers * sum(
+        math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if x.shape
+    )
+    batches = [("eval.batch_size", cfg.eval.batch_size, "max(eval.lengths)", max(cfg.eval.lengths))]
+    batches += [] if evaluation else [("batch_size", cfg.batch_size, "pe.train_context", cfg.pe.train_context)]  # fmt: skip
+    rows_key, rows, length_key, length = max(batches, key=lambda batch: batch[1] * batch[3])
+    needs = state_bytes + rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
+    count = "at least: the train state and one activation"
+    if shortfall := flops.memory_shortfall(needs // env.num_devices, count):
+        return [f"model.d_model = {model.d_model}, model.num_layers = {model.num_layers}, "
+                f"model.mlp_ratio = {model.mlp_ratio}, {rows_key} = {rows}, {length_key} = "
+                f"{length}: a device {shortfall}; lower them, or shard over more devices."]  # fmt: skip
+    return []
 
 
 def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> list[str]:
