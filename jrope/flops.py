@@ -120,17 +120,16 @@ class Throughput:
         return rates
 
 
-def device_memory() -> tuple[int | None, str]:
+def device_memory() -> tuple[int, str]:
     """(bytes one device may use, what they are): the accelerator's limit, or on CPU the host's
     memory, shared by all of its devices."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), "device memory"
-    try:
-        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None, "memory"
-    devices = jax.local_device_count()
+    host, devices = (
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        jax.local_device_count(),
+    )
     return host // devices, "host memory" if devices == 1 else f"host memory's 1/{devices} share"
 
 
@@ -148,11 +147,9 @@ def memory_shortfall(compiled, count: str = "XLA's count") -> str | None:
     on one device (or `compiled` bytes, so counted) exceeds what that device may use; else None."""
     limit, where = device_memory()
     needs = compiled if isinstance(compiled, int) else peak_memory(compiled)
-    if limit is None or needs <= limit:
-        return None
-    return (
-        f"needs {needs / 2**30:.2f} GiB of {where} ({count}), which holds {limit / 2**30:.2f} GiB"
-    )
+    if needs > limit:
+        return f"needs {needs / 2**30:.2f} GiB of {where} ({count}), which holds {limit / 2**30:.2f} GiB"
+    return None
 
 
 def median_seconds(call, repeats: int) -> float:

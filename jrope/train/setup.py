@@ -228,10 +228,10 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
     new_model = functools.partial(_new_model, cfg.model, cfg.seed, encoding, io, mesh)
     with jax.set_mesh(mesh):
-        graphdef, _ = nnx.split(nnx.eval_shape(new_model), nnx.Param)
-        abstract_state = jax.eval_shape(
-            lambda: _new_state(cfg.model, cfg.seed, encoding, io, optimizer, mesh)
-        )
+        graphdef, params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
+        opt_state = jax.eval_shape(optimizer.init, params)
+    step = jax.ShapeDtypeStruct((), jnp.int32)
+    abstract_state = {"step": step, "params": params, "opt_state": opt_state}
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
     abstract = jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
