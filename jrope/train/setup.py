@@ -77,11 +77,6 @@ def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:
     return jax.tree.map(sharding_of, abstract_tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def batch_sharding(global_batch_size: int, rules: Rules, mesh: Mesh) -> NamedSharding:
-    """Sharding of a [batch, length] array: batch split by the rule for BATCH."""
-    return NamedSharding(mesh, logical_to_spec((BATCH, None), (global_batch_size, 1), rules, mesh))
-
-
 def global_batch(
     local_batch: Mapping[str, np.ndarray], rules: Rules, mesh: Mesh
 ) -> dict[str, jax.Array]:
@@ -234,9 +229,7 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
     abstract_state = {"step": step, "params": params, "opt_state": opt_state}
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
     abstract = jax.tree.map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        abstract_state,
-        shardings,
+        lambda leaf, sharding: leaf.update(sharding=sharding), abstract_state, shardings
     )
     return StateLayout(graphdef, abstract, shardings, optimizer)
 
@@ -271,8 +264,8 @@ def set_up_run(
         accept_missing_digests=saves.accept_missing_digests,
     )  # fmt: skip
     return RunSetup(
-        encoding, source, mesh, layout, plan, cfg.model, rules,
-        batch_sharding(cfg.batch_size, rules, mesh), cfg.seed, cfg.pe.train_context,
-        cfg.batch_size, cfg.num_steps, cfg.pe.name, cfg.opt, cfg.eval, cfg.log, cfg.runtime,
+        encoding, source, mesh, layout, plan, cfg.model, rules, NamedSharding(
+            mesh, logical_to_spec((BATCH, None), (cfg.batch_size, 1), rules, mesh)),
+        cfg.seed, cfg.pe.train_context, cfg.batch_size, cfg.num_steps, cfg.pe.name, cfg.opt, cfg.eval, cfg.log, cfg.runtime,
         config_json, checkpointer,
     )  # fmt: skip
