@@ -97,14 +97,14 @@ def shear_flash_attention(
     if interpret is None:
         interpret = jax.default_backend() not in ("tpu", "gpu")
     batch = q.shape[0]
-    q_pos = jnp.broadcast_to(shear._batched(q_positions), (batch, q.shape[1]))
-    k_pos = jnp.broadcast_to(shear._batched(k_positions), (batch, k.shape[1]))
+    q_pos = jnp.broadcast_to(shear.batched_positions(q_positions), (batch, q.shape[1]))
+    k_pos = jnp.broadcast_to(shear.batched_positions(k_positions), (batch, k.shape[1]))
     if q_segments is None:
         q_seg = jnp.zeros(q_pos.shape, jnp.int32)
         k_seg = jnp.zeros(k_pos.shape, jnp.int32)
     else:
-        q_seg = jnp.broadcast_to(shear._batched(q_segments), q_pos.shape)
-        k_seg = jnp.broadcast_to(shear._batched(k_segments), k_pos.shape)
+        q_seg = jnp.broadcast_to(shear.batched_positions(q_segments), q_pos.shape)
+        k_seg = jnp.broadcast_to(shear.batched_positions(k_segments), k_pos.shape)
     settings = (enc, block_size, bool(interpret))
     attend = split_over_batch(
         functools.partial(_attend, settings), batch, batched=(False, *[True] * 7)
