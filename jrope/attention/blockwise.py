@@ -101,7 +101,7 @@ def blockwise_attention(
     q, q_positions = blocks.pad_to_blocks(q, q_positions, q_padded)
     k, k_positions = blocks.pad_to_blocks(k, k_positions, k_padded)
     v, _ = blocks.pad_to_blocks(v, None, k_padded)
-    out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions, rows)
+    out = _attend(enc, layout, params, q, k, v, q_positions, k_positions, rows)
     return out[:, :q_len]
 
 
@@ -293,19 +293,15 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
     return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
 
-def _make_attend(enc, layout: blocks.Layout):
-    """attend(params, q, k, v, q_positions, k_positions, rows) -> [B, T_padded, N, H] with a memory-linear VJP.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attend(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positions, rows):
+    """[B, T_padded, N, H] with a memory-linear VJP; rows: blocks.Packing of packed rows, or None."""
+    return _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)[0]
 
-    rows: blocks.Packing of packed rows, or None.
-    """
 
-    @jax.custom_vjp
-    def attend(params, q, k, v, q_positions, k_positions, rows):
-        return _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)[0]
+def _attend_forward(enc, layout, params, q, k, v, q_positions, k_positions, rows):
+    out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
+    return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
-    def attend_fwd(params, q, k, v, q_positions, k_positions, rows):
-        out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
-        return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
-    attend.defvjp(attend_fwd, functools.partial(_backward, enc, layout))
-    return attend
+_attend.defvjp(_attend_forward, _backward)
