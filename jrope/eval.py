@@ -12,10 +12,12 @@ from jrope import command_line
 
 def define_flags(argv: list[str]) -> str | None:
     """--config defaults to the run's saved config, so that the overrides apply to it."""
-    from jrope import saved_run_config  # here: an install without the 'train' extra is told
-
     workdir, config = (command_line.flag_argument(argv, name) for name in ("workdir", "config"))
-    saved = saved_run_config.config_file(workdir) if workdir and not config else None
+    saved = None
+    if workdir and not config:
+        from jrope import saved_run_config  # here: an install without the 'train' extra is told
+
+        saved = saved_run_config.config_file(workdir)
     return command_line.define_run_flags(saved)
 
 
@@ -30,7 +32,7 @@ def main(argv: list[str]) -> None:
     from jrope import saved_run_config
     from jrope.train.checkpoints import check_changes
     from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
-    from jrope.train.evaluation import evaluate_checkpoint
+    from jrope.train.trainer import evaluate_checkpoint
 
     if flags.FLAGS["config"].using_default_value:  # the saved config and its overrides
         saved = saved_run_config.saved_config_path(workdir).parent.parent

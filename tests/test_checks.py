@@ -14,8 +14,7 @@ from configs import wikitext_cpu
 from jrope.errors import CheckpointError, ConfigError, DataError
 from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.config import TrainConfig, convert_config
-from jrope.train.evaluation import evaluate_checkpoint
-from jrope.train.trainer import train_and_evaluate
+from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
 
 GIB = 2**30
 EIGHT_CPUS = RunEnvironment(num_devices=8, process_count=1, platform="cpu")

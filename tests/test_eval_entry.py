@@ -74,7 +74,12 @@ def test_the_saved_config_is_the_latest_checkpoint_s(tmp_path):
 
     for num_steps in (4, 8):  # two runs' configs in one folder: the later checkpoint's is read
         cfg = tiny_config(num_steps=num_steps)
-        checkpointer = Checkpointer.for_run(cfg, str(tmp_path))
+        checkpointer = Checkpointer(
+            str(tmp_path / "checkpoints"),
+            every_steps=1,
+            max_to_keep=2,
+            config_json=cfg.to_json_dict(),
+        )
         checkpointer.save(num_steps, {"x": jnp.zeros(2)}, force=True)
         checkpointer.wait_until_finished()
         checkpointer.close()

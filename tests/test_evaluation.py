@@ -49,8 +49,8 @@ def _config(kind, tmp_path, **overrides):
 def _evaluate_recording(cfg):
     """evaluate_lengths over cfg's source, with a step that records every batch it is given and
     scores the inputs themselves as predictions (a result that depends on the data alone)."""
-    source = build_source(cfg.data, cfg.batch_size, 0, 1)
-    seen = []
+    run = setup.set_up_run(cfg, devices=jax.devices()[:1])
+    source, seen = run.source, []
 
     def step(params, batch):
         seen.append({name: np.asarray(value) for name, value in batch.items()})
@@ -60,8 +60,7 @@ def _evaluate_recording(cfg):
             outputs = jax.nn.one_hot(batch["inputs"], source.vocab_size, dtype=jnp.float32)
         return losses.task_sums(outputs, batch, source.task, source.num_classes)
 
-    mesh = setup.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    rows = evaluation.evaluate_lengths(step, None, source, cfg, mesh, step=0)
+    rows = evaluation.evaluate_lengths(step, None, run, step=0)
     return seen, rows
 
 
@@ -233,9 +232,9 @@ def test_a_length_evaluated_again_is_said_with_the_compute_dtypes_that_differ(tm
     evaluation.merge_rows(earlier, again)
     said = "  length 32: replaces its earlier row (float32 there, bfloat16 now)\n"
     assert capsys.readouterr().out == said
-    # A CSV written before the column: read without a dtype, its row replaced all the same.
+    # A CSV written before the columns: read without a dtype, its row replaced all the same.
     lines = (tmp_path / "eval.csv").read_text().splitlines()
-    (tmp_path / "eval.csv").write_text("\n".join(line.rsplit(",", 1)[0] for line in lines))
+    (tmp_path / "eval.csv").write_text("\n".join(line.rsplit(",", 2)[0] for line in lines))
     earlier = evaluation.read_results(tmp_path)
     assert [row["compute_dtype"] for row in earlier] == [None, None]
     evaluation.merge_rows(earlier, again)

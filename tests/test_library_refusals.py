@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jrope
+from jrope.attention import causal_attention
 from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
 
 B, T, N, H = 2, 16, 2, 16
@@ -153,3 +154,13 @@ def test_the_helpers_name_the_argument_whose_shape_does_not_fit():
         dot_product_attention(pe, q, k, v, positions, jnp.arange(12))
     with pytest.raises(ValueError, match=r"^v must be \[B, T, N, H\]"):
         dot_product_attention(pe, q, k, v[0], positions, positions)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "einsum", "blockwise", "shear", "shear_flash"])
+def test_every_kernel_refuses_keys_and_values_of_another_batch(kernel):
+    enc = _encoding("jordan_rope")
+    q, k = _normal((B, T, N, H)), _normal((1, T, N, H), 1)
+    with pytest.raises(ValueError, match=r"batch"):  # not broadcast over q's batch
+        causal_attention(
+            q, k, k, enc=enc, params=enc.init_params(), positions=jnp.arange(T), kernel=kernel
+        )

@@ -20,10 +20,14 @@ from jrope.losses import weighted_sums
 from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.checks import readout_problem
-from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.outputs import first_nonfinite
 from jrope.train.setup import model_from_params, set_up_run
-from jrope.train.trainer import make_train_step, stop_if_nonfinite, train_and_evaluate
+from jrope.train.trainer import (
+    evaluate_checkpoint,
+    make_train_step,
+    stop_if_nonfinite,
+    train_and_evaluate,
+)
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
 EXTRA_METHODS = (
@@ -175,7 +179,7 @@ def test_train_then_resume_equals_uninterrupted_run(tmp_path):
         str(tmp_path / "resumed"),
     )
     assert [row["length"] for row in again] == [8, 16]
-    # Its rows join training's in one folder: length 8 added, 16 evaluated again alike.
+    # Its rows join training's in one folder: length 8 added, 16 kept from training.
     merged = evaluation.read_results(final_eval.parent)
     assert [row["length"] for row in merged] == [8, 16]
     assert merged[1]["loss"] == again[1]["loss"] == training_row["loss"]

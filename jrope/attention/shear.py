@@ -214,6 +214,7 @@ def shear_attention(
     Returns:
       [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
     """
+    check_shapes(q, k, v)
     q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     origins = None
     if q_segments is not None:
@@ -227,6 +228,15 @@ def shear_attention(
     if mask is not None:
         visible = visible & mask
     return masked_softmax_values(logits, visible, v, precision)
+
+
+def check_shapes(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
+    """ValueError unless q [B, T, N, H] and k, v [B, S, N, H] agree: none is broadcast."""
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(
+            f"q {q.shape}, k {k.shape} and v {v.shape} must agree in batch, heads and head dim "
+            "(k and v in every axis)."
+        )
 
 
 def masked_softmax_values(logits, visible, v, precision):

@@ -94,6 +94,7 @@ def shear_flash_attention(
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v, params.
     """
     encodings.check_supported(enc, FEATURES, "the shear_flash kernel")
+    shear.check_shapes(q, k, v)
     if interpret is None:
         interpret = jax.default_backend() not in ("tpu", "gpu")
     batch = q.shape[0]

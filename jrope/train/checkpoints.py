@@ -28,23 +28,31 @@ from jrope import saved_run_config
 from jrope.data.files import is_uri, resolved
 from jrope.errors import CheckpointError, UsageError, WorkdirBusy
 from jrope.fields import PARAMETERS, RESULT
-from jrope.train.config import TrainConfig, convert_config, declared_effect
+from jrope.train.config import convert_config, declared_effect
 from jrope.train.outputs import say
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
-DIGESTS_ITEM = "digests"
+DIGESTS_ITEM = saved_run_config.DIGESTS_ITEM
 
 
 class Checkpointer:
     """Saves every `every_steps` steps (or forced) into `directory`, one subdirectory per step,
-    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state."""
+    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state;
+    restores a checkpoint without digests only where `accept_missing_digests`."""
 
     def __init__(
-        self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
+        self,
+        directory: str,
+        *,
+        every_steps: int,
+        max_to_keep: int,
+        config_json: dict[str, Any],
+        accept_missing_digests: bool = False,
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
-        self._config_json = config_json
+        self.config_json = config_json
+        self.accept_missing_digests = accept_missing_digests
         self._every_steps = every_steps
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -54,16 +62,6 @@ class Checkpointer:
                 cleanup_tmp_directories=True,  # every save is forced: should_save decides
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
-        )
-
-    @classmethod
-    def for_run(cls, cfg: TrainConfig, workdir: str) -> Checkpointer:
-        """The checkpoints of the run in `workdir` (`<workdir>/checkpoints`), as `cfg` sets them."""
-        return cls(
-            epath.Path(workdir) / "checkpoints",
-            every_steps=cfg.checkpoint.every_steps,
-            max_to_keep=cfg.checkpoint.max_to_keep,
-            config_json=cfg.to_json_dict(),
         )
 
     def latest_step(self) -> int | None:
@@ -85,7 +83,7 @@ class Checkpointer:
             return False  # before the digests are computed
         items = {
             STATE_ITEM: ocp.args.StandardSave(state),
-            CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+            CONFIG_ITEM: ocp.args.JsonSave(self.config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
         }
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -177,22 +175,22 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
 
 
 def restore_or_initialize(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
+    checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
 ) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
     step = checkpointer.latest_step()
     if step is None:
         return initialize()
     say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
-    return restore_compatible(cfg, checkpointer, abstract, step)
+    return restore_compatible(checkpointer, abstract, step)
 
 
 def restore_compatible(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
+    checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
-    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`
-    for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is missing, of other
-    settings, unreadable, damaged, or without digests unless accepted."""
+    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits the
+    checkpointer's for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is
+    missing, of other settings, unreadable, damaged, or without digests unless accepted."""
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
         raise CheckpointError(f"No finished checkpoint {path}.")
@@ -200,14 +198,14 @@ def restore_compatible(
     # A key added since the checkpoint was written takes its default, as the config converts.
     saved_cfg, _ = convert_config(saved)
     saved = saved if saved_cfg is None else saved_cfg.to_json_dict()
-    check_changes(path, saved, cfg.to_json_dict(), purpose)
+    check_changes(path, saved, checkpointer.config_json, purpose)
     if not is_uri(str(path)):  # what the user may not read is no damage
         walked = [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]
         if denied := [p for p in walked if not os.access(p, os.R_OK | os.X_OK * os.path.isdir(p))]:
             raise CheckpointError(f"{denied[0]} cannot be read (permission denied); chmod -R u+rX "
                                   f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
-    if not (checked or cfg.checkpoint.accept_missing_digests):
+    if not (checked or checkpointer.accept_missing_digests):
         raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
@@ -288,21 +286,7 @@ def _cause(error: BaseException) -> str:
 
 
 def _damaged(checkpointer: Checkpointer, step: int, problem: str) -> CheckpointError:
-    """The refusal of checkpoint `step`, naming the latest earlier one with digests (checked when
-    it restores) and the `mv` that sets the later ones aside."""
-    finished = finished_steps(checkpointer.directory)
-    earlier = [s for s in finished if s < step
-               and (checkpoint_path(checkpointer, s) / DIGESTS_ITEM).exists()]  # fmt: skip
-    later = [
-        checkpoint_path(checkpointer, s) for s in finished if earlier and earlier[-1] < s <= step
-    ]
-    aside = checkpointer.directory.parent / "damaged_checkpoints"
-    resume = (
-        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
-        if earlier
-        else "start again in another --workdir"
-    )
-    return CheckpointError(f"Checkpoint {checkpoint_path(checkpointer, step)} {problem}; {resume}.")
+    return saved_run_config.damaged(checkpoint_path(checkpointer, step), problem)
 
 
 LOCK_FILE = "run.lock"
