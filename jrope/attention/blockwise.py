@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jrope.attention import blocks, packing
+from jrope.attention import blocks, packing, shear
 from jrope.attention.dense import MASK_VALUE
 
 
@@ -106,10 +106,7 @@ def blockwise_attention(
 
 
 def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}."
-        )
+    shear.check_shapes(q, k, v)
     if block_size < 1:
         raise ValueError(f"block_size must be a positive int; got {block_size!r}.")
     for name, positions, length in (
