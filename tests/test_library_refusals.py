@@ -146,13 +146,13 @@ def test_the_helpers_name_the_argument_whose_shape_does_not_fit():
         causal_self_attention(pe, q, k, v, jnp.arange(12))
     with pytest.raises(ValueError, match=r"^positions has shape \(3, 16\)"):
         causal_self_attention(pe, q, k, v, jnp.zeros((3, T), jnp.int32))
-    with pytest.raises(ValueError, match=r"must share B.*v \(1, 16, 2, 16\)"):
+    with pytest.raises(ValueError, match=r"\(one B, one S\).*v \(1, 16, 2, 16\)"):
         causal_self_attention(pe, q, k, v[:1], positions)
     with pytest.raises(ValueError, match=r"T = 16 > S = 8"):
         causal_self_attention(pe, q, k[:, :8], v[:, :8], positions[:8])
     with pytest.raises(ValueError, match=r"^k_positions has shape \(12,\)"):
         dot_product_attention(pe, q, k, v, positions, jnp.arange(12))
-    with pytest.raises(ValueError, match=r"^v must be \[B, T, N, H\]"):
+    with pytest.raises(ValueError, match=r"^q must be \[B, T, N, H\].*v \(16, 2, 16\)"):
         dot_product_attention(pe, q, k, v[0], positions, positions)
 
 
