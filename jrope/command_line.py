@@ -62,8 +62,7 @@ def run(main, define_flags=None) -> None:
     """app.run(main) after `define_flags(argv)` defines the flags that depend on argv (and may
     return the default --config). Ctrl-C ends the command at once, as SIGTERM does (the train
     loop saves first): a KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
-    if "verbose" not in flags.FLAGS:
-        flags.DEFINE_bool("verbose", False, "On an error, show its traceback too.")
+    flags.DEFINE_bool("verbose", False, "On an error, show its traceback too.")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
     sys.excepthook = lambda *error: _closed_loop(error[1]) or sys.__excepthook__(*error)
