@@ -32,9 +32,9 @@ def define_run_flags(config: str | None = None) -> str | None:
         )  # a key the config lacks reaches jrope.train.config, which names it
     else:  # no 'train' extra: --help answers, and the run's first import names it
         flags.DEFINE_string("config", config, about)
-    flags.DEFINE_string("workdir", None, "The run's directory: checkpoints, logs and results.")
+    flags.DEFINE_string("workdir", None, "The run's folder: checkpoints, logs, results.")
     flags.mark_flags_as_required(["workdir"] + (["config"] if config is None else []))
-    flags.DEFINE_bool("multiprocess", False, "Start JAX's distributed runtime (cluster detected).")
+    flags.DEFINE_bool("multiprocess", False, "Start jax.distributed (cluster detected).")
     flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator.")
     flags.DEFINE_integer("num_processes", None, "Number of processes.", lower_bound=1)
     flags.DEFINE_integer("process_id", None, "This process's index.", lower_bound=0)
@@ -55,14 +55,14 @@ def start_processes() -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(*explicit)
     where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
-    logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
+    logging.info("JAX process %d/%d, local devices %s, all %d.", *where)
 
 
 def run(main, define_flags=None) -> None:
     """app.run(main) after `define_flags(argv)` defines the flags that depend on argv (and may
     return the default --config). Ctrl-C ends the command at once, as SIGTERM does (the train
     loop saves first): a KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
-    flags.DEFINE_bool("verbose", False, "On an error, show its traceback too.")
+    flags.DEFINE_bool("verbose", False, "Show an error's traceback too.")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
     sys.excepthook = lambda *error: _closed_loop(error[1]) or sys.__excepthook__(*error)
