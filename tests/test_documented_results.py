@@ -17,6 +17,7 @@ only (.ci/run runs them after the suite).
 import ast
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -76,15 +77,13 @@ def _titled_tables(text):
     return tables
 
 
-def _cpu():
+def _this_cpu():
     """This machine's CPU as /proc/cpuinfo names it (its first processor), {} where there is none."""
-    try:
-        first = open("/proc/cpuinfo").read().split("\n\n")[0]
-    except OSError:
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
         return {}
-    return {
-        k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())
-    }
+    first = cpuinfo.read_text().split("\n\n")[0].splitlines()
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first)}
 
 
 def test_every_results_table_is_marked_with_what_made_it():
@@ -266,7 +265,7 @@ def _quoted_numbers():
             f"{_f(others.mean_value('rope_alibi', 256))}) and fall towards chance by 8x "
             f"({_f(others.mean_value('jordan_exact_scaled', 2048))} and "
             f"{_f(others.mean_value('rope_alibi', 2048))})",
-            f"This code's are {paper.mean('jordan_rope', 8192)} for Jordan-RoPE and "
+            f"These runs' are {paper.mean('jordan_rope', 8192)} for Jordan-RoPE and "
             f"{paper.mean('rope', 8192)} for RoPE",
             f"by {', '.join(_f(d) for d in lead_paper[:2])} and {_f(lead_paper[2])} (mean "
             f"{_f(sum(lead_paper) / 3)};",
@@ -393,7 +392,7 @@ def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
     assert len(pairs) == 3, quoted
     accuracies = [float(acc) for acc, _ in printed.values()]
     mean = f"{sum(accuracies) / len(accuracies):.3f}"
-    if all(_cpu().get(field) == value for field, value in QUICK_START_CPU.items()):
+    if all(_this_cpu().get(field) == value for field, value in QUICK_START_CPU.items()):
         assert [printed for printed, _ in pairs] == [quoted for _, quoted in pairs], console
         # The mean the README and the config's docstring quote, from the written table.
         assert f"mean accuracy {mean} over the four lengths" in README
