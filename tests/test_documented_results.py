@@ -375,41 +375,73 @@ def test_the_probe_tables_regenerate(config, tmp_path):
             assert table.strip() == made[title], f"{config}, {title!r}: it writes\n{made[title]}"
 
 
+def _quick_start_numbers(text):
+    """{what: (accuracy, loss)} as a quick-start console shows them, or the README quotes them:
+    per evaluated length, and at 'step 250', the last training step."""
+    numbers = {int(n): (accuracy, loss) for n, accuracy, loss in LENGTH_LINE.findall(text)}
+    loss, accuracy = FINAL_STEP.search(text).groups()
+    return numbers | {"step 250": (accuracy, loss)}
+
+
+def _differences(printed, quoted, exact):
+    """The quoted (accuracy, loss) pairs `printed` does not give, as {what: (printed, quoted)}:
+    digit for digit where `exact`, else within QUICK_START_TOLERANCE."""
+
+    def close(printed, quoted):
+        if exact:
+            return printed == quoted
+        (accuracy, loss), (quoted_accuracy, quoted_loss) = (
+            map(float, p) for p in (printed, quoted)
+        )
+        return (
+            abs(accuracy - quoted_accuracy) <= QUICK_START_TOLERANCE["accuracy"]
+            and abs(loss / quoted_loss - 1) <= QUICK_START_TOLERANCE["loss"]
+        )
+
+    return {
+        what: (printed.get(what), numbers)
+        for what, numbers in quoted.items()
+        if what not in printed or not close(printed[what], numbers)
+    }
+
+
+# What the 2-core AMD EPYC machine printed for the quick start on 2026-12-05 (mean accuracy 0.867).
+AMD_EPYC_QUICK_START = {
+    256: ("0.8750", "0.1667"),
+    2048: ("0.7812", "0.5227"),
+    "step 250": ("0.875", "0.121"),
+}
+
+
+def test_the_tolerance_admits_another_cpus_quick_start_and_refuses_a_moved_digit():
+    quoted = _quick_start_numbers(README)
+    assert set(quoted) == {256, 2048, "step 250"}
+    assert not _differences(AMD_EPYC_QUICK_START, quoted, exact=False)
+    assert _differences(AMD_EPYC_QUICK_START, quoted, exact=True)
+    for moved in (("0.6812", "0.5227"), ("0.7812", "0.6227")):
+        assert _differences(AMD_EPYC_QUICK_START | {2048: moved}, quoted, exact=False)
+
+
 @pytest.mark.published
 def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
     console = _run(
         ["train.py", "--config=configs/quickstart.py", f"--workdir={tmp_path / 'quickstart'}"],
         ROOT,
     )
-    printed = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(console)}
-    quoted = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(README)}
-    (loss, accuracy), (quoted_loss, quoted_accuracy) = (
-        FINAL_STEP.search(text).groups() for text in (console, README)
-    )
-    # (accuracy, loss) as printed and as quoted: lengths 256 and 2048, and the last training step.
-    pairs = [(printed[n], quoted[n]) for n in quoted]
-    pairs.append(((accuracy, loss), (quoted_accuracy, quoted_loss)))
-    assert len(pairs) == 3, quoted
-    accuracies = [float(acc) for acc, _ in printed.values()]
-    mean = f"{sum(accuracies) / len(accuracies):.3f}"
-    if all(_this_cpu().get(field) == value for field, value in QUICK_START_CPU.items()):
-        assert [printed for printed, _ in pairs] == [quoted for _, quoted in pairs], console
-        # The mean the README and the config's docstring quote, from the written table.
-        assert f"mean accuracy {mean} over the four lengths" in README
+    exact = all(_this_cpu().get(field) == value for field, value in QUICK_START_CPU.items())
+    printed = _quick_start_numbers(console)
+    assert not _differences(printed, _quick_start_numbers(README), exact), console
+    accuracies = [float(printed[n][0]) for n in (256, 512, 1024, 2048)]
+    mean = sum(accuracies) / len(accuracies)
+    (quoted_mean,) = re.findall(r"mean accuracy ([\d.]+) over the four lengths", README)
+    if exact:  # the mean the README and the config's docstring quote, from the written table
+        assert quoted_mean == f"{mean:.3f}"
         rounded = [f"{a:.3f}" for a in accuracies]
-        assert f"accuracy {', '.join(rounded[:-1])} and {rounded[-1]}" in " ".join(
-            QUICKSTART_DOC.split()
-        )
-        assert f"(mean {mean})" in QUICKSTART_DOC
-    else:  # another CPU: within the tolerance the README states
-        tolerance = QUICK_START_TOLERANCE
-        for (accuracy, loss), (quoted_accuracy, quoted_loss) in pairs:
-            assert float(accuracy) == pytest.approx(
-                float(quoted_accuracy), abs=tolerance["accuracy"]
-            )
-            assert float(loss) == pytest.approx(float(quoted_loss), rel=tolerance["loss"])
-        (quoted_mean,) = re.findall(r"mean accuracy ([\d.]+) over the four lengths", README)
-        assert float(mean) == pytest.approx(float(quoted_mean), abs=tolerance["accuracy"])
+        docstring = " ".join(QUICKSTART_DOC.split())
+        assert f"accuracy {', '.join(rounded[:-1])} and {rounded[-1]}" in docstring
+        assert f"(mean {mean:.3f})" in docstring
+    else:
+        assert abs(mean - float(quoted_mean)) <= QUICK_START_TOLERANCE["accuracy"]
 
 
 def test_the_readme_says_where_the_quick_start_is_exact_and_how_close_elsewhere():
