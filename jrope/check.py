@@ -183,10 +183,9 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
             # splash runs off TPU in interpret mode, as a TPU would choose it
             interpret = impl == "splash" and backend != "tpu" and length <= INTERPRET_MAX_LENGTH
             window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
+            window["backend"] = "tpu" if interpret else backend
             try:
-                kernel = selection.choose_kernel(
-                    settings, enc, **window, backend="tpu" if interpret else backend
-                )
+                kernel = selection.choose_kernel(settings, enc, **window)
             except ValueError as refusal:
                 skips.setdefault((impl, _first_line(refusal)), []).append(length)
                 continue
@@ -348,11 +347,11 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     """One train step through the harness's own set-up: compile time, median step time,
     tokens/s, MFU, a finite loss, and the compiler's peak memory against the device's (the
     count the harness refuses a run by before step 1)."""
-    from jrope.data.source import build_source, source_spec
+    from jrope.data.source import SOURCES, build_source
     from jrope.train.setup import set_up_run
     from jrope.train.trainer import make_train_step
 
-    if source_spec(cfg.data.source).load()[1].task == "language_model":
+    if SOURCES[cfg.data.source].load()[1].task == "language_model":
         source = RandomTokens(cfg.data.vocab_size, cfg.pe.train_context, cfg.batch_size)
     else:
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
@@ -462,9 +461,8 @@ def run_main() -> None:
 
         help_config = "The run's config (default: wikitext_scaled_exact)."
         config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-        flags.DEFINE_string(
-            "output_dir", "", "Write the report there: <config>_<backend>.md, .json."
-        )
+        help_output = "Write the report there: <config>_<backend>.md, .json."
+        flags.DEFINE_string("output_dir", "", help_output)
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
 

@@ -1,9 +1,9 @@
 """What every command shares: `run(main)`, absl's app.run with the project's exit statuses.
 
 The one place errors become exit statuses (the README's table): a project error (jrope.errors)
-ends a command with its message alone, a storage failure (an OSError of a full disk, quota,
-read-only disk or I/O) with 7, a missing extra with 2; anything else is a bug, with its traceback.
-SIGTERM and Ctrl-C end a command at once, but in the train loop (jrope.train.trainer).
+ends a command with its message alone, a storage failure (full disk, quota, read-only disk, I/O)
+with 7, a missing extra or a bad flag with 2; anything else is a bug, with its traceback. SIGTERM
+and Ctrl-C end a command at once, but in the train loop (jrope.train.trainer).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from absl import app, flags, logging
 
 from jrope import commands
 from jrope.errors import JropeError, UsageError
+from jrope.fields import did_you_mean, flat_keys
 
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 _PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
 
 
-def define_run_flags(config: str | None = None) -> None:
-    """--config (an experiment's name or file; `config` by default), --workdir, and the flags of a
-    multi-process run. A key --config.<key>=<value> sets that the config lacks reaches the run's
-    config, which names it (jrope.train.config)."""
+def define_run_flags(config: str | None = None) -> str | None:
+    """--config (an experiment's name or file; default `config`, returned), --workdir, and the
+    flags of a multi-process run. An override of a key the config lacks reaches the run's config,
+    which names it (jrope.train.config)."""
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file(
@@ -45,11 +46,12 @@ def define_run_flags(config: str | None = None) -> None:
         lambda v: None in v.values() or v["process_id"] < v["num_processes"],
         "--process_id must be below --num_processes",
     )
+    return config
 
 
 def start_processes() -> None:
-    """jax.distributed.initialize (gloo collectives on CPU) where the process flags ask for it,
-    before anything starts a JAX backend; then logs this process's devices."""
+    """jax.distributed.initialize (gloo on CPU) where the process flags ask for it, before anything
+    starts a JAX backend; then logs this process's devices."""
     import jax  # here: a mistake on the command line is told without loading JAX
 
     multiprocess, *explicit = (flags.FLAGS[name].value for name in _PROCESS_FLAGS)
@@ -61,7 +63,8 @@ def start_processes() -> None:
 
 
 def run(main: Callable[[list[str]], None], define_flags: Callable | None = None) -> None:
-    """app.run(main) with parse_flags; `define_flags(argv)` defines the flags that depend on argv."""
+    """app.run(main); `define_flags(argv)` defines the flags that depend on argv (and may return
+    the default --config)."""
     if "verbose" not in flags.FLAGS:  # (run once more in one process: the tests)
         flags.DEFINE_bool("verbose", False, "On an error, show its traceback too.")
     # Ctrl-C ends the command at once, as SIGTERM does: a KeyboardInterrupt raised inside one of
@@ -73,13 +76,13 @@ def run(main: Callable[[list[str]], None], define_flags: Callable | None = None)
 
 
 def parse_flags(argv: list[str], define_flags: Callable | None = None) -> list[str]:
-    """absl's parsing with --config=<experiment> read as its file: a mistake ends with one line and
-    status 2 (a project error: its own), --help with absl's help and 0."""
-    argv = sys.argv = commands.with_config_paths(argv)  # ml_collections reads sys.argv too
+    """absl's parsing, --config=<experiment> read as its file, the last of a repeated override
+    taken; --help exits 0."""
+    argv = sys.argv = last_overrides(commands.with_config_paths(argv))  # ml_collections reads it
     config = flag_argument(argv, "config")
     try:
-        if define_flags is not None:
-            define_flags(argv)
+        default = define_flags(argv) if define_flags else None
+        config = config or default
         for name, defined in flags.FLAGS.flags_by_module_dict().items():
             for flag in defined if name.startswith("jrope.") else ():  # absl's --help lists
                 flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)  # the main module's
@@ -94,8 +97,15 @@ def parse_flags(argv: list[str], define_flags: Callable | None = None) -> list[s
     except SystemExit:  # absl's --help and --helpfull exit 1 after printing: no failure here
         sys.exit(0)
     except Exception as error:  # absl and ml_collections raise many kinds: all mean a bad flag
-        status, message = exit_status(error) or (2, _flag_problem(error, config))
-        _fail(message, status, error)
+        _fail(error, *(exit_status(error) or (2, _flag_problem(error, config, argv))))
+
+
+def last_overrides(argv: list[str]) -> list[str]:
+    """argv with only the last --config.<key>=<value> of each key: ml_collections joins the values
+    of a tuple key given twice, where the last should win."""
+    keys = [arg.partition("=")[0].lstrip("-") if arg.startswith(("--config.", "-config.")) and
+            "=" in arg else None for arg in argv]  # fmt: skip
+    return [arg for i, arg in enumerate(argv) if not keys[i] or keys[i] not in keys[i + 1 :]]
 
 
 def flag_argument(argv: list[str], name: str) -> str | None:
@@ -107,22 +117,30 @@ def flag_argument(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _flag_problem(error: BaseException, config: str | None) -> str:
-    """absl's (or ml_collections') message in one line; the config file's line where it raised."""
+def _flag_problem(error: BaseException, config: str | None, argv: list[str]) -> str:
+    """The flag error in one line: the config file's line where it raised, or an override's
+    missing section with the nearest key, or absl's (ml_collections') message."""
     root = error
     while root.__cause__ or root.__context__:
         root = root.__cause__ or root.__context__
     file = config and os.path.abspath(config.partition(":")[0])
     frames = traceback.extract_tb(root.__traceback__)
-    lines = [frame.lineno for frame in frames if os.path.abspath(frame.filename) == file]
-    if lines:  # (a SyntaxError names its file and line itself)
-        return f"{config}, line {lines[-1]}: {type(root).__name__}: {root}."
+    if lines := [frame.lineno for frame in frames if os.path.abspath(frame.filename) == file]:
+        return f"{config}, line {lines[-1]}: {type(root).__name__}: {root}."  # (SyntaxError too)
+    if isinstance(root, KeyError) and config:  # ml_collections: an override's parent is missing
+        from ml_collections.config_flags import config_flags
+
+        keys = flat_keys(config_flags.ConfigFileFlagParser("config").parse(config).to_dict())
+        for flag in (arg.partition("=")[0].lstrip("-") for arg in argv):
+            key = flag.removeprefix("config.") if flag.startswith("config.") else ""
+            if "." in key and not any(k.startswith(key.rpartition(".")[0] + ".") for k in keys):
+                hint = did_you_mean(key, keys, "--config.") or "; see --help."
+                return f"--config.{key}: the config has no section {key.split('.')[0]!r}{hint}"
     return f"{(str(error).strip() or repr(error)).splitlines()[0].rstrip('.')}; see --help."
 
 
 def exit_status(error: BaseException) -> tuple[int, str] | None:
-    """(status, message) of a project error, storage failure or missing extra (here or as the
-    cause), else None: a bug."""
+    """(status, message) of a project error, storage failure or missing extra (or its cause)."""
     while error is not None:
         if isinstance(error, JropeError):
             return error.exit_status, str(error)
@@ -143,24 +161,23 @@ def _run_main(main: Callable[[list[str]], None], argv: list[str]) -> None:
             raise UsageError(f"Unexpected arguments {argv[1:]}; flags only.")
         main(argv)
     except Exception as error:
-        reported = exit_status(error)
-        if reported is None:
+        if (reported := exit_status(error)) is None:
             raise
-        _fail(reported[1], reported[0], error)
+        _fail(error, *reported)
 
 
 def _excepthook(kind, error, trace) -> None:
-    """Python's, but for the closed event loop that tensorstore's threads print (PyErr_Print)
-    when orbax has abandoned their reads after a failed one: that is no error of the command."""
+    """Python's, but for the closed event loop that tensorstore's threads print when orbax has
+    abandoned their reads after a failed one: no error of the command."""
     if not (kind is RuntimeError and str(error) == "Event loop is closed"):
         sys.__excepthook__(kind, error, trace)
 
 
-def _fail(message: str, status: int, error: BaseException) -> None:
+def _fail(error: BaseException, status: int, message: str) -> None:
     if "verbose" in flags.FLAGS and (flags.FLAGS["verbose"].value or "--verbose" in sys.argv):
         traceback.print_exception(error)
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
-    # Everything is written (checkpoints and logs close on the way out): no shutdown follows,
-    # where the reads orbax abandoned after a failed one would print their tracebacks.
+    # Checkpoints and logs are closed: no shutdown follows, where the reads orbax abandoned after
+    # a failed one would print their tracebacks.
     os._exit(status)

@@ -1,4 +1,4 @@
-"""Positional encodings behind one interface: `transform_qk` and `logit_bias`.
+"""Positional encodings behind one interface: `transform_qk`, `logit_bias`, `transform_logits`.
 
 `make_encoding(cfg, num_heads, head_dim)` turns a PEConfig into an
 `Encoding`, which owns no state: its learnable parameters (gamma, eta, jet
@@ -7,7 +7,8 @@ and passed back in, so the same object serves jit, grad and sharding.
 
 Every variant is a per-position linear map on q and k followed by an
 ordinary dot product (docs/mathematics.md, section 3), plus an optional additive bias, so
-it works with any attention kernel.
+it works with any attention kernel; the logit soft-cap also maps the logits elementwise, which
+the kernels that apply `transform_logits` compute (docs/extending.md).
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per head, m chain order.
@@ -16,6 +17,7 @@ nb blocks per head, m chain order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 
@@ -61,10 +63,25 @@ GATED_SHEAR = "gated shear"  # the jet mixes: gated coefficients, not one expone
 BIAS = "logit bias"  # ALiBi's additive -slope * max(i - j, 0)
 FLOAT32_DOTS = "float32 dots"  # logits that cancel large products (Encoding.keeps_float32)
 TEMPERATURE = "logit temperature"  # a learned per-head scale of the queries
+LOGITS = "logits transform"  # transform_logits is not the identity (e.g. the logit soft-cap)
+
+# The feature a PEConfig field asks of a kernel when it is away from its default (None: the
+# segments' features above carry it). A field missing here is a feature of its own, named after
+# the field, which no kernel computes: a new setting is refused everywhere until it is listed.
+FIELD_FEATURES = {
+    **dict.fromkeys(("name", "layout", "train_context", "theta", "order", "rotate")),
+    **dict.fromkeys(("learn_gamma", "gamma_min", "init_gamma", "shear", "shear_time")),
+    **dict.fromkeys(("shear_scale", "eta_max", "init_eta", "jet_gates", "jet_base")),
+    "jet_gate_max": None,
+    "alibi": BIAS,
+    "learn_temperature": TEMPERATURE,
+    "logit_softcap": LOGITS,
+}
 
 # What each family of hooks carries exactly: a kernel that reaches the encoding only through
-# one family supports these features (and BIAS where it adds logit_bias). A feature added to an
-# encoding joins the families whose hooks compute it, and no other.
+# one family supports these features (and BIAS where it adds logit_bias, LOGITS where it applies
+# transform_logits). A feature added to an encoding joins the families whose hooks compute it,
+# and no other.
 #   the maps: map_queries, map_keys, move_keys;
 MAP_FEATURES = frozenset({MAPS, DAMPING, SHEAR, GATED_SHEAR, FLOAT32_DOTS, TEMPERATURE})
 #   the shear terms: shear_terms, term_rates, shear_time (jrope.attention.shear);
@@ -209,10 +226,11 @@ class Encoding:
     def name(self) -> str:
         return self.cfg.name
 
-    @property
+    @functools.cached_property
     def features(self) -> frozenset[str]:
-        """What a kernel must compute for this encoding: a subset of the feature names above."""
-        features = {BIAS} if self.cfg.alibi else set()
+        """What a kernel must compute for this encoding: what its segments and its logits hook
+        compute, and the feature of each PEConfig field away from its default (FIELD_FEATURES)."""
+        features = set()
         for segment in self.segments:
             features.add(MAPS)
             if segment.learn_gamma:
@@ -220,9 +238,20 @@ class Encoding:
             features |= {"none": set(), "eta": {SHEAR}, "jet": {GATED_SHEAR}}[segment.shear]
         if self.keeps_float32:
             features.add(FLOAT32_DOTS)
-        if self.cfg.learn_temperature:
-            features.add(TEMPERATURE)
-        return frozenset(features)
+        for field in dataclasses.fields(self.cfg):
+            value = getattr(self.cfg, field.name)
+            if field.default is dataclasses.MISSING or value != field.default:
+                features.add(FIELD_FEATURES.get(field.name, field.name))
+        # What transform_logits computes, traced once: an identity leaves its input as it is.
+        probe = jax.ShapeDtypeStruct((1, self.num_heads, 1, 1), jnp.float32)
+        params = {
+            name: jax.ShapeDtypeStruct(v.shape, v.dtype)
+            for name, (v, _) in self._parameters().items()
+        }
+        traced = jax.make_jaxpr(self.transform_logits)(params, probe).jaxpr
+        if traced.outvars != traced.invars[-1:]:
+            features.add(LOGITS)
+        return frozenset(features - {None})
 
     @property
     def has_maps(self) -> bool:
@@ -461,6 +490,18 @@ class Encoding:
         slopes = slopes.reshape((1,) * (lag.ndim - 2) + (self.num_heads, 1, 1))
         return -slopes * lag[..., None, :, :].astype(jnp.float32)
 
+    def transform_logits(self, params, logits):
+        """The logits after the encoding's elementwise map of each head's scaled logits (bias
+        added), before the mask and the softmax: float [B, N, T, S] -> [B, N, T, S].
+
+        The identity (the logits themselves, no op) but for the logit soft-cap
+        cap * tanh(logits / cap). A kernel that applies it declares LOGITS.
+        """
+        if not self.cfg.logit_softcap:
+            return logits
+        cap = self.cfg.logit_softcap
+        return cap * jnp.tanh(logits / cap)
+
     def relative_logits(self, params, q, k, q_positions, k_positions):
         """The O(T^2) relative (oracle) form of attention_logits, for exact variants.
 
@@ -522,8 +563,7 @@ def make_encoding(
       k and ask for full-precision attention dots (Encoding.keeps_float32).
 
     Raises:
-      ValueError: when the block size does not divide head_dim (2m for an
-        order-m Jordan head, 2 for RoPE, 8 for the direct sum).
+      ValueError: when cfg.head_block does not divide head_dim.
     """
     if not isinstance(cfg, PEConfig):
         raise TypeError(
@@ -533,18 +573,17 @@ def make_encoding(
     for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if head_dim % cfg.head_block:
+        raise ValueError(
+            f"{cfg.name}: head_dim {head_dim} is not divisible by {cfg.head_block} "
+            f"(PEConfig.head_block); choose d_model / num_heads as a multiple of {cfg.head_block}"
+        )
     if cfg.layout == "none":
         segments = ()
-    elif cfg.layout == "rope":
-        _check_divides(cfg, head_dim, 2, "RoPE rotates (re, im) pairs")
-        segments = (JordanSegment(0, head_dim, 1, num_heads, cfg),)
-    elif cfg.layout == "jordan":
-        why = f"an order-{cfg.order} Jordan block spans 2m = {2 * cfg.order} real dims"
-        _check_divides(cfg, head_dim, 2 * cfg.order, why)
-        segments = (JordanSegment(0, head_dim, cfg.order, num_heads, cfg),)
+    elif cfg.layout in ("rope", "jordan"):
+        order = 1 if cfg.layout == "rope" else cfg.order
+        segments = (JordanSegment(0, head_dim, order, num_heads, cfg),)
     else:
-        why = "the direct sum splits the head into a RoPE half and an order-2 real Jordan half "
-        _check_divides(cfg, head_dim, 8, why + "of 4-dim blocks")
         half = head_dim // 2
         rope = dataclasses.replace(cfg, layout="rope", learn_gamma=False, shear="none")
         real_jordan = dataclasses.replace(cfg, layout="jordan", order=2, rotate=False)
@@ -559,20 +598,12 @@ def make_encoding(
     return Encoding(cfg, num_heads, head_dim, segments, max_length)
 
 
-def _check_divides(cfg: PEConfig, head_dim: int, block: int, why: str) -> None:
-    if head_dim % block:
-        raise ValueError(
-            f"{cfg.name}: head_dim {head_dim} is not divisible by {block} ({why}); "
-            f"choose d_model / num_heads as a multiple of {block}"
-        )
-
-
 def attention_logits(
     enc: Encoding, params, q, k, q_positions, k_positions, *, precision=None
 ) -> jax.Array:
     """Encoded attention logits before mask and softmax, float32 [B, N, T, S].
 
-    q2 . k2 / sqrt(H) + bias, with q: [B, T, N, H] and k: [B, S, N, H].
+    transform_logits(q2 . k2 / sqrt(H) + bias), with q: [B, T, N, H] and k: [B, S, N, H].
     precision: of the q.k dot (a jax.lax.Precision); default: enc.dot_precision.
     """
     q2, k2 = enc.transform_qk(params, q, k, q_positions, k_positions)
@@ -580,8 +611,10 @@ def attention_logits(
     logits = jnp.einsum(
         "btnh,bsnh->bnts", q2, k2, preferred_element_type=jnp.float32, precision=dots
     )
-    logits = logits / math.sqrt(enc.head_dim)
-    return add_bias(logits, enc.logit_bias(params, q_positions, k_positions))
+    logits = add_bias(
+        logits / math.sqrt(enc.head_dim), enc.logit_bias(params, q_positions, k_positions)
+    )
+    return enc.transform_logits(params, logits)
 
 
 def add_bias(logits: jax.Array, bias: jax.Array | None) -> jax.Array:

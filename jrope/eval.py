@@ -1,42 +1,43 @@
 """Evaluate a run across lengths: python -m jrope.eval --workdir=DIR (a clone: eval.py).
 
 Its latest checkpoint, with the config saved with it (--config.<key>=<value> may change what does
-not change the model; --config=<experiment> replaces it; a probe config runs the kernel probe),
+not define the result; --config=<experiment> replaces it; a probe config runs the kernel probe),
 at eval.lengths; the rows join DIR/eval_step<N>/eval.{csv,md,png} and metrics.jsonl at step N.
 """
 
 from absl import flags
 
 from jrope import command_line
-from jrope.errors import ConfigError
 
 
-def define_flags(argv: list[str]) -> None:
+def define_flags(argv: list[str]) -> str | None:
     """--config defaults to the run's saved config, so that the overrides apply to it."""
     from jrope import saved_run_config  # here: an install without the 'train' extra is told
 
     workdir, config = (command_line.flag_argument(argv, name) for name in ("workdir", "config"))
-    command_line.define_run_flags(
-        saved_run_config.config_file(workdir) if workdir and not config else None
-    )
+    saved = saved_run_config.config_file(workdir) if workdir and not config else None
+    return command_line.define_run_flags(saved)
 
 
 def main(argv: list[str]) -> None:
     command_line.start_processes()
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-    if "probe" not in config:
-        from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
-        from jrope.train.evaluation import evaluate_checkpoint
+    if "probe" in config:
+        from jrope.experiments import kernel_probe
 
-        evaluate_checkpoint(TrainConfig.from_config_dict(config), workdir)
+        kernel_probe.run(config, workdir)
         return
-    from jrope.experiments import kernel_probe
+    from jrope import saved_run_config
+    from jrope.train.checkpoints import check_changes
+    from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
+    from jrope.train.trainer import evaluate_checkpoint
 
-    try:
-        kernel_probe.KernelProbeConfig.from_config_dict(config)
-    except ValueError as error:
-        raise ConfigError(str(error).splitlines()) from error
-    kernel_probe.run(config, workdir)
+    if flags.FLAGS["config"].using_default_value:  # the saved config and its overrides
+        saved = saved_run_config.saved_config_path(workdir).parent.parent
+        check_changes(
+            saved, saved_run_config.read_saved_config(saved), config.to_dict(), "evaluate"
+        )
+    evaluate_checkpoint(TrainConfig.from_config_dict(config), workdir)
 
 
 def run_main() -> None:

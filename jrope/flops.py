@@ -74,8 +74,6 @@ def model_flops_per_step(
     the data source (jrope.train.setup.model_io), which this count does not build.
     """
     signal = input_channels is not None
-    if vocab_size is None and not signal:
-        raise ValueError("model_flops_per_step needs vocab_size, or input and output channels.")
     b, t, d, v = rows, length, model.d_model, vocab_size
     f = model.mlp_ratio * d
     last_queries = 1 if model.readout == "last" else t
@@ -112,10 +110,7 @@ class Throughput:
         """Train steps of `rows` x `length` tokens on `devices`; io: the model's vocab_size, or
         input_channels and output_channels (as model_flops_per_step takes them)."""
         total = model_flops_per_step(model, rows, length, **io)["total"]
-        peak = peak_flops_per_sec(devices, model.compute_dtype)
-        return cls(
-            tokens_per_step=rows * length, model_flops_per_step=total, peak_flops_per_sec=peak
-        )
+        return cls(rows * length, total, peak_flops_per_sec(devices, model.compute_dtype))
 
     def rates(self, steps_per_sec: float) -> dict[str, float]:
         """{'tokens_per_sec': ..., and 'mfu' (a fraction) when the peak is known}."""

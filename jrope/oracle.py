@@ -2,10 +2,11 @@
 
 Every kernel is measured against this (the device check, jrope.check; the
 accuracy benchmarks; the conformance tests): the encoding's own
-`map_queries`, `map_keys` and `logit_bias`, evaluated in float64, then a
-dense causal softmax in float64. So a variant added to the encoding is in
-the oracle with no edit here, and a kernel that computes another function,
-or loses the lag term to rounding, shows as an error against it. The
+`map_queries`, `map_keys`, `logit_bias` and `transform_logits`, evaluated in
+float64, then a dense causal softmax in float64. So a variant added to the
+encoding through these hooks is in the oracle with no edit here, and a
+kernel that computes another function, or loses the lag term to rounding,
+shows as an error against it. The
 mathematics of the maps is checked on its own, in exact fractions, by the
 tests (tests/helpers/shear_oracle.py).
 
@@ -77,14 +78,17 @@ def mapped(enc: Encoding, params, q, k, q_positions, k_positions, k_segments=Non
 
 
 def logits(enc: Encoding, params, q, k, q_positions, k_positions) -> jax.Array:
-    """float64 [B, N, T, S]: q2 . k2 / sqrt(H) plus the bias, every pair (future ones too).
+    """float64 [B, N, T, S]: transform_logits(q2 . k2 / sqrt(H) plus the bias), every pair (future
+    ones too).
 
     Call inside `float64()` with float64 q, k and params.
     """
     q2, k2 = mapped(enc, params, q, k, q_positions, k_positions)
     scores = jnp.einsum("btnh,bsnh->bnts", q2, k2) / math.sqrt(enc.head_dim)
     bias = enc.logit_bias(params, _batched(q_positions), _batched(k_positions))
-    return scores if bias is None else scores + bias.astype(jnp.float64)
+    return enc.transform_logits(
+        params, scores if bias is None else scores + bias.astype(jnp.float64)
+    )
 
 
 def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> jax.Array:
@@ -110,6 +114,7 @@ def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> ja
         bias = enc.logit_bias(params, rows_pos, k_pos)
         if bias is not None:
             scores = scores + bias.astype(jnp.float64)
+        scores = enc.transform_logits(params, scores)
         causal = k_pos[:, None, :] <= rows_pos[:, :, None]
         visible = causal & (segments[:, None, :] == rows_seg[:, :, None])
         scores = jnp.where(visible[:, None], scores, -jnp.inf)

@@ -11,15 +11,13 @@ suffixes override them).
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import re
-import typing
 from typing import Literal
 
 from absl import logging
 
 from jrope import pe_math
+from jrope.fields import PARAMETERS, Declared, did_you_mean, problems, setting
 
 Layout = Literal["none", "rope", "jordan", "direct_sum"]
 Shear = Literal["none", "eta", "jet"]
@@ -47,11 +45,16 @@ accepted position-encoding names:
   jordan_jetmix[_m{m}][_c{100c}]_g{100 g1}..._g{100 g(m-1)}
   jordan_jetmixfull[_m{m}][_c{100c}]_g{100 alpha0}_g{100 g1}..._g{100 g(m-1)}
   any name but alibi/rope_alibi may end in _alibi (adds the ALiBi bias)
+  any name may end in _softcap{cap} (logits cap * tanh(logits / cap), cap >= 1, as Gemma 2)
   e.g. jordan_exact_c150_eta010_alibi, jordan_exact_m3_c010_eta100_eta1,
        jordan_jetmix_m4_c150_g050_g030_g020, jordan_eta020, jordan_m3
   an _eta{xyz} above eta_max is clamped to eta_max, as the reference code does
 kernel-probe baselines (features only, no encoding; the probe configs accept them):
   rope_matched_m{m} | direct_sum_poly_m{m} | jordan_scaled_m{m}[_c{100c}]"""
+
+# The names of ACCEPTED_NAMES without a pattern, for a misspelt name's nearest.
+_PLAIN_NAMES = [name.strip() for line in ACCEPTED_NAMES.splitlines() for name in line.split(" | ")
+                if re.fullmatch(r"\s*\w+", name)]  # fmt: skip
 
 # One name of every family of ACCEPTED_NAMES: the conformance tests run each through every
 # attention kernel, against the float64 oracle or refused by name (tests/test_conformance.py).
@@ -73,6 +76,7 @@ FAMILY_EXAMPLES = (
     "jordan_jetmix_m3_c150_g050_g030",
     "jordan_jetmixfull_m3_c150_g100_g050_g030",
     "rope_temperature",
+    "jordan_rope_softcap3",
 )
 
 # The reference code's probe-only baselines (its causal_delta_features), with its defaults.
@@ -144,7 +148,7 @@ def _name_eta(name: str, init_eta: float, eta_max: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class PEConfig:
+class PEConfig(Declared):
     """A positional encoding, fully specified.
 
     Attributes:
@@ -168,56 +172,40 @@ class PEConfig:
       jet_gate_max: gates and alpha_0 are jet_gate_max * tanh(raw).
       alibi: add the ALiBi bias -slope_h * max(i - j, 0).
       learn_temperature: a learned logit temperature per head: queries times e^{t_h}, t_h from 0.
+      logit_softcap: cap > 0 maps the scaled logits to cap * tanh(logits / cap); 0: no cap.
     """
 
-    name: str
+    section = "pe"
+
+    name: str = setting(defines=PARAMETERS)
     layout: Layout
-    train_context: int
-    theta: float = 10000.0
-    order: int = 2
+    train_context: int = setting(ge=1, defines=PARAMETERS)
+    theta: float = setting(10000.0, gt=1.0, defines=PARAMETERS)
+    order: int = setting(2, ge=1)
     rotate: bool = True
     learn_gamma: bool = False
-    gamma_min: float = 1e-4
-    init_gamma: float = 1e-4
+    gamma_min: float = setting(1e-4, defines=PARAMETERS)
+    init_gamma: float = setting(1e-4, defines=PARAMETERS)
     shear: Shear = "none"
     shear_time: ShearTime = "bounded"
-    shear_scale: float = 1.0
-    eta_max: float = 0.1
-    init_eta: float = 0.0
+    shear_scale: float = setting(1.0, gt=0.0)
+    eta_max: float = setting(0.1, gt=0.0, defines=PARAMETERS)
+    init_eta: float = setting(0.0, defines=PARAMETERS)
     jet_gates: tuple[float, ...] = ()
     jet_base: float | None = None
-    jet_gate_max: float = 1.0
+    jet_gate_max: float = setting(1.0, gt=0.0)
     alibi: bool = False
     learn_temperature: bool = False
+    logit_softcap: float = setting(0.0, ge=0.0)
 
     def __post_init__(self):
+        super().__post_init__()  # each field against its declaration; below, the variant's rules
+
         def fail(msg):
             raise ValueError(f"PEConfig {self.name!r}: {msg}")
 
-        for field, choices in (("layout", Layout), ("shear", Shear), ("shear_time", ShearTime)):
-            value = getattr(self, field)
-            if value not in typing.get_args(choices):
-                fail(f"{field} must be one of {', '.join(typing.get_args(choices))}, got {value!r}")
-        fields = [(f.name, f.type) for f in dataclasses.fields(self) if f.type in ("int", "float")]
-        fields += [("jet_gates", "float")] * len(self.jet_gates)
-        gates = iter(self.jet_gates)
-        for key, kind in fields:
-            value = next(gates) if key == "jet_gates" else getattr(self, key)
-            allowed = numbers.Integral if kind == "int" else numbers.Real
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, allowed)
-                or not math.isfinite(value)
-            ):
-                fail(f"{key} must be a finite {kind}, got {value!r}")
-        if self.train_context <= 0:
-            fail(f"train_context must be a positive length, got {self.train_context}")
-        if self.theta <= 1.0:
-            fail(f"theta must be > 1, got {self.theta}")
-        if self.order < 1 or (self.layout == "jordan" and self.order < 2):
-            fail(f"a {self.layout} layout needs order m >= {2 if self.layout == 'jordan' else 1}")
-        if self.shear_scale <= 0 or self.eta_max <= 0 or self.jet_gate_max <= 0:
-            fail("shear_scale, eta_max and jet_gate_max must be positive")
+        if self.layout == "jordan" and self.order < 2:
+            fail("a jordan layout needs order m >= 2")
         if self.learn_gamma and not 0 <= self.gamma_min <= self.init_gamma:
             fail(
                 f"need 0 <= gamma_min <= init_gamma, got gamma_min={self.gamma_min}, "
@@ -242,6 +230,12 @@ class PEConfig:
                 )
         if self.jet_base is not None and self.jet_base == 0.0:
             fail("jet_base (alpha_0) must be nonzero: it is inverted in the query map")
+
+    @property
+    def head_block(self) -> int:
+        """The width that must divide a head's dimension: a RoPE pair, an order-m Jordan block's
+        2m real dims, or the direct sum's two halves of 4-dim blocks."""
+        return {"none": 1, "rope": 2, "jordan": 2 * self.order, "direct_sum": 8}[self.layout]
 
     @property
     def clock(self) -> pe_math.ShearTime | None:
@@ -364,7 +358,12 @@ def pe_config_from_name(
         train_context=train_context, theta=theta, gamma_min=gamma_min, init_gamma=init_gamma
     )
     base.update(eta_max=eta_max, init_eta=init_eta)
-    core, alibi = name, False
+    if found := problems(PEConfig, base):  # before a suffix divides by train_context
+        raise ValueError("\n".join(found))
+    core, alibi, softcap = name, False, re.fullmatch(r"(.+)_softcap([1-9]\d*)", name)
+    if softcap:  # the cap applies to any encoding: the rest of the name is parsed as usual
+        settings = pe_config_from_name(softcap.group(1), **base)
+        return dataclasses.replace(settings, name=name, logit_softcap=float(softcap.group(2)))
     if name == "alibi":
         core, alibi = "nope", True
     elif name == "rope_alibi":
@@ -385,7 +384,8 @@ def pe_config_from_name(
     try:
         settings = _parse_base(core, base)
     except ValueError as err:
+        hint = did_you_mean(name, _PLAIN_NAMES)
         raise UnknownEncodingName(
-            f"unknown position-encoding name {name!r} ({err})\n{ACCEPTED_NAMES}"
+            f"unknown position-encoding name {name!r} ({err}){hint}\n{ACCEPTED_NAMES}"
         ) from None
     return PEConfig(name=name, **{**base, **settings, "alibi": alibi})

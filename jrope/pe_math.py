@@ -34,9 +34,7 @@ import jax.numpy as jnp
 Coefficients = Sequence[jax.Array | float]
 
 
-# ----------------------------------------------------------------------------
-# Frequencies and shear time.
-# ----------------------------------------------------------------------------
+# ---- Frequencies and shear time.
 
 
 def rotary_frequencies(num_blocks: int, head_dim: int, theta: float) -> jax.Array:
@@ -101,9 +99,7 @@ class ShearTime(NamedTuple):
         return self.scale * numerator / ((length + jnp.abs(fi)) * (length + jnp.abs(fj)))
 
 
-# ----------------------------------------------------------------------------
-# Chain coefficient sequences c_r, r < m.
-# ----------------------------------------------------------------------------
+# ---- Chain coefficient sequences c_r, r < m.
 
 
 def shear_series(shear: jax.Array, order: int) -> list[jax.Array | float]:
@@ -132,9 +128,7 @@ def toeplitz_series_inverse(coefficients: Coefficients) -> list[jax.Array | floa
     return inverse
 
 
-# ----------------------------------------------------------------------------
-# Generators and closed-form relative operators.
-# ----------------------------------------------------------------------------
+# ---- Generators and closed-form relative operators.
 
 
 def nilpotent_shift(order: int, dtype=jnp.float32) -> jax.Array:
@@ -216,9 +210,7 @@ def damped_phase(lag, gamma, omega) -> tuple[jax.Array, jax.Array]:
     return decay * jnp.cos(omega * lag), decay * jnp.sin(omega * lag)
 
 
-# ----------------------------------------------------------------------------
-# The factorized (contragredient) maps on [..., nb, m, 2] blocks.
-# ----------------------------------------------------------------------------
+# ---- The factorized (contragredient) maps on [..., nb, m, 2] blocks.
 
 
 def map_tables(cos, sin, coefficients: Coefficients) -> jax.Array:
@@ -342,9 +334,7 @@ def query_map(q: jax.Array, cos, sin, inverse_coefficients: Coefficients) -> jax
     return apply_map(q, map_tables(cos, sin, inverse_coefficients), -1)
 
 
-# ----------------------------------------------------------------------------
-# The relative (oracle) form.
-# ----------------------------------------------------------------------------
+# ---- The relative (oracle) form.
 
 
 def relative_block_logits(q: jax.Array, k: jax.Array, operators: jax.Array) -> jax.Array:

@@ -110,13 +110,9 @@ DAMAGED_SUFFIX = ".damaged"
 
 
 def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
-    """(the whole records, the damaged bytes) of a JSON-lines log's contents.
-
-    A record is a line that decodes as UTF-8 and parses as one JSON object; it
-    comes back ending in a newline (a last line that lost only its newline is
-    whole). Every other line (random bytes, a line cut short by a full disk or
-    a kill, a hand edit that broke it) goes to the damaged bytes, as it was.
-    """
+    """(the whole records, the damaged bytes) of a JSON-lines log's contents: a record is a line
+    that is UTF-8 and one JSON object, returned with its newline (a last line may lack it); every
+    other line goes to the damaged bytes as it was."""
     records, damaged = [], []
     pieces = data.split(b"\n")  # not bytes.splitlines, which also splits at \r, \f, ...
     for raw in [piece + b"\n" for piece in pieces[:-1]] + [pieces[-1]]:
@@ -134,12 +130,9 @@ def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
 
 class JsonLinesLog:
     """A log of one line per record at `path` (its folder made), continued when it exists;
-    `keep` chooses which of the records already there stay (None: all).
-
-    Logs are read tolerantly: damaged lines (split_json_lines) are set aside, their bytes appended
-    to `<path>.damaged` and named once on the console, and the log goes on with the rest, so that
-    every line of it parses and a line cut short never fuses with the next record.
-    """
+    `keep` chooses which of the records already there stay (None: all). Damaged lines
+    (split_json_lines) are set aside in `<path>.damaged`, named once on the console: every line
+    of the log parses, and a line cut short never fuses with the next record."""
 
     def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
         self._path = epath.Path(path)

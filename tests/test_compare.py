@@ -33,7 +33,7 @@ def test_comparison_trains_each_run_once_and_tabulates(tmp_path, capsys):
         assert os.path.join(workdir, name) in console.split("Comparison files:")[-1]
 
     # A second call finds every run finished: nothing is retrained, the numbers are the same.
-    finished = evaluation.finished_results(os.path.join(workdir, "jordan_exact_scaled", "seed0"), 2)
+    finished = evaluation.results_dir(os.path.join(workdir, "jordan_exact_scaled", "seed0"), 2)
     stamp = os.path.getmtime(finished / "eval.csv")
     again = compare.run_comparison(config, ["jordan_exact_scaled"], [0, 1], workdir)
     assert os.path.getmtime(finished / "eval.csv") == stamp

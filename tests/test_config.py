@@ -13,8 +13,8 @@ from jrope import saved_run_config
 from jrope.errors import ConfigError
 from jrope.pe_config import pe_config_from_name
 from jrope.train.config import (
+    PE_KEYS,
     EvalConfig,
-    PESection,
     RuntimeConfig,
     TrainConfig,
     convert_config,
@@ -35,8 +35,8 @@ def test_the_pe_section_is_the_library_pe_config_parsed_from_the_name():
         init_eta=0.0,
     )
     assert (cfg.pe.gamma_min, cfg.pe.init_gamma, cfg.pe.init_eta) == (0.0, 1.5 / 16, 0.01)
-    # The section's keys are its own typed fields, not read off pe_config_from_name.
-    assert [field.name for field in dataclasses.fields(PESection)] == [
+    # The section's keys are pe_config_from_name's arguments: PEConfig declares their rules.
+    assert list(PE_KEYS) == [
         "name", "train_context", "theta", "gamma_min", "init_gamma", "eta_max", "init_eta"
     ]  # fmt: skip
 
@@ -86,13 +86,17 @@ def test_every_problem_of_every_section_is_reported_at_once_with_its_key():
 @pytest.mark.parametrize(
     "key, value, problem",
     [
-        ("opt.b1", 1.5, "opt.b1 must be in [0, 1), got 1.5."),
-        ("opt.b2", 2.0, "opt.b2 must be in [0, 1), got 2.0."),
-        ("opt.eps", -1.0, "opt.eps must be > 0, got -1.0."),
-        ("opt.weight_decay", -0.5, "opt.weight_decay must be >= 0, got -0.5."),
-        ("opt.final_lr_ratio", -3.0, "opt.final_lr_ratio must be in [0, 1], got -3.0."),
-        ("pe.eta_max", float("nan"), "pe.eta_max must be a finite number, got nan."),
-        ("pe.theta", float("inf"), "pe.theta must be a finite number, got inf."),
+        ("opt.b1", 1.5, "opt.b1 must be a finite number in [0, 1), got 1.5."),
+        ("opt.b2", 2.0, "opt.b2 must be a finite number in [0, 1), got 2.0."),
+        ("opt.eps", -1.0, "opt.eps must be a finite number > 0, got -1.0."),
+        ("opt.weight_decay", -0.5, "opt.weight_decay must be a finite number >= 0, got -0.5."),
+        (
+            "opt.final_lr_ratio",
+            -3.0,
+            "opt.final_lr_ratio must be a finite number in [0, 1], got -3.0.",
+        ),
+        ("pe.eta_max", float("nan"), "pe.eta_max must be a finite number > 0.0, got nan."),
+        ("pe.theta", float("inf"), "pe.theta must be a finite number > 1.0, got inf."),
     ],
 )
 def test_optimizer_settings_and_non_finite_numbers_are_refused_by_name(key, value, problem):
@@ -113,8 +117,8 @@ def test_values_of_the_wrong_type_are_named_not_crashed_on():
     config["eval"]["lengths"] = [16, 32]  # a list is a tuple
     _, problems = convert_config(config)
     assert problems == [
-        "num_steps must be an integer >= 1, got '2'.",
-        "pe.theta must be a finite number, got 10000.",
+        "num_steps must be an integer in [1, 2147483647], got '2'.",
+        "pe.theta must be a finite number > 1.0, got '10000'.",
     ]
 
 
@@ -129,10 +133,12 @@ def test_a_missing_key_is_named_and_a_missing_section_takes_its_defaults():
 
 
 def test_sections_check_themselves_when_built_directly():
-    with pytest.raises(ValueError, match=r"eval\.batch_size 3 must divide eval\.num_sequences 4"):
+    with pytest.raises(
+        ValueError, match=r"eval\.batch_size must divide num_sequences = 4, got 3\."
+    ):
         EvalConfig(lengths=(16,), num_sequences=4, batch_size=3, every_steps=0)
     model = tiny_config().model  # the model's own config, usable without the harness
-    with pytest.raises(ValueError, match=r"model: d_model 32 must be a multiple of num_heads 3"):
+    with pytest.raises(ValueError, match=r"model\.num_heads must divide d_model = 32, got 3\."):
         dataclasses.replace(model, num_heads=3)
 
 
@@ -216,3 +222,22 @@ def test_the_data_keys_that_are_the_models_are_set_from_it_and_refused_in_a_conf
     config = tiny_config_dict()
     config.data.pack = True  # the synthetic task has no such key
     assert convert_config(config)[1] == ["data.pack: no such key; drop it."]
+
+
+def test_sizes_and_steps_stay_within_int32_and_a_length_comes_once_each_named():
+    big = 10**12
+    sizes = {"model.d_model": big, "pe.train_context": big, "batch_size": big, "num_steps": big}
+    sizes.update({"model.num_layers": big, "model.mlp_ratio": big, "opt.warmup_steps": 3 * 10**9})
+    _, problems = convert_config(tiny_config_dict(**sizes, **{"eval.lengths": (64, 64)}))
+    assert sorted(problem.split()[0] for problem in problems) == sorted([*sizes, "eval.lengths"])
+    assert all("2147483647]" in problem for problem in problems)
+    assert problems[-1].endswith("distinct integers in [2, 2147483647], got (64, 64).")
+
+
+def test_a_misspelt_accepted_change_is_named_as_matching_no_key():
+    accepted = "opt.learning_rat, model"
+    _, problems = convert_config(tiny_config_dict(**{"checkpoint.accept_changes": accepted}))
+    assert problems == [
+        "checkpoint.accept_changes names 'opt.learning_rat', which matches no key; "
+        "did you mean opt.learning_rate?"
+    ]

@@ -277,7 +277,7 @@ def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, p
     )
     array.chmod(0o200)
     with pytest.raises(CheckpointError) as refusal:
-        restore_compatible(cfg, checkpointer, run.layout.abstract, 1)
+        restore_compatible(checkpointer, run.layout.abstract, 1)
     checkpointer.close()
     assert str(refusal.value) == (
         f"{array} cannot be read (permission denied); chmod -R u+rX {array.parents[3]}, "
@@ -313,7 +313,7 @@ def test_two_damaged_checkpoints_are_both_moved_aside_by_the_advice(tmp_path):
     for step in (2, 3):  # the last two lost their digests: neither can be checked
         shutil.rmtree(tmp_path / "checkpoints" / str(step) / DIGESTS_ITEM)
     with pytest.raises(CheckpointError) as refusal:
-        restore_compatible(cfg, checkpointer, run.layout.abstract, 3)
+        restore_compatible(checkpointer, run.layout.abstract, 3)
     checkpointer.close()
     directory = tmp_path / "checkpoints"
     aside = tmp_path / "damaged_checkpoints"

@@ -5,6 +5,7 @@ A damping past the bound starts a run (refused with the fix) or is learned
 survives it), and a non-finite result names it before the learning rate.
 """
 
+import json
 import math
 
 import jax
@@ -65,9 +66,11 @@ def test_an_encoding_starting_past_the_bound_is_followed_from_step_1(tmp_path, c
     result = trainer.train_and_evaluate(cfg, str(tmp_path))
     said = capsys.readouterr().out
     # 0.5 * 16 < 80: the train step keeps its kernel; 512 is evaluated blockwise.
-    assert "The starting state" not in said
-    assert "layer 0, head 0 has damping gamma = 0.5004, above model.max_damping" in said
-    assert "above model.max_damping = 0.02: blockwise blocks of 128." in said
+    assert (
+        "layer 0, head 0 has damping gamma = 0.5, above model.max_damping = 0.02: the "
+        "kernels plan for it (blockwise blocks of 128; at length 16 the 'einsum' kernel)." in said
+    )
+    assert "resuming from" not in said  # planned once: the learned damping stays carried
     assert [row["length"] for row in result["eval"]] == [256, 512]
     assert all(math.isfinite(row["loss"]) for row in result["eval"])
 
@@ -95,16 +98,16 @@ def test_learned_damping_past_the_bound_evaluates_as_the_blockwise_kernel():
     cfg = tiny_config(**lengths)
     run = set_up_run(cfg, devices=jax.devices()[:1])
     params = _with_gamma(cfg, run.init_state()["params"], LEARNED_GAMMA, DAMPED_LAYER, DAMPED_HEAD)
-    step = evaluation.EvalStep(run)
-    rows = evaluation.evaluate_lengths(step, params, run.source, cfg, run.mesh, step=0)
-    assert step.measured.passed and step.measured.block_size == 128
+    step = evaluation.EvalStep(run, run.plan_kernels(params))
+    rows = evaluation.evaluate_lengths(step, params, run, step=0)
+    assert step.plan.measured.passed and step.plan.measured.block_size == 128
     # 0.5 * 127 < 80: the blocks that carry the damping (the harness's choice).
     blockwise_cfg = tiny_config(
         **lengths, **{"model.attention_impl": "blockwise", "model.block_size": 128}
     )
     blockwise_run = set_up_run(blockwise_cfg, devices=jax.devices()[:1])
     expected = evaluation.evaluate_lengths(
-        evaluation.EvalStep(blockwise_run), params, run.source, cfg, run.mesh, step=0
+        evaluation.EvalStep(blockwise_run), params, blockwise_run, step=0
     )
     for row, want in zip(rows, expected, strict=True):
         assert math.isfinite(row["loss"]), row
@@ -121,24 +124,25 @@ def test_learned_damping_past_the_bound_evaluates_as_the_blockwise_kernel():
 
 
 @pytest.mark.slow
-def test_train_step_changes_to_a_safe_kernel_once_the_damping_passes(capsys):
+def test_the_kernel_plan_follows_the_starting_damping_and_knows_what_it_carries(capsys):
     cfg = tiny_config()
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
+    within = run.plan_kernels(state["params"])
+    assert within.graphdef is run.layout.graphdef and within.carries(within.measured)
     # gamma * 16 = 96 > 80: one origin over the training window would overflow.
     params = _with_gamma(cfg, state["params"], 6.0, DAMPED_LAYER, DAMPED_HEAD)
-    planned_step = trainer.make_train_step(run)
-    step_fn, measured = trainer.step_for_damping(run, params, planned_step, None, step=2)
+    assert not within.carries(within.measure(params))
+    plan = run.plan_kernels(params)
     said = capsys.readouterr().out
-    assert "Step 2: layer 1, head 1 has damping gamma = 6" in said
-    assert "the train step runs the 'blockwise' kernel in blocks of 8" in said
-    assert step_fn is not planned_step
-    batch = {name: jnp.asarray(value) for name, value in run.source.train_batch(0).items()}
+    assert "layer 1, head 1 has damping gamma = 6, above model.max_damping = 0.02" in said
+    assert "(blockwise blocks of 8; at length 16 the 'blockwise' kernel)" in said
     kept_params = jax.tree.map(jnp.copy, params)  # the steps donate their state
-    larger = _with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, DAMPED_HEAD)
-    larger = jax.tree.map(jnp.copy, larger)
+    # A larger damping that blocks of 8 still carry needs no other plan.
+    assert plan.carries(plan.measure(_with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, 0)))
+    batch = {name: jnp.asarray(value) for name, value in run.source.train_batch(0).items()}
     with jax.set_mesh(run.mesh):
-        _, metrics = step_fn({**state, "params": params}, batch)
+        _, metrics = trainer.make_train_step(run, plan=plan)({**state, "params": params}, batch)
     blockwise_run = set_up_run(
         tiny_config(**{"model.attention_impl": "blockwise", "model.block_size": 8}),
         devices=jax.devices()[:1],
@@ -150,8 +154,30 @@ def test_train_step_changes_to_a_safe_kernel_once_the_damping_passes(capsys):
         )
     assert math.isfinite(float(metrics["loss"]))
     np.testing.assert_allclose(float(metrics["loss"]), float(expected["loss"]), rtol=1e-5)
-    # A larger damping keeps the blockwise step: no second compilation.
-    assert trainer.step_for_damping(run, larger, step_fn, measured, step=4)[0] is step_fn
+
+
+@pytest.mark.slow
+def test_a_damping_the_plan_does_not_carry_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """The loop compiles nothing after step 1: at the checkpoint where the damping needs other
+    kernels it stops, and the run resumes from there with kernels planned for it, computing
+    what an uninterrupted run computes."""
+    cfg = tiny_config(**{"num_steps": 4, "checkpoint.every_steps": 2, "mesh.data": -1})
+    expected = trainer.train_and_evaluate(cfg, str(tmp_path / "uninterrupted"))
+    carries, asked = damping.KernelPlan.carries, []
+
+    def outgrown_at_step_2(plan, measured):
+        asked.append(measured)
+        return len(asked) != 1 and carries(plan, measured)
+
+    monkeypatch.setattr(damping.KernelPlan, "carries", outgrown_at_step_2)
+    result = trainer.train_and_evaluate(cfg, str(tmp_path / "replanned"))
+    assert len(asked) == 2  # at step 2 (not carried), then at step 4 after the resume
+    starts = (tmp_path / "replanned" / "starts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["start_step"] for line in starts] == [0, 2]
+    leaves = zip(*map(jax.tree.leaves, (result["state"], expected["state"])), strict=True)
+    for got, want in leaves:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert result["eval"] == expected["eval"]
 
 
 def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate():
@@ -183,14 +209,18 @@ def test_a_non_finite_loss_names_a_passed_bound():
 def test_fused_kernels_obey_the_measured_damping(backend, fused):
     cfg = tiny_config(**{"model.compute_dtype": "bfloat16"})
     passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
+
     # A kernel that maps each block from its own origin: the shear-weight flash kernel for the
     # raw shear, blockwise for the others.
-    assert damping.kernel(cfg.model, run_encoding(cfg), 512, backend, passed) == "shear_flash"
+    def kernel(cfg):
+        return damping.KernelPlan(cfg.model, run_encoding(cfg), backend, (512,), None, passed)
+
+    assert kernel(cfg).kernel(512) == "shear_flash"
     rope = tiny_config(**{"model.compute_dtype": "bfloat16", "pe.name": "damped_rope"})
-    assert damping.kernel(rope.model, run_encoding(rope), 512, backend, passed) == "blockwise"
+    assert kernel(rope).kernel(512) == "blockwise"
     explicit = tiny_config(**{"model.compute_dtype": "bfloat16", "model.attention_impl": fused})
     with pytest.raises(UsageError) as refused:
-        damping.kernel(explicit.model, run_encoding(explicit), 512, backend, passed)
+        kernel(explicit).kernel(512)
     message = str(refused.value)
     assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
     assert f"attention_impl={fused!r}" in message

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jrope
+import jrope.attention
 from jrope import segments
 from tests.helpers.shear_oracle import definition_logits
 
@@ -413,3 +414,21 @@ def test_float32_follows_the_largest_shear_term_not_the_name():
     # Stabilized shear reads absolute positions, eta L at any length.
     assert encoding("jordan_rope", L).keeps_float32
     assert not encoding("rope", 1 << 20).keeps_float32
+
+
+def test_the_logit_softcap_caps_the_logits_and_an_identity_hook_adds_no_op():
+    plain, capped = _encoding("jordan_rope"), _encoding("jordan_rope_softcap3")
+    params = _perturbed(plain.init_params())
+    q, k = _qk(8, 8)
+    positions = jnp.arange(8)
+    logits = jrope.attention_logits(plain, params, 4 * q, k, positions, positions)
+    got = jrope.attention_logits(capped, params, 4 * q, k, positions, positions)
+    np.testing.assert_allclose(got, 3 * np.tanh(np.asarray(logits) / 3), rtol=1e-5, atol=1e-6)
+    assert np.abs(logits).max() > 6  # the cap binds
+    assert jrope.encodings.LOGITS in capped.features
+    for name in jrope.pe_config.FAMILY_EXAMPLES:
+        enc = _encoding(name)
+        if not enc.cfg.logit_softcap:
+            probe = jnp.zeros((1, NUM_HEADS, 1, 1))
+            assert not jax.make_jaxpr(enc.transform_logits)(enc.init_params(), probe).eqns, name
+            assert jrope.encodings.LOGITS not in enc.features, name

@@ -29,6 +29,14 @@ def _text_data(tmp, train="train.txt", evaluation="short.txt"):
     ]
 
 
+BEYOND_INT32 = (
+    "model.d_model",
+    "pe.train_context",
+    "batch_size",
+    "model.num_layers",
+    "model.mlp_ratio",
+    "num_steps",
+)
 # (id, arguments after `python` (format fields: {tmp}), exit status, patterns all to be found)
 BAD_INPUTS = [
     (
@@ -51,7 +59,50 @@ BAD_INPUTS = [
         "zero_heads",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.model.num_heads=0"],
         2,
-        [r"^Found before compiling", r"model\.num_heads must be >= 1, got 0"],
+        [
+            r"^Found before compiling",
+            r"model\.num_heads must be an integer in \[1, 2147483647\], got 0",
+        ],
+    ),
+    (
+        "sizes_beyond_int32",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.opt.warmup_steps=3000000000"]
+        + [f"--config.{key}=1000000000000" for key in BEYOND_INT32],
+        2,
+        [r"opt\.warmup_steps must be an integer in \[0, 2147483647\], got 3000000000\."]
+        + [
+            rf"\n  - {key} must be an integer in \[1, 2147483647\], got 10{{12}}\."
+            for key in BEYOND_INT32
+        ],
+    ),
+    (
+        "a_length_twice",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.eval.lengths=(64,64)"],
+        2,
+        [
+            r"eval\.lengths must be a non-empty tuple of distinct integers in \[2, 2147483647\], got \(64, 64\)"
+        ],
+    ),
+    (
+        "misspelt_section",
+        ["train.py", TINY, "--workdir={tmp}/run", "--config.trian.num_steps=10"],
+        2,
+        [
+            r"^--config\.trian\.num_steps: the config has no section 'trian'; did you mean --config\.num_steps\?\n$"
+        ],
+    ),
+    (
+        "misspelt_accepted_change",
+        [
+            "train.py",
+            TINY,
+            "--workdir={tmp}/run",
+            "--config.checkpoint.accept_changes=opt.learning_rat",
+        ],
+        2,
+        [
+            r"checkpoint\.accept_changes names 'opt\.learning_rat', which matches no key; did you mean opt\.learning_rate\?"
+        ],
     ),
     (
         "no_config_file",

@@ -74,7 +74,12 @@ def test_the_saved_config_is_the_latest_checkpoint_s(tmp_path):
 
     for num_steps in (4, 8):  # two runs' configs in one folder: the later checkpoint's is read
         cfg = tiny_config(num_steps=num_steps)
-        checkpointer = Checkpointer.for_run(cfg, str(tmp_path))
+        checkpointer = Checkpointer(
+            str(tmp_path / "checkpoints"),
+            every_steps=1,
+            max_to_keep=2,
+            config_json=cfg.to_json_dict(),
+        )
         checkpointer.save(num_steps, {"x": jnp.zeros(2)}, force=True)
         checkpointer.wait_until_finished()
         checkpointer.close()
@@ -84,3 +89,34 @@ def test_the_saved_config_is_the_latest_checkpoint_s(tmp_path):
     assert type(config.mesh.rules) is tuple
     with pytest.raises(CheckpointError, match="no finished checkpoint"):
         saved_run_config.get_config(str(tmp_path / "elsewhere"))
+
+
+@pytest.mark.slow
+def test_a_change_of_the_task_is_refused_in_one_line_and_the_run_s_rows_stay(trained):
+    workdir, env, _ = trained
+    outputs = sorted(workdir.glob("eval_step*/*")) + [workdir / "metrics.jsonl"]
+    before = {path: path.read_bytes() for path in outputs}
+    for override, line in [
+        (
+            "--config.data.kernel=damped_mixed",
+            "data.kernel is 'mixed_raw' there, 'damped_mixed' now",
+        ),
+        ("--config.data.source=signal", "data.source is 'synthetic' there, 'signal' now"),
+    ]:
+        result = run_command(["eval.py", f"--workdir={workdir}", override], env)
+        assert result.returncode == 4, result.stdout + result.stderr
+        assert len(result.stderr.splitlines()) == 1 and line in result.stderr, result.stderr
+    assert {path: path.read_bytes() for path in outputs} == before
+
+
+@pytest.mark.slow
+def test_an_override_given_twice_takes_the_last_value_lists_included(trained):
+    workdir, env, _ = trained
+    lengths = ["--config.eval.lengths=(8,16)", "--config.eval.lengths=(24,)"]
+    result = run_command(["eval.py", f"--workdir={workdir}", *lengths], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "length 24:" in result.stdout and "length 16:" not in result.stdout
+    emptied = run_command(
+        ["eval.py", f"--workdir={workdir}", lengths[0], "--config.eval.lengths=()"], env
+    )
+    assert emptied.returncode == 2 and "eval.lengths must be a non-empty tuple" in emptied.stderr

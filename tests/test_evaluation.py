@@ -49,8 +49,8 @@ def _config(kind, tmp_path, **overrides):
 def _evaluate_recording(cfg):
     """evaluate_lengths over cfg's source, with a step that records every batch it is given and
     scores the inputs themselves as predictions (a result that depends on the data alone)."""
-    source = build_source(cfg.data, cfg.batch_size, 0, 1)
-    seen = []
+    run = setup.set_up_run(cfg, devices=jax.devices()[:1])
+    source, seen = run.source, []
 
     def step(params, batch):
         seen.append({name: np.asarray(value) for name, value in batch.items()})
@@ -60,8 +60,7 @@ def _evaluate_recording(cfg):
             outputs = jax.nn.one_hot(batch["inputs"], source.vocab_size, dtype=jnp.float32)
         return losses.task_sums(outputs, batch, source.task, source.num_classes)
 
-    mesh = setup.make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    rows = evaluation.evaluate_lengths(step, None, source, cfg, mesh, step=0)
+    rows = evaluation.evaluate_lengths(step, None, run, step=0)
     return seen, rows
 
 
@@ -189,7 +188,9 @@ def test_paper_configs_evaluate_on_the_reference_counts_of_fixed_sequences(name,
 
 
 def test_eval_seed_out_of_range_is_refused():
-    with pytest.raises(ConfigError, match=r"eval.seed must be an integer in 0 .. 2\*\*32 - 1"):
+    with pytest.raises(
+        ConfigError, match=r"eval\.seed must be an integer in \[0, 4294967295\], got -1"
+    ):
         tiny_config(**{"eval.seed": -1})
 
 

@@ -7,6 +7,7 @@ refused like a damaged one; Ctrl-C and SIGTERM in the train loop save the step a
 status; command-line mistakes are one message each.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -176,6 +177,24 @@ def test_a_resume_refuses_settings_that_change_the_results_and_names_them():
     assert "seed is 0 there, 1 now" in differences("evaluate", seed=1)[0]
 
 
+def test_what_defines_the_result_is_refused_everywhere_unless_accepted_the_parameters_always():
+    saved = tiny_config().to_json_dict()
+
+    def refused(purpose, **overrides):
+        return config_differences(saved, tiny_config(**overrides).to_json_dict(), purpose=purpose)[
+            0
+        ]
+
+    kernel = {"data.kernel": "damped_mixed"}
+    for purpose in ("resume", "evaluate"):  # compare checks a finished run as a resume
+        assert refused(purpose, **kernel) == [
+            "data.kernel is 'mixed_raw' there, 'damped_mixed' now"
+        ]
+        assert refused(purpose, **kernel, **{"checkpoint.accept_changes": "data.kernel"}) == []
+        wider = {"model.num_layers": 3, "checkpoint.accept_changes": "model"}
+        assert refused(purpose, **wider) == ["model.num_layers is 2 there, 3 now"]
+
+
 # 5. A checkpoint without digests.
 
 
@@ -183,7 +202,7 @@ def test_a_resume_refuses_settings_that_change_the_results_and_names_them():
 def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
     cfg = tiny_config(**{"mesh.data": -1})
     run = set_up_run(cfg)
-    checkpointer = Checkpointer.for_run(cfg, str(tmp_path))
+    checkpointer = _checkpointer(tmp_path, cfg.to_json_dict())
     checkpointer.save(2, run.init_state(), force=True)
     checkpointer.wait_until_finished()
     digests = tmp_path / "checkpoints" / "2" / checkpoints.DIGESTS_ITEM
@@ -191,13 +210,14 @@ def test_a_checkpoint_without_digests_is_refused_unless_accepted(tmp_path):
         path.rmdir() if path.is_dir() else path.unlink()
     digests.rmdir()
     with pytest.raises(CheckpointError) as refused:
-        checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, 2)
+        checkpoints.restore_compatible(checkpointer, run.layout.abstract, 2)
     assert "has no digests (accept_missing_digests=True takes it)" in str(refused.value)
     assert refused.value.exit_status == 4
-    accepting = tiny_config(**{"mesh.data": -1, "checkpoint.accept_missing_digests": True})
-    state = checkpoints.restore_compatible(accepting, checkpointer, run.layout.abstract, 2)
-    assert int(state["step"]) == 0
     checkpointer.close()
+    accepting = _checkpointer(tmp_path, cfg.to_json_dict(), accept_missing_digests=True)
+    state = checkpoints.restore_compatible(accepting, run.layout.abstract, 2)
+    assert int(state["step"]) == 0
+    accepting.close()
 
 
 def test_a_checkpoint_written_before_a_key_existed_resumes_with_its_default(tmp_path):
@@ -206,17 +226,23 @@ def test_a_checkpoint_written_before_a_key_existed_resumes_with_its_default(tmp_
     older = cfg.to_json_dict()
     del older["data"]["pack"]  # a key this checkpoint's code did not have yet
     older["eval"]["max_hours"] = 1.0  # and a retired one
-    checkpointer = Checkpointer(
-        str(tmp_path / "checkpoints"), every_steps=1, max_to_keep=2, config_json=older
-    )
-    checkpointer.save(2, run.init_state(), force=True)
-    checkpointer.wait_until_finished()
-    state = checkpoints.restore_compatible(cfg, checkpointer, run.layout.abstract, 2)
+    with contextlib.closing(_checkpointer(tmp_path, older)) as checkpointer:
+        checkpointer.save(2, run.init_state(), force=True)
+    with contextlib.closing(_checkpointer(tmp_path, cfg.to_json_dict())) as checkpointer:
+        state = checkpoints.restore_compatible(checkpointer, run.layout.abstract, 2)
     assert int(state["step"]) == 0
     packed = TrainConfig.from_config_dict(tiny_text_config_dict(tmp_path, **{"data.pack": True}))
-    with pytest.raises(CheckpointError, match="data.pack is False there, True now"):
-        checkpoints.restore_compatible(packed, checkpointer, run.layout.abstract, 2)
-    checkpointer.close()
+    with (
+        contextlib.closing(_checkpointer(tmp_path, packed.to_json_dict())) as checkpointer,
+        pytest.raises(CheckpointError, match="data.pack is False there, True now"),
+    ):
+        checkpoints.restore_compatible(checkpointer, run.layout.abstract, 2)
+
+
+def _checkpointer(tmp_path, config_json, **options) -> Checkpointer:
+    """The checkpoints of a run with `config_json` in tmp_path/checkpoints."""
+    directory = str(tmp_path / "checkpoints")
+    return Checkpointer(directory, every_steps=1, max_to_keep=2, config_json=config_json, **options)
 
 
 def test_sample_num_tokens_is_checked_against_int32_positions():
@@ -272,7 +298,7 @@ def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, pr
 def test_a_negative_seed_is_one_config_problem(tmp_path):
     with pytest.raises(ConfigError) as refused:
         TrainConfig.from_config_dict(tiny_config_dict(seed=-1, **{"mesh.data": -1}))
-    assert refused.value.problems == ("seed must be an integer in 0 .. 2**32 - 1, got -1.",)
+    assert refused.value.problems == ("seed must be an integer in [0, 4294967295], got -1.",)
 
 
 @pytest.mark.slow

@@ -174,7 +174,10 @@ def test_run_writes_csv_markdown_and_plot(tmp_path, capsys):
         (dict(target_freq_index=16), "target_freq_index"),
         (dict(methods=("jordan_wobble",)), "unknown position-encoding name"),
         (dict(methods=("direct_sum_poly_m1",)), "m >= 2"),
-        (dict(solver_dtype="float16"), "solver_dtype must be one of float64, float32"),
+        (
+            dict(solver_dtype="float16"),
+            r"probe.solver_dtype = 'float16' is not one of \('float64', 'float32'\)",
+        ),
     ],
 )
 def test_bad_probe_config_raises(change, message):

@@ -281,25 +281,14 @@ def test_the_attention_dots_run_at_the_encodings_precision_forward_and_backward(
 def test_refusals_name_the_reason():
     q, k, v = _qkv(jnp.bfloat16)
     positions = jnp.arange(T)
-    with pytest.raises(ValueError, match="HIGHEST"):
-        dot_product_attention(
-            _layer(RAW_SHEAR), q, k, v, positions, positions, implementation="cudnn"
-        )
-    q32, k32, v32 = _qkv()
-    with pytest.raises(ValueError, match="bfloat16 or float16"):
-        dot_product_attention(
-            _layer("rope"), q32, k32, v32, positions, positions, implementation="cudnn"
-        )
     with pytest.raises(ValueError, match="xla kernel does not compute .*logit bias"):
         causal_self_attention(_layer(ALIBI), q, k, v, positions, kernel="xla")
     with pytest.raises(ValueError, match="TPU only"):
         causal_self_attention(_layer("rope"), q, k, v, positions, kernel="splash", backend="cpu")
     with pytest.raises(ValueError, match="splash kernel does not compute .*float32 dots"):
         causal_self_attention(_layer(RAW_SHEAR), q, k, v, positions, kernel="splash", backend="tpu")
-    with pytest.raises(ValueError, match="Unknown kernel 'flash'"):
+    with pytest.raises(ValueError, match="'flash'; choose one of"):
         causal_self_attention(_layer("rope"), q, k, v, positions, kernel="flash")
-    with pytest.raises(TypeError, match="make_encoding"):
-        PositionalEncoding(jrope.pe_config_from_name("rope", train_context=T))
 
 
 @pytest.mark.slow

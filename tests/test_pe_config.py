@@ -232,12 +232,15 @@ def test_probe_baseline_order_too_low_names_the_minimum():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(shear="bogus"), "shear must be one of none, eta, jet, got 'bogus'"),
-        (dict(shear_time="bogus"), "shear_time must be one of bounded, raw, got 'bogus'"),
-        (dict(layout="bogus"), "layout must be one of"),
-        (dict(train_context=2.5), "train_context must be a finite int, got 2.5"),
-        (dict(eta_max=float("nan")), "eta_max must be a finite float, got nan"),
-        (dict(theta="x"), "theta must be a finite float, got 'x'"),
+        (dict(shear="bogus"), "pe.shear = 'bogus' is not one of ('none', 'eta', 'jet')."),
+        (dict(shear_time="bogus"), "pe.shear_time = 'bogus' is not one of ('bounded', 'raw')"),
+        (dict(layout="bogus"), "pe.layout = 'bogus' is not one of"),
+        (
+            dict(train_context=2.5),
+            "pe.train_context must be an integer in [1, 2147483647], got 2.5",
+        ),
+        (dict(eta_max=float("nan")), "pe.eta_max must be a finite number > 0.0, got nan"),
+        (dict(theta="x"), "pe.theta must be a finite number > 1.0, got 'x'"),
     ],
 )
 def test_every_enumerated_or_numeric_field_is_validated(change, message):
@@ -247,5 +250,31 @@ def test_every_enumerated_or_numeric_field_is_validated(change, message):
 
 
 def test_a_non_finite_base_setting_is_refused_by_name():
-    with pytest.raises(ValueError, match="train_context must be a finite int, got nan"):
+    with pytest.raises(
+        ValueError, match=r"train_context must be an integer in \[1, 2147483647\], got nan"
+    ):
         pe_config_from_name("jordan_rope", train_context=float("nan"))
+
+
+@pytest.mark.parametrize("train_context", [0, 2**40])
+def test_a_train_context_outside_int32_or_zero_is_refused_before_any_suffix_divides_by_it(
+    train_context,
+):
+    with pytest.raises(
+        ValueError, match=r"^pe\.train_context must be an integer in \[1, 2147483647\]"
+    ):
+        pe_config_from_name("jordan_exact_scaled", train_context=train_context)
+
+
+def test_any_name_takes_a_logit_softcap_suffix_and_a_bad_cap_is_refused():
+    for name in ("rope", "alibi", "jordan_exact_c150_eta010_alibi", "jordan_jetmix_m3_g050_g030"):
+        plain = pe_config_from_name(name, train_context=L, theta=500.0)
+        capped = pe_config_from_name(f"{name}_softcap30", train_context=L, theta=500.0)
+        assert capped == dataclasses.replace(plain, name=f"{name}_softcap30", logit_softcap=30.0)
+    for name in ("rope_softcap0", "rope_softcap", "softcap30", "rope_softcap30_alibi"):
+        with pytest.raises(ValueError, match="accepted position-encoding names"):
+            pe_config_from_name(name, train_context=L)
+    with pytest.raises(
+        ValueError, match=r"pe\.logit_softcap must be a finite number >= 0\.0, got -1\.0"
+    ):
+        dataclasses.replace(pe_config_from_name("rope", train_context=L), logit_softcap=-1.0)

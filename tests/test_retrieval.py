@@ -131,10 +131,10 @@ def test_two_processes_partition_the_global_batch():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(num_pairs=11), "exceeds num_keys"),
-        (dict(num_values=0), "must be >= 1"),
-        (dict(eval_distances=(2,)), "eval_distances must be >= 4"),
-        (dict(source="synthetic"), "source must be 'retrieval'"),
+        (dict(num_pairs=11), r"data.num_pairs must be an integer in \[1, 10\], got 11"),
+        (dict(num_values=0), r"data.num_values must be an integer in \[1, "),
+        (dict(eval_distances=(2,)), r"data.eval_distances must be a tuple of integers in \[4, "),
+        (dict(source="synthetic"), "data.source = 'synthetic' is not one of"),
     ],
 )
 def test_bad_config_raises(kwargs, message):

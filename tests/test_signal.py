@@ -105,10 +105,10 @@ def test_source_declares_the_regression_task():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(kernel="sawtooth"), "Unknown kernel"),
+        (dict(kernel="sawtooth"), "data.kernel = 'sawtooth' is not one of"),
         (dict(input_channels=0), "input_channels"),
         (dict(second_freq_index=16), "second_freq_index"),
-        (dict(source="text"), "source must be 'signal'"),
+        (dict(source="text"), r"data.source = 'text' is not one of \('signal',\)"),
         (dict(gamma=-1.0), "gamma"),
     ],
 )

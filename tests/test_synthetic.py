@@ -165,8 +165,8 @@ def test_stochastic_labels_reproducible_and_noisy():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(seq_len=64, kernel="mixed"), "Unknown kernel"),
-        (dict(seq_len=64, label_mode="soft"), "Unknown label_mode"),
+        (dict(seq_len=64, kernel="mixed"), "data.kernel = 'mixed' is not one of"),
+        (dict(seq_len=64, label_mode="soft"), "data.label_mode = 'soft' is not one of"),
         (dict(seq_len=1), "seq_len"),
         (dict(seq_len=64, head_dim=16, freq_index=8), "freq_index"),
         (dict(seq_len=64, temperature=0.0), "temperature"),

@@ -195,7 +195,7 @@ def test_bad_input_raises_clear_errors(tmp_path, corpus_files):
         TextDataConfig(source="text", path="a", eval_path="b", vocab_size=258)
     with pytest.raises(ValueError, match="train_fraction"):
         TextDataConfig(source="text", path="a", eval_path="b", train_fraction=0.0)
-    with pytest.raises(ValueError, match="Unknown text source"):
+    with pytest.raises(ValueError, match="data.source = 'wikitext3' is not one of"):
         TextDataConfig(source="wikitext3")
 
 

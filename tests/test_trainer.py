@@ -20,10 +20,14 @@ from jrope.losses import weighted_sums
 from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
 from jrope.train.checks import readout_problem
-from jrope.train.evaluation import evaluate_checkpoint
 from jrope.train.outputs import first_nonfinite
 from jrope.train.setup import model_from_params, set_up_run
-from jrope.train.trainer import make_train_step, stop_if_nonfinite, train_and_evaluate
+from jrope.train.trainer import (
+    evaluate_checkpoint,
+    make_train_step,
+    stop_if_nonfinite,
+    train_and_evaluate,
+)
 
 # Beyond the paper's synthetic methods: higher order, recency bias, jet gates.
 EXTRA_METHODS = (

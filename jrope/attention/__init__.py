@@ -3,7 +3,8 @@
 The encoding reaches attention only through its per-position maps of
 queries and keys (`map_queries`, `map_keys`; the blockwise kernel also moves
 mapped keys to a block's origin with `move_keys`) and its additive bias
-(`logit_bias`, ALiBi-type variants only). `choose_kernel` picks the kernel;
+(`logit_bias`, ALiBi-type variants only), and a kernel that declares it applies
+its map of the logits (`transform_logits`). `choose_kernel` picks the kernel;
 `causal_attention` runs it:
 
   xla, einsum  jrope.attention.dense: the whole T x S logits at once.
@@ -26,10 +27,12 @@ Shape legend: B batch, T query length, S key length, N heads, H head dim.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 
+from jrope import encodings
 from jrope.attention.blockwise import blockwise_attention
 from jrope.attention.cudnn import cudnn_attention
 from jrope.attention.dense import MASK_VALUE, einsum_attention, xla_attention
@@ -149,4 +152,7 @@ def causal_attention(
             return cudnn_attention(q, k, v, bias)
         if kernel == "splash":
             return splash_attention_causal(q, k, v)
-        return einsum_attention(q, k, v, bias, precision, segments)
+        transform = None
+        if encodings.LOGITS in enc.features:
+            transform = functools.partial(enc.transform_logits, params)
+        return einsum_attention(q, k, v, bias, precision, segments, transform)

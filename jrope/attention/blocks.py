@@ -171,7 +171,8 @@ def pair_keys(enc, params, keys_blk, q_first, k_first, dtype) -> jax.Array:
 def pair_logits(
     enc, params, q2, keys_blk, qpos_blk, kpos_blk, dtype, precision, coords=None
 ) -> jax.Array:
-    """float32 [B, N, bq, bk] logits of one (query block, key block) pair, before masking.
+    """float32 [B, N, bq, bk] logits of one (query block, key block) pair (transform_logits
+    applied), before masking.
 
     q2: the query block already transformed (transform_queries); keys_blk:
     the key block, raw or premapped (see pair_keys); dtype: the keys' compute
@@ -190,7 +191,7 @@ def pair_logits(
     ) / math.sqrt(q2.shape[-1])
     if enc.has_bias:
         logits = add_bias(logits, enc.logit_bias(params, qpos_blk, kpos_blk).astype(jnp.float32))
-    return logits
+    return enc.transform_logits(params, logits)
 
 
 def pair_mask(layout: Layout, k_start, qpos_blk, kpos_blk, segments=None) -> jax.Array:

@@ -39,6 +39,7 @@ def cached_attention(
     precision: jax.lax.Precision | None = None,
     term_widths: tuple[int, ...] | None = None,
     time_lag: jax.Array | None = None,
+    transform=None,
 ) -> jax.Array:
     """softmax(q2 . k2 / sqrt(H) + bias, keys not after the query) @ v over the cache and the new keys.
 
@@ -63,6 +64,7 @@ def cached_attention(
         last axis, in order (default: one term, the whole axis).
       time_lag: float32 [B, T, M + T], the shear's time(i) - time(j) per pair
         (jrope.attention.shear.pair_time_lag); needed for more than one term.
+      transform: None, or the encoding's map of the logits (Encoding.transform_logits).
     Returns:
       [B, T, N, H] in the values' dtype.
     """
@@ -95,6 +97,8 @@ def cached_attention(
     logits = combine_terms(dots, time_lag) * (1.0 / math.sqrt(head_dim))  # [B, N, T, M + T]
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
+    if transform is not None:
+        logits = transform(logits)
     logits = jnp.where(visible, logits, MASK_VALUE)
     unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     row_sum = jnp.sum(unnormalised, axis=-1)  # [B, N, T]

@@ -91,12 +91,17 @@ def einsum_attention(
     bias: jax.Array | None,
     precision: jax.lax.Precision | None = None,
     segments: tuple[jax.Array, jax.Array] | None = None,
+    transform=None,
 ) -> jax.Array:
     """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale.
 
     segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries
     and the keys; a query sees only keys of its own segment.
+    transform: None, or an elementwise map of the logits [B, N, t, s] after the bias
+    (Encoding.transform_logits); it is differentiated by autodiff, past the hand-written VJP.
     """
+    if transform is not None:
+        return _chunked_forward(q, k, v, bias, segments, precision, transform)[0]
     return _chunked_causal_attention(q, k, v, bias, segments, precision)
 
 
@@ -134,7 +139,7 @@ def _head_major(x: jax.Array) -> jax.Array:
     return jnp.transpose(x, (0, 2, 1, 3))
 
 
-def _chunked_forward(q, k, v, bias, segments, precision):
+def _chunked_forward(q, k, v, bias, segments, precision, transform=None):
     q, k, v = _head_major(q), _head_major(k), _head_major(v)
     outputs, saved = [], []
     for start, stop, key_stop in _chunk_bounds(q.shape[2], k.shape[2]):
@@ -143,14 +148,16 @@ def _chunked_forward(q, k, v, bias, segments, precision):
         if segments is not None:
             same_segment = segment_mask(segments[0][:, start:stop], segments[1][:, :key_stop])
         chunk = (q[:, :, start:stop], k[:, :, :key_stop], v[:, :, :key_stop])
-        out, unnormalised, row_sum = _chunk_forward(*chunk, chunk_bias, same_segment, precision)
+        out, unnormalised, row_sum = _chunk_forward(
+            *chunk, chunk_bias, same_segment, precision, transform
+        )
         outputs.append(out)
         saved.append((unnormalised, row_sum))
     out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=2)
     return _head_major(out), (q, k, v, bias, out, saved)
 
 
-def _chunk_forward(q, k, v, bias, same_segment, precision):
+def _chunk_forward(q, k, v, bias, same_segment, precision, transform=None):
     """The last T query rows over S >= T keys: row t sits at key index S - T + t.
 
     q [B, N, T, H], k and v [B, N, S, H]; same_segment None or bool [B, 1, T, S].
@@ -165,6 +172,8 @@ def _chunk_forward(q, k, v, bias, same_segment, precision):
     logits = logits * (1.0 / math.sqrt(head_dim))
     if bias is not None:
         logits = add_bias(logits, bias.astype(jnp.float32))
+    if transform is not None:
+        logits = transform(logits)
     visible = suffix_causal_mask(length, key_length)[None, None]
     if same_segment is not None:
         visible = visible & same_segment

@@ -47,10 +47,11 @@ from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
 KERNELS = ("xla", "einsum", "blockwise", "cudnn", "splash", "shear", "shear_flash")
 # The encoding features each kernel computes (jrope.encodings); it refuses any other.
 _MAPS, _BIAS = encodings.MAP_FEATURES, frozenset({encodings.BIAS})
+_LOGITS = frozenset({encodings.LOGITS})  # the kernels that apply Encoding.transform_logits
 KERNEL_FEATURES = {
-    "xla": _MAPS,  # jax.nn.dot_product_attention on the mapped q, k: no bias
-    "einsum": _MAPS | _BIAS,
-    "blockwise": _MAPS | _BIAS,  # maps per block and moves keys (Encoding.move_keys)
+    "xla": _MAPS,  # jax.nn.dot_product_attention on the mapped q, k: no bias, no logits transform
+    "einsum": _MAPS | _BIAS | _LOGITS,
+    "blockwise": _MAPS | _BIAS | _LOGITS,  # maps per block and moves keys (Encoding.move_keys)
     # The fused kernels run their dots at their own precision: not for FLOAT32_DOTS.
     "cudnn": _MAPS - {encodings.FLOAT32_DOTS} | _BIAS,
     "splash": _MAPS - {encodings.FLOAT32_DOTS},  # no bias

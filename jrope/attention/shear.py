@@ -38,8 +38,8 @@ from jrope.attention import packing
 from jrope.attention.dense import MASK_VALUE
 from jrope.encodings import add_bias
 
-# The encoding features this kernel computes: the shear terms' and the bias.
-FEATURES = encodings.TERM_FEATURES | {encodings.BIAS}
+# The encoding features this kernel computes: the shear terms', the bias and the logits transform.
+FEATURES = encodings.TERM_FEATURES | {encodings.BIAS, encodings.LOGITS}
 
 
 class ShearTerms(NamedTuple):
@@ -123,7 +123,8 @@ def shear_logits(
     precision: jax.lax.Precision | None = None,
     origins: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """The encoded logits as weighted dots, float32 [B, N, T, S], scaled by 1/sqrt(H), bias added.
+    """The encoded logits as weighted dots, float32 [B, N, T, S]: scaled by 1/sqrt(H), bias added,
+    then the encoding's transform_logits.
 
     Equal to jrope.attention_logits for every covered encoding; the dots take
     q's dtype (bfloat16 inputs give bfloat16 dots with float32 accumulation)
@@ -150,7 +151,8 @@ def shear_logits(
     ]
     time_lag = pair_time_lag(encoding, q_pos, k_pos)[:, None] if len(dots) > 1 else None
     logits = combine_terms(dots, time_lag) / math.sqrt(encoding.head_dim)
-    return add_bias(logits, encoding.logit_bias(params, q_positions, k_positions))
+    logits = add_bias(logits, encoding.logit_bias(params, q_positions, k_positions))
+    return encoding.transform_logits(params, logits)
 
 
 def packed_origins(q_positions, k_positions, q_segments, k_segments):

@@ -28,29 +28,19 @@ and every step are those of the paper's reference preparation
 The 0 byte opens every file, the first included; 0 is also the byte of any
 cell at the -80 dB floor, so it marks a file's start only by position.
 
-Which files: given the archive ``musicnet.tar.gz`` itself, its regular
-members whose names end in ``.wav`` are taken in the archive's own order and
-the first ``max_files`` kept (16 for the reference's corpus: the reference
-reads the archive this way, ``prepare_musicnet``); the file split then
-shuffles that list, so the order matters. Given a folder (an unpacked
-archive or any other), every WAV under it is taken in sorted path order, a
-folder having no order of its own: with MusicNet that is a different corpus
-than the reference's. The reference skips a file it cannot read; here an
-unreadable file stops the run with its name.
+Which files: of the archive ``musicnet.tar.gz``, the first ``max_files`` regular
+``.wav`` members in archive order (16: the reference's corpus, read as its
+``prepare_musicnet`` does; the split shuffles that list, so the order matters);
+of a folder, every WAV under it in sorted path order (with MusicNet, another
+corpus than the reference's). An unreadable file stops the run with its name.
 
-Libraries: ``soundfile`` reads the WAVs and ``soxr`` resamples them (what
-librosa uses, without its own dependencies); the STFT, the filterbank and the
-dB scale are numpy here, in float64, and on synthetic WAVs at 8 to 48 kHz gave
-librosa 0.11's bytes (librosa's float32 may differ by one level at a step's
-rounding). Both come with the ``audio`` extra: ``pip install -e ".[train,audio]"``.
+Libraries: ``soundfile`` reads and ``soxr`` resamples (librosa's, without its
+dependencies; the ``audio`` extra); the STFT, filterbank and dB scale are
+numpy in float64, and gave librosa 0.11's bytes on WAVs at 8 to 48 kHz.
 
-Output, in ``out_dir``, each file written atomically (a temporary file
-renamed into place), the manifest last:
-
-  train.u8, eval.u8   the token bytes, raw uint8;
-  manifest.json       settings, seed, the WAVs' source and order, each split's
-                      WAVs (member names, or paths relative to the folder),
-                      frames and bytes.
+Output, in ``out_dir``, each file written atomically, the manifest last:
+train.u8 and eval.u8 (raw uint8 tokens) and manifest.json (settings, seed,
+the WAVs' source and order, each split's WAVs, frames and bytes).
 
 Commands (the reference's 16 MusicNet files; a folder of WAVs instead):
 
@@ -107,21 +97,13 @@ MUSICNET_DIRECTIONS = (
 
 @dataclasses.dataclass(frozen=True)
 class MelTokenSettings:
-    """How audio becomes bytes (defaults: the reference's).
+    """How audio becomes bytes (defaults: the reference's)."""
 
-    Attributes:
-      sample_rate: Hz the audio is resampled to.
-      max_seconds: leading seconds of each file that are read.
-      n_fft: STFT frame and Hann window length, samples.
-      hop_length: STFT hop, samples.
-      n_mels: mel bands, i.e. bytes per frame.
-    """
-
-    sample_rate: int = 16_000
-    max_seconds: float = 10.0
-    n_fft: int = 1024
-    hop_length: int = 512
-    n_mels: int = 32
+    sample_rate: int = 16_000  # Hz the audio is resampled to
+    max_seconds: float = 10.0  # leading seconds of each file that are read
+    n_fft: int = 1024  # STFT frame and Hann window length, samples
+    hop_length: int = 512  # STFT hop, samples
+    n_mels: int = 32  # mel bands, i.e. bytes per frame
 
 
 def _audio_libraries():
@@ -142,11 +124,7 @@ def _audio_libraries():
 
 def read_mono(path, settings: MelTokenSettings, name: str | None = None) -> np.ndarray:
     """float32 [n]: the file's first ``max_seconds``, channels averaged, at ``sample_rate``.
-
-    ``path``: a file path or a binary file object (an archive member's bytes);
-    ``name``: how errors call it (default: ``path``).
-    Raises ValueError naming the file when it cannot be read as audio.
-    """
+    ``path``: a file path or a binary file object; ``name``: how errors call it."""
     soundfile, soxr = _audio_libraries()
     try:
         with soundfile.SoundFile(path) as wav:
@@ -220,10 +198,8 @@ def quantise_db(power: np.ndarray) -> np.ndarray:
 
 
 def audio_file_tokens(path, settings: MelTokenSettings, name: str | None = None) -> np.ndarray:
-    """uint8 [1 + frames * n_mels]: the separator, then the file's frames, frame-major.
-
-    ``path`` and ``name`` as in read_mono.
-    """
+    """uint8 [1 + frames * n_mels]: the separator, then the file's frames, frame-major
+    (``path`` and ``name`` as in read_mono)."""
     audio = read_mono(path, settings, name)
     if audio.size == 0:
         return np.array([FILE_SEPARATOR], np.uint8)
@@ -247,12 +223,8 @@ def find_wav_files(wav_dir: str) -> list[str]:
 
 
 def archive_wav_members(archive: str, max_files: int | None) -> dict[str, bytes]:
-    """The first ``max_files`` (all when None) .wav members of a tar archive, in archive order.
-
-    Returns {member name: its bytes}, ordered as in the archive. A member counts
-    when it is a regular file whose name ends in '.wav' (case as written), the
-    reference's test; reading stops at the last one kept.
-    """
+    """{name: bytes} of the first ``max_files`` (all when None) regular members of a tar archive
+    whose names end in '.wav' (the reference's test), in archive order."""
     members = {}
     with tarfile.open(archive, mode="r:*") as tar:
         for member in tar:
@@ -285,14 +257,10 @@ def prepare_audio_tokens(
 ) -> dict:
     """Writes train.u8, eval.u8 and manifest.json into ``out_dir``; returns the manifest.
 
-    ``wav_source``: a tar archive (MusicNet's musicnet.tar.gz; its WAV members in
-    archive order) or a folder (its WAVs, recursively, in sorted path order);
-    ``max_files`` keeps the first few of that order.
-
-    Raises:
-      AudioDataUnavailable: ``wav_source`` is missing or holds fewer than two WAVs.
-      AudioExtraMissing: soundfile or soxr is not installed.
-      ValueError: a bad argument, or a WAV that cannot be read.
+    ``wav_source``: a tar archive (its WAV members in archive order) or a
+    folder (its WAVs, recursively, in sorted path order); ``max_files`` keeps
+    the first few of that order. AudioDataUnavailable where it is missing or
+    holds fewer than two WAVs.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction}.")
@@ -367,11 +335,8 @@ def token_file(path: str, split: str) -> epath.Path:
 
 
 def load_token_file(path: str, split: str) -> np.ndarray:
-    """A prepared split's tokens as a read-only uint8 [n] memory map.
-
-    ``path``: the split's local .u8 file, or the folder that holds it
-    (``split`` 'train' reads train.u8 there, 'eval' eval.u8).
-    """
+    """A prepared split's tokens as a read-only uint8 [n] memory map; ``path``: the split's
+    local .u8 file, or the folder holding train.u8 and eval.u8."""
     path = os.fspath(token_file(path, split))
     if not os.path.isfile(path):
         raise ValueError(
@@ -392,30 +357,24 @@ def _cli() -> None:
 
     from jrope import command_line
 
-    wav_dir = flags.DEFINE_string(
-        "wav_dir", None, "Folder of .wav files, searched recursively (sorted path order)."
-    )
+    help_wav_dir = "Folder of .wav files, searched recursively (sorted path order)."
+    wav_dir = flags.DEFINE_string("wav_dir", None, help_wav_dir)
     help_archive = "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the "
     help_archive += "reference does."
     archive = flags.DEFINE_string("archive", None, help_archive)
-    out_dir = flags.DEFINE_string(
-        "out_dir", None, "Folder for train.u8, eval.u8, manifest.json.", required=True
-    )
+    help_out_dir = "Folder for train.u8, eval.u8, manifest.json."
+    out_dir = flags.DEFINE_string("out_dir", None, help_out_dir, required=True)
     seed = flags.DEFINE_integer("seed", DEFAULT_SEED, "Seed of the train/eval file split.")
-    eval_fraction = flags.DEFINE_float(
-        "eval_fraction", DEFAULT_EVAL_FRACTION, "Fraction of the files held out for evaluation."
-    )
+    help_eval = "Fraction of the files held out for evaluation."
+    eval_fraction = flags.DEFINE_float("eval_fraction", DEFAULT_EVAL_FRACTION, help_eval)
     help_max_files = "Use only the first N WAVs (archive order, or sorted path order for a folder; "
     help_max_files += "0: all). 16 with --archive=musicnet.tar.gz gives the reference's corpus."
     max_files = flags.DEFINE_integer("max_files", 0, help_max_files)
+    flags.mark_flags_as_mutual_exclusive(["archive", "wav_dir"], required=True)
 
     def main(argv: Sequence[str]) -> None:
         del argv
         try:
-            if (wav_dir.value is None) == (archive.value is None):
-                raise ValueError(
-                    f"Pass exactly one of --archive and --wav_dir.\n{MUSICNET_DIRECTIONS}"
-                )
             source, options = archive.value or wav_dir.value, dict(seed=seed.value)
             options.update(eval_fraction=eval_fraction.value, max_files=max_files.value or None)
             manifest = prepare_audio_tokens(source, out_dir.value, **options)

@@ -32,12 +32,8 @@ def resolved(path: epath.PathLike) -> epath.Path:
 
 
 def write_atomically(path: str, chunks: Iterable[bytes]) -> None:
-    """Writes the chunks to ``path`` through a temporary file in the same folder, renamed into place.
-
-    A reader never sees half a file; processes that race to write the same
-    file each write their own temporary file and rename it over the same
-    name with the same bytes.
-    """
+    """Writes the chunks to ``path`` through a temporary file in the same folder, renamed into
+    place: a reader never sees half a file, and racing processes rename the same bytes."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
     try:

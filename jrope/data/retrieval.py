@@ -30,10 +30,8 @@ each taken when neither it nor its neighbour is taken yet. Every pair blocks
 at most three candidates, so ``3 num_pairs <= T - 5`` guarantees room and is
 checked.
 
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, stream, step, row)`` for training and ``(eval_seed, stream, length[,
-distance], sequence index)`` for evaluation: training, plain evaluation and
-each distance's evaluation are disjoint streams (jrope.data.source).
+Every sequence has a generator of its own (jrope.data.source.SeededSource);
+each distance's evaluation draws from a stream of its own.
 """
 
 from __future__ import annotations
@@ -43,7 +41,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, SeededSource, last_position_batch
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 PAD = 0
 BOS = 1
@@ -53,54 +52,29 @@ FIRST_KEY = 4
 FILLER = (PAD, BOS, QUERY, NOISE)  # the reference's filler tokens
 MIN_DISTANCE = 4  # the target pair lies before QUERY and its key, after BOS
 
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
-_DISTANCE_STREAM = 2
+_DISTANCE_STREAM = 2  # after jrope.data.source's train and eval streams
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalConfig:
-    """Everything that determines the retrieval data.
+class RetrievalConfig(Declared):
+    """Everything that determines the retrieval data."""
 
-    Attributes:
-      source: 'retrieval' (the data section's source name).
-      seq_len: training length T.
-      seed: data seed; every training batch is a pure function of it (evaluation
-        batches are of the evaluation seed).
-      num_pairs: (key, value) pairs per sequence.
-      num_keys: key tokens; the pairs of a sequence have distinct keys.
-      num_values: value tokens.
-      eval_distances: key-to-query distances evaluated at every evaluation
-        length they fit in (4 <= d < length - 2), besides the plain evaluation.
-    """
+    section = "data"
 
-    seq_len: int
-    source: str = "retrieval"
-    seed: int = 0
-    num_pairs: int = 32
-    num_keys: int = 128
-    num_values: int = 128
-    eval_distances: tuple[int, ...] = ()
+    seq_len: int = setting(ge=1)  # training length T
+    source: str = setting("retrieval", choices=("retrieval",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    num_pairs: int = setting(32, ge=1, le="num_keys", defines=RESULT)  # distinct keys
+    num_keys: int = setting(128, ge=1, defines=PARAMETERS)  # key tokens
+    num_values: int = setting(128, ge=1, defines=PARAMETERS)  # value tokens
+    # Key-to-query distances evaluated at every evaluation length they fit in
+    # (4 <= d < length - 2), besides the plain evaluation.
+    eval_distances: tuple[int, ...] = setting((), ge=MIN_DISTANCE)
 
     def __post_init__(self):
-        object.__setattr__(self, "eval_distances", tuple(int(d) for d in self.eval_distances))
-        if self.source != "retrieval":
-            raise ValueError(f"source must be 'retrieval' for this task, got {self.source!r}.")
-        if min(self.num_pairs, self.num_keys, self.num_values) < 1:
-            raise ValueError(
-                "num_pairs, num_keys and num_values must be >= 1, got "
-                f"{self.num_pairs}, {self.num_keys}, {self.num_values}."
-            )
-        if self.num_pairs > self.num_keys:
-            raise ValueError(
-                f"num_pairs {self.num_pairs} exceeds num_keys {self.num_keys}: the keys of a "
-                "sequence are distinct; lower num_pairs or raise num_keys."
-            )
+        object.__setattr__(self, "eval_distances", tuple(self.eval_distances))
+        super().__post_init__()
         check_room(self.seq_len, self.num_pairs)
-        if any(d < MIN_DISTANCE for d in self.eval_distances):
-            raise ValueError(
-                f"eval_distances must be >= {MIN_DISTANCE}, got {self.eval_distances}."
-            )
 
     @property
     def vocab_size(self) -> int:
@@ -158,43 +132,23 @@ def make_sequence(
     return tokens, int(cfg.value_token(values[0])), length - 1 - target_start
 
 
-class RetrievalSource:
-    """Data source of the retrieval task (jrope.data.source's contract; DistanceEvaluation too).
-
-    Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the value token at
-    the last position, 0 elsewhere), 'weights' float32 [b, T] (1 at the last
-    position, 0 elsewhere).
-    """
+class RetrievalSource(SeededSource):
+    """Data source of the retrieval task (DistanceEvaluation too): 'inputs' int32 [b, T], the
+    value token the target of the last position, the only one weighted (last_position_batch)."""
 
     task = "classification"
+    min_eval_length = 8
 
-    def __init__(
-        self,
-        data_cfg: RetrievalConfig,
-        global_batch_size: int,
-        process_index: int,
-        process_count: int,
-    ):
-        self.data_cfg = data_cfg
-        self.vocab_size = self.num_classes = data_cfg.vocab_size  # every token's logit competes
-        self.share = ProcessShare(global_batch_size, process_index, process_count)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vocab_size = self.num_classes = (
+            self.data_cfg.vocab_size
+        )  # every token's logit competes
 
-    def train_batch(self, step: int) -> dict:
-        """This process's rows of the global training batch of ``step`` (length T)."""
-        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
-        return self._make_batch(rngs, self.data_cfg.seq_len, None)
-
-    def eval_batches(
-        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
-    ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed sequences of ``length``, random distances.
-
-        ``seed``: the evaluation seed (not the data config's).
-        """
+    def eval_batches(self, length: int, *args, **kwargs) -> Iterator[dict]:
+        """SeededSource.eval_batches: sequences of ``length``, at random distances."""
         check_room(length, self.data_cfg.num_pairs)
-        words = (seed, _EVAL_STREAM, length)
-        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
-            yield self._make_batch(rngs, length, None)
+        yield from super().eval_batches(length, *args, **kwargs)
 
     def eval_distances(self, length: int) -> tuple[int, ...]:
         """The configured distances that fit in sequences of ``length`` (d < length - 2)."""
@@ -217,13 +171,9 @@ class RetrievalSource:
             )
         words = (seed, _DISTANCE_STREAM, length, distance)
         for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 8):
-            yield self._make_batch(rngs, length, distance)
+            yield self.make_batch(rngs, length, distance)
 
-    def _make_batch(self, rngs: list[np.random.Generator], length: int, distance) -> dict:
+    def make_batch(self, rngs: list[np.random.Generator], length: int, distance=None) -> dict:
         sequences = [make_sequence(self.data_cfg, rng, length, distance) for rng in rngs]
         inputs = np.stack([tokens for tokens, _, _ in sequences])
-        targets = np.zeros((len(rngs), length), np.int32)
-        targets[:, -1] = [label for _, label, _ in sequences]
-        weights = np.zeros((len(rngs), length), np.float32)
-        weights[:, -1] = 1.0
-        return {"inputs": inputs, "targets": targets, "weights": weights}
+        return last_position_batch(inputs, [label for _, label, _ in sequences])

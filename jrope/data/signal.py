@@ -26,26 +26,19 @@ linear regression head, trained with the mean squared error (the
 The convolution is computed with a float64 FFT of length ``2T`` (exact up to
 float64 rounding, about 1e-13 here; the tests check it against the direct
 sum); batches are float32.
-
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation (the guarantees of jrope.data.source).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 
 from jrope.data import synthetic
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import SeededSource
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SIGNAL_KERNELS = ("seasonal_trend", "damped_wave", "rhythm_envelope", "motif_spacing")
-
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
 
 
 def signal_kernel(
@@ -60,54 +53,34 @@ def signal_kernel(
     if name == "rhythm_envelope":
         weights = dict(envelope_offset=0.25, envelope_slope=0.85, cos_weight=0.65, sin_weight=0.35)
         return synthetic.rhythm_envelope(lags, **common, second_omega=second_omega, **weights)
-    if name == "motif_spacing":
-        return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
-    raise ValueError(f"Unknown signal kernel {name!r}; choose one of {SIGNAL_KERNELS}.")
+    # The config (or the probe's target check) validated the name, so this is the last kernel.
+    return synthetic.motif_spacing(lags, train_len=train_len, second_omega=second_omega)
 
 
 @dataclasses.dataclass(frozen=True)
-class SignalRegressionConfig:
-    """Everything that determines the signal regression data.
+class SignalRegressionConfig(Declared):
+    """Everything that determines the signal regression data (kernels: the module docstring)."""
 
-    Attributes:
-      source: 'signal' (the data section's source name).
-      seq_len: training length L; also the kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of SIGNAL_KERNELS (formulas in the module docstring).
-      input_channels: C, independent noise channels, each convolved with the
-        same kernel (the model's input projection and regression head have C
-        channels; the reference uses 1).
-      head_dim: head dimension of the model whose rotary frequencies the kernel uses.
-      freq_index: index of the kernel's main frequency w.
-      second_freq_index: index of its second frequency w2 (rhythm_envelope, motif_spacing).
-      theta: rotary base.
-      gamma: damping of damped_wave.
-    """
+    section = "data"
 
-    seq_len: int
-    source: str = "signal"
-    seed: int = 0
-    kernel: str = "seasonal_trend"
-    input_channels: int = 1
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    gamma: float = 1e-4
+    seq_len: int = setting(ge=2)  # training length L; the kernel's length scale and norm range
+    source: str = setting("signal", choices=("signal",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("seasonal_trend", choices=SIGNAL_KERNELS, defines=RESULT)
+    # C independent noise channels, each convolved with the same kernel (the model's input
+    # projection and regression head have C channels; the reference uses 1).
+    input_channels: int = setting(1, ge=1, defines=PARAMETERS)
+    # The kernel's rotary frequencies: w of freq_index, w2 of second_freq_index
+    # (rhythm_envelope, motif_spacing), theta^(-2 index / head_dim).
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    gamma: float = setting(1e-4, ge=0.0, defines=RESULT)  # damping of damped_wave
 
     def __post_init__(self):
-        if self.source != "signal":
-            raise ValueError(f"source must be 'signal' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}.")
-        if self.kernel not in SIGNAL_KERNELS:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {SIGNAL_KERNELS}.")
-        if self.input_channels < 1:
-            raise ValueError(f"input_channels must be >= 1, got {self.input_channels}.")
+        super().__post_init__()
         synthetic.check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {self.gamma}.")
 
     def kernel_values(self, lags) -> np.ndarray:
         """The normalised K(d) at integer lags >= 0 (K(0) = 0), float64."""
@@ -130,60 +103,28 @@ class SignalRegressionConfig:
 
 
 def causal_convolution(inputs: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-    """y[:, i] = sum_{j <= i} kernel[i - j] inputs[:, j], per channel, float64.
-
-    Args:
-      inputs: [b, T, C]; kernel: [T] (kernel[0] included; the task's is 0).
-    Returns:
-      float64 [b, T, C].
-    """
+    """y[:, i] = sum_{j <= i} kernel[i - j] inputs[:, j], per channel: inputs [b, T, C],
+    kernel [T] (kernel[0] included; the task's is 0) -> float64 [b, T, C]."""
     length = inputs.shape[1]
     size = 2 * length  # no wrap-around: the circular convolution of length 2T is the linear one
     spectrum = np.fft.rfft(inputs, n=size, axis=1) * np.fft.rfft(kernel, n=size)[None, :, None]
     return np.fft.irfft(spectrum, n=size, axis=1)[:, :length]
 
 
-class SignalRegressionSource:
-    """Data source of the signal regression task (jrope.data.source's contract, task 'regression').
-
-    Batches: 'inputs' float32 [b, T, C] (the noise), 'targets' float32
-    [b, T, C] (its causal convolution with K), 'weights' float32 [b, T] of
-    ones (every position counts, as in the reference's loss).
-    """
+class SignalRegressionSource(SeededSource):
+    """Data source of the signal regression task: 'inputs' float32 [b, T, C] (the noise),
+    'targets' its causal convolution with K, 'weights' ones (as in the reference's loss)."""
 
     task = "regression"
     vocab_size = None
     num_classes = None
 
-    def __init__(
-        self,
-        data_cfg: SignalRegressionConfig,
-        global_batch_size: int,
-        process_index: int,
-        process_count: int,
-    ):
-        self.data_cfg = data_cfg
-        self.input_channels = self.output_channels = data_cfg.input_channels
-        self.share = ProcessShare(global_batch_size, process_index, process_count)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.input_channels = self.output_channels = self.data_cfg.input_channels
         self._kernels = {}  # length -> normalised kernel [length]
 
-    def train_batch(self, step: int) -> dict:
-        """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = self.share.train_generators(self.data_cfg.seed, _TRAIN_STREAM, step)
-        return self._make_batch(rngs, self.data_cfg.seq_len)
-
-    def eval_batches(
-        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
-    ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
-
-        ``seed``: the evaluation seed (not the data config's).
-        """
-        words = (seed, _EVAL_STREAM, length)
-        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
-            yield self._make_batch(rngs, length)
-
-    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+    def make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
         if length not in self._kernels:
             self._kernels[length] = self.data_cfg.kernel_values(np.arange(length))
         channels = self.data_cfg.input_channels
@@ -197,15 +138,11 @@ class SignalRegressionSource:
 
 
 def sequence_r2(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The coefficient of determination of each sequence, float64 [b], as the reference reports R².
+    """The coefficient of determination of each sequence, float64 [b], as the reference reports R²
+    (its mean over sequences, not the pooled R²).
 
-    predictions, targets: [b, T, C]. For each sequence, 1 - MSE / Var, the
-    mean squared error and the variance (about the sequence's own mean) both
-    taken over all its positions and channels, position 0 (y_0 = 0) included;
-    a constant target's variance is floored at 1e-12. The reference evaluates
-    one sequence per batch and reports the mean of these values over its
-    sequences; pooling every sequence into one MSE and one variance gives a
-    different number (the pooled R²).
+    predictions, targets: [b, T, C]. 1 - MSE / Var over each sequence's
+    positions and channels, the variance about its own mean floored at 1e-12.
     """
     predictions = np.asarray(predictions, np.float64)
     targets = np.asarray(targets, np.float64)

@@ -27,16 +27,11 @@ A source that can place what the evaluation asks about at a chosen distance
 DistanceEvaluation; the evaluation then reports every length per distance too.
 
 Row r of a global batch belongs to process r // b (b = global / process
-count), so the processes' shares are disjoint, cover the global batch, and
-are the same whatever the process count. Training batches are pure functions
-of the config's seed and the step: a resumed run sees exactly the data an
-uninterrupted one would. Evaluation sequences are pure functions of the
-evaluation seed (eval.seed, DEFAULT_EVAL_SEED unless set), the length and
-the sequence index, and not of the run's seed or method: every run of a
-comparison is scored on the same sequences (paired), as the paper's
-reference code does for its WikiText and audio windows. Sequence i of a
-length is the same whatever num_sequences, so fewer sequences are a prefix
-of more.
+count), whatever the process count. Training batches are pure functions of
+the config's seed and the step (a resumed run sees the data an uninterrupted
+one would); evaluation sequences of the evaluation seed, the length and the
+sequence index alone, so every run of a comparison is scored on the same
+sequences, as the reference code does, and fewer sequences are a prefix of more.
 
 `data.source` names the source; SOURCES maps each name to the module, the
 frozen config dataclass its `data` section converts to, and the source class.
@@ -59,6 +54,8 @@ TASKS = ("language_model", "classification", "regression")
 # The evaluation sequences' seed when eval.seed is not set: one value for every run. The
 # evaluation draws from its own streams, so it shares no data with training of any seed.
 DEFAULT_EVAL_SEED = 0
+# First entropy word after the seed of a row's generator: the train and eval streams are disjoint.
+TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
 class DataSource(Protocol):
@@ -97,11 +94,7 @@ class DistanceEvaluation(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ProcessShare:
-    """This process's rows of global batches; the checks every source needs, in one place.
-
-    Raises ValueError (naming the fix) when the process index is out of
-    range or the global batch does not split over the processes.
-    """
+    """This process's rows of global batches; the checks every source needs, in one place."""
 
     global_batch_size: int
     process_index: int
@@ -134,8 +127,6 @@ class ProcessShare:
         """Per global evaluation batch, the indices of this process's sequences.
 
         Sequence i is the same whatever the batch size and process count.
-        Raises ValueError for a length below min_length or a batch size that
-        does not split over the processes or divide num_sequences.
         """
         if length < min_length:
             raise ValueError(f"Evaluation length must be >= {min_length}, got {length}.")
@@ -168,6 +159,41 @@ class ProcessShare:
             yield [np.random.default_rng([*words, index]) for index in indices]
 
 
+class SeededSource:
+    """A source whose every row comes from a generator of its own: training row r of `step` from
+    (data_cfg.seed, TRAIN_STREAM, step, r), evaluation sequence i of a length from (the eval seed,
+    EVAL_STREAM, length, i). A subclass sets `task` and its sizes, and makes a batch of `length`
+    from a generator per row (`make_batch`)."""
+
+    min_eval_length = 2
+
+    def __init__(self, data_cfg, global_batch_size: int, process_index: int, process_count: int):
+        self.data_cfg = data_cfg
+        self.share = ProcessShare(global_batch_size, process_index, process_count)
+
+    def train_batch(self, step: int) -> Batch:
+        """This process's rows of the global training batch of `step` (length data_cfg.seq_len)."""
+        rngs = self.share.train_generators(self.data_cfg.seed, TRAIN_STREAM, step)
+        return self.make_batch(rngs, self.data_cfg.seq_len)
+
+    def eval_batches(
+        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
+    ) -> Iterator[Batch]:
+        """This process's share of `num_sequences` fixed evaluation sequences of `length`
+        (`batch_size`: the global evaluation batch)."""
+        words, least = (seed, EVAL_STREAM, length), self.min_eval_length
+        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, least):
+            yield self.make_batch(rngs, length)
+
+
+def last_position_batch(inputs: np.ndarray, labels: Sequence[int]) -> Batch:
+    """A classification batch of int32 inputs [b, T] whose labels [b] are the targets of the last
+    position, the only one weighted."""
+    targets, weights = np.zeros(inputs.shape, np.int32), np.zeros(inputs.shape, np.float32)
+    targets[:, -1], weights[:, -1] = labels, 1.0
+    return {"inputs": inputs, "targets": targets, "weights": weights}
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
     """Where a source lives: its module, its config dataclass and its class."""
@@ -198,20 +224,9 @@ SOURCES = {
 }
 
 
-def source_spec(name: Any) -> SourceSpec:
-    """The spec of data.source `name`; ValueError naming the choices otherwise."""
-    if name not in SOURCES:
-        raise ValueError(f"data.source = {name!r} is not one of {tuple(SOURCES)}.")
-    return SOURCES[name]
-
-
 def build_source(
     data_cfg: Any, global_batch_size: int, process_index: int, process_count: int
 ) -> DataSource:
-    """The source of a converted data config (its `source` field picks the class)."""
-    _, source_class = source_spec(data_cfg.source).load()
-    if source_class.task not in TASKS:
-        raise ValueError(
-            f"{source_class.__name__}.task = {source_class.task!r} is not one of {TASKS}."
-        )
+    """The source of a converted data config (its `source`, checked there, picks the class)."""
+    _, source_class = SOURCES[data_cfg.source].load()
     return source_class(data_cfg, global_batch_size, process_index, process_count)

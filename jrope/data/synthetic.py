@@ -31,21 +31,19 @@ its L2 norm over ``d = 1 .. L-1`` at the training length; evaluation at a
 longer length ``T`` uses that same constant, so the growing kernels keep
 growing beyond ``L`` (which is what makes extrapolation hard).
 
-Randomness: every sequence has its own PCG64 generator seeded with
-``(seed, 0, step, row)`` for training and ``(eval_seed, 1, length, sequence
-index)`` for evaluation (the guarantees of jrope.data.source). All
-arithmetic is host-side numpy in float64.
+Every sequence has a generator of its own (jrope.data.source.SeededSource);
+all arithmetic is host-side numpy in float64.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import SeededSource, last_position_batch
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 BIT0 = 0
 BIT1 = 1
@@ -63,57 +61,36 @@ KERNEL_NAMES = (
 )
 LABEL_MODES = ("threshold", "stochastic")
 
-# First entropy word after the seed: keeps the train and eval streams disjoint.
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
-
 
 @dataclasses.dataclass(frozen=True)
-class SyntheticTaskConfig:
-    """Everything that determines the synthetic task's data.
+class SyntheticTaskConfig(Declared):
+    """Everything that determines the synthetic task's data (kernels: the module docstring)."""
 
-    Attributes:
-      source: 'synthetic' (the data section's source name).
-      seq_len: training length L (the QUERY token included); also the
-        kernel's length scale and normalisation range.
-      seed: data seed; the training data are a pure function of it (the evaluation
-        data of the evaluation seed).
-      kernel: one of KERNEL_NAMES (formulas in the module docstring).
-      head_dim: head dimension of the model whose rotary frequencies the
-        kernel uses: ``w = theta^(-2 * freq_index / head_dim)``.
-      freq_index: index of the kernel's main frequency.
-      second_freq_index: index of the second carrier frequency ('rhythm_envelope').
-      theta: rotary base.
-      label_mode: 'threshold' (1[S > 0]) or 'stochastic'
-        (Bernoulli(sigmoid(S / temperature))).
-      temperature: stochastic-label temperature; the reference's logit scale
-        3 is temperature 1/3.
-      jet_power: r of 'high_jet' and 'scaled_high_jet'.
-      jet_decay: c of 'scaled_high_jet'.
-      damping_gamma: gamma of 'damped_mixed'.
-      damping_sin_weight: weight of the x sin(w d) term of 'damped_mixed'.
-      envelope_offset, envelope_slope: the 'rhythm_envelope' envelope e0 + e1 x.
-      carrier_cos_weight, carrier_sin_weight: its carrier c1 cos(w d) + c2 sin(w2 d).
-    """
+    section = "data"
 
-    seq_len: int
-    source: str = "synthetic"
-    seed: int = 0
-    kernel: str = "mixed_raw"
-    head_dim: int = 32
-    freq_index: int = 3
-    second_freq_index: int = 5
-    theta: float = 10000.0
-    label_mode: str = "threshold"
-    temperature: float = 1.0 / 3.0
-    jet_power: int = 2
-    jet_decay: float = 0.1
-    damping_gamma: float = 1e-4
-    damping_sin_weight: float = 0.75
-    envelope_offset: float = 0.25
-    envelope_slope: float = 0.85
-    carrier_cos_weight: float = 0.65
-    carrier_sin_weight: float = 0.35
+    # Training length L (QUERY included); also the kernel's length scale and normalisation range.
+    seq_len: int = setting(ge=2)
+    source: str = setting("synthetic", choices=("synthetic",), defines=PARAMETERS)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    kernel: str = setting("mixed_raw", choices=KERNEL_NAMES, defines=RESULT)
+    # The kernel's rotary frequencies: w = theta^(-2 * freq_index / head_dim), and w2 of
+    # second_freq_index ('rhythm_envelope').
+    head_dim: int = setting(32, ge=2)
+    freq_index: int = setting(3, defines=RESULT)
+    second_freq_index: int = setting(5, defines=RESULT)
+    theta: float = setting(10000.0, gt=1.0)
+    # 'threshold': 1[S > 0]; 'stochastic': Bernoulli(sigmoid(S / temperature)).
+    label_mode: str = setting("threshold", choices=LABEL_MODES, defines=RESULT)
+    temperature: float = setting(1.0 / 3.0, gt=0.0, defines=RESULT)  # the reference's scale 3
+    jet_power: int = setting(2, ge=0, defines=RESULT)  # r of 'high_jet' and 'scaled_high_jet'
+    jet_decay: float = setting(0.1, defines=RESULT)  # c of 'scaled_high_jet'
+    damping_gamma: float = setting(1e-4, defines=RESULT)  # gamma of 'damped_mixed'
+    damping_sin_weight: float = setting(0.75, defines=RESULT)  # a of 'damped_mixed'
+    # e0, e1 and c1, c2 of 'rhythm_envelope'.
+    envelope_offset: float = setting(0.25, defines=RESULT)
+    envelope_slope: float = setting(0.85, defines=RESULT)
+    carrier_cos_weight: float = setting(0.65, defines=RESULT)
+    carrier_sin_weight: float = setting(0.35, defines=RESULT)
     # Keys only some kernels or label modes read (chooser, its values that read the keys, whether
     # setting them anyway is refused) -> keys: one section carries every kernel's parameters, so
     # a value the chosen kernel ignores is only warned of (keys_without_effect).
@@ -128,21 +105,8 @@ class SyntheticTaskConfig:
     }
 
     def __post_init__(self):
-        if self.source != "synthetic":
-            raise ValueError(f"source must be 'synthetic' for this task, got {self.source!r}.")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2 (bits then QUERY), got {self.seq_len}.")
-        if self.kernel not in KERNEL_NAMES:
-            raise ValueError(f"Unknown kernel {self.kernel!r}; choose one of {KERNEL_NAMES}.")
-        if self.label_mode not in LABEL_MODES:
-            raise ValueError(
-                f"Unknown label_mode {self.label_mode!r}; choose one of {LABEL_MODES}."
-            )
+        super().__post_init__()
         check_frequencies(self.head_dim, self.freq_index, self.second_freq_index)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}.")
-        if self.jet_power < 0:
-            raise ValueError(f"jet_power must be >= 0, got {self.jet_power}.")
 
     @property
     def omega(self) -> float:
@@ -278,13 +242,8 @@ def kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
 
 
 def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
-    """Hidden scores S of bit rows.
-
-    Args:
-      bits: int [b, T-1] of 0/1, the sequence before its QUERY token.
-    Returns:
-      float64 [b]: sum_p (2 b_p - 1) K(T - 1 - p).
-    """
+    """Hidden scores S float64 [b] of bit rows int [b, T-1] (the sequence before its QUERY):
+    sum_p (2 b_p - 1) K(T - 1 - p)."""
     num_bits = bits.shape[-1]
     # position p sits T - 1 - p = num_bits - p before the query
     lags = num_bits - np.arange(num_bits)
@@ -292,65 +251,28 @@ def sequence_scores(cfg: SyntheticTaskConfig, bits: np.ndarray) -> np.ndarray:
     return signs @ kernel(cfg, lags)
 
 
-class SyntheticSource:
-    """Data source of the synthetic task (jrope.data.source's contract).
-
-    Each process builds one with the same config and global batch size and
-    gets its own contiguous slice of every global batch: rows
-    ``[process_index * b, (process_index + 1) * b)``, ``b = global / process_count``.
-
-    Batches: 'inputs' int32 [b, T] (bits then QUERY), 'targets' int32 [b, T]
-    (the label at the last position, 0 elsewhere), 'weights' float32 [b, T]
-    (1 at the last position, 0 elsewhere).
-    """
+class SyntheticSource(SeededSource):
+    """Data source of the synthetic task: 'inputs' int32 [b, T] (bits then QUERY), the label
+    the target of the last position, the only one weighted (last_position_batch)."""
 
     task = "classification"
     vocab_size = VOCAB_SIZE
     num_classes = NUM_CLASSES
 
-    def __init__(
-        self,
-        task_cfg: SyntheticTaskConfig,
-        global_batch_size: int,
-        process_index: int,
-        process_count: int,
-    ):
-        self.task_cfg = task_cfg
-        self.share = ProcessShare(global_batch_size, process_index, process_count)
-        kernel_norm(task_cfg)  # a vanishing kernel fails here, not at the first batch
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        kernel_norm(self.data_cfg)  # a vanishing kernel fails here, not at the first batch
 
-    def train_batch(self, step: int) -> dict:
-        """This process's rows of the global training batch of ``step`` (length L)."""
-        rngs = self.share.train_generators(self.task_cfg.seed, _TRAIN_STREAM, step)
-        return self._make_batch(rngs, self.task_cfg.seq_len)
-
-    def eval_batches(
-        self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
-    ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation sequences of ``length``.
-
-        ``batch_size`` is the global evaluation batch size; ``seed`` the
-        evaluation seed (not the task's). Sequence ``i`` is the same whatever
-        the batch size and process count.
-        """
-        words = (seed, _EVAL_STREAM, length)
-        for rngs in self.share.eval_generators(words, length, num_sequences, batch_size, 2):
-            yield self._make_batch(rngs, length)
-
-    def _make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
+    def make_batch(self, rngs: list[np.random.Generator], length: int) -> dict:
         bits = np.stack([rng.integers(0, 2, size=length - 1, dtype=np.int32) for rng in rngs])
-        scores = sequence_scores(self.task_cfg, bits)
-        if self.task_cfg.label_mode == "threshold":
+        scores = sequence_scores(self.data_cfg, bits)
+        if self.data_cfg.label_mode == "threshold":
             labels = (scores > 0).astype(np.int32)
         else:
             # sigmoid(z) = (1 + tanh(z/2)) / 2 cannot overflow for large |z|.
-            probs = 0.5 * (1.0 + np.tanh(0.5 * scores / self.task_cfg.temperature))
+            probs = 0.5 * (1.0 + np.tanh(0.5 * scores / self.data_cfg.temperature))
             # Each row's own generator draws its label after its bits: reproducible per row.
             uniforms = np.array([rng.random() for rng in rngs])
             labels = (uniforms < probs).astype(np.int32)
-        num_rows = len(rngs)
-        inputs = np.concatenate([bits, np.full((num_rows, 1), QUERY, np.int32)], axis=1)
-        targets = np.zeros((num_rows, length), np.int32)
-        weights = np.zeros((num_rows, length), np.float32)
-        targets[:, -1], weights[:, -1] = labels, 1.0
-        return {"inputs": inputs, "targets": targets, "weights": weights}
+        query = np.full((len(rngs), 1), QUERY, np.int32)
+        return last_position_batch(np.concatenate([bits, query], axis=1), labels)

@@ -27,18 +27,12 @@ Sampling (all host-side numpy; ``L = seq_len``):
              seeded with ``(seed, 0, step, r)``; inputs = window[:-1],
              targets = window[1:], weights = 1. Each process draws only its
              share of the rows (jrope.data.source.ProcessShare).
-  packing    with ``pack`` the training windows are the same bytes, cut into
-             articles: a segment starts at the window's first byte and at
-             every article title line (a line opening with ``" = "`` and not
-             ``" = = "``: WikiText's level-1 headings; text without such lines
-             is one segment per window). Batches then also hold
-             'segment_ids' and 'positions' int32 [b, T], positions counting
-             from 0 at each segment's start; the model attends within a
-             segment only (jrope.attention.packing). The last token of a
-             segment keeps its target, the next article's first byte, as a
-             window of that segment alone would. Evaluation windows stay
-             whole, so packed and unpacked runs are scored on the same
-             sequences.
+  packing    with ``pack`` the same training windows are cut into articles: a
+             segment starts at the window's first byte and at every title line
+             (``" = "`` and not ``" = = "``: WikiText's level-1 headings).
+             Batches then also hold 'segment_ids' and 'positions' int32 [b, T]
+             (from 0 in each segment; jrope.attention.packing). Evaluation
+             windows stay whole, so packed and unpacked runs are scored alike.
   evaluation sequence ``i`` at length ``T`` is the window of ``T + 1`` bytes
              of the evaluation corpus drawn with ``(eval_seed, 1, T, i)``: the
              same for every run's seed and method, batch size and process count.
@@ -61,6 +55,7 @@ from etils import epath
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
 from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
 VOCAB_SIZES = (256, 257)
@@ -78,52 +73,33 @@ _CHUNK_ROWS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
-class TextDataConfig:
-    """Everything that determines the byte-level data.
+class TextDataConfig(Declared):
+    """Everything that determines the byte-level data."""
 
-    Attributes:
-      source: 'wikitext103' or 'wikitext2' (the TFDS builders of
-        jrope.data.wikitext), 'text' (local UTF-8 text at ``path`` and
-        ``eval_path``) or 'audio_tokens' (token files of jrope.data.audio at
-        ``path`` and ``eval_path``).
-      path: 'text': training text, a file or a directory of files.
-        'audio_tokens': train.u8, or the folder holding it.
-      eval_path: 'text': evaluation text, a file or a directory of files.
-        'audio_tokens': eval.u8, or the folder holding it.
-      train_split: 'wikitext103' / 'wikitext2': split to train on.
-      eval_split: 'wikitext103' / 'wikitext2': split to evaluate on.
-      train_fraction: in (0, 1]: train on this leading fraction of the
-        training rows (WikiText; 0.01 is the paper's v2 setting, the
-        split's first 1% of lines) or bytes ('text', 'audio_tokens').
-      vocab_size: 257 (byte + 1, 0 reserved) or 256 (the byte).
-      seq_len: training length L (the model sees L tokens, predicts L).
-      seed: data seed; every training batch is a pure function of it (evaluation
-        windows are of the evaluation seed).
-      cache_dir: where corpus cache files go ('' = DEFAULT_CACHE_DIR).
-      data_dir: 'wikitext103' / 'wikitext2': TFDS data directory ('' = TFDS's default).
-      manual_dir: 'wikitext103' / 'wikitext2': folder with the official archive or the
-        extracted files ('' = ``<data_dir>/downloads/manual``).
-      wikitext_rows: 'wikitext103' / 'wikitext2': how rows become the byte stream,
-        'file' (the official file's text) or 'reference' (the reference code's
-        stream; WIKITEXT_ROWS).
-      pack: cut each training window into segments at article titles (see
-        "packing" above); not for 'audio_tokens', whose tokens have no
-        articles.
-    """
+    section = "data"
 
-    source: str = "text"
+    # 'wikitext103' or 'wikitext2' (the TFDS builders of jrope.data.wikitext), 'text' (UTF-8
+    # text at path and eval_path) or 'audio_tokens' (jrope.data.audio's files there).
+    source: str = setting("text", choices=SOURCES, defines=PARAMETERS)
+    # 'text': a file or a directory of files; 'audio_tokens': train.u8 / eval.u8 or their folder.
     path: str = ""
     eval_path: str = ""
-    train_split: str = "train"
-    eval_split: str = "validation"
-    train_fraction: float = 1.0
-    vocab_size: int = 257
-    seq_len: int = 1024
-    seed: int = 0
-    cache_dir: str = ""
-    data_dir: str = ""
-    manual_dir: str = ""
-    wikitext_rows: str = "file"
+    train_split: str = "train"  # WikiText: the split to train on
+    eval_split: str = setting("validation", defines=RESULT)  # WikiText: the split to evaluate on
+    # Train on this leading fraction of the training rows (WikiText; 0.01 is the paper's v2
+    # setting, the split's first 1% of lines) or bytes ('text', 'audio_tokens').
+    train_fraction: float = setting(1.0, gt=0.0, le=1.0)
+    # 257: byte + 1 (0 reserved); 256: the byte.
+    vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
+    seq_len: int = setting(1024, ge=1)  # training length L (the model sees L tokens, predicts L)
+    seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor
+    cache_dir: str = ""  # where corpus cache files go ('': DEFAULT_CACHE_DIR)
+    data_dir: str = ""  # WikiText: TFDS data directory ('': TFDS's default)
+    manual_dir: str = ""  # WikiText: the archive or its files ('': <data_dir>/downloads/manual)
+    # How WikiText rows become bytes (WIKITEXT_ROWS; the module docstring).
+    wikitext_rows: str = setting("file", choices=WIKITEXT_ROWS, defines=RESULT)
+    # Cut each training window into segments at article titles (the module docstring's
+    # "packing"); not for 'audio_tokens', whose tokens have no articles.
     pack: bool = False
     # Keys only some sources read: (chooser, its values that read the keys, whether setting
     # them anyway is refused) -> keys; the run's config checks them (keys_without_effect).
@@ -136,33 +112,15 @@ class TextDataConfig:
     }
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"Unknown text source {self.source!r}; choose one of {SOURCES}.")
-        if self.source == "text" and not (self.path and self.eval_path):
+        super().__post_init__()
+        if self.source in ("text", "audio_tokens") and not (self.path and self.eval_path):
+            files = "training and evaluation text" if self.source == "text" else "train.u8, eval.u8"
             raise ValueError(
-                "source='text' needs both path (training text) and eval_path (evaluation text), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set e.g. "
-                "--config.data.path=train.txt --config.data.eval_path=valid.txt."
+                f"source={self.source!r} needs both path and eval_path ({files}), got "
+                f"path={self.path!r}, eval_path={self.eval_path!r}; set both, e.g. "
+                "--config.data.path=train.txt --config.data.eval_path=valid.txt (audio_tokens: "
+                "the folder python -m jrope.data.audio wrote)."
             )
-        if self.source == "audio_tokens" and not (self.path and self.eval_path):
-            raise ValueError(
-                "source='audio_tokens' needs both path (train.u8) and eval_path (eval.u8), "
-                f"got path={self.path!r}, eval_path={self.eval_path!r}; set both to the folder "
-                "written by python -m jrope.data.audio, e.g. --config.data.path=DIR "
-                "--config.data.eval_path=DIR."
-            )
-        if self.wikitext_rows not in WIKITEXT_ROWS:
-            raise ValueError(
-                f"wikitext_rows must be one of {WIKITEXT_ROWS}, got {self.wikitext_rows!r}."
-            )
-        if self.vocab_size not in VOCAB_SIZES:
-            raise ValueError(
-                f"vocab_size must be one of {VOCAB_SIZES} (byte+1 or byte), got {self.vocab_size}."
-            )
-        if not 0.0 < self.train_fraction <= 1.0:
-            raise ValueError(f"train_fraction must lie in (0, 1], got {self.train_fraction}.")
-        if self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}.")
 
     @property
     def token_offset(self) -> int:
@@ -186,14 +144,8 @@ def decode_tokens(tokens: np.ndarray, vocab_size: int) -> str:
 
 
 class ByteTextSource:
-    """Byte-level LM data source (jrope.data.source's contract).
-
-    Batches: 'inputs' int32 [b, T], 'targets' int32 [b, T] (the inputs
-    shifted by one), 'weights' float32 [b, T] of ones; ``b`` is this
-    process's share of the batch, T = seq_len for training. Training
-    batches with ``pack`` also hold 'segment_ids' and 'positions' int32
-    [b, T] (see the module docstring).
-    """
+    """Byte-level LM data source: 'inputs' int32 [b, T], 'targets' the inputs shifted by one,
+    'weights' ones (and with ``pack``, 'segment_ids' and 'positions')."""
 
     task = "language_model"
     num_classes = None  # language modelling: the loss runs over the full vocabulary
@@ -225,11 +177,8 @@ class ByteTextSource:
     def eval_batches(
         self, length: int, num_sequences: int, batch_size: int, seed: int = DEFAULT_EVAL_SEED
     ) -> Iterator[dict]:
-        """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens.
-
-        ``batch_size`` is the global evaluation batch size; ``seed`` the
-        evaluation seed (the windows do not depend on the data config's seed).
-        """
+        """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens
+        (``batch_size``: the global evaluation batch; ``seed``: the evaluation seed)."""
         # The request is checked before the text's length.
         batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
         _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
@@ -260,12 +209,8 @@ _SECTION_MARK = ord("=")
 
 
 def article_segments(corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
-    """'segment_ids' and 'positions' int32 [b, length] of the windows at ``starts``.
-
-    A segment starts at each window's first byte and at every byte that
-    opens an article title line (see "packing" in the module docstring);
-    segment ids count from 0 in each row, positions from 0 in each segment.
-    """
+    """'segment_ids' (from 0 in each row) and 'positions' (from 0 in each segment) int32
+    [b, length] of the windows at ``starts`` (the module docstring's "packing")."""
     opening = len(_TITLE_OPENING)
     starts_of_segments = np.zeros((len(starts), length), bool)
     for row, start in enumerate(starts):
@@ -331,7 +276,7 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         folders = dict(data_dir=data_cfg.data_dir or None, manual_dir=data_cfg.manual_dir or None)
         rows = wikitext.wikitext_data_source(data_cfg.source, split, **folders)
         num_rows = max(1, round(fraction * len(rows)))
-        builder = wikitext.builder_class(data_cfg.source)
+        builder = wikitext.BUILDERS[data_cfg.source]
         key = {"builder": f"{builder.name}:{builder.VERSION}", "split": split}
         key["rows"] = [num_rows, len(rows)]
         if data_cfg.wikitext_rows != "file":  # the file stream keeps the key of earlier caches

@@ -19,18 +19,14 @@ Where the text comes from, first match wins:
 2. the official archive in the manual directory;
 3. the archive downloaded from its ``archive_url``.
 
-The archive, manual or downloaded, is checked by TFDS against the size and
-SHA-256 in ``checksums.tsv`` beside this file (the values published for the
-official archives), then read member by member with ``zipfile``: TFDS's own
-extractor needs TensorFlow. The manual directory defaults
-to ``<data_dir>/downloads/manual`` (TFDS's convention), ``data_dir`` to
-TFDS's (``~/tensorflow_datasets``).
+The archive is checked by TFDS against the size and SHA-256 published for it
+(``checksums.tsv`` beside this file), then read with ``zipfile`` (TFDS's
+extractor needs TensorFlow). The manual directory defaults to
+``<data_dir>/downloads/manual``, ``data_dir`` to TFDS's.
 
-``wikitext_data_source`` prepares a dataset on first use and returns a
-split's random-access data source; without the files and without a route to
-the archives' host it fails at once with WikiTextUnavailable, saying where to
-put the files. To prepare once, on a machine with network access
-(``--dataset=wikitext2`` for WikiText-2):
+``wikitext_data_source`` prepares a dataset on first use; without the files
+and a route to the archives' host it fails at once with WikiTextUnavailable,
+saying where to put the files. To prepare once, with network access:
 
     python -m jrope.data.wikitext --dataset=wikitext103 [--data_dir=DIR] [--manual_dir=DIR]
 """
@@ -81,13 +77,9 @@ WIKITEXT2 = WikiTextArchive("WikiText-2", "wikitext-2-raw-v1.zip", "wikitext-2-r
 
 
 class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Raw WikiText, one example ``{'text': str}`` per line of the official files.
-
-    The shared body of the builders below, each of which names its ARCHIVE.
-    All are kept out of TFDS's global registry (build them with their class,
-    not ``tfds.builder``): running this module as ``__main__`` next to its
-    imported copy would otherwise register the names twice.
-    """
+    """Raw WikiText, one example ``{'text': str}`` per line of the official files: the body of
+    the builders below, each naming its ARCHIVE. Out of TFDS's registry (build them by class):
+    this module run as ``__main__`` beside its imported copy would register the names twice."""
 
     ARCHIVE: ClassVar[WikiTextArchive]
     VERSION = tfds.core.Version("1.0.0")
@@ -161,18 +153,9 @@ class Wikitext2Raw(WikiTextRaw, skip_registration=True):
 BUILDERS: dict[str, type[WikiTextRaw]] = {"wikitext103": Wikitext103Raw, "wikitext2": Wikitext2Raw}
 
 
-def builder_class(dataset: str) -> type[WikiTextRaw]:
-    """The builder of a dataset name ('wikitext103' or 'wikitext2')."""
-    if dataset not in BUILDERS:
-        raise ValueError(f"Unknown WikiText dataset {dataset!r}; choose one of {tuple(BUILDERS)}.")
-    return BUILDERS[dataset]
-
-
 def find_extracted_files(directory: epath.PathLike, archive: WikiTextArchive) -> epath.Path | None:
-    """The folder under ``directory`` holding all three ``wiki.*.raw`` files, or None.
-
-    Looks in ``directory`` itself and in the archive's folder below it.
-    """
+    """``directory`` or the archive's folder below it, whichever holds all three ``wiki.*.raw``
+    files; else None."""
     directory = epath.Path(directory)
     for candidate in (directory, directory / archive.archive_folder):
         if all((candidate / filename).is_file() for filename in SPLIT_FILES.values()):
@@ -218,13 +201,8 @@ def _unavailable_message(
 
 @contextlib.contextmanager
 def _unprepared_folders_quiet():
-    """Drops TFDS's warning that a dataset's folder holds no dataset_info.json.
-
-    `is_prepared()` looks for the prepared files and warns when they are
-    absent, which before the first preparation is the normal state, not a
-    problem to print (when it is one, WikiTextUnavailable says so with
-    directions).
-    """
+    """Drops TFDS's warning that a dataset's folder holds no dataset_info.json: before the first
+    preparation that is the normal state (where it is a problem, WikiTextUnavailable says so)."""
 
     def not_that_warning(record: logging.LogRecord) -> bool:
         return "has no dataset_info.json" not in record.getMessage()
@@ -240,17 +218,11 @@ def _unprepared_folders_quiet():
 def prepare_wikitext(
     dataset: str, data_dir: str | None = None, manual_dir: str | None = None
 ) -> WikiTextRaw:
-    """The builder of ``dataset``, with its ArrayRecord files written if they were not yet.
-
-    Raises:
-      ValueError: ``dataset`` is not a key of BUILDERS.
-      WikiTextUnavailable: no prepared data, no manual files and no route
-        to the archive's host; or the archive failed to download or does not
-        match the recorded checksum.
-    """
-    builder_cls = builder_class(dataset)
-    archive = builder_cls.ARCHIVE
-    builder = builder_cls(data_dir=data_dir, file_format="array_record")
+    """The builder of ``dataset`` (a key of BUILDERS), its ArrayRecord files written if they
+    were not yet. WikiTextUnavailable without prepared data, manual files or a route to the
+    archive's host, or where the archive failed to download or to match its checksum."""
+    archive = BUILDERS[dataset].ARCHIVE
+    builder = BUILDERS[dataset](data_dir=data_dir, file_format="array_record")
     with _unprepared_folders_quiet():
         prepared = builder.is_prepared()
     if prepared:
@@ -283,11 +255,9 @@ def prepare_wikitext(
 def wikitext_data_source(
     dataset: str, split: str, *, data_dir: str | None = None, manual_dir: str | None = None
 ) -> Sequence[dict]:
-    """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test').
-
-    Prepares the dataset on first use (see ``prepare_wikitext``).
-    """
-    title = builder_class(dataset).ARCHIVE.title
+    """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test'), the
+    dataset prepared on first use (``prepare_wikitext``)."""
+    title = BUILDERS[dataset].ARCHIVE.title
     if split not in SPLIT_FILES:
         raise ValueError(f"Unknown {title} split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
     return prepare_wikitext(dataset, data_dir, manual_dir).as_data_source(split=split)
@@ -299,9 +269,8 @@ def _cli() -> None:
 
     from jrope import command_line
 
-    dataset = flags.DEFINE_enum(
-        "dataset", None, list(BUILDERS), "Which WikiText to prepare.", required=True
-    )
+    which = "Which WikiText to prepare."
+    dataset = flags.DEFINE_enum("dataset", None, list(BUILDERS), which, required=True)
     data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
     help_manual = (
         "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual)."

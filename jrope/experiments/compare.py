@@ -49,7 +49,7 @@ from jrope.train.checkpoints import config_differences
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
 from jrope.train.outputs import say
-from jrope.train.trainer import train_and_evaluate
+from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
 
 
 def run_comparison(
@@ -108,7 +108,7 @@ def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     if missing:
         say(f"{run_dir}: finished earlier; evaluating lengths {missing}")
         only_missing = dataclasses.replace(cfg.eval, lengths=tuple(missing))
-        new = evaluation.evaluate_checkpoint(
+        new = evaluate_checkpoint(
             dataclasses.replace(cfg, eval=only_missing), str(run_dir), cfg.num_steps
         )
         kept = [row for row in earlier if row["length"] not in missing]

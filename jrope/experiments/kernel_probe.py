@@ -33,19 +33,13 @@ measured in units of L as in the paper. Every method uses the same
 frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
 is about the lag functions and not about which frequencies a head layout keeps.
 
-The features come from jrope.pe_math (the code of the encodings), which
-computes in float32. The regression (normal equations with a ridge penalty on
-every weight, constant included), the predictions and the errors run in
-`solver_dtype`: 'float64' (the default) solves the normal equations of the
-float32 features accurately; 'float32' solves them as the reference code does
-(torch.linalg.solve on float32 tensors) and reproduces its tables. The gram
-matrix of these features is ill-conditioned, so the two give different
-weights, and the extrapolated errors differ by up to tens of percent
-(docs/reference.md, section "Probe solver precision"); the targets are
-computed in float64 and rounded to `solver_dtype`.
-
-The targets (phase, linear, mixed, the high jets and the structured
-benchmarks' kernels) are defined in jrope.experiments.probe_targets.
+The features come from jrope.pe_math (the code of the encodings), in
+float32; the targets (jrope.experiments.probe_targets) in float64. The
+regression (a ridge penalty on every weight, constant included), predictions
+and errors run in `solver_dtype`: 'float64' solves the ill-conditioned normal
+equations accurately, 'float32' as the reference code does and reproduces its
+tables; the extrapolated errors differ by up to tens of percent
+(docs/reference.md, section "Probe solver precision").
 """
 
 from __future__ import annotations
@@ -62,7 +56,9 @@ from etils import epath
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
 from jrope.encodings import make_encoding, unsupported_features
+from jrope.errors import ConfigError
 from jrope.experiments.probe_targets import check_target, target_values
+from jrope.fields import Declared, setting
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
 
 CSV_COLUMNS = ("seed", "task", "method", "context", "split", "mse")
@@ -74,85 +70,45 @@ SOLVER_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelProbeConfig:
-    """The probe's settings (the `probe` section of configs/kernel_probe*.py).
+class KernelProbeConfig(Declared):
+    """The probe's settings (the `probe` section of configs/kernel_probe*.py)."""
 
-    Attributes:
-      methods: encoding names, any name `jrope.pe_config_from_name` accepts,
-        or a probe baseline of the reference (`rope_matched_m{m}`,
-        `direct_sum_poly_m{m}`, `jordan_scaled_m{m}[_c{100c}]`).
-      targets: names of jrope.experiments.probe_targets (e.g. 'mixed', 'high_jet_r2').
-      seeds: one fit per seed; seeds matter only when train_points < train_context.
-      train_context: L: the fit uses lags in [0, L), and L is the unit of time.
-      train_points: how many of those lags the fit sees (a seeded random subset
-        when fewer than L).
-      eval_contexts: T values; the error is measured on all lags in [0, T).
-      head_dim: sets the frequencies theta^(-2k/head_dim).
-      num_freqs: k < num_freqs, for every method.
-      target_freq_index: the targets' frequency index i.
-      second_freq_index: the second frequency of rhythm_envelope and motif_spacing.
-      theta: rotary base.
-      gamma: the damping of learned-gamma variants whose name does not set
-        it, and of the damped_wave target.
-      drift: phase_drift's relative frequency error eps.
-      jet_decay: c of the scaled_high_jet targets.
-      ridge: ridge penalty lambda of (X^T X + lambda I) w = X^T y.
-      plot_targets: targets whose fits a PNG each shows at the longest context.
-      solver_dtype: 'float64' or 'float32' (the reference's): the precision of
-        the normal equations, the predictions and the errors.
-    """
+    section = "probe"
 
-    methods: tuple[str, ...]
-    targets: tuple[str, ...]
-    seeds: tuple[int, ...]
-    train_context: int
-    train_points: int
-    eval_contexts: tuple[int, ...]
-    head_dim: int
-    num_freqs: int
-    target_freq_index: int
-    second_freq_index: int
-    theta: float
-    gamma: float
-    drift: float
-    jet_decay: float
-    ridge: float
-    plot_targets: tuple[str, ...]
-    solver_dtype: str = "float64"
+    # Encoding names (jrope.pe_config_from_name) or the reference's probe baselines
+    # (rope_matched_m{m}, direct_sum_poly_m{m}, jordan_scaled_m{m}[_c{100c}]).
+    methods: tuple[str, ...] = setting(nonempty=True)
+    targets: tuple[str, ...]  # jrope.experiments.probe_targets names (e.g. 'high_jet_r2')
+    # One fit each; they matter only when train_points < train_context.
+    seeds: tuple[int, ...] = setting(nonempty=True)
+    train_context: int = setting(ge=1)  # L: the fit uses lags in [0, L), and L is the unit of time
+    # How many of those lags the fit sees (a seeded subset when fewer than L).
+    train_points: int = setting(ge=1, le="train_context")
+    # T values: the error is measured on all lags in [0, T).
+    eval_contexts: tuple[int, ...] = setting(ge=1, nonempty=True)
+    head_dim: int = setting(ge=2)  # the frequencies theta^(-2k/head_dim), k < num_freqs
+    num_freqs: int = setting(ge=1)
+    # The targets' frequencies (the second: rhythm_envelope's and motif_spacing's), which must
+    # be basis frequencies.
+    target_freq_index: int = setting(ge=0, lt="num_freqs")
+    second_freq_index: int = setting(ge=0, lt="num_freqs")
+    theta: float  # rotary base
+    gamma: float = setting(ge=0)  # damping of learned-gamma variants whose name sets none
+    drift: float  # phase_drift's relative frequency error
+    jet_decay: float  # c of the scaled_high_jet targets
+    ridge: float = setting(ge=0)  # lambda of (X^T X + lambda I) w = X^T y
+    plot_targets: tuple[str, ...]  # targets whose fits a PNG each shows at the longest context
+    # The precision of the normal equations, predictions and errors; float32 reproduces the
+    # reference's tables.
+    solver_dtype: str = setting("float64", choices=SOLVER_DTYPES)
 
     def __post_init__(self):
-        if self.solver_dtype not in SOLVER_DTYPES:
-            raise ValueError(
-                f"probe.solver_dtype must be one of {', '.join(SOLVER_DTYPES)}, got "
-                f"{self.solver_dtype!r} (float32 reproduces the reference's tables)."
-            )
+        super().__post_init__()
         for target in self.targets:
             check_target(target)
         if not set(self.plot_targets) <= set(self.targets):
             raise ValueError(
                 f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
-            )
-        if not 0 < self.train_points <= self.train_context:
-            raise ValueError(
-                f"probe.train_points must lie in (0, train_context = {self.train_context}], got {self.train_points}."
-            )
-        for name in ("target_freq_index", "second_freq_index"):
-            if not 0 <= getattr(self, name) < self.num_freqs:
-                raise ValueError(
-                    f"probe.{name} {getattr(self, name)} must be below num_freqs {self.num_freqs}: "
-                    "the targets' frequencies must be basis frequencies."
-                )
-        if not self.methods or not self.seeds or not self.eval_contexts:
-            raise ValueError(
-                "probe.methods, probe.seeds and probe.eval_contexts must be non-empty."
-            )
-        if min(self.eval_contexts) < 1:
-            raise ValueError(
-                f"probe.eval_contexts must be positive lengths, got {self.eval_contexts}."
-            )
-        if self.gamma < 0 or self.ridge < 0:
-            raise ValueError(
-                f"probe.gamma and probe.ridge must be >= 0, got {self.gamma}, {self.ridge}."
             )
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
@@ -160,20 +116,21 @@ class KernelProbeConfig:
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
-        """From the whole experiment ConfigDict: its one section, `probe`."""
-        if set(config.keys()) != {"probe"}:
-            raise ValueError(
-                f"a kernel-probe config has exactly one section, probe; got keys {sorted(config.keys())}."
-            )
-        section = dict(config["probe"])
+        """From the whole experiment ConfigDict: its one section, `probe`; ConfigError (a
+        ValueError) naming every problem."""
+        section = dict(config.get("probe", {}))
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(section) != names:
-            raise ValueError(
-                f"probe: unknown keys {sorted(set(section) - names)}, missing keys {sorted(names - set(section))}."
+        if set(config.keys()) != {"probe"} or set(section) != names:
+            raise ConfigError([
+                f"a kernel-probe config has exactly one section, probe; got {sorted(config.keys())}, "
+                f"unknown keys {sorted(set(section) - names)}, missing {sorted(names - set(section))}."
+            ])  # fmt: skip
+        try:
+            return cls(
+                **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
             )
-        return cls(
-            **{key: tuple(v) if isinstance(v, (list, tuple)) else v for key, v in section.items()}
-        )
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
 
     @property
     def target_omega(self) -> float:
@@ -181,10 +138,8 @@ class KernelProbeConfig:
 
 
 def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
-    """The method's PEConfig, with the probe's gamma as the base damping (its name may override it).
-
-    Raises ValueError for an encoding with a feature the probe's closed-form features lack.
-    """
+    """The method's PEConfig, the probe's gamma its base damping (its name may override it);
+    ValueError for an encoding with a feature the probe's closed-form features lack."""
     settings = dict(train_context=probe.train_context, theta=probe.theta, gamma_min=0.0)
     cfg = pe_config_from_name(method, init_gamma=probe.gamma, **settings)
     if missing := unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES):
@@ -259,13 +214,10 @@ def ridge_fit(
 ) -> np.ndarray:
     """Weights w [F] solving (X^T X + ridge I) w = X^T y; X [n, F], y [n].
 
-    'float64': numpy in float64. 'float32': XLA on the CPU in float32 with
-    full-precision dots (no TF32 or bfloat16 passes on any host). At the
-    probe's condition numbers (about 1e7 for the raw-time Jordan bases) a
-    float32 solve is accurate to a few digits at best and its result depends
-    on the library's summation order: for motif_spacing / jordan_raw_tau at
-    8192, XLA's CPU path gives 0.161 and numpy's float32 path 0.274, against
-    the reference's (torch) 0.167 (docs/reference.md, section 3).
+    'float64': numpy in float64. 'float32': XLA on the CPU with full-precision
+    dots on any host. At the probe's condition numbers (about 1e7) a float32
+    solve depends on the summation order: XLA's is the closest to the
+    reference's (docs/reference.md, section 3).
     """
     if solver_dtype == "float64":
         x = np.asarray(features, np.float64)
@@ -294,27 +246,20 @@ def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
 
 
 def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Runs every (seed, target, method) fit.
-
-    Returns:
-      rows: dicts with CSV_COLUMNS: one 'train' row (context = L) and one
-        'eval' row per eval context for each fit.
-      plot_curves: target -> method -> the fitted kernel on the lags
-        [0, max(eval_contexts)), float64, for the first seed and each of plot_targets.
-    """
+    """Every (seed, target, method) fit: (rows of CSV_COLUMNS, one 'train' row and one 'eval'
+    row per eval context each; target -> method -> the first seed's fit on [0, max(eval_contexts)),
+    float64, for each of plot_targets)."""
     longest = max(probe.eval_contexts)
     dtype = SOLVER_DTYPES[probe.solver_dtype]
     # One feature matrix per method covers the fit lags and every evaluation window.
-    span = max(longest, probe.train_context)
-    eval_features = {
-        m: basis_features(m, np.arange(span), probe).astype(dtype) for m in probe.methods
-    }
+    lags = np.arange(max(longest, probe.train_context))
+    eval_features = {m: basis_features(m, lags, probe).astype(dtype) for m in probe.methods}
     rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
         fit_lags = training_lags(probe, seed)
         for target in probe.targets:
             y_fit = target_values(target, fit_lags, probe).astype(dtype)
-            y_all = target_values(target, np.arange(span), probe).astype(dtype)
+            y_all = target_values(target, lags, probe).astype(dtype)
             for method in probe.methods:
                 x_all = eval_features[method]
                 x_fit = x_all[fit_lags]
@@ -381,14 +326,9 @@ def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str
 def plot_fits(
     path: epath.PathLike, target: str, curves: dict[str, np.ndarray], probe: KernelProbeConfig
 ) -> None:
-    """Every method's fit (curves: method -> fit) of `target` over [0, T_max): error along the
-    lag, and the last lags.
-
-    The carrier period is a few lags, so the raw curves over thousands of
-    lags are a solid band: the top panel shows the RMS error per window of
-    lags (log scale, fit window dashed), the bottom one the curves over the
-    last 96 lags, where extrapolation is hardest.
-    """
+    """Every method's fit (curves: method -> fit) of `target` over [0, T_max): the RMS error
+    per window of lags (the raw curves of a few lags' period would be a solid band), and the
+    curves over the last 96 lags, where extrapolation is hardest."""
     import matplotlib  # loaded with the first figure, not with the module
 
     longest = max(probe.eval_contexts)
@@ -422,10 +362,8 @@ def plot_fits(
 
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
-    """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into workdir.
-
-    Returns the CSV rows.
-    """
+    """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into
+    workdir; returns the CSV rows."""
     probe = KernelProbeConfig.from_config_dict(config)
     rows, plot_curves = probe_rows(probe)
     workdir = epath.Path(workdir)

@@ -1,18 +1,11 @@
 """Text from a trained byte-level run: its latest checkpoint loaded without its training data.
 
-Every checkpoint keeps the config of the run that wrote it
-(jrope.train.checkpoints), so a workdir is all generation needs: the
-model, the encoding and the vocabulary come from there, and the state
-layout is built from the config alone (the vocabulary is the data
-section's), so the corpus is never read or downloaded.
-
-Only byte-level text runs have text to write (data.source one of
-TEXT_SOURCES): a synthetic-task run's tokens are not bytes, an audio-token
-run's bytes are not text.
-
-Decoding needs no parameter sharding: the run's tensor axis is kept when it
-divides the devices, every other device goes to the data axis (one prompt
-per device when the batch allows), and fsdp is 1.
+Every checkpoint keeps the config of the run that wrote it, so a workdir is
+all generation needs: the model, the encoding, the vocabulary and the state
+layout come from the config, and the corpus is never read. Only runs on
+TEXT_SOURCES have text to write (an audio-token run's bytes are not text).
+Decoding keeps the run's tensor axis where it divides the devices and puts
+every other device on the data axis.
 """
 
 from __future__ import annotations
@@ -35,10 +28,7 @@ from jrope.errors import GenerationRequestError, UsageError
 from jrope.model import damping, kv_cache
 from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import setup
-from jrope.train.checkpoints import (
-    Checkpointer,
-    restore_compatible,
-)
+from jrope.train.checkpoints import Checkpointer, restore_compatible
 from jrope.train.config import MeshConfig, TrainConfig
 from jrope.train.setup import state_layout
 
@@ -57,10 +47,8 @@ class TextRun:
     mesh: Mesh
 
     def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
-        """The text generated after each prompt (bytes decoded as UTF-8 with replacement).
-
-        Raises GenerationRequestError before generating when the positions leave int32.
-        """
+        """The text generated after each prompt (bytes decoded as UTF-8 with replacement);
+        GenerationRequestError before generating when the positions leave int32."""
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
         check_request(settings, encoded)
@@ -70,12 +58,9 @@ class TextRun:
         return [decode_tokens(row, vocab_size) for row in rows]
 
     def _plan_for_damping(self, settings: GenerationSettings) -> tuple[Any, GenerationSettings]:
-        """The graphdef and settings that carry the parameters' damping (jrope.model.damping).
-
-        Past model.max_damping the prompt's forward plans its kernels for the
-        measured damping, and the cache moves its origin before its key factors
-        e^(gamma * rebase_bound) would overflow float32.
-        """
+        """The graphdef and settings that carry the parameters' damping (jrope.model.damping):
+        kernels planned for it, and a cache that moves its origin before e^(gamma * rebase_bound)
+        would overflow float32."""
         graphdef, measured = damping.plan(self.cfg.model, self.encoding, self.graphdef, self.params)
         if not measured.passed:
             return graphdef, settings
@@ -101,12 +86,14 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     _check_text_run(cfg, resolved(workdir))
     directory = resolved(workdir) / "checkpoints"
     # Read only: this manager never saves, so it never deletes old checkpoints either.
-    checkpointer = Checkpointer(directory, every_steps=1, max_to_keep=step, config_json={})
+    checkpointer = Checkpointer(
+        directory, every_steps=1, max_to_keep=step, config_json=cfg.to_json_dict()
+    )
     with contextlib.closing(checkpointer):
         mesh_cfg = decoding_mesh_config(cfg.mesh, len(devices or jax.devices()))
         mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
         layout = state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
-        state = restore_compatible(cfg, checkpointer, layout.abstract, step)
+        state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)
 

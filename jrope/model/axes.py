@@ -32,20 +32,12 @@ Rules = Sequence[tuple[str, MeshAxes]]
 def logical_to_spec(
     logical_axes: Sequence[str | None], shape: Sequence[int], rules: Rules, mesh: Mesh
 ) -> PartitionSpec:
-    """PartitionSpec of an array with the given logical axes under `rules`.
-
-    Raises ValueError for a logical name that has no rule (add it to
-    config.mesh.rules). Replicates a dimension that does not divide its mesh
-    axes, or whose mesh axes an earlier dimension already uses.
-    """
-    if len(logical_axes) != len(shape):
-        raise ValueError(
-            f"logical axes {tuple(logical_axes)} do not match an array of shape {tuple(shape)}."
-        )
+    """PartitionSpec of an array with the given logical axes under `rules`; a dimension that does
+    not divide its mesh axes, or whose axes an earlier dimension uses, is replicated."""
     table = dict(rules)
     used: set[str] = set()
     spec = []
-    for name, size in zip(logical_axes, shape, strict=False):
+    for name, size in zip(logical_axes, shape, strict=True):
         if name is None:
             spec.append(None)
             continue
@@ -60,14 +52,8 @@ def logical_to_spec(
         split = math.prod(mesh.shape[axis] for axis in axes_tuple)
         if not axes_tuple or size % split or used.intersection(axes_tuple):
             if axes_tuple:
-                logging.log_first_n(
-                    logging.INFO,
-                    "Replicating dim %s (size %d) instead of splitting it %d ways.",
-                    8,
-                    name,
-                    size,
-                    split,
-                )
+                message = "Replicating dim %s (size %d) instead of splitting it %d ways."
+                logging.log_first_n(logging.INFO, message, 8, name, size, split)
             spec.append(None)
             continue
         used.update(axes_tuple)

@@ -1,11 +1,13 @@
 """The damping bound: model.max_damping held against the damping of the parameters being run.
 
 Before training, a bound the blockwise kernel's blocks cannot carry is refused
-(`bound_problems`). Before an evaluation or decoding step is compiled, and at
-every checkpoint, the damping is read on the host (`measure`); past the bound
-the model's layers plan their kernels and blocks for it (`plan`). A
-non-finite loss or evaluation names a passed bound first (`diagnosis`).
-Each function takes the model's config and its Encoding (`TrainConfig.encoding`).
+(`bound_problems`). Before a run's first step, and before decoding, the damping
+is read on the host (`measure`); past the bound the model's layers plan their
+kernels and blocks for it (`plan`). A run's steps compile once for that
+`KernelPlan`; at each checkpoint the run asks whether the plan still carries
+the damping learned since (`KernelPlan.carries`). A non-finite loss or
+evaluation names a passed bound first (`diagnosed`). Each function takes the
+model's config and its Encoding.
 """
 
 from __future__ import annotations
@@ -95,41 +97,72 @@ def plan(
     return nnx.split(transformer, nnx.Param)[0], measured
 
 
-def kernel(
-    model: ModelConfig,
-    encoding: Encoding,
-    length: int,
-    platform: str,
-    measured: MeasuredDamping | None,
-) -> str:
-    """choose_kernel at `length` for the measured damping; UsageError naming the layer, the
-    head's damping and model.max_damping where it rules out an explicit attention_impl."""
-    damping = None if measured is None or not measured.passed else measured.largest
-    try:
-        window = dict(length=length, backend=platform, damping=damping)
-        return choose_kernel(model.attention, encoding, **window)
-    except ValueError as err:
-        if damping is None:
-            raise
-        raise UsageError(f"{measured.describe()}: {err}") from err
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """The kernels a run's steps compile with at `lengths` (the training length first): for
+    model.max_damping, or (`for_params`) for the damping `measured` of the parameters a run starts
+    from, which `graphdef`'s layers follow past the bound (Transformer.follow_damping)."""
 
+    model: ModelConfig
+    encoding: Encoding
+    platform: str
+    lengths: tuple[int, ...]
+    graphdef: Any
+    measured: MeasuredDamping | None = None
 
-def diagnosis(measured: MeasuredDamping | None) -> str:
-    """The sentence a non-finite loss or evaluation starts with where the bound was passed ('')."""
-    if measured is None or not measured.passed:
-        return ""
-    return (
-        f"The damping passed its bound: {measured.describe()}; windows that one map origin "
-        "cannot carry at this damping ran the blockwise kernel, whose factors still reach "
-        "e^(gamma * model.block_size). Bound the damping (a lower pe.init_gamma or "
-        "opt.learning_rate) before blaming the rest of the model. "
-    )
+    def for_params(self, params: Any) -> KernelPlan:
+        """This plan made for the damping of `params` (the graphdef follows it past the bound)."""
+        graphdef, measured = plan(self.model, self.encoding, self.graphdef, params)
+        return dataclasses.replace(self, graphdef=graphdef, measured=measured)
+
+    def kernel(self, length: int) -> str:
+        """choose_kernel at `length` for the largest damping; UsageError naming the layer, the
+        head's damping and model.max_damping where it rules out an explicit attention_impl."""
+        passed = self.measured is not None and self.measured.passed
+        try:
+            return self._choose(length, self.measured.largest if passed else None)
+        except ValueError as err:
+            if not passed:
+                raise
+            raise UsageError(f"{self.measured.describe()}: {err}") from err
+
+    def measure(self, params: Any) -> MeasuredDamping:
+        return measure(self.model, self.encoding, params)
+
+    def carries(self, measured: MeasuredDamping) -> bool:
+        """Whether every layer runs, at every length, the kernel and blocks that a plan for
+        `measured` would choose: the steps compiled for this plan then compute what steps
+        planned for `measured` would."""
+        return self._choices(self.measured) == self._choices(measured)
+
+    def _choose(self, length: int, damping: float | None) -> str:
+        window = dict(length=length, backend=self.platform, damping=damping)
+        return choose_kernel(self.model.attention, self.encoding, **window)
+
+    def _choices(self, measured: MeasuredDamping | None) -> list:
+        passed = measured is not None and measured.passed
+        choices = []
+        for damping in measured.per_layer if passed else (None,) * self.model.num_layers:
+            for length in self.lengths:
+                try:
+                    name = self._choose(length, damping)
+                except ValueError:
+                    name = None  # refused: the plan for `measured` says why
+                blocks = blockwise_block_size(self.model.block_size, damping)
+                choices.append((name, blocks if name == "blockwise" else None))
+        return choices
 
 
 def diagnosed(error: Exception, measured: MeasuredDamping | None) -> Exception:
-    """`error` (a non-finite loss) with the diagnosis first where the bound was passed."""
-    note = diagnosis(measured)
-    return type(error)(f"{note}{error}") if note else error
+    """`error` (a non-finite loss or evaluation) with, first, the diagnosis of a passed bound."""
+    if measured is None or not measured.passed:
+        return error
+    return type(error)(
+        f"The damping passed its bound: {measured.describe()}; windows that one map origin "
+        "cannot carry at this damping ran the blockwise kernel, whose factors still reach "
+        "e^(gamma * model.block_size). Bound the damping (a lower pe.init_gamma or "
+        f"opt.learning_rate) before blaming the rest of the model. {error}"
+    )
 
 
 def _host_pe_params(params: Any) -> Any:

@@ -16,23 +16,16 @@ each row reads its logits at its own last token. Each new token is at the
 row's next position (its prompt starts at `position_offset`).
 
 Both loops are a `lax.while_loop` inside one jitted function (no host round
-trip per token), which stops when every row has produced the stop token or
-after num_tokens. They are compiled in two stages, `start` (prompt ->
-logits of the first new token) and `finish` (the loop), which
-benchmarks/decode.py times apart. The recomputed loop runs the forward over
-a fixed buffer of P + N - 1 positions (P the padded prompt length, N the
-tokens to generate) so that it compiles once: by causality the positions
-after a row's last token change nothing.
+trip per token), stopping when every row has produced the stop token or
+after num_tokens, compiled in two stages: `start` (prompt -> logits of the
+first new token) and `finish` (the loop). The recomputed loop runs the
+forward over a fixed buffer of P + N - 1 positions so that it compiles once:
+by causality the positions after a row's last token change nothing. The
+cache is sharded like the activations, by its logical axes and the run's rules.
 
-The cache is sharded like the activations: batch over the data axes, heads
-over tensor (its logical axes, jrope.model.kv_cache, through the run's
-rules, jrope.model.axes.logical_to_spec).
-
-Sampling (`SamplingSettings`, `next_tokens`): pure, jittable functions of
-the logits and a key; the filters apply in the usual order: divide by the
-temperature, keep the k most likely tokens, then the smallest set of the
-most likely whose probability reaches p (the most likely always stays), and
-draw from what remains. Temperature 0 is greedy (argmax).
+Sampling: divide by the temperature, keep the k most likely tokens, then the
+smallest set of the most likely whose probability reaches p, and draw from
+what remains; temperature 0 is greedy (argmax).
 
 Shape legend: B batch, P padded prompt length, N new tokens, V vocabulary.
 """
@@ -57,18 +50,12 @@ from jrope.model.axes import Rules, logical_to_spec
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    """How tokens are drawn; every check raises ValueError naming the flag and the fix.
+    """How tokens are drawn; every check raises ValueError naming the flag and the fix."""
 
-    temperature: 0 for greedy decoding, else the logits are divided by it.
-    top_k: keep the k most likely tokens (0: all).
-    top_p: keep the most likely tokens up to total probability p (1: all).
-    seed: the PRNG seed of the draws (unused when greedy).
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float = 0.0  # 0: greedy decoding; else the logits are divided by it
+    top_k: int = 0  # keep the k most likely tokens (0: all)
+    top_p: float = 1.0  # keep the most likely tokens up to total probability p (1: all)
+    seed: int = 0  # the PRNG seed of the draws (unused when greedy)
 
     def __post_init__(self):
         problems = []
@@ -100,12 +87,8 @@ def filtered_logits(logits: jax.Array, settings: SamplingSettings) -> jax.Array:
         # A token stays when the tokens more likely than it hold less than p.
         before = jnp.cumsum(probs, axis=-1)
         before = jnp.concatenate([jnp.zeros_like(before[:, :1]), before[:, :-1]], axis=-1)
-        keep_sorted = before < settings.top_p
-        keep = (
-            jnp.zeros_like(keep_sorted)
-            .at[jnp.arange(logits.shape[0])[:, None], order]
-            .set(keep_sorted)
-        )
+        keep_sorted, rows = before < settings.top_p, jnp.arange(logits.shape[0])[:, None]
+        keep = jnp.zeros_like(keep_sorted).at[rows, order].set(keep_sorted)
         logits = jnp.where(keep, logits, -jnp.inf)
     return logits
 
@@ -123,23 +106,16 @@ NO_TOKEN = -1
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings:
-    """What to generate; every check raises ValueError naming the flag and the fix.
+    """What to generate; every check raises ValueError naming the flag and the fix."""
 
-    num_tokens: new tokens per prompt (fewer when the stop token comes first).
-    sampling: how each token is drawn.
-    stop_token: stop a row after it produces this token (None: never).
-    position_offset: absolute position of every prompt's first token.
-    rebase_bound: the cache moves its origin before a position gets further past it
-      (jrope.model.kv_cache); small values only cost time.
-    use_cache: False recomputes the full forward for every token (the reference).
-    """
-
-    num_tokens: int
+    num_tokens: int  # new tokens per prompt (fewer when the stop token comes first)
     sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
-    stop_token: int | None = None
-    position_offset: int = 0
+    stop_token: int | None = None  # stop a row after it produces this token (None: never)
+    position_offset: int = 0  # absolute position of every prompt's first token
+    # The cache moves its origin before a position gets further past it (jrope.model.kv_cache);
+    # small values only cost time.
     rebase_bound: int = 1024
-    use_cache: bool = True
+    use_cache: bool = True  # False recomputes the full forward for every token (the reference)
 
     def __post_init__(self):
         problems = []
@@ -167,11 +143,8 @@ def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Generator:
-    """Compiled generation for one model and one GenerationSettings.
-
-    graphdef: the model's structure (its params are passed per call).
-    mesh, rules: the device mesh and the logical-to-mesh rules the cache is sharded by.
-    """
+    """Compiled generation for one model's graphdef (its params passed per call) and one
+    GenerationSettings; the cache is sharded over `mesh` by the logical-to-mesh `rules`."""
 
     def __init__(self, graphdef: Any, settings: GenerationSettings, *, mesh: Mesh, rules: Rules):
         self.settings = settings
@@ -204,24 +177,15 @@ class Generator:
             new_tokens = np.asarray(finish(params, logits, state, key))
         return [row[row != NO_TOKEN] for row in new_tokens]
 
-    def _model(self, params):
-        return nnx.merge(self._graphdef, params)
-
     def _start(self, params, tokens, lengths, offsets):
         """(float32 [B, V] logits after each prompt, the loop's state)."""
-        model = self._model(params)
+        model = nnx.merge(self._graphdef, params)
         prompt_length = tokens.shape[1]
-        if self.settings.use_cache:
-            logits, cache = kv_cache.prefill(
-                model,
-                tokens,
-                lengths,
-                offsets,
-                max_length=prompt_length + self.settings.num_tokens - 1,
-                rebase_bound=self.settings.rebase_bound,
-            )
-            return logits, self._constrain(cache)
         length = prompt_length + self.settings.num_tokens - 1
+        if self.settings.use_cache:
+            sizes = dict(max_length=length, rebase_bound=self.settings.rebase_bound)
+            logits, cache = kv_cache.prefill(model, tokens, lengths, offsets, **sizes)
+            return logits, self._constrain(cache)
         buffer = jnp.zeros((tokens.shape[0], length), jnp.int32).at[:, :prompt_length].set(tokens)
         positions = offsets[:, None] + jnp.arange(length, dtype=jnp.int32)[None]
         logits = _logits_at(model(buffer, positions), lengths - 1)
@@ -229,7 +193,7 @@ class Generator:
 
     def _finish(self, params, logits, state, key):
         """int32 [B, N] new tokens (NO_TOKEN after a row's stop token)."""
-        model = self._model(params)
+        model = nnx.merge(self._graphdef, params)
         if self.settings.use_cache:
 
             def advance(cache, tokens):
@@ -280,9 +244,8 @@ def _sampling_loop(
             done = done | (token == settings.stop_token)
         return token, out, done
 
-    token, out, done = draw(
-        0, logits, jnp.full((batch, num_tokens), NO_TOKEN, jnp.int32), jnp.zeros((batch,), bool)
-    )
+    out = jnp.full((batch, num_tokens), NO_TOKEN, jnp.int32)
+    token, out, done = draw(0, logits, out, jnp.zeros((batch,), bool))
 
     def not_finished(carry):
         index, _, _, _, done = carry

@@ -23,12 +23,10 @@ more than the backend's default precision.
 
 Layout: per layer, keys [B, N, H, M] (shear terms: [B, N, W, M], W the terms'
 widths together) and values [B, N, M, H] in buffers of M slots allocated
-once, the layouts the decode step's matmuls read as they lie (stored
-[B, M, N, H], XLA:CPU transposed them in every step; docs/performance.md,
+once, laid out as the decode step's matmuls read them (docs/performance.md,
 Decoding). Per row: the origin, the next token's position and each slot's
-position (EMPTY for a slot without a key). All rows write the same slot per
-step: prompts of different lengths are right-padded, their pad slots EMPTY.
-The arrays carry logical axis names (KVCache.map_arrays).
+position (EMPTY: no key). All rows write the same slot per step: prompts of
+different lengths are right-padded, their pad slots EMPTY.
 
     logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
     logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
@@ -45,6 +43,7 @@ H head dim, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -55,7 +54,14 @@ from jrope.attention import shear
 from jrope.attention.cached import cached_attention
 from jrope.attention.packing import segment_starts
 from jrope.attention.selection import cache_keeps_shear_terms
-from jrope.encodings import BIAS, MAP_FEATURES, Encoding, check_positions, check_supported
+from jrope.encodings import (
+    BIAS,
+    LOGITS,
+    MAP_FEATURES,
+    Encoding,
+    check_positions,
+    check_supported,
+)
 from jrope.model.axes import BATCH, HEAD_DIM, HEADS, LENGTH
 from jrope.model.transformer import Transformer
 
@@ -114,15 +120,12 @@ class LayerCache:
     """One layer's share of the cache during one traced forward pass.
 
     The layer's attention hands it the new raw keys and values (`add`) and,
-    in a decode step, calls `attend` instead of its kernel. Mutable on
-    purpose, inside one traced function: prefill and decode_step collect the
-    updated `keys` and `values` after the forward.
-
+    in a decode step, calls `attend` instead of its kernel; prefill and
+    decode_step collect the updated `keys` and `values` after the forward.
     A decode step attends over the buffers as they were and the new entries
     beside them, then writes the new entries made to depend on the result
-    (_after): a buffer read and updated in place with nothing ordering the
-    two gets copied whole (XLA:CPU copied every layer's cache twice per step,
-    4x the step's time at 8192 slots; docs/performance.md).
+    (_after): a buffer read and updated with nothing ordering the two is
+    copied whole (docs/performance.md).
 
     keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
     int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
@@ -149,10 +152,8 @@ class LayerCache:
         return "shear" if self.shear_terms else None
 
     def add(self, k: jax.Array, v: jax.Array, encoding: Encoding, params) -> None:
-        """Takes the new raw keys and values [B, T, N, H], keys mapped from the origin.
-
-        A prefill writes them now; a decode step writes them in `attend`.
-        """
+        """Takes the new raw keys and values [B, T, N, H]; a prefill writes them now, a decode
+        step in `attend`."""
         filled = self.filled[..., None, None]
         if self.shear_terms:
             origin = self.origin[:, None]
@@ -186,7 +187,10 @@ class LayerCache:
         if encoding.has_bias:
             bias = encoding.logit_bias(params, self.positions, key_positions)
         stored = (self.positions, self.keys, self.values, self.new_keys, self.new_values)
-        y = cached_attention(q2, *stored, key_positions, bias, precision, term_widths, time_lag)
+        transform = functools.partial(encoding.transform_logits, params)
+        y = cached_attention(
+            q2, *stored, key_positions, bias, precision, term_widths, time_lag, transform
+        )
         self._write(_after(self.new_keys, y), _after(self.new_values, y))
         return y
 
@@ -249,10 +253,8 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Runs the prompts through the model's forward and returns a cache holding them.
 
-    A row may pack several prompts (segment_ids, as in training), each
-    attending to itself, its positions restarting at the row's offset; the
-    cache continues the row's last prompt alone (a decode step continues one
-    sequence per row), the earlier prompts' slots staying empty.
+    A row may pack several prompts (segment_ids), each attending to itself
+    from the row's offset; the cache continues the row's last prompt alone.
 
     Args:
       model: the Transformer (any attention kernel; readout is always 'all' here).
@@ -269,14 +271,9 @@ def prefill(
       origin is each row's last prompt position.
     """
     batch, prompt_length = tokens.shape
-    if max_length < prompt_length or rebase_bound < 1:
-        raise ValueError(
-            f"need max_length >= the padded prompt length {prompt_length} and rebase_bound >= 1, "
-            f"got max_length={max_length}, rebase_bound={rebase_bound}."
-        )
     _check_offsets(offsets, max_length)
-    # A decode step computes the maps' features (or the shear terms') and the bias.
-    supported = shear.FEATURES if keeps_shear_terms(model) else MAP_FEATURES | {BIAS}
+    # A decode step computes the maps' features (or the shear terms'), the bias and the logits'.
+    supported = shear.FEATURES if keeps_shear_terms(model) else MAP_FEATURES | {BIAS, LOGITS}
     check_supported(_attention_layers(model)[0].encoding, supported, "the KV cache")
     lengths = jnp.asarray(lengths, jnp.int32)
     offsets = jnp.asarray(offsets, jnp.int32)
@@ -316,11 +313,8 @@ def prefill(
 
 
 def _check_offsets(offsets, max_length: int) -> None:
-    """Refuses concrete offsets whose slots would reach EMPTY (traced ones are the caller's care).
-
-    A key at position EMPTY would be indistinguishable from an empty slot, and
-    a query there would see the empty slots; positions past int32 would wrap.
-    """
+    """Refuses concrete offsets whose slots would reach EMPTY (traced ones are the caller's
+    care): such a key would read as an empty slot, and positions past int32 would wrap."""
     if isinstance(offsets, jax.core.Tracer):
         return
     offsets = np.asarray(offsets)
@@ -336,12 +330,8 @@ def _check_offsets(offsets, max_length: int) -> None:
 
 
 def rebase(model: Transformer, cache: KVCache) -> KVCache:
-    """Moves the origin of each row whose next position is more than rebase_bound past it.
-
-    The moved rows' origin becomes their next position; every layer's keys
-    are re-expressed by Encoding.move_keys. Runs the move (one map of the
-    whole cache) only on the steps that need it (lax.cond).
-    """
+    """Moves the origin of each row whose next position is more than rebase_bound past it to
+    that position, on the steps that need it (lax.cond)."""
     due = cache.next_position - cache.origin > cache.rebase_bound  # [B]
 
     def move(cache: KVCache) -> KVCache:
@@ -360,18 +350,11 @@ def rebase(model: Transformer, cache: KVCache) -> KVCache:
 def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
     """Cached keys [B, N, H, M] moved by `shift` [B] (Encoding.move_keys), in their layout.
 
-    The move is one linear map per row and head, the same for every slot:
-    applied to the H unit vectors, move_keys gives its [H, H] matrix (block
-    diagonal; the zeros add exact zeros), and one batched matmul applies it.
-    Calling move_keys on the cache itself would need the cache transposed to
-    [B, M, N, H] and back, and XLA:CPU then chose that layout for the loop's
-    cache and transposed it in every step (docs/performance.md, Decoding).
-
-    The matmul runs at HIGHEST: for the raw-shear encodings the stored keys
-    are float32 for the decode step's HIGHEST dots, and a one-pass bfloat16
-    matmul (a TPU's default for float32) would round every moved key to
-    bfloat16, again at each rebase; it runs once per rebase, not per token.
-    A cache of shear terms moves by _move_terms instead, with no matmul.
+    The move is one linear map per row and head: move_keys of the H unit
+    vectors gives its [H, H] matrix, and one batched matmul applies it
+    without transposing the cache (docs/performance.md, Decoding). At
+    HIGHEST: a bfloat16 pass would round the raw shear's float32 keys at
+    every rebase (once per rebase, not per token).
     """
     batch, heads, head_dim, _ = keys.shape
     eye = jnp.eye(head_dim, dtype=jnp.float32)[None, :, None, :]
@@ -385,14 +368,9 @@ def _move(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.
 
 
 def _move_terms(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -> jax.Array:
-    """Cached shear terms [B, N, W, M] moved by `shift` [B], elementwise.
-
-    Each (re, im) pair of the terms (Encoding.term_rates'
-    layout) is multiplied by e^{-gamma shift} R(omega shift): the damped
-    rotation that takes a key mapped from the old origin to one mapped from
-    the new. The shear needs no move (its lag comes from the positions), and
-    no dot is involved.
-    """
+    """Cached shear terms [B, N, W, M] moved by `shift` [B]: each (re, im) pair
+    (Encoding.term_rates' layout) times the damped rotation e^{-gamma shift} R(omega shift).
+    The shear needs no move: its lag comes from the positions."""
     rates = encoding.term_rates(params)
     gamma = jnp.concatenate([g for g, _ in rates], -1)[None, :, :, None]  # [1, N, W/2, 1]
     omega = jnp.concatenate([w for _, w in rates], -1)[None, None, :, None]  # [1, 1, W/2, 1]
@@ -406,13 +384,8 @@ def _move_terms(encoding: Encoding, params, keys: jax.Array, shift: jax.Array) -
 
 
 def decode_step(model: Transformer, cache: KVCache, tokens: jax.Array) -> tuple[jax.Array, KVCache]:
-    """Appends one token per row and returns the logits for the token after it.
-
-    tokens: int32 [B], each at its row's next_position. Returns (float32
-    [B, V], the cache one slot longer). Jit it once: the shapes never change.
-    A step past the last slot returns NaN logits (the buffer is full; size it
-    with prefill's max_length).
-    """
+    """tokens int32 [B], each at its row's next_position -> (float32 [B, V] logits of the next
+    token, the cache one slot longer); NaN logits past the last slot. Jit it once."""
     cache = rebase(model, cache)
     positions = cache.next_position[:, None]  # [B, 1]
     flags = dict(decoding=True, shear_terms=keeps_shear_terms(model))

@@ -8,9 +8,8 @@ caller passes: the train step's per-step key; evaluation passes none).
 Positions are always passed in (no table sized at construction), so a model
 trained at length L evaluates at any length.
 
-Initialisation follows the reference implementation so that runs are
-comparable: embedding N(0, 1); projections U(-1/sqrt(fan_in), 1/sqrt(fan_in));
-norm scales 1; the encoding's own `init_params()`.
+Initialisation is the reference's: embedding N(0, 1); projections
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)); norm scales 1; the encoding's `init_params()`.
 
 Numerics: parameters float32; activations and matmuls in
 `model.compute_dtype`; RMSNorm statistics, positional maths, softmax and the
@@ -43,11 +42,8 @@ from jrope.model.projection import ProjectionFn, contract
 
 
 class LayerCache(Protocol):
-    """One attention layer's share of a KV cache (jrope.model.kv_cache.LayerCache).
-
-    Spelled here as what the layer calls, so that the Transformer needs no
-    import of the cache, which builds on it.
-    """
+    """One attention layer's share of a KV cache (jrope.model.kv_cache.LayerCache, which
+    imports this module): what the layer calls."""
 
     decoding: bool  # a decode step (attend over the cache), else a prefill
     kernel: str | None  # 'shear' when the keys are stored as shear terms (attention_precision)
@@ -136,9 +132,8 @@ class CausalSelfAttention(nnx.Module):
 
         The output covers the last T = num_queries positions (default: all S).
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
-        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing:
-        each sequence one contiguous run of an id, its positions restarting
-        there); a query attends to its own sequence only.
+        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
+        a query attends to its own sequence only.
         """
         if segment_ids is not None and cache is not None and cache.decoding:
             raise ValueError(
@@ -268,21 +263,16 @@ def _run_block(block: TransformerBlock, x, positions, dropout_key, segment_ids) 
 class Transformer(nnx.Module):
     """Tokens -> float32 logits over the vocabulary, or real-valued signals -> float32 predictions.
 
-    Each layer has its own encoding parameters (the encoding object itself,
-    pure and stateless, is shared). `encoding` is made for cfg.num_heads heads
-    of cfg.head_dim (jrope.make_encoding).
-
+    Each layer has its own encoding parameters; the stateless `encoding`
+    (jrope.make_encoding for cfg.num_heads of cfg.head_dim) is shared.
     Token models (`vocab_size`) embed their inputs and read out through the
-    tied embedding. Signal models (`vocab_size=None` with `input_channels`
-    and `output_channels`, the regression task of jrope.data.source) project
-    their real-valued inputs [B, T, C_in] in with a linear map [C_in, D] and
-    read out through a linear regression head [D, C_out], both without bias
-    (the paper's signal benchmark model); everything between is the same.
+    tied embedding. Signal models (`input_channels` and `output_channels`,
+    the regression task) project their inputs [B, T, C_in] in by [C_in, D]
+    and read out through a regression head [D, C_out], both without bias.
 
     projection: the function of every projection (jrope.model.projection):
-    `contract` (plain autodiff), or `cpu_projection`, the same values and
-    gradients with a backward pass laid out for XLA:CPU (a faster train step
-    there; a harness passes it on CPU only).
+    `contract`, or `cpu_projection`, whose backward pass is laid out for
+    XLA:CPU (a harness passes it on CPU only).
     """
 
     def __init__(
@@ -336,21 +326,14 @@ class Transformer(nnx.Module):
         segment_ids: jax.Array | None = None,
     ) -> jax.Array:
         """tokens int32 [B, T] or signals [B, T, C_in], positions int32 [T] or [B, T] ->
-        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode).
-
-        segment_ids: optional int32 [B, T] for packed rows, several sequences
-        per row (see decode)."""
+        logits float32 [B, T', V] or predictions float32 [B, T', C_out] (see decode)."""
         options = dict(dropout_key=dropout_key, cache=cache, segment_ids=segment_ids)
         return self.decode(self.embed(inputs), positions, **options)
 
     def follow_damping(self) -> float:
-        """Reads every layer's largest damping on the host and plans the kernels for it.
-
-        Call it outside jit before compiling an evaluation or decoding step:
-        each layer then chooses its kernel and blockwise blocks for the larger
-        of model.max_damping and its measured damping (a traced model plans for
-        model.max_damping alone). Returns the largest damping (0.0: undamped).
-        """
+        """Reads every layer's largest damping on the host (outside jit, before compiling an
+        evaluation or decoding step), so that each layer plans its kernel for the larger of it
+        and model.max_damping; returns the largest (0.0: undamped)."""
         largest = 0.0
         for block in self.blocks:
             attn = block.attn
@@ -385,14 +368,11 @@ class Transformer(nnx.Module):
         values still cover every position), which is all a loss on the last
         position needs.
 
-        cache: one LayerCache per block (jrope.model.kv_cache.prefill and
-        decode_step): every position is computed, without remat.
-        segment_ids: optional int32 [B, T] of packed rows: each sequence a
-        contiguous run of one id, its positions restarting at its first token
-        (jrope.attention.packing); every position then gives what its own
-        sequence alone in a row would. Runs on the kernels that take them
-        (jrope.attention.PACKING_KERNELS; 'auto' picks one); with a KV cache, in a
-        prefill only (jrope.model.kv_cache.prefill).
+        cache: one LayerCache per block (jrope.model.kv_cache): every
+        position is computed, without remat.
+        segment_ids: optional int32 [B, T] of packed rows (jrope.attention.packing):
+        every position gives what its own sequence alone in a row would; on
+        the PACKING_KERNELS, and with a KV cache in a prefill only.
         """
         dtype = jnp.dtype(self.cfg.compute_dtype)
         x = x.astype(dtype)

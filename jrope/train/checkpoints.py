@@ -27,7 +27,8 @@ from flax.traverse_util import flatten_dict
 from jrope import saved_run_config
 from jrope.data.files import is_uri, resolved
 from jrope.errors import CheckpointError, UsageError, WorkdirBusy
-from jrope.train.config import TrainConfig, convert_config
+from jrope.fields import PARAMETERS, RESULT
+from jrope.train.config import convert_config, declared_effect
 from jrope.train.outputs import say
 
 STATE_ITEM = "state"
@@ -37,13 +38,21 @@ DIGESTS_ITEM = "digests"
 
 class Checkpointer:
     """Saves every `every_steps` steps (or forced) into `directory`, one subdirectory per step,
-    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state."""
+    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state;
+    restores a checkpoint without digests only where `accept_missing_digests`."""
 
     def __init__(
-        self, directory: str, *, every_steps: int, max_to_keep: int, config_json: dict[str, Any]
+        self,
+        directory: str,
+        *,
+        every_steps: int,
+        max_to_keep: int,
+        config_json: dict[str, Any],
+        accept_missing_digests: bool = False,
     ):
         self.directory = resolved(directory)  # a gs:// URI reaches orbax unchanged
-        self._config_json = config_json
+        self.config_json = config_json
+        self.accept_missing_digests = accept_missing_digests
         self._every_steps = every_steps
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -53,16 +62,6 @@ class Checkpointer:
                 cleanup_tmp_directories=True,  # every save is forced: should_save decides
             ),
             item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
-        )
-
-    @classmethod
-    def for_run(cls, cfg: TrainConfig, workdir: str) -> Checkpointer:
-        """The checkpoints of the run in `workdir` (`<workdir>/checkpoints`), as `cfg` sets them."""
-        return cls(
-            epath.Path(workdir) / "checkpoints",
-            every_steps=cfg.checkpoint.every_steps,
-            max_to_keep=cfg.checkpoint.max_to_keep,
-            config_json=cfg.to_json_dict(),
         )
 
     def latest_step(self) -> int | None:
@@ -84,7 +83,7 @@ class Checkpointer:
             return False  # before the digests are computed
         items = {
             STATE_ITEM: ocp.args.StandardSave(state),
-            CONFIG_ITEM: ocp.args.JsonSave(self._config_json),
+            CONFIG_ITEM: ocp.args.JsonSave(self.config_json),
             DIGESTS_ITEM: ocp.args.JsonSave(state_digests(state)),
         }
         return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -153,15 +152,9 @@ def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> l
     )
 
 
-# Keys and sections that define the shapes or meaning of the saved parameters.
-PARAMETER_KEYS = {
-    *("data.source", "data.input_channels", "data.vocab_size", "data.num_keys", "data.num_values"),
-    *("model.d_model", "model.num_heads", "model.num_layers", "model.mlp_ratio", "pe"),
-}
-# What a resume may change: it leaves the trained model alone (the mesh only lays it out).
+# What a resume may change besides checkpoint.accept_changes: it leaves the trained model alone
+# (the mesh only lays it out).
 RESUME_FREE = {"eval", "log", "checkpoint", "runtime", "mesh", "opt.max_consecutive_skips"}
-# Keys an evaluation refuses beyond the parameter-defining ones: they label its rows.
-EVALUATION_LABEL_KEYS = {"seed", "data.seed"}
 
 
 def checkpoint_path(checkpointer: Checkpointer, step: int) -> epath.Path:
@@ -182,22 +175,22 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
 
 
 def restore_or_initialize(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
+    checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
 ) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
     step = checkpointer.latest_step()
     if step is None:
         return initialize()
     say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
-    return restore_compatible(cfg, checkpointer, abstract, step)
+    return restore_compatible(checkpointer, abstract, step)
 
 
 def restore_compatible(
-    cfg: TrainConfig, checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
+    checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
-    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits `cfg`
-    for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is missing, of other
-    settings, unreadable, damaged, or without digests unless accepted."""
+    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits the
+    checkpointer's for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is
+    missing, of other settings, unreadable, damaged, or without digests unless accepted."""
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
         raise CheckpointError(f"No finished checkpoint {path}.")
@@ -205,23 +198,14 @@ def restore_compatible(
     # A key added since the checkpoint was written takes its default, as the config converts.
     saved_cfg, _ = convert_config(saved)
     saved = saved if saved_cfg is None else saved_cfg.to_json_dict()
-    refused, changed = config_differences(saved, cfg.to_json_dict(), purpose=purpose)
-    if refused:
-        fix = (
-            "name them in checkpoint.accept_changes, or use another --workdir"
-            if purpose == "resume"
-            else "drop those overrides"
-        )
-        raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
-    if changed and purpose == "resume":
-        say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
+    check_changes(path, saved, checkpointer.config_json, purpose)
     if not is_uri(str(path)):  # what the user may not read is no damage
         walked = [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]
         if denied := [p for p in walked if not os.access(p, os.R_OK | os.X_OK * os.path.isdir(p))]:
             raise CheckpointError(f"{denied[0]} cannot be read (permission denied); chmod -R u+rX "
                                   f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
-    if not (checked or cfg.checkpoint.accept_missing_digests):
+    if not (checked or checkpointer.accept_missing_digests):
         raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
@@ -235,18 +219,38 @@ def restore_compatible(
     return state
 
 
+def check_changes(
+    path: epath.Path, saved: Mapping[str, Any], current: Mapping[str, Any], purpose: str
+) -> None:
+    """CheckpointError where `current` changes what checkpoint `path`'s config `saved` may not
+    change for `purpose` (config_differences); a resume names the changes it takes."""
+    refused, changed = config_differences(saved, current, purpose=purpose)
+    if refused:
+        fix = (
+            "name them in checkpoint.accept_changes, or use another --workdir"
+            if purpose == "resume"
+            else "drop those overrides"
+        )
+        raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
+    if changed and purpose == "resume":
+        say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
+
+
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
     """(refused, accepted) differences of two JSON configs, as "key is <saved> there, <current> now".
 
-    'evaluate' refuses PARAMETER_KEYS and the seeds; 'resume' every key outside RESUME_FREE and
-    checkpoint.accept_changes, and num_steps under a schedule. Both refuse toggling clipping.
+    Every purpose refuses a key whose field defines the result (jrope.fields) unless
+    checkpoint.accept_changes names it, one that defines the parameters always, and toggling
+    clipping; 'resume' also every key outside RESUME_FREE and accept_changes, and num_steps under
+    a schedule.
     """
     saved_flat = flatten_dict(json.loads(json.dumps(saved)), sep=".")
     current_flat = flatten_dict(json.loads(json.dumps(current)), sep=".")  # tuples -> lists
-    accepted = str(current_flat.get("checkpoint.accept_changes") or "").split(",")
-    free = RESUME_FREE | {key.strip() for key in accepted if key.strip()}
+    accepted = {
+        key.strip() for key in str(current_flat.get("checkpoint.accept_changes") or "").split(",")
+    }
     constant_rate = current_flat.get("opt.schedule") == "constant"  # whatever the run's length
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
@@ -255,14 +259,17 @@ def config_differences(
             continue
         line = f"{key} is {before!r} there, {now!r} now"
         names = {key, key.split(".")[0]}
-        if names & PARAMETER_KEYS or (purpose == "evaluate" and key in EVALUATION_LABEL_KEYS):
+        defines = declared_effect(key, saved_flat.get("data.source"))
+        if defines == PARAMETERS or (defines == RESULT and not names & accepted):
             incompatible.append(line)
         elif key == "opt.clip_norm" and (before == 0) != (now == 0):
             # Clipping adds a transformation to the optimizer chain: another state structure.
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif key == "opt.nonfinite" and purpose == "resume":
             incompatible.append(f"{line} (skipping wraps the optimizer state)")
-        elif purpose == "evaluate" or names & free or (key == "num_steps" and constant_rate):
+        elif purpose == "evaluate" or names & (RESUME_FREE | accepted):
+            changed.append(line)
+        elif key == "num_steps" and constant_rate:
             changed.append(line)
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")

@@ -1,12 +1,11 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
-`evaluate_lengths` runs `EvalStep` over the fixed sequences of `eval.seed` per length (and
-distance), adding the task's sums (jrope.losses) over batches and processes, with progress on
+`evaluate_lengths` runs `EvalStep` (compiled once per length before the work, for the run's
+kernel plan) over the fixed sequences of `eval.seed` per length (and distance), adding the task's sums (jrope.losses) over batches and processes, with progress on
 long lengths. `evaluate_and_report` merges the rows into `eval_step<step>/` (newer rows win),
 written CSV last so no folder holds half a result; a NaN loss is a failure.
-`evaluate_checkpoint` (eval.py) takes the workdir's lock: evaluations take turns, and a running
-training is refused; it adds its rows to the run's metrics.jsonl and TensorBoard at the
-checkpoint's step.
+`log_evaluation` adds the rows of a later evaluation (eval.py) to the run's metrics.jsonl and
+TensorBoard at the checkpoint's step.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -24,15 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
-from jax.sharding import Mesh
 
-from jrope import flops, results
+from jrope import commands, flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
-from jrope.train import checkpoints, checks, outputs, runtime, setup
-from jrope.train.config import TrainConfig
+from jrope.train import outputs, runtime
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
 
@@ -58,12 +55,14 @@ PROGRESS_INTERVAL_S = 30.0
 
 
 class EvalStep:
-    """step(params, batch) -> weighted sums, compiled once per length for the damping of new
-    params (jrope.model.damping.plan); blockwise lengths compile with other XLA options
+    """step(params, batch) -> weighted sums, for the kernels of `plan` (default: planned for
+    model.max_damping alone); blockwise lengths compile with other XLA options
     (jrope.train.runtime), and `for_length` gives the jitted function of a length."""
 
-    def __init__(self, run: RunSetup):
+    def __init__(self, run: RunSetup, plan: damping.KernelPlan | None = None):
         task, num_classes = run.source.task, run.source.num_classes
+        self.plan = plan or run.plan
+        self.graphdef = self.plan.graphdef
 
         def eval_sums(graphdef, params, batch):
             inputs = batch["inputs"]
@@ -72,102 +71,75 @@ class EvalStep:
             outputs = model(inputs, positions, segment_ids=batch.get("segment_ids"))
             return task_sums(outputs, batch, task, num_classes)
 
-        self._cfg, self._encoding = run.cfg, run.encoding
-        self._platform = run.mesh.devices.flat[0].platform
-        self._planned_graphdef = self._graphdef = run.layout.graphdef
-        self._planned_params = None
-        # The damping of the params last planned for (None: none yet).
-        self.measured: damping.MeasuredDamping | None = None
-
         def compiled(blockwise: bool):
-            options = runtime.step_compiler_options(blockwise=blockwise, platform=self._platform)
+            options = runtime.step_compiler_options(
+                blockwise=blockwise, platform=self.plan.platform
+            )
             return jax.jit(eval_sums, static_argnums=0, compiler_options=options)
 
         self._jitted = {blockwise: compiled(blockwise) for blockwise in (False, True)}
 
-    def plan_for(self, params) -> damping.MeasuredDamping:
-        """Reads the damping of `params` and compiles for it (said on the console past the bound)."""
-        if params is self._planned_params:
-            return self.measured
-        self._graphdef, self.measured = damping.plan(
-            self._cfg.model, self._encoding, self._planned_graphdef, params
-        )
-        self._planned_params = params
-        if self.measured.passed:
-            say(f"  {self.measured.describe()}: blockwise blocks of {self.measured.block_size}.")
-        return self.measured
-
     def for_length(self, length: int):
-        """The jitted step for batches of `length` tokens (of the params last planned for)."""
+        """The jitted step for batches of `length` tokens."""
         # The checks before the run refuse a length whose kernel does not apply.
-        kernel = damping.kernel(
-            self._cfg.model, self._encoding, length, self._platform, self.measured
-        )
-        return self._jitted[kernel == "blockwise"]
+        return self._jitted[self.plan.kernel(length) == "blockwise"]
 
     def __call__(self, params, batch):
-        self.plan_for(params)
-        return self.for_length(batch["inputs"].shape[1])(self._graphdef, params, batch)
+        return self.for_length(batch["inputs"].shape[1])(self.graphdef, params, batch)
 
-    def compile(self, params, batch) -> None:
-        """Compiles the step for `params` and batches shaped as `batch` (its calls reuse it);
-        UsageError where it needs more than a device's memory (XLA's count), before it runs."""
-        self.plan_for(params)
-        length = batch["inputs"].shape[1]
-        compiled = self.for_length(length).lower(self._graphdef, params, batch).compile()
-        if shortfall := flops.memory_shortfall(compiled):
-            raise UsageError(
-                f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
-                "eval.lengths, or lower eval.batch_size."
-            )
+
+def _batches(run: RunSetup, length: int, distance: int | None = None):
+    """The evaluation sequences of `length` (at `distance`), this process's rows of each batch."""
+    count, batch_size, seed = run.eval.num_sequences, run.eval.batch_size, run.eval.seed
+    if distance is None:
+        return run.source.eval_batches(length, count, batch_size, seed=seed)
+    return run.source.distance_eval_batches(length, distance, count, batch_size, seed=seed)
 
 
 def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
-    """EvalStep.compile at every length of eval.lengths (one batch's shapes), before the work."""
-    cfg = run.cfg
+    """Compiles `eval_step` at every length of eval.lengths (one batch's shapes; its calls reuse
+    it), before the work; UsageError where one needs more than a device's memory (XLA's count)."""
     with jax.set_mesh(run.mesh):
-        for length in cfg.eval.lengths:
-            batches = run.source.eval_batches(
-                length, cfg.eval.num_sequences, cfg.eval.batch_size, seed=cfg.eval.seed
-            )
-            batch = setup.global_batch(next(iter(batches)), cfg.mesh.rules, run.mesh)
-            eval_step.compile(params, batch)
+        for length in run.eval.lengths:
+            batch = run.global_batch(next(iter(_batches(run, length))))
+            lowered = eval_step.for_length(length).lower(eval_step.graphdef, params, batch)
+            if shortfall := flops.memory_shortfall(lowered.compile()):
+                raise UsageError(
+                    f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
+                    "eval.lengths, or lower eval.batch_size."
+                )
 
 
 def evaluate_lengths(
-    eval_step, params: Any, source: Any, cfg: TrainConfig, mesh: Mesh, *, step: int, on_length=None
+    eval_step, params: Any, run: RunSetup, *, step: int, on_length=None
 ) -> list[Row]:
-    """One result row per length of `cfg.eval.lengths` (see CSV_COLUMNS) for the model of `step`.
+    """One result row per length of eval.lengths (see CSV_COLUMNS) for the model of `step`.
 
     For a DistanceEvaluation source, each length's row is followed by one per
     distance that fits in it. on_length(row, seconds) is called after each
     length's own row.
     """
-    rows = []
-    for length in cfg.eval.lengths:
+    rows, source = [], run.source
+    for length in run.eval.lengths:
         started = time.perf_counter()
-        rows.append(_result_row(eval_step, params, source, cfg, mesh, step, length))
+        rows.append(_result_row(eval_step, params, run, step, length))
         if on_length is not None:
             on_length(rows[-1], time.perf_counter() - started)
         distances = source.eval_distances(length) if isinstance(source, DistanceEvaluation) else ()
         for distance in distances:
-            rows.append(_result_row(eval_step, params, source, cfg, mesh, step, length, distance))
+            rows.append(_result_row(eval_step, params, run, step, length, distance))
     return rows
 
 
-def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=None) -> Row:
+def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     """The CSV row of one length (and distance) over its evaluation sequences."""
-    count, batch_size, seed = cfg.eval.num_sequences, cfg.eval.batch_size, cfg.eval.seed
-    if distance is None:
-        batches = source.eval_batches(length, count, batch_size, seed=seed)
-    else:
-        batches = source.distance_eval_batches(length, distance, count, batch_size, seed=seed)
+    count, batch_size = run.eval.num_sequences, run.eval.batch_size
     totals = {}
     started = last_report = time.perf_counter()
     at = f"length {length}" + ("" if distance is None else f", distance {distance}")
-    with jax.set_mesh(mesh):
-        for done, local_batch in enumerate(batches, start=1):
-            sums = eval_step(params, setup.global_batch(local_batch, cfg.mesh.rules, mesh))
+    with jax.set_mesh(run.mesh):
+        for done, local_batch in enumerate(_batches(run, length, distance), start=1):
+            sums = eval_step(params, run.global_batch(local_batch))
             for name, value in jax.device_get(sums).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
             # eval.batch_size divides eval.num_sequences (jrope.train.config).
@@ -182,13 +154,13 @@ def _result_row(eval_step, params, source, cfg, mesh, step, length, distance=Non
                     f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
                     f"about {duration(left)} left"
                 )
-    metrics = metrics_from_sums(totals, source.task)
-    if source.task == "language_model":  # byte-level: nats per byte -> bits per byte
+    metrics = metrics_from_sums(totals, run.source.task)
+    if run.source.task == "language_model":  # byte-level: nats per byte -> bits per byte
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)
-    keys = (cfg.pe.name, cfg.seed, step, length, distance, count)
+    keys = (run.method, run.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
     row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
-    return row | {"compute_dtype": cfg.model.compute_dtype}
+    return row | {"compute_dtype": run.model.compute_dtype}
 
 
 def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
@@ -209,16 +181,16 @@ def evaluate_and_report(
     earlier rows. checkpoint: where the model is (named where a loss is NaN or infinite:
     NonFiniteError, nothing written).
     """
-    cfg, task = run.cfg, run.source.task
-    lengths = ", ".join(str(length) for length in cfg.eval.lengths)
-    say(f"Evaluating step {step} at lengths {lengths} ({cfg.eval.num_sequences} sequences each):")
+    task = run.source.task
+    lengths = ", ".join(str(length) for length in run.eval.lengths)
+    say(f"Evaluating step {step} at lengths {lengths} ({run.eval.num_sequences} sequences each):")
 
     def show(row: Row, seconds: float) -> None:
         shown = "  ".join(f"{name} {row[name]:.4f}" for name in TASK_COLUMNS[task])
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
-    rows = evaluate_lengths(eval_step, params, run.source, cfg, run.mesh, step=step, on_length=show)
-    check_evaluation(rows, step, checkpoint, getattr(eval_step, "measured", None))
+    rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
+    check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
     if jax.process_index() == 0:
@@ -258,32 +230,6 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     say(markdown_table(rows, task=task))
 
 
-def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[Row]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
-    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
-
-    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
-    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
-    evaluate.
-    """
-    source = checks.check_run(cfg, workdir, evaluation=True)
-    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with checkpoints.WorkdirLock(workdir, enabled=jax.process_index() == 0, role="evaluation"):
-        run = setup.set_up_run(cfg, source=source)
-        checkpointer = checkpoints.Checkpointer.for_run(cfg, workdir)
-        step = checkpointer.latest_step() if step is None else step
-        with contextlib.closing(checkpointer):
-            state = checkpoints.restore_compatible(
-                cfg, checkpointer, run.layout.abstract, step, purpose="evaluate"
-            )
-        checkpoint = str(checkpoints.checkpoint_path(checkpointer, step))
-        eval_step = EvalStep(run)
-        compile_lengths(eval_step, state["params"], run)
-        rows, _ = evaluate_and_report(eval_step, state["params"], run, workdir, step, checkpoint)
-        log_evaluation(workdir, step, logged_scalars(rows, run.source.task), cfg.log.tensorboard)
-    return rows
-
-
 def log_evaluation(
     workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], tensorboard: bool
 ) -> None:
@@ -307,10 +253,13 @@ def results_dir(workdir: str, step: int) -> epath.Path:
     return epath.Path(workdir) / f"eval_step{step}"
 
 
-def finished_results(workdir: str, step: int) -> epath.Path | None:
-    """The folder of step `step`'s evaluation in `workdir`, or None while it holds no whole one."""
-    path = results_dir(workdir, step)
-    return path if (path / RESULTS_CSV).exists() else None
+def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
+    """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
+    finished = results_dir(workdir, step)
+    if (rows := readable_results(finished)) is not None:
+        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
+        show_results(rows, finished, task=task)
+    return rows
 
 
 def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
@@ -364,10 +313,11 @@ def write_results(
     by_length = [row for row in rows if row["distance"] is None]
     curve = ([row["length"] for row in by_length], [row[metric] for row in by_length], None)
     labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
+    table = markdown_table(rows, task=task)
     results.plot_against_length(
         paths["png"], {rows[0]["method"]: curve}, ylabel=labels.get(task, metric), size=(5, 3.5)
     )
-    results.write_text(paths["md"], markdown_table(rows, task=task))
+    results.write_text(paths["md"], table)
     results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
@@ -399,10 +349,11 @@ def check_evaluation(
     rows: Sequence[Row], step: int, checkpoint: str, measured: damping.MeasuredDamping | None = None
 ) -> None:
     """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and
-    first the damping `measured` (EvalStep.measured) where it passed model.max_damping."""
+    first the damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
-        raise NonFiniteError(
-            f"{damping.diagnosis(measured)}The loss of {checkpoint} is not finite at length "
-            f"{', '.join(bad)} (nothing written); train again at a lower opt.learning_rate."
+        error = NonFiniteError(
+            f"The loss of {checkpoint} is not finite at length {', '.join(bad)} (nothing "
+            "written); train again at a lower opt.learning_rate."
         )
+        raise damping.diagnosed(error, measured)

@@ -20,7 +20,6 @@ from etils import epath
 
 from jrope import flops, results
 from jrope.data.files import BucketObject
-from jrope.train.config import TrainConfig
 
 
 def say(message: str, end: str = "\n") -> None:
@@ -217,10 +216,11 @@ def code_commit() -> tuple[str, bool] | None:
     return commit, not changes
 
 
-def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
+def start_record(config_json: dict[str, Any], start_step: int) -> dict[str, Any]:
     """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
     resume): time, host, command line, step, jrope's version (from a git checkout also its commit
-    and whether tracked files had no uncommitted change), library versions, devices, config."""
+    and whether tracked files had no uncommitted change), library versions, devices, and the
+    config (`config_json`, as the checkpoints save it)."""
     installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     versions = {name: installed.get(name, "not installed") for name in _VERSIONED}
     code = {"version": versions.pop("jrope")}
@@ -242,7 +242,7 @@ def start_record(cfg: TrainConfig, start_step: int) -> dict[str, Any]:
             "count": len(devices),
             "process_count": jax.process_count(),
         },
-        "config": cfg.to_json_dict(),
+        "config": config_json,
     }
 
 

@@ -1,5 +1,6 @@
-"""What every run builds from its config: data source, device mesh and train-state layout. `run = set_up_run(cfg)`, then `run.init_state()` (or restore into
-`run.layout.abstract`).
+"""What every run builds from its config, once: data source, device mesh, train-state layout,
+checkpointer and the settings its loop and evaluations read. `run = set_up_run(cfg)`, then
+`run.init_state()` (or restore into `run.layout.abstract`) and `run.plan_kernels(params)`.
 
 The mesh always has the axes (data, fsdp, tensor), size 1 when unused, so one set of rules (logical
 axis names of jrope.model.axes to mesh axes) serves every device count; a dimension that does not
@@ -20,15 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrope.data.source import DataSource, build_source
 from jrope.encodings import Encoding, make_encoding
-from jrope.model import Transformer
+from jrope.model import Transformer, damping
 from jrope.model.axes import BATCH, LOGICAL_AXES_KEY, Rules, logical_to_spec
+from jrope.model.config import ModelConfig
+from jrope.train import config as run_config
 from jrope.train import runtime
+from jrope.train.checkpoints import Checkpointer
 from jrope.train.config import MeshConfig, OptimConfig, TrainConfig
+from jrope.train.outputs import say
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -152,15 +158,67 @@ def run_encoding(cfg: TrainConfig) -> Encoding:
     )
 
 
-def _new_model(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> Transformer:
+def model_from_params(graphdef: Any, params: Any) -> Transformer:
+    """The model view of a params state (cheap: no copy)."""
+    return nnx.merge(graphdef, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+    """What a run computes with, built from its config once (`set_up_run`): the data source (this
+    process's share), the encoding, the device mesh, the state layout, and the settings its
+    steps, loop and evaluations read. It holds no config: each part is what its user takes."""
+
+    encoding: Encoding
+    source: DataSource
+    mesh: Mesh
+    layout: StateLayout
+    plan: damping.KernelPlan  # the kernels planned for model.max_damping alone
+    model: ModelConfig
+    rules: Rules  # logical axis names -> mesh axes
+    batch_sharding: NamedSharding  # of a global train batch [B, T]
+    seed: int  # the parameters' and the dropout's
+    train_length: int  # pe.train_context
+    batch_size: int  # rows of a global train batch
+    num_steps: int
+    method: str  # pe.name, which labels the result rows
+    opt: OptimConfig
+    eval: run_config.EvalConfig
+    log: run_config.LogConfig
+    runtime: run_config.RuntimeConfig
+    config_json: dict[str, Any]  # the config as checkpoints and start records save it
+    checkpointer: Checkpointer | None = None  # of the workdir set_up_run was given
+
+    def init_state(self) -> dict[str, Any]:
+        """A freshly initialised train state, created directly in its shards."""
+        io, optimizer = model_io(self.source), self.layout.optimizer
+        new_state = functools.partial(
+            _new_state, self.model, self.seed, self.encoding, io, optimizer, self.mesh
+        )
+        with jax.set_mesh(self.mesh):
+            return jax.jit(new_state, out_shardings=self.layout.shardings)()
+
+    def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """global_batch over this run's mesh."""
+        return global_batch(local_batch, self.rules, self.mesh)
+
+    def plan_kernels(self, params: Any) -> damping.KernelPlan:
+        """The kernels of the train step and the evaluations for the damping of `params`."""
+        plan = self.plan.for_params(params)
+        if plan.measured.passed:
+            say(f"{plan.measured.describe()}: the kernels plan for it (blockwise blocks of "
+                f"{plan.measured.block_size}; at length {self.train_length} the "
+                f"{plan.kernel(self.train_length)!r} kernel).")  # fmt: skip
+        return plan
+
+
+def _new_model(model: ModelConfig, seed: int, encoding, io, mesh) -> Transformer:
     projection = runtime.model_projection(mesh.devices.flat[0].platform)
-    return Transformer(
-        cfg.model, encoding, **io, rngs=nnx.Rngs(params=cfg.seed), projection=projection
-    )
+    return Transformer(model, encoding, **io, rngs=nnx.Rngs(params=seed), projection=projection)
 
 
-def _new_state(cfg, encoding, io, optimizer, mesh) -> dict[str, Any]:
-    params = nnx.state(_new_model(cfg, encoding, io, mesh), nnx.Param)
+def _new_state(model, seed, encoding, io, optimizer, mesh) -> dict[str, Any]:
+    params = nnx.state(_new_model(model, seed, encoding, io, mesh), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
@@ -168,10 +226,12 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
     """Abstract shapes, shardings and graphdef of the train state, without allocating it.
     io: the model's input and output sizes (model_io)."""
     optimizer = make_optimizer(cfg.opt, cfg.num_steps)
-    new_model = functools.partial(_new_model, cfg, encoding, io, mesh)
+    new_model = functools.partial(_new_model, cfg.model, cfg.seed, encoding, io, mesh)
     with jax.set_mesh(mesh):
         graphdef, _ = nnx.split(nnx.eval_shape(new_model), nnx.Param)
-        abstract_state = jax.eval_shape(lambda: _new_state(cfg, encoding, io, optimizer, mesh))
+        abstract_state = jax.eval_shape(
+            lambda: _new_state(cfg.model, cfg.seed, encoding, io, optimizer, mesh)
+        )
     shardings = state_shardings(abstract_state, cfg.mesh.rules, mesh)
     abstract = jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
@@ -181,40 +241,17 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
     return StateLayout(graphdef, abstract, shardings, optimizer)
 
 
-def model_from_params(graphdef: Any, params: Any) -> Transformer:
-    """The model view of a params state (cheap: no copy)."""
-    return nnx.merge(graphdef, params)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSetup:
-    """A run's data source (this process's share), device mesh and train-state layout."""
-
-    cfg: TrainConfig
-    encoding: Encoding
-    source: DataSource
-    mesh: Mesh
-    layout: StateLayout
-
-    def init_state(self) -> dict[str, Any]:
-        """A freshly initialised train state, created directly in its shards."""
-        io, optimizer = model_io(self.source), self.layout.optimizer
-        with jax.set_mesh(self.mesh):
-            return jax.jit(
-                lambda: _new_state(self.cfg, self.encoding, io, optimizer, self.mesh),
-                out_shardings=self.layout.shardings,
-            )()
-
-
 def set_up_run(
     cfg: TrainConfig,
+    workdir: str | None = None,
+    source: DataSource | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
     process_index: int | None = None,
     process_count: int | None = None,
-    source: DataSource | None = None,
 ) -> RunSetup:
-    """Builds the source, the mesh over `devices` (default: all) and the state layout.
+    """Builds the source, the mesh over `devices` (default: all), the state layout and, for a
+    `workdir`, its checkpointer (`<workdir>/checkpoints`).
 
     process_index, process_count: this process's place (default: JAX's), for building another
     process's share of the data. source: this process's source when already built (by the checks).
@@ -223,6 +260,19 @@ def set_up_run(
         index = jax.process_index() if process_index is None else process_index
         count = jax.process_count() if process_count is None else process_count
         source = build_source(cfg.data, cfg.batch_size, index, count)
-    mesh, encoding = make_mesh(cfg.mesh, devices), run_encoding(cfg)
+    mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     layout = state_layout(cfg, encoding, model_io(source), mesh)
-    return RunSetup(cfg, encoding, source, mesh, layout)
+    lengths, platform = (cfg.pe.train_context, *cfg.eval.lengths), mesh.devices.flat[0].platform
+    plan = damping.KernelPlan(cfg.model, encoding, platform, lengths, layout.graphdef)
+    config_json, saves = cfg.to_json_dict(), cfg.checkpoint
+    checkpointer = None if workdir is None else Checkpointer(
+        epath.Path(workdir) / "checkpoints", every_steps=saves.every_steps,
+        max_to_keep=saves.max_to_keep, config_json=config_json,
+        accept_missing_digests=saves.accept_missing_digests,
+    )  # fmt: skip
+    return RunSetup(
+        encoding, source, mesh, layout, plan, cfg.model, rules,
+        batch_sharding(cfg.batch_size, rules, mesh), cfg.seed, cfg.pe.train_context,
+        cfg.batch_size, cfg.num_steps, cfg.pe.name, cfg.opt, cfg.eval, cfg.log, cfg.runtime,
+        config_json, checkpointer,
+    )  # fmt: skip

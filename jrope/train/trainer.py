@@ -1,19 +1,22 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
 `make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
-`train_and_evaluate` is the whole run. Data and dropout keys are pure functions of the step, so a
-resumed run reproduces an uninterrupted one. The host reads each step's metrics one step late and
-before every save, so no checkpoint holds a non-finite step's state unnoticed: opt.nonfinite =
-'stop' ends the run there; 'skip' has optax.apply_if_finite drop the update (its counters live in
-the optimizer state) and the run ends after opt.max_consecutive_skips in a row. In the loop,
-SIGTERM and Ctrl-C only set a flag: the loop saves its step (the processes of a multi-process run
-agree on it through orbax) and raises TrainingPreempted. Shapes: B batch, T length.
+`train_and_evaluate` is the whole run: its parts come from setup once, its kernels are planned once
+before step 1, and the loop is the step, its metrics, the save, the evaluation and preemption. Data
+and dropout keys are pure functions of the step, so a resumed run reproduces an uninterrupted one.
+The host reads each step's metrics one step late and before every save, so no checkpoint holds a
+non-finite step's state unnoticed: opt.nonfinite = 'stop' ends the run there; 'skip' has
+optax.apply_if_finite drop the update (its counters live in the optimizer state) and the run ends
+after opt.max_consecutive_skips in a row. In the loop, SIGTERM and Ctrl-C only set a flag: the loop
+saves its step (the processes of a multi-process run agree on it through orbax) and raises
+TrainingPreempted. `evaluate_checkpoint` (eval.py) evaluates a checkpoint with the same parts,
+holding the workdir's lock as an evaluation: evaluations take turns, a running training is
+refused. Shapes: B batch, T length.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import threading
 import time
@@ -28,7 +31,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 
-from jrope import commands, errors, flops, losses
+from jrope import errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
 from jrope.train.checkpoints import Checkpointer, WorkdirLock
@@ -70,12 +73,12 @@ _DROPOUT_STREAM = 0x64726F70  # 'drop'
 def make_train_step(
     run: RunSetup,
     *,
+    plan: damping.KernelPlan | None = None,
     compiler_options: dict[str, Any] | None = None,
-    measured: damping.MeasuredDamping | None = None,
 ) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
-    """The jitted train step of `run` for global batches of `run.cfg.batch_size` rows.
+    """The jitted train step of `run` for global batches of `run.batch_size` rows.
 
-    measured: the damping its layers plan for where it passed model.max_damping.
+    plan: the kernels it compiles with (default: planned for model.max_damping alone).
     compiler_options: XLA's options ({}: its defaults); default runtime.step_compiler_options.
     Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]);
     packed rows add 'positions' and 'segment_ids' int32 [B, T].
@@ -83,21 +86,21 @@ def make_train_step(
     'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped' (1.0: this
     update was dropped), 'skipped_steps' and 'skipped_in_a_row' (up to this step).
     """
-    cfg, layout, mesh = run.cfg, run.layout, run.mesh
+    plan = plan or run.plan
+    layout, mesh, optimizer = run.layout, run.mesh, run.layout.optimizer
     task, num_classes = run.source.task, run.source.num_classes
-    schedule = setup.learning_rate_schedule(cfg.opt, cfg.num_steps)
-    optimizer = layout.optimizer
+    schedule = setup.learning_rate_schedule(run.opt, run.num_steps)
 
     def train_step(state, batch):
         # Packed batches carry positions restarting at each segment (jrope.data.text_bytes).
         positions = batch.get("positions", jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32))
         dropout_key = None
-        if cfg.model.dropout_rate > 0.0:
-            stream = jax.random.fold_in(jax.random.key(cfg.seed), _DROPOUT_STREAM)
+        if run.model.dropout_rate > 0.0:
+            stream = jax.random.fold_in(jax.random.key(run.seed), _DROPOUT_STREAM)
             dropout_key = jax.random.fold_in(stream, state["step"])
 
         def loss_fn(params):
-            model = setup.model_from_params(layout.graphdef, params)
+            model = setup.model_from_params(plan.graphdef, params)
             segments = batch.get("segment_ids")
             outputs = model(
                 batch["inputs"], positions, dropout_key=dropout_key, segment_ids=segments
@@ -113,86 +116,117 @@ def make_train_step(
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
-        if cfg.opt.nonfinite == "skip":  # optax.apply_if_finite's counters
+        if run.opt.nonfinite == "skip":  # optax.apply_if_finite's counters
             metrics["skipped"] = 1.0 - opt_state.last_finite.astype(jnp.float32)
             metrics["skipped_steps"] = opt_state.total_notfinite
             metrics["skipped_in_a_row"] = opt_state.notfinite_count
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
-    batch_sharding = setup.batch_sharding(cfg.batch_size, cfg.mesh.rules, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if compiler_options is None:
-        platform = mesh.devices.flat[0].platform
-        kernel = damping.kernel(cfg.model, run.encoding, cfg.pe.train_context, platform, measured)
+        blockwise = plan.kernel(run.train_length) == "blockwise"
         compiler_options = runtime.step_compiler_options(
-            blockwise=kernel == "blockwise", platform=platform
+            blockwise=blockwise, platform=plan.platform
         )
     return jax.jit(
         train_step,
-        in_shardings=(layout.shardings, batch_sharding),
+        in_shardings=(layout.shardings, run.batch_sharding),
         out_shardings=(layout.shardings, replicated),
         donate_argnums=0,
         compiler_options=compiler_options,
     )
 
 
+class _PlanOutgrown(Exception):
+    """The damping at a checkpoint needs other kernels than the run planned before step 1."""
+
+
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate.
 
     Returns {'state': the final train state, 'eval': [row per length]}; a finished run is only
-    restored (so checked) and its results read.
+    restored (so checked) and its results read. The kernels are planned once, before the first
+    step; a damping learned past what they carry resumes from its checkpoint with a new plan.
     """
-    source = checks.check_run(cfg, workdir)
+    with _set_up(cfg, workdir, role="training") as run:
+        while True:
+            with contextlib.suppress(_PlanOutgrown):
+                return _run(run, workdir)
+
+
+def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
+    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
+    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
+
+    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
+    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
+    evaluate.
+    """
+    with _set_up(cfg, workdir, role="evaluation") as run:
+        step = run.checkpointer.latest_step() if step is None else step
+        state = checkpoints.restore_compatible(
+            run.checkpointer, run.layout.abstract, step, purpose="evaluate"
+        )
+        checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
+        eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
+        evaluation.compile_lengths(eval_step, state["params"], run)
+        rows, _ = evaluation.evaluate_and_report(
+            eval_step, state["params"], run, workdir, step, checkpoint
+        )
+        logged = evaluation.logged_scalars(rows, run.source.task)
+        evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
+    return rows
+
+
+@contextlib.contextmanager
+def _set_up(cfg: TrainConfig, workdir: str, *, role: str):
+    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run); its
+    checkpointer is closed on leaving (an in-flight save finishes, also on errors)."""
+    source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        run = setup.set_up_run(cfg, source=source)
-        checkpointer = Checkpointer.for_run(cfg, workdir)
-        with contextlib.closing(checkpointer):  # an in-flight save finishes, also on errors
-            return _run(run, checkpointer, workdir)
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role):
+        run = setup.set_up_run(cfg, workdir, source)
+        with contextlib.closing(run.checkpointer):
+            yield run
 
 
-def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, Any]:
-    cfg, mesh = run.cfg, run.mesh
+def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
+    mesh, num_steps = run.mesh, run.num_steps
     devices = list(mesh.devices.flat)
     say(
-        f"Training {cfg.pe.name} (seed {cfg.seed}) for {cfg.num_steps} steps; mesh "
+        f"Training {run.method} (seed {run.seed}) for {num_steps} steps; mesh "
         f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    state = checkpoints.restore_or_initialize(
-        cfg, checkpointer, run.layout.abstract, run.init_state
-    )
+    state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
     start = int(jax.device_get(state["step"]))
-    finished = evaluation.results_dir(workdir, cfg.num_steps)
-    rows = evaluation.readable_results(finished) if start == cfg.num_steps else None
-    if rows is not None:
-        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
-        evaluation.show_results(rows, finished, task=run.source.task)
+    if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
-    eval_step = evaluation.EvalStep(run)
+    plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
+    eval_step = evaluation.EvalStep(run, plan)
     evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
     if jax.process_index() == 0:
-        outputs.append_start_record(workdir, outputs.start_record(cfg, start))
+        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
     logger = MetricsLogger(
         workdir,
-        every_steps=cfg.log.every_steps,
-        num_steps=cfg.num_steps,
-        tensorboard=cfg.log.tensorboard,
+        every_steps=run.log.every_steps,
+        num_steps=num_steps,
+        tensorboard=run.log.tensorboard,
         is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=flops.Throughput.for_model(
-            cfg.model, cfg.batch_size, cfg.pe.train_context, devices, **setup.model_io(run.source)
+            run.model, run.batch_size, run.train_length, devices, **setup.model_io(run.source)
         ),
     )
     if start == 0:
         logger.write_hparams(
-            traverse_util.flatten_dict(cfg.to_json_dict(), sep="."),
-            ["train/loss"] + [f"eval_{length}/loss" for length in cfg.eval.lengths],
+            traverse_util.flatten_dict(run.config_json, sep="."),
+            ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
 
     def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
-        path = str(checkpoints.checkpoint_path(checkpointer, step))
+        path = str(checkpoints.checkpoint_path(run.checkpointer, step))
         rows, out_dir = evaluation.evaluate_and_report(
             eval_step, state["params"], run, workdir, step, path
         )
@@ -201,23 +235,23 @@ def _run(run: RunSetup, checkpointer: Checkpointer, workdir: str) -> dict[str, A
         return rows, out_dir
 
     with contextlib.closing(logger):
-        state = _train_steps(run, state, start, checkpointer, logger, evaluate, workdir)
-        rows, _ = evaluate(state, cfg.num_steps)
+        state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
+        rows, _ = evaluate(state, num_steps)
     return {"state": state, "eval": rows}
 
 
 def _train_steps(
     run: RunSetup,
+    plan: damping.KernelPlan,
     state: dict[str, Any],
     start: int,
-    checkpointer: Checkpointer,
     logger: MetricsLogger,
     evaluate: Callable[[dict[str, Any], int], Any],
     workdir: str,
 ) -> dict[str, Any]:
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
-    cfg, source, mesh = run.cfg, run.source, run.mesh
-    train_step, measured = step_for_damping(run, state["params"], make_train_step(run), None)
+    checkpointer, num_steps, every_eval = run.checkpointer, run.num_steps, run.eval.every_steps
+    train_step, measured = make_train_step(run, plan=plan), plan.measured
     pending = None  # (step, metrics) not yet read on the host
 
     def read_pending() -> None:
@@ -226,25 +260,25 @@ def _train_steps(
             step, metrics = pending
             pending = None
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            stop_if_nonfinite(step, values, cfg.opt.max_consecutive_skips, checkpointer, measured)
+            stop_if_nonfinite(step, values, run.opt.max_consecutive_skips, checkpointer, measured)
             # 'skipped' and the streak decide above; the count of skipped updates is logged.
             streak = ("skipped", "skipped_in_a_row")
             logger.write_step(step, {k: v for k, v in values.items() if k not in streak})
 
     with (
-        jax.set_mesh(mesh),
+        jax.set_mesh(run.mesh),
         PreemptionWatch() as preemption,
-        contextlib.closing(runtime.StepTrace(workdir, cfg.runtime)) as trace,
+        contextlib.closing(runtime.StepTrace(workdir, run.runtime)) as trace,
     ):
-        for step in range(start, cfg.num_steps):
-            batch = setup.global_batch(source.train_batch(step), cfg.mesh.rules, mesh)
+        for step in range(start, num_steps):
+            batch = run.global_batch(run.source.train_batch(step))
             if step == start:
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
                 train_step = train_step.lower(state, batch).compile()
                 if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
                     raise errors.UsageError(
-                        f"batch_size = {cfg.batch_size}: the train step {shortfall}; lower it, "
+                        f"batch_size = {run.batch_size}: the train step {shortfall}; lower it, "
                         "or shard over more devices."
                     )
             trace.before_step(step)
@@ -256,24 +290,25 @@ def _train_steps(
             read_pending()  # the previous step's, while this one runs
             done = step + 1
             pending = (done, metrics)
-            is_last = done == cfg.num_steps
+            is_last = done == num_steps
             # Every process asks at every step, from the same first step.
             if checkpointer.reached_preemption(done):
                 preemption.signum = signal.SIGTERM
-            preempted = preemption.signum is not None
-            if is_last or preempted or checkpointer.should_save(done):
+            if is_last or preemption.signum is not None or checkpointer.should_save(done):
                 read_pending()  # never checkpoint a state whose loss is not known to be finite
                 logger.flush()
                 checkpointer.save(done, state, force=True)  # due, last or preempted
-                train_step, measured = step_for_damping(
-                    run, state["params"], train_step, measured, step=done
-                )
-            if preempted:
-                checkpointer.wait_until_finished()
-                raise errors.TrainingPreempted(
-                    done, checkpoints.checkpoint_path(checkpointer, done), preemption.signum
-                )
-            if cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and not is_last:
+                path = checkpoints.checkpoint_path(checkpointer, done)
+                if preemption.signum is not None:
+                    checkpointer.wait_until_finished()
+                    raise errors.TrainingPreempted(done, path, preemption.signum)
+                measured = plan.measure(state["params"])
+                if not plan.carries(measured):
+                    say(f"Step {done}: {measured.describe()}, past what the kernels planned "
+                        f"before step 1 carry; resuming from {path} with kernels planned for it.")  # fmt: skip
+                    checkpointer.wait_until_finished()
+                    raise _PlanOutgrown
+            if every_eval and done % every_eval == 0 and not is_last:
                 read_pending()
                 evaluate(state, done)
         read_pending()
@@ -312,41 +347,3 @@ def stop_if_nonfinite(
             f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
             f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
         )
-
-
-def step_for_damping(
-    run: RunSetup,
-    params: Any,
-    train_step: Callable,
-    planned: damping.MeasuredDamping | None,
-    *,
-    step: int | None = None,
-) -> tuple[Callable, damping.MeasuredDamping]:
-    """The train step to run on `params` (after `step`; None: the starting state), and their
-    damping. `train_step` is planned for the damping `planned` (None: model.max_damping); past the
-    bound, where its kernel would overflow float32 at the training length, a step on the blockwise
-    kernel in blocks that carry the damping is compiled instead (blocks only shrink)."""
-    cfg = run.cfg
-    graphdef, measured = damping.plan(cfg.model, run.encoding, run.layout.graphdef, params)
-    if not measured.passed:
-        return train_step, measured
-    length, platform = cfg.pe.train_context, run.mesh.devices.flat[0].platform
-    kernel, before = (_kernel_name(run, platform, m) for m in (measured, planned))
-    if kernel == before:
-        return train_step, measured
-    say(
-        f"{'The starting state' if step is None else f'Step {step}'}: {measured.describe()}; the "
-        f"train step runs the {kernel} at length {length}."
-    )
-    layout = dataclasses.replace(run.layout, graphdef=graphdef)
-    return make_train_step(dataclasses.replace(run, layout=layout), measured=measured), measured
-
-
-def _kernel_name(run: RunSetup, platform: str, measured: damping.MeasuredDamping | None) -> str:
-    """The train step's kernel planned for `measured`: "'blockwise' kernel in blocks of 8"."""
-    cfg = run.cfg
-    name = damping.kernel(cfg.model, run.encoding, cfg.pe.train_context, platform, measured)
-    if name != "blockwise":
-        return f"{name!r} kernel"
-    blocks = cfg.model.block_size if measured is None else measured.block_size
-    return f"{name!r} kernel in blocks of {blocks}"
