@@ -116,21 +116,25 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
+def attempt(catch, function: Callable, *args, **kwargs) -> tuple[Any, Exception | None]:
+    """(function(*args, **kwargs), None), or (None, the error of kind `catch` it raised): the one
+    place a check records a failure or a refusal instead of stopping."""
+    try:
+        return function(*args, **kwargs), None
+    except catch as error:
+        return None, error
+
+
 def backend_problem(backend: str) -> str | None:
     """Why JAX cannot run on `backend` here, with what to install; None when it can."""
-    try:
-        jax.devices(backend)
+    _, error = attempt(RuntimeError, jax.devices, backend)
+    if error is None:
         return None
-    except RuntimeError as error:
-        reason = _first_line(error)
     packages, extra = ACCELERATORS.get(backend, ((), ""))
+    problem = f"--backend={backend}: JAX cannot start the {backend.upper()} ({_first_line(error)})"
     if extra and not any(flops.installed_version(package) for package in packages):
-        return (
-            f"--backend={backend}: JAX has no {backend.upper()} support installed here "
-            f'({reason}); install the extra: pip install ".[{extra}]" in a clone, or the '
-            f"wheel with [{extra}]."
-        )
-    return f"--backend={backend}: JAX cannot start the {backend.upper()} here ({reason})."
+        problem += f"; install the extra: {commands.install_command(extra)}"
+    return problem + "."
 
 
 def environment_rows(requested: str) -> list[Row]:
@@ -142,8 +146,8 @@ def environment_rows(requested: str) -> list[Row]:
     for accelerator, (packages, _) in ACCELERATORS.items():
         found = [package for package in packages if flops.installed_version(package)]
         if backend == "cpu" and found and not requested:
-            advice = f"See why with --backend={accelerator}; check the CPU with --backend=cpu."
-            rows.append(Row("environment", "accelerator in use", found[0], "", FAIL, advice))
+            advice = f"See --backend={accelerator}, or use --backend=cpu."
+            rows.append(Row("environment", "unused accelerator", found[0], "", FAIL, advice))
     return rows
 
 
@@ -184,9 +188,8 @@ def kernel_rows(cfg, backend: str, say: Callable[[str], None]) -> list[Row]:
             interpret = impl == "splash" and backend != "tpu" and length <= INTERPRET_MAX_LENGTH
             window = dict(length=length, num_queries=queries, damping=damping, packed=packed)
             window["backend"] = "tpu" if interpret else backend
-            try:
-                kernel = selection.choose_kernel(settings, enc, **window)
-            except ValueError as refusal:
+            kernel, refusal = attempt(ValueError, selection.choose_kernel, settings, enc, **window)
+            if refusal:
                 skips.setdefault((impl, _first_line(refusal)), []).append(length)
                 continue
             runs.setdefault((kernel, length, queries), (set(), interpret))[0].add(impl)
@@ -212,11 +215,10 @@ def _kernel_row(cfg, enc, params, case, label, backend) -> Row:
         kind = "reduced"
     values, gradients = TOLERANCES[kind]
     limit = f"{_error(values)} / {_error(gradients)} ({kind})"
-    advice = f"Set --config.model.attention_impl to a kernel that passed at {case['length']}, "
-    advice += "or leave that length out of --config.eval.lengths."
-    try:
-        errors = [_case_errors(cfg, enc, params, case, precision, offset) for offset in OFFSETS]
-    except Exception as error:  # a kernel that fails to compile or run is the finding
+    advice = f"Set --config.model.attention_impl to a kernel that passed at {case['length']}."
+    case_errors = functools.partial(_case_errors, cfg, enc, params, case, precision)
+    errors, error = attempt(Exception, lambda: [case_errors(offset) for offset in OFFSETS])
+    if error:  # a kernel that fails to compile or run is the finding
         return Row("kernels", label, f"error: {_first_line(error)}", limit, FAIL, advice, case)
     value, at = max((e[0], offset) for e, offset in zip(errors, OFFSETS, strict=True))
     (gradient, tensor), gradient_at = max((e[1], o) for e, o in zip(errors, OFFSETS, strict=True))
@@ -285,9 +287,9 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     for name in [*names, RAW_SHEAR]:
         settings = dict(train_context=cfg.pe.train_context, theta=cfg.pe.theta)
         pe = cfg.pe if name == cfg.pe.name else pe_config_from_name(name, **settings)
-        try:
-            enc = encodings.make_encoding(pe, CHECK_HEADS, head_dim, max_length=max_length)
-        except ValueError as error:
+        make = functools.partial(encodings.make_encoding, max_length=max_length)
+        enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim)
+        if error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
             continue
         rows.append(_precision_row(cfg, enc, max(cfg.pe.train_context, *cfg.eval.lengths), backend))
@@ -314,12 +316,10 @@ def _precision_row(cfg, enc, length: int, backend: str) -> Row:
     errors["default"] = error_at(jax.lax.Precision.DEFAULT)
     advice = ""
     if errors["run"] > PRECISION_TOLERANCE:
-        advice = f"Set --config.model.attention_precision=auto (highest for {enc.name})."
+        advice = "Set model.attention_precision=auto."
     if errors["highest"] > PRECISION_TOLERANCE:
-        advice = (
-            f"The compiler on this {backend.upper()} does not honour HIGHEST: train {enc.name} "
-            "elsewhere, or pe.name=jordan_exact_scaled, which needs no HIGHEST."
-        )
+        advice = f"This {backend.upper()} ignores HIGHEST: train {enc.name} elsewhere or use "
+        advice += "pe.name=jordan_exact_scaled."
     label = f"{enc.name} logits at {length} (the last {queries}; the run's: {run.name.lower()})"
     measured = ", ".join(f"{key} {_error(value)}" for key, value in errors.items())
     limit = f"{_error(PRECISION_TOLERANCE)} (run's, highest)"
@@ -381,12 +381,12 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
     shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}{reads})"
     rows = [Row("train step", shape, f"{compile_seconds:.1f} s")]
-    finite = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite at the start.")
+    finite = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite.")
     details = {"seconds": seconds, "loss": loss}
     rows.append(Row("train step", "step time (median)", rate, "finite loss", *finite, details))
     used = f"{flops.peak_memory(compiled) / 2**30:.3g} GiB"
     limit = f"{memory / 2**30:.3g} GiB {kind}" if memory else "unknown"
-    advice = f"It {shortfall}: lower the batch, set model.remat=full, or add devices."
+    advice = f"It {shortfall}: lower the batch or set model.remat=full."
     result, advice = (FAIL, advice) if shortfall else (PASS, "")
     return [*rows, Row("train step", "peak memory (compiler)", used, limit, result, advice)]
 
@@ -418,21 +418,20 @@ def main(argv: Sequence[str]) -> None:
         raise UsageError(problem)
     name = commands.config_value(command_line.flag_argument(sys.argv, "config") or DEFAULT_CONFIG)
     if "probe" in values.config:
-        raise UsageError(f"--config={name} is a kernel probe, which trains no model: give a run's.")
+        raise UsageError(f"--config={name} is a kernel probe: give a run's config.")
     cfg, problems = convert_config(values.config)
     if not problems and cfg.model.attention_impl != "auto":  # refused here as train.py refuses it
+        choose = functools.partial(selection.choose_kernel, cfg.model.attention, run_encoding(cfg))
         for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
-            try:
-                selection.choose_kernel(cfg.model.attention, run_encoding(cfg), length=length)
-            except ValueError as refusal:
-                problems.append(f"model.attention_impl at length {length}: {refusal}")
+            _, refusal = attempt(ValueError, choose, length=length)
+            if refusal:
+                problems.append(f"model.attention_impl at {length}: {refusal}")
     if problems:
         raise ConfigError(problems)
     if values.output_dir:
-        try:
-            os.makedirs(values.output_dir, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.") from None
+        _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
+        if error:
+            raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.")
     shown = [f"--config={name}", *(a for a in sys.argv[1:] if not a.startswith("--config="))]
     print(f"Checking {name} on {jax.default_backend()}:", flush=True)
     command = " ".join(["python -m jrope.check", *shown])
@@ -459,12 +458,10 @@ def run_main() -> None:
     def define_flags(argv: Sequence[str]) -> None:
         from ml_collections import config_flags
 
-        help_config = "The run's config (default: wikitext_scaled_exact)."
-        config_flags.DEFINE_config_file("config", None, help_config, lock_config=True)
-        help_output = "Write the report there: <config>_<backend>.md, .json."
-        flags.DEFINE_string("output_dir", "", help_output)
-        flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Check this backend (default: JAX's).")
-        flags.DEFINE_integer("timed_steps", 3, "Steps timed after a warm-up.", lower_bound=1)
+        config_flags.DEFINE_config_file("config", None, "The run's config.", lock_config=True)
+        flags.DEFINE_string("output_dir", "", "Report folder (.md, .json).")
+        flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Backend (default: JAX's).")
+        flags.DEFINE_integer("timed_steps", 3, "Timed steps.", lower_bound=1)
 
     command_line.run(main, define_flags)
 

@@ -30,11 +30,15 @@ def define_run_flags(config: str | None = None) -> str | None:
     """--config (an experiment's name or file; default `config`, returned), --workdir, and the
     flags of a multi-process run. An override of a key the config lacks reaches the run's config,
     which names it (jrope.train.config)."""
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file(
-        "config", config, "Experiment: name or file.", lock_config=False, accept_new_attributes=True
-    )
+    about = f"Experiment: a config file, or one of {', '.join(commands.config_names())}."
+    try:
+        from ml_collections import config_flags
+    except ModuleNotFoundError as missing:  # no 'train' extra: --help answers, a run names it
+        flags.DEFINE(_MissingExtra(missing), "config", config, about)
+    else:
+        config_flags.DEFINE_config_file(
+            "config", config, about, lock_config=False, accept_new_attributes=True
+        )
     flags.DEFINE_string("workdir", None, "The run's directory: checkpoints, logs and results.")
     flags.mark_flags_as_required(["workdir"] + (["config"] if config is None else []))
     flags.DEFINE_bool("multiprocess", False, "Start JAX's distributed runtime (cluster detected).")
@@ -47,6 +51,16 @@ def define_run_flags(config: str | None = None) -> str | None:
         "--process_id must be below --num_processes",
     )
     return config
+
+
+class _MissingExtra(flags.ArgumentParser):
+    """A flag's parser without its package: any value given raises the ModuleNotFoundError."""
+
+    def __init__(self, missing: ModuleNotFoundError):
+        self.missing = missing
+
+    def parse(self, argument):
+        raise self.missing
 
 
 def start_processes() -> None:
@@ -70,7 +84,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable | None = None)
     # Ctrl-C ends the command at once, as SIGTERM does: a KeyboardInterrupt raised inside one of
     # JAX's callbacks would be swallowed, and the command would go on.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.excepthook = _excepthook
+    sys.excepthook, sys.unraisablehook = _excepthook, _unraisablehook
     parser = functools.partial(parse_flags, define_flags=define_flags)
     app.run(functools.partial(_run_main, main), flags_parser=parser)
 
@@ -148,7 +162,10 @@ def exit_status(error: BaseException) -> tuple[int, str] | None:
             where = f" writing {error.filename}" if error.filename else ""
             return 7, f"Storage failure{where}: {error.strerror}; free space and run it again."
         if isinstance(error, ModuleNotFoundError) and "jrope" not in str(error.name):
-            return 2, f"No {error.name}: install the 'train' extra (pip install 'jrope[train]')."
+            return (
+                2,
+                f"No {error.name}: install the 'train' extra: {commands.install_command('train')}.",
+            )
         error = error.__cause__
     return None
 
@@ -167,10 +184,20 @@ def _run_main(main: Callable[[list[str]], None], argv: list[str]) -> None:
 
 
 def _excepthook(kind, error, trace) -> None:
-    """Python's, but for the closed event loop that tensorstore's threads print when orbax has
-    abandoned their reads after a failed one: no error of the command."""
-    if not (kind is RuntimeError and str(error) == "Event loop is closed"):
+    """Python's, but for the closed event loop that tensorstore's threads report (PyErr_Print, or
+    as unraisable) when orbax has abandoned their reads after a failed one: no error of the
+    command."""
+    if not _closed_loop(error):
         sys.__excepthook__(kind, error, trace)
+
+
+def _unraisablehook(unraisable) -> None:
+    if not _closed_loop(unraisable.exc_value):
+        sys.__unraisablehook__(unraisable)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return type(error) is RuntimeError and str(error) == "Event loop is closed"
 
 
 def _fail(error: BaseException, status: int, message: str) -> None:

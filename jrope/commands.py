@@ -26,6 +26,11 @@ def command(entry_point: str) -> str:
     return f"python {entry_point}.py" if _in_clone_root() else f"python -m jrope.{entry_point}"
 
 
+def install_command(extras: str) -> str:
+    """How to add extras (jrope comes from a clone or a wheel built there, not from the index)."""
+    return f'pip install ".[{extras}]" in a clone, or the wheel with [{extras}]'
+
+
 def config_names() -> list[str]:
     """The experiments' names (quickstart, synthetic_cpu, ...), sorted."""
     return sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []

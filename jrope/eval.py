@@ -12,10 +12,12 @@ from jrope import command_line
 
 def define_flags(argv: list[str]) -> str | None:
     """--config defaults to the run's saved config, so that the overrides apply to it."""
-    from jrope import saved_run_config  # here: an install without the 'train' extra is told
-
     workdir, config = (command_line.flag_argument(argv, name) for name in ("workdir", "config"))
-    saved = saved_run_config.config_file(workdir) if workdir and not config else None
+    saved = None
+    if workdir and not config:
+        from jrope import saved_run_config  # here: an install without the 'train' extra is told
+
+        saved = saved_run_config.config_file(workdir)
     return command_line.define_run_flags(saved)
 
 

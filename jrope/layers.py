@@ -333,13 +333,15 @@ def _positions_extent(length: int, *positions) -> int:
 
 def _check_shapes(q, k, v, **positions) -> None:
     """ValueError naming the argument whose shape does not fit q [B, T, N, H], k, v [B, S, N, H]."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if jnp.ndim(x) != 4:
-            raise ValueError(f"{name} must be [B, T, N, H], got shape {tuple(jnp.shape(x))}.")
-    if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1]:
+    shapes = [tuple(jnp.shape(x)) for x in (q, k, v)]
+    if (
+        {len(s) for s in shapes} != {4}
+        or not q.shape[0] == k.shape[0] == v.shape[0]
+        or (k.shape[1] != v.shape[1])
+    ):
         raise ValueError(
-            f"q [B, T, N, H], k and v [B, S, N, H] must share B, and k and v S: q is "
-            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}."
+            f"q must be [B, T, N, H] and k, v [B, S, N, H] (one B, one S): q is {shapes[0]}, "
+            f"k {shapes[1]}, v {shapes[2]}."
         )
     for name, (values, x_name, x) in positions.items():
         check_positions_fit(name, values, x_name, x.shape[:2])

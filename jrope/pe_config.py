@@ -250,8 +250,9 @@ class PEConfig(Declared):
         return self.shear == "none" or (self.shear == "eta" and not self.clock.bounded)
 
 
-def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:
-    """jordan_exact[_scaled][_c..][_eta...][_m..][_eta1]: raw shear scaled by 1/L."""
+def _parse_exact(name: str, tokens: list[str], base: dict) -> dict | None:
+    """jordan_exact[_scaled][_c..][_eta...][_m..][_eta1]: raw shear scaled by 1/L; None where a
+    token is unknown."""
     c, order, name_eta, eta_max = 1.0, 2, None, base["eta_max"]
     for token in tokens:
         if token == "scaled":
@@ -265,7 +266,7 @@ def _parse_exact(name: str, tokens: list[str], base: dict) -> dict:
         elif m := re.fullmatch(r"m(\d+)", token):
             order = int(m.group(1))
         else:
-            raise ValueError(f"unknown token {token!r}")
+            return None
     # Only the name's eta is clamped; a base init_eta above eta_max stays an error.
     init_eta = base["init_eta"] if name_eta is None else _name_eta(name, name_eta, eta_max)
     shear = dict(shear="eta", shear_time="raw", eta_max=eta_max, init_eta=init_eta)
@@ -278,8 +279,9 @@ def _scaled_jordan(order: int, c: float, L: int) -> dict:
     return dict(layout="jordan", order=order, learn_gamma=True, **scaled)
 
 
-def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
-    """jordan_jetmix[full][_m..][_c..]_g..: gated bounded-time jets, gamma init c/L."""
+def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict | None:
+    """jordan_jetmix[full][_m..][_c..]_g..: gated bounded-time jets, gamma init c/L; None where a
+    token is unknown or the gates are not one per jet."""
     c, order, gates = 1.0, 4, []
     for token in tokens:
         if m := re.fullmatch(r"c(\d+)", token):
@@ -289,17 +291,16 @@ def _parse_jetmix(tokens: list[str], base: dict, full: bool) -> dict:
         elif m := re.fullmatch(r"g(\d+)", token):
             gates.append(int(m.group(1)) / 100.0)
         else:
-            raise ValueError(f"unknown token {token!r}")
-    expected = order if full else order - 1
-    if len(gates) != expected:
-        raise ValueError(f"order {order} needs {expected} gate tokens g{{100 g}}, got {len(gates)}")
+            return None
+    if len(gates) != (order if full else order - 1):
+        return None
     jets = dict(jet_base=gates[0] if full else None, jet_gates=tuple(gates[1:] if full else gates))
     jets.update(shear="jet", shear_time="bounded", jet_gate_max=2.0 if full else 1.0)
     return dict(_scaled_jordan(order, c, base["train_context"]), **jets)
 
 
-def _parse_base(name: str, base: dict) -> dict:
-    """Settings for a name without its _alibi suffix; raises ValueError if unknown."""
+def _parse_base(name: str, base: dict) -> dict | None:
+    """Settings for a name without its _alibi suffix; None if unknown."""
     stabilized = dict(layout="jordan", learn_gamma=True, shear="eta", shear_time="bounded")
     fixed = {
         "nope": dict(layout="none"),
@@ -325,7 +326,7 @@ def _parse_base(name: str, base: dict) -> dict:
         return _parse_jetmix(tokens[2:], base, full=False)
     if tokens[:2] == ["jordan", "jetmixfull"]:
         return _parse_jetmix(tokens[2:], base, full=True)
-    raise ValueError("unknown name")
+    return None
 
 
 def pe_config_from_name(
@@ -350,42 +351,28 @@ def pe_config_from_name(
         listing the accepted forms.
       ValueError: for settings the variant cannot take (e.g. |init_eta| > eta_max).
     """
-    if not isinstance(name, str) or not name:
-        raise UnknownEncodingName(
-            f"position-encoding name must be a non-empty string, got {name!r}\n{ACCEPTED_NAMES}"
-        )
     base = dict(
         train_context=train_context, theta=theta, gamma_min=gamma_min, init_gamma=init_gamma
     )
     base.update(eta_max=eta_max, init_eta=init_eta)
     if found := problems(PEConfig, base):  # before a suffix divides by train_context
         raise ValueError("\n".join(found))
-    core, alibi, softcap = name, False, re.fullmatch(r"(.+)_softcap([1-9]\d*)", name)
-    if softcap:  # the cap applies to any encoding: the rest of the name is parsed as usual
+    if softcap := re.fullmatch(r"(.+)_softcap([1-9]\d*)", name):  # any encoding takes the cap
         settings = pe_config_from_name(softcap.group(1), **base)
         return dataclasses.replace(settings, name=name, logit_softcap=float(softcap.group(2)))
-    if name == "alibi":
-        core, alibi = "nope", True
-    elif name == "rope_alibi":
-        core, alibi = "rope", True
-    elif name.endswith("_alibi"):
-        core, alibi = name[: -len("_alibi")], True
-        if core in ("nope", "rope", "alibi", "rope_alibi"):
-            raise UnknownEncodingName(
-                f"unknown position-encoding name {name!r}: use alibi or rope_alibi\n{ACCEPTED_NAMES}"
-            )
+    core = {"alibi": "nope", "rope_alibi": "rope"}.get(name, name.removesuffix("_alibi"))
+    alibi = core != name
+    # alibi and rope_alibi are ALiBi's only spellings on nope and rope
+    doubled = name in ("nope_alibi", "alibi_alibi", "rope_alibi_alibi")
     if probe_baseline_from_name(name) is not None:
         raise UnknownEncodingName(
-            f"{name!r} is one of the reference code's kernel-probe baselines: a feature set "
-            "with no position encoding behind it (the reference's model refuses it too). "
-            "Use it in a probe config (configs/kernel_probe*.py, configs/structured_probe*.py), "
-            f"or pick an encoding.\n{ACCEPTED_NAMES}"
+            f"{name!r} is a kernel-probe baseline, no encoding: use it in a probe config "
+            f"(configs/kernel_probe*.py, configs/structured_probe*.py).\n{ACCEPTED_NAMES}"
         )
-    try:
-        settings = _parse_base(core, base)
-    except ValueError as err:
+    settings = None if doubled else _parse_base(core, base)
+    if settings is None:
         hint = did_you_mean(name, _PLAIN_NAMES)
         raise UnknownEncodingName(
-            f"unknown position-encoding name {name!r} ({err}){hint}\n{ACCEPTED_NAMES}"
-        ) from None
+            f"unknown position-encoding name {name!r}{hint}\n{ACCEPTED_NAMES}"
+        )
     return PEConfig(name=name, **{**base, **settings, "alibi": alibi})

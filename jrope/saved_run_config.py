@@ -9,6 +9,7 @@ starts before a multi-process run's processes have found each other.
 
 from __future__ import annotations
 
+import fcntl
 import json
 from typing import Any
 
@@ -16,8 +17,9 @@ from etils import epath
 from ml_collections import config_dict
 
 from jrope.data.files import resolved
-from jrope.errors import CheckpointError
+from jrope.errors import CheckpointError, WorkdirBusy
 
+DIGESTS_ITEM = "digests"  # beside each checkpoint's state (jrope.train.checkpoints)
 # Keys that checkpoints of earlier versions hold and that no longer set anything: dropped on load.
 RETIRED_KEYS = {"eval": ("max_hours",), "data": ("seq_len", "head_dim", "theta")}
 
@@ -39,10 +41,24 @@ def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
     try:
         saved = json.loads((checkpoint / "config" / "metadata").read_bytes())
     except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
-        raise CheckpointError(
-            f"{checkpoint}'s config is unreadable ({error}); move it aside."
-        ) from None
+        raise damaged(checkpoint, f"has a config that cannot be read ({error})") from None
     return without_retired_keys(saved)
+
+
+def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
+    """The refusal of `checkpoint` (`<workdir>/checkpoints/<step>`), naming the latest earlier one
+    with digests (checked when it restores) and the `mv` that sets the later ones aside."""
+    folder, step = checkpoint.parent, int(checkpoint.name)
+    finished = sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
+    earlier = [s for s in finished if s < step and (folder / str(s) / DIGESTS_ITEM).exists()]
+    later = [folder / str(s) for s in finished if earlier and earlier[-1] < s <= step]
+    aside = folder.parent / "damaged_checkpoints"
+    resume = (
+        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
+        if earlier
+        else "start again in another --workdir"
+    )
+    return CheckpointError(f"Checkpoint {checkpoint} {problem}; {resume}.")
 
 
 def saved_config_path(workdir: str) -> epath.Path:
@@ -53,21 +69,28 @@ def saved_config_path(workdir: str) -> epath.Path:
     for step in sorted(steps, reverse=True):
         if (path := folder / str(step) / "config" / "metadata").exists():
             return path
-    raise CheckpointError(no_checkpoint_message(workdir))
+    raise no_checkpoint(workdir)
 
 
-def no_checkpoint_message(workdir: str) -> str:
+def no_checkpoint(workdir: str) -> CheckpointError | WorkdirBusy:
+    """The refusal of `workdir` without a finished checkpoint: WorkdirBusy while a training holds
+    its lock (an evaluation waits for the training to end), else CheckpointError."""
     path = resolved(workdir)
     if path.exists() and not path.is_dir():
-        return f"--workdir {path} is a file, not a run's folder."
+        return CheckpointError(f"--workdir {path} is a file, not a run's folder.")
     lock = path / "run.lock"  # its holder's line (jrope.train.checkpoints.WorkdirLock)
     holder = lock.read_bytes().decode(errors="replace").strip() if lock.is_file() else ""
-    if holder.startswith("training"):
-        return (
-            f"--workdir {path} holds no finished checkpoint: the training there ({holder}) has "
-            "saved none yet; wait for its first save (checkpoint.every_steps)."
-        )
-    return f"--workdir {path} holds no finished checkpoint; point it at a trained run."
+    if not holder.startswith("training"):
+        return CheckpointError(f"--workdir {path} holds no finished checkpoint; point it at a "
+                               "trained run.")  # fmt: skip
+    with lock.open("rb") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return WorkdirBusy(f"{lock} is held ({holder}), which has saved no checkpoint yet: "
+                               "wait for it to end, or use another --workdir.")  # fmt: skip
+    return CheckpointError(f"--workdir {path} holds no finished checkpoint: the training there "
+                           f"({holder}) ended before its first save; train it again.")  # fmt: skip
 
 
 def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:

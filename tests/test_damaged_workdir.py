@@ -181,6 +181,7 @@ def test_a_readable_result_table_is_read_as_it_is(tmp_path):
         "num_sequences": 8,
         **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
         "compute_dtype": "float32",
+        "eval_seed": 0,
     }
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS)
@@ -285,18 +286,26 @@ def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, p
     )
 
 
-def test_a_workdir_whose_training_has_not_saved_yet_says_so(tmp_path):
+def test_a_workdir_whose_training_has_not_saved_yet_is_busy_while_it_trains(tmp_path):
     holder = "training by process 12345 on elsewhere since 2026-12-01 10:00:00"
     (tmp_path / LOCK_FILE).write_text(holder + "\n")
-    message = (
-        f"--workdir {tmp_path} holds no finished checkpoint: the training there ({holder}) has "
-        "saved none yet; wait for its first save (checkpoint.every_steps)."
+    ended = (
+        f"--workdir {tmp_path} holds no finished checkpoint: the training there ({holder}) "
+        "ended before its first save; train it again."
     )
     with pytest.raises(CheckpointError) as before_flags:  # eval.py's --config, sample.py
         saved_run_config.config_file(str(tmp_path))
     with pytest.raises(CheckpointError) as before_compiling:  # eval.py --config=<experiment>
         check_run(tiny_config(), str(tmp_path), ONE_CPU, evaluation=True)
-    assert str(before_flags.value) == str(before_compiling.value) == message
+    assert str(before_flags.value) == str(before_compiling.value) == ended
+    with WorkdirLock(str(tmp_path)):  # a training that runs: status 6, as once it has saved
+        with pytest.raises(WorkdirBusy) as busy:
+            saved_run_config.config_file(str(tmp_path))
+    assert busy.value.exit_status == 6
+    assert str(busy.value).startswith(f"{tmp_path / LOCK_FILE} is held (training by process ")
+    assert str(busy.value).endswith(
+        "saved no checkpoint yet: wait for it to end, or use another --workdir."
+    )
 
 
 @pytest.mark.slow
@@ -343,5 +352,11 @@ def test_eval_reads_a_garbled_saved_config_as_a_damaged_checkpoint(tmp_path):
     saved = tmp_path / "checkpoints" / "8" / "config" / "metadata"
     saved.parent.mkdir(parents=True)
     saved.write_bytes(RANDOM_BYTES)
-    with pytest.raises(CheckpointError, match=r"8's config is unreadable .*; move it aside"):
+    (tmp_path / "checkpoints" / "4" / DIGESTS_ITEM).mkdir(parents=True)  # an earlier, checked one
+    with pytest.raises(CheckpointError) as refused:
         saved_run_config.get_config(str(tmp_path))
+    aside = tmp_path / "damaged_checkpoints"
+    assert str(refused.value).startswith(f"Checkpoint {saved.parent.parent} has a config that ")
+    assert str(refused.value).endswith(
+        f"; resume from step 4: mkdir -p {aside} && mv {saved.parent.parent} {aside}/."
+    )

@@ -181,5 +181,8 @@ def test_eval_refuses_a_checkpoint_whose_saved_config_is_garbage(workdir, env):
     done = _evaluate(workdir, env)
     _assert_clean_exit(done, 4)
     checkpoint = workdir / "checkpoints" / str(STEPS)
-    assert done.stderr.startswith(f"{checkpoint}'s config is unreadable (")
-    assert done.stderr.endswith("; move it aside.\n")
+    assert done.stderr.startswith(f"Checkpoint {checkpoint} has a config that cannot be read (")
+    aside = workdir / "damaged_checkpoints"
+    assert done.stderr.endswith(
+        f"; resume from step 8: mkdir -p {aside} && mv {checkpoint} {aside}/.\n"
+    )

@@ -232,9 +232,9 @@ def test_a_length_evaluated_again_is_said_with_the_compute_dtypes_that_differ(tm
     evaluation.merge_rows(earlier, again)
     said = "  length 32: replaces its earlier row (float32 there, bfloat16 now)\n"
     assert capsys.readouterr().out == said
-    # A CSV written before the column: read without a dtype, its row replaced all the same.
+    # A CSV written before the columns: read without a dtype, its row replaced all the same.
     lines = (tmp_path / "eval.csv").read_text().splitlines()
-    (tmp_path / "eval.csv").write_text("\n".join(line.rsplit(",", 1)[0] for line in lines))
+    (tmp_path / "eval.csv").write_text("\n".join(line.rsplit(",", 2)[0] for line in lines))
     earlier = evaluation.read_results(tmp_path)
     assert [row["compute_dtype"] for row in earlier] == [None, None]
     evaluation.merge_rows(earlier, again)

@@ -16,7 +16,6 @@ import threading
 import time
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
 from helpers.train_process import (
@@ -37,8 +36,8 @@ from jrope.errors import (
     UsageError,
     WorkdirBusy,
 )
-from jrope.experiments import text_generation
 from jrope.experiments.compare import comparison_axes
+from jrope.model import generation
 from jrope.model.generation import GenerationSettings, SamplingSettings
 from jrope.train import checkpoints, evaluation
 from jrope.train.checkpoints import LOCK_FILE, Checkpointer, WorkdirLock, config_differences
@@ -247,16 +246,15 @@ def _checkpointer(tmp_path, config_json, **options) -> Checkpointer:
 
 def test_sample_num_tokens_is_checked_against_int32_positions():
     settings = GenerationSettings(num_tokens=10**10, sampling=SamplingSettings(0.0, 0, 1.0, 0))
-    prompt = [np.arange(10)]
     with pytest.raises(GenerationRequestError, match=r"--num_tokens=10000000000 .* int32") as big:
-        text_generation.check_request(settings, prompt)
+        generation.check_request(settings, 10)
     # The count named fits: the last new token's position is 10 + most - 1 <= 2**31 - 2.
     most = int(re.search(r"at most (\d+) new tokens fit", str(big.value)).group(1))
     assert most == 2**31 - 2 - 10
-    text_generation.check_request(dataclasses.replace(settings, num_tokens=most), prompt)
+    generation.check_request(dataclasses.replace(settings, num_tokens=most), 10)
     with pytest.raises(GenerationRequestError, match="--position_offset="):
         offset = dataclasses.replace(settings, num_tokens=1, position_offset=2**31 - 11)
-        text_generation.check_request(offset, prompt)
+        generation.check_request(offset, 10)
 
 
 # 6. Signals and command-line mistakes.

@@ -215,5 +215,5 @@ def test_bad_generation_settings_name_their_flag():
 
 def test_an_offset_past_the_int32_range_is_refused_before_compiling(tmp_path):
     cfg, graphdef, params = _text_model(tmp_path)
-    with pytest.raises(ValueError, match=r"--position_offset .* at most 2147483637"):
+    with pytest.raises(ValueError, match=r"--position_offset=.* an offset of at most 2147483637"):
         _generate(cfg, graphdef, params, PROMPTS[:1], num_tokens=4, position_offset=2**31 - 5)

@@ -122,7 +122,10 @@ def test_the_core_install_alone_runs_the_readme_library_examples(tmp_path):
     ):
         done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, (command, done.stderr[-2000:])
-        assert done.stderr.endswith("install the 'train' extra (pip install 'jrope[train]').\n")
+        assert done.stderr.endswith("in a clone, or the wheel with [train].\n")
+    helped = subprocess.run([tmp_path / "core" / "bin" / "jrope-train", "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert helped.returncode == 0 and "--workdir" in helped.stdout, helped.stderr[-2000:]
 
 
 def test_pyproject_lists_every_package():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jrope
+from jrope.attention import causal_attention
 from jrope.layers import PositionalEncoding, causal_self_attention, dot_product_attention
 
 B, T, N, H = 2, 16, 2, 16
@@ -135,10 +136,6 @@ def test_positions_of_the_wrong_length_or_batch_are_named_with_the_shapes():
         enc.map_queries(params, q, jnp.zeros((1, 1, T), jnp.int32))
     with pytest.raises(ValueError, match=r"^q and k must have the same batch size"):
         enc.transform_qk(params, q, k[:1], positions, positions)
-    with pytest.raises(ValueError, match=r"^origin must be a scalar or \[B\] = \[2\]"):
-        enc.map_keys(params, k, positions, jnp.zeros(3, jnp.int32))
-    with pytest.raises(ValueError, match=r"q_positions \(3, 16\) and k_positions \(2, 16\)"):
-        _encoding("alibi").logit_bias({}, jnp.zeros((3, T), int), jnp.zeros((2, T), int))
 
 
 def test_the_helpers_name_the_argument_whose_shape_does_not_fit():
@@ -149,11 +146,21 @@ def test_the_helpers_name_the_argument_whose_shape_does_not_fit():
         causal_self_attention(pe, q, k, v, jnp.arange(12))
     with pytest.raises(ValueError, match=r"^positions has shape \(3, 16\)"):
         causal_self_attention(pe, q, k, v, jnp.zeros((3, T), jnp.int32))
-    with pytest.raises(ValueError, match=r"must share B.*v \(1, 16, 2, 16\)"):
+    with pytest.raises(ValueError, match=r"\(one B, one S\).*v \(1, 16, 2, 16\)"):
         causal_self_attention(pe, q, k, v[:1], positions)
     with pytest.raises(ValueError, match=r"T = 16 > S = 8"):
         causal_self_attention(pe, q, k[:, :8], v[:, :8], positions[:8])
     with pytest.raises(ValueError, match=r"^k_positions has shape \(12,\)"):
         dot_product_attention(pe, q, k, v, positions, jnp.arange(12))
-    with pytest.raises(ValueError, match=r"^v must be \[B, T, N, H\]"):
+    with pytest.raises(ValueError, match=r"^q must be \[B, T, N, H\].*v \(16, 2, 16\)"):
         dot_product_attention(pe, q, k, v[0], positions, positions)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "einsum", "blockwise", "shear", "shear_flash"])
+def test_every_kernel_refuses_keys_and_values_of_another_batch(kernel):
+    enc = _encoding("jordan_rope")
+    q, k = _normal((B, T, N, H)), _normal((1, T, N, H), 1)
+    with pytest.raises(ValueError, match=r"batch"):  # not broadcast over q's batch
+        causal_attention(
+            q, k, k, enc=enc, params=enc.init_params(), positions=jnp.arange(T), kernel=kernel
+        )

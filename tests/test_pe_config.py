@@ -219,7 +219,7 @@ def test_clamped_eta_starts_the_encoding_at_eta_max():
 def test_probe_baselines_parse_and_are_refused_as_encodings(name, kind, order, c):
     baseline = jrope.pe_config.probe_baseline_from_name(name)
     assert (baseline.kind, baseline.order, baseline.c) == (kind, order, c)
-    with pytest.raises(ValueError, match="kernel-probe baselines"):
+    with pytest.raises(ValueError, match="is a kernel-probe baseline"):
         jrope.pe_config_from_name(name, train_context=L)
 
 

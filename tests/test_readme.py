@@ -129,6 +129,10 @@ def test_the_readme_test_and_lint_commands_are_the_ones_ci_runs():
     install = 'pip install -e ".[dev]" --config-settings editable_mode=compat'
     assert f"python -m {install}" in ci_lines
     assert install in readme_commands
+    # The wheel the README builds has the name pip gives it (`pip wheel` names it by the version).
+    import jrope
+
+    assert f'pip install "dist/jrope-{jrope.__version__}-py3-none-any.whl[train]"' in README
 
 
 def test_every_command_names_files_modules_flags_and_config_keys_that_exist():

@@ -147,11 +147,17 @@ async def read_array():
     finally:  # as a read orbax abandoned after a failed one raises when collected
         raise ValueError("Encountered error while reading array index")
 
+class Abandoned:
+    def __del__(self):
+        raise RuntimeError("Event loop is closed")
+
 def main(argv):
     main.pending = read_array()
     main.pending.send(None)  # alive until the interpreter's shutdown
-    # What tensorstore's threads print (PyErr_Print) for the reads orbax abandoned.
+    # What tensorstore's threads print (PyErr_Print, or as unraisable) for the reads orbax
+    # abandoned.
     ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('Event loop is closed')")
+    Abandoned()
     if os.environ.get("A_BUG"):
         raise ZeroDivisionError("a bug")
     raise CheckpointError("Checkpoint 2 cannot be read.")
@@ -189,8 +195,15 @@ def test_a_command_without_its_extra_says_which_to_install(command):
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "No ml_collections: install the 'train' extra (pip install 'jrope[train]').\n"
+        "No ml_collections: install the 'train' extra: pip install \".[train]\" in a clone, or "
+        "the wheel with [train].\n"
     )
+    # --help answers all the same, with the run's flags and the experiments' names.
+    helped = subprocess.run(
+        [sys.executable, "-c", code, "--help"], env=env, capture_output=True, text=True
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "--workdir" in helped.stdout and "quickstart, retrieval" in helped.stdout
 
 
 _GC_SIGINT = """

@@ -179,7 +179,7 @@ def test_train_then_resume_equals_uninterrupted_run(tmp_path):
         str(tmp_path / "resumed"),
     )
     assert [row["length"] for row in again] == [8, 16]
-    # Its rows join training's in one folder: length 8 added, 16 evaluated again alike.
+    # Its rows join training's in one folder: length 8 added, 16 kept from training.
     merged = evaluation.read_results(final_eval.parent)
     assert [row["length"] for row in merged] == [8, 16]
     assert merged[1]["loss"] == again[1]["loss"] == training_row["loss"]

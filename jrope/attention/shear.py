@@ -99,7 +99,7 @@ def shear_terms(
     )
 
 
-def _batched(positions) -> jax.Array:
+def batched_positions(positions) -> jax.Array:
     positions = jnp.asarray(positions).astype(jnp.int32)
     return positions[None] if positions.ndim == 1 else positions
 
@@ -134,7 +134,7 @@ def shear_logits(
     (packed_origins), else the window's midpoint.
     """
     encodings.check_supported(encoding, FEATURES, "the shear kernel")
-    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     q_origin, k_origin = (
         (encodings.default_origin(q_pos, k_pos), None) if origins is None else origins
     )
@@ -214,10 +214,11 @@ def shear_attention(
     Returns:
       [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
     """
-    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    check_shapes(q, k, v)
+    q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     origins = None
     if q_segments is not None:
-        q_segments, k_segments = _batched(q_segments), _batched(k_segments)
+        q_segments, k_segments = batched_positions(q_segments), batched_positions(k_segments)
         # Each packed sequence mapped from its own midpoint, as it would be alone.
         q_pos = jnp.broadcast_to(q_pos, q_segments.shape)
         k_pos = jnp.broadcast_to(k_pos, k_segments.shape)
@@ -227,6 +228,15 @@ def shear_attention(
     if mask is not None:
         visible = visible & mask
     return masked_softmax_values(logits, visible, v, precision)
+
+
+def check_shapes(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
+    """ValueError unless q [B, T, N, H] and k, v [B, S, N, H] agree: none is broadcast."""
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(
+            f"q {q.shape}, k {k.shape} and v {v.shape} must agree in batch, heads and head dim "
+            "(k and v in every axis)."
+        )
 
 
 def masked_softmax_values(logits, visible, v, precision):

@@ -59,7 +59,6 @@ import json
 import math
 import os
 import random
-import sys
 import tarfile
 from collections.abc import Sequence
 
@@ -83,15 +82,11 @@ _TOP_DB = 80.0
 _SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
 
 MUSICNET_DIRECTIONS = (
-    "This command does not download MusicNet: get musicnet.tar.gz from\n"
-    "    https://zenodo.org/records/5120004\n"
-    "(md5 844764911fa0d5b97c97da944a057590) and pass it as --archive=musicnet.tar.gz\n"
-    "--max_files=16 (the reference's files: the first 16 WAVs in archive order), or unpack\n"
-    "it with\n"
-    "    tar -xzf musicnet.tar.gz\n"
-    "and pass the unpacked musicnet/ folder as --wav_dir: its train_data/ and test_data/\n"
-    "hold the .wav files (any folder of .wav files works; it is searched recursively,\n"
-    "in sorted path order)."
+    "This command does not download MusicNet: get musicnet.tar.gz (md5\n"
+    "844764911fa0d5b97c97da944a057590) from https://zenodo.org/records/5120004 and pass\n"
+    "--archive=musicnet.tar.gz --max_files=16 (the reference's files), or unpack it\n"
+    "(tar -xzf musicnet.tar.gz) and pass musicnet/ as --wav_dir: its train_data/ and\n"
+    "test_data/ hold the .wav files (any folder of them works; searched recursively)."
 )
 
 
@@ -131,7 +126,7 @@ def read_mono(path, settings: MelTokenSettings, name: str | None = None) -> np.n
             native_rate, frames = wav.samplerate, int(settings.max_seconds * wav.samplerate)
             samples = wav.read(frames=frames, dtype="float32", always_2d=True)
     except soundfile.SoundFileError as error:
-        raise ValueError(
+        raise UsageError(
             f"{name or path} is not a readable audio file ({error}); remove or replace it."
         ) from None
     mono = samples.mean(axis=1)
@@ -262,10 +257,11 @@ def prepare_audio_tokens(
     the first few of that order. AudioDataUnavailable where it is missing or
     holds fewer than two WAVs.
     """
-    if not 0.0 < eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction}.")
-    if max_files is not None and max_files < 2:
-        raise ValueError(f"max_files must be at least 2 (train and eval), got {max_files}.")
+    if not 0.0 < eval_fraction < 1.0 or (max_files is not None and max_files < 2):
+        raise UsageError(
+            f"eval_fraction must lie in (0, 1) and max_files be at least 2 (train and eval), got "
+            f"{eval_fraction} and {max_files}."
+        )
     wav_source = os.path.abspath(os.path.expanduser(wav_source))
     if os.path.isdir(wav_source):
         order = "sorted path"
@@ -286,7 +282,7 @@ def prepare_audio_tokens(
         )
     train_wavs, eval_wavs = split_files(wavs, eval_fraction, seed)
     if not train_wavs:
-        raise ValueError(
+        raise UsageError(
             f"eval_fraction {eval_fraction} leaves none of the {len(wavs)} WAVs for training; "
             "lower it or add WAVs."
         )
@@ -340,54 +336,40 @@ def load_token_file(path: str, split: str) -> np.ndarray:
     path = os.fspath(token_file(path, split))
     if not os.path.isfile(path):
         raise ValueError(
-            f"Audio token file {path} does not exist; write the reference's corpus with\n"
-            "    python -m jrope.data.audio --archive=musicnet.tar.gz --max_files=16 --out_dir=DIR\n"
-            "(musicnet.tar.gz from https://zenodo.org/records/5120004), or any folder of .wav "
-            "files with\n    python -m jrope.data.audio --wav_dir=WAVS --out_dir=DIR\n"
-            "and point data.path and data.eval_path at DIR."
+            f"Audio token file {path} does not exist; write it with python -m jrope.data.audio "
+            "--wav_dir=WAVS --out_dir=DIR (or --archive=musicnet.tar.gz --max_files=16, from "
+            "https://zenodo.org/records/5120004) and point data.path and data.eval_path at DIR."
         )
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"Audio token file {path} is empty; prepare it again from the WAVs.")
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
 def _cli() -> None:
     """``python -m jrope.data.audio``: prepare the token files and print the manifest's counts."""
-    from absl import app, flags
+    from absl import flags
 
     from jrope import command_line
 
-    help_wav_dir = "Folder of .wav files, searched recursively (sorted path order)."
-    wav_dir = flags.DEFINE_string("wav_dir", None, help_wav_dir)
-    help_archive = "Tar archive of .wav files (musicnet.tar.gz), read in archive order as the "
-    help_archive += "reference does."
-    archive = flags.DEFINE_string("archive", None, help_archive)
-    help_out_dir = "Folder for train.u8, eval.u8, manifest.json."
-    out_dir = flags.DEFINE_string("out_dir", None, help_out_dir, required=True)
+    wav_dir = flags.DEFINE_string("wav_dir", None, "Folder of .wav files, searched recursively.")
+    archive = flags.DEFINE_string("archive", None, "Tar archive of .wav files (musicnet.tar.gz).")
+    out_dir = flags.DEFINE_string("out_dir", None, "Folder to write to.", required=True)
     seed = flags.DEFINE_integer("seed", DEFAULT_SEED, "Seed of the train/eval file split.")
     help_eval = "Fraction of the files held out for evaluation."
     eval_fraction = flags.DEFINE_float("eval_fraction", DEFAULT_EVAL_FRACTION, help_eval)
-    help_max_files = "Use only the first N WAVs (archive order, or sorted path order for a folder; "
-    help_max_files += "0: all). 16 with --archive=musicnet.tar.gz gives the reference's corpus."
+    help_max_files = "Only the first N WAVs (0: all); 16 of musicnet.tar.gz: the reference's."
     max_files = flags.DEFINE_integer("max_files", 0, help_max_files)
     flags.mark_flags_as_mutual_exclusive(["archive", "wav_dir"], required=True)
 
     def main(argv: Sequence[str]) -> None:
-        del argv
-        try:
-            source, options = archive.value or wav_dir.value, dict(seed=seed.value)
-            options.update(eval_fraction=eval_fraction.value, max_files=max_files.value or None)
-            manifest = prepare_audio_tokens(source, out_dir.value, **options)
-        except (AudioDataUnavailable, AudioExtraMissing, ValueError) as error:
-            print(error, file=sys.stderr)  # the message is the whole story: no traceback
-            sys.exit(getattr(error, "exit_status", UsageError.exit_status))
+        source, options = archive.value or wav_dir.value, dict(seed=seed.value)
+        options.update(eval_fraction=eval_fraction.value, max_files=max_files.value or None)
+        manifest = prepare_audio_tokens(source, out_dir.value, **options)
         for split, info in manifest["splits"].items():
             print(
                 f"{split}: {len(info['wavs'])} WAVs, {info['frames']} frames, "
                 f"{info['bytes']} bytes in {os.path.join(out_dir.value, info['file'])}"
             )
 
-    app.run(main, flags_parser=command_line.parse_flags)  # --help lists these, exits 0
+    command_line.run(main)
 
 
 if __name__ == "__main__":

@@ -89,11 +89,7 @@ class SignalRegressionConfig(Declared):
         return np.where(lags == 0, 0.0, values)
 
     def kernel_norm(self) -> float:
-        """L2 norm of the kernel over the training lags d = 1 .. L-1."""
-        norm = float(np.linalg.norm(self._raw_kernel(np.arange(1, self.seq_len))))
-        if norm == 0.0:
-            raise ValueError(f"Kernel {self.kernel!r} vanishes on the training lags.")
-        return norm
+        return synthetic.training_norm(self._raw_kernel, self.seq_len, self.kernel)
 
     def _raw_kernel(self, lags) -> np.ndarray:
         indices = (self.freq_index, self.second_freq_index)

@@ -101,15 +101,11 @@ class ProcessShare:
     process_count: int
 
     def __post_init__(self):
-        if self.process_count < 1 or not 0 <= self.process_index < self.process_count:
+        index, count, size = self.process_index, self.process_count, self.global_batch_size
+        if not 0 <= index < count or size < 1 or size % count:
             raise ValueError(
-                f"process_index {self.process_index} must lie in [0, process_count = "
-                f"{self.process_count})."
-            )
-        if self.global_batch_size < 1 or self.global_batch_size % self.process_count:
-            raise ValueError(
-                f"global_batch_size {self.global_batch_size} must be a positive multiple of "
-                f"process_count {self.process_count}; change the batch size."
+                f"global_batch_size {size} must be a positive multiple of process_count {count}, "
+                f"and process_index {index} below process_count; change the batch size."
             )
 
     @property
@@ -128,12 +124,16 @@ class ProcessShare:
 
         Sequence i is the same whatever the batch size and process count.
         """
-        if length < min_length:
-            raise ValueError(f"Evaluation length must be >= {min_length}, got {length}.")
-        if batch_size < 1 or batch_size % self.process_count or num_sequences % batch_size:
+        if (
+            length < min_length
+            or batch_size < 1
+            or batch_size % self.process_count
+            or (num_sequences % batch_size)
+        ):
             raise ValueError(
-                f"Evaluation batch_size {batch_size} must be a positive multiple of process_count "
-                f"{self.process_count} and divide num_sequences {num_sequences}."
+                f"Evaluation length {length} must be >= {min_length}, and batch_size {batch_size} "
+                f"be a positive multiple of process_count {self.process_count} and divide "
+                f"num_sequences {num_sequences}."
             )
         local = batch_size // self.process_count
         for batch_start in range(0, num_sequences, batch_size):

@@ -38,6 +38,7 @@ all arithmetic is host-side numpy in float64.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -226,14 +227,17 @@ def unnormalised_kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:
     return scaled_high_jet(lags, **common, power=cfg.jet_power, decay=cfg.jet_decay)
 
 
-def kernel_norm(cfg: SyntheticTaskConfig) -> float:
-    """L2 norm of the kernel over d = 1 .. L-1 (the training lags)."""
-    norm = float(np.linalg.norm(unnormalised_kernel(cfg, np.arange(1, cfg.seq_len))))
+def training_norm(raw_kernel, seq_len: int, name: str) -> float:
+    """L2 norm of `raw_kernel(lags)` over the training lags d = 1 .. L-1 (this task's and the
+    signal task's normalisation); ValueError where it vanishes."""
+    norm = float(np.linalg.norm(raw_kernel(np.arange(1, seq_len))))
     if norm == 0.0:
-        raise ValueError(
-            f"Kernel {cfg.kernel!r} vanishes on the training lags; change its parameters."
-        )
+        raise ValueError(f"Kernel {name!r} vanishes on the training lags; change its parameters.")
     return norm
+
+
+def kernel_norm(cfg: SyntheticTaskConfig) -> float:
+    return training_norm(functools.partial(unnormalised_kernel, cfg), cfg.seq_len, cfg.kernel)
 
 
 def kernel(cfg: SyntheticTaskConfig, lags) -> np.ndarray:

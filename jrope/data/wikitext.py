@@ -38,7 +38,6 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 import urllib.parse
 import zipfile
 from collections.abc import Sequence
@@ -96,11 +95,8 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         raw_dir = None
-        try:
+        with contextlib.suppress(AssertionError):  # TFDS's when the manual directory is empty
             raw_dir = find_extracted_files(dl_manager.manual_dir, self.ARCHIVE)
-        except AssertionError:
-            # TFDS asserts when the manual directory is absent or empty: no manual files.
-            pass
         if raw_dir is not None:
             return {
                 split: self._generate_examples(raw_dir / name, None)
@@ -265,7 +261,7 @@ def wikitext_data_source(
 
 def _cli() -> None:
     """``python -m jrope.data.wikitext --dataset=...``: prepare once and print the splits' sizes."""
-    from absl import app, flags
+    from absl import flags
 
     from jrope import command_line
 
@@ -278,17 +274,11 @@ def _cli() -> None:
     manual_dir = flags.DEFINE_string("manual_dir", "", help_manual)
 
     def main(argv: Sequence[str]) -> None:
-        del argv
-        try:
-            folders = data_dir.value or None, manual_dir.value or None
-            builder = prepare_wikitext(dataset.value, *folders)
-        except WikiTextUnavailable as error:
-            print(error, file=sys.stderr)  # the message is the whole story: no traceback
-            sys.exit(error.exit_status)
+        builder = prepare_wikitext(dataset.value, data_dir.value or None, manual_dir.value or None)
         for split, info in builder.info.splits.items():
             print(f"{split}: {info.num_examples} rows in {builder.data_dir}")
 
-    app.run(main, flags_parser=command_line.parse_flags)  # --help lists these, exits 0
+    command_line.run(main)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import importlib.metadata
 import json
 import shlex
@@ -89,7 +88,8 @@ def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     """The result rows of a run finished with `cfg`'s settings at eval.lengths, evaluating the
     lengths (or sequence counts) it lacks; None when it has not finished. UsageError for a run
     trained with other settings (its last start record's config): its rows are not this command's."""
-    earlier = evaluation.readable_results(evaluation.results_dir(run_dir, cfg.num_steps))
+    out_dir = evaluation.results_dir(run_dir, cfg.num_steps)
+    earlier = evaluation.readable_results(out_dir)
     if earlier is None:
         return None
     record = run_dir / outputs.RECORD_FILE
@@ -103,19 +103,13 @@ def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     if refused := config_differences(saved, asked, purpose="resume")[0]:
         raise UsageError(f"{run_dir} finished with other settings: {'; '.join(refused)}; give "
                          "this comparison another --workdir.")  # fmt: skip
-    lengths, count = set(cfg.eval.lengths), cfg.eval.num_sequences
-    missing = sorted(lengths - {row["length"] for row in earlier if row["num_sequences"] == count})
-    if missing:
-        say(f"{run_dir}: finished earlier; evaluating lengths {missing}")
-        only_missing = dataclasses.replace(cfg.eval, lengths=tuple(missing))
-        new = evaluate_checkpoint(
-            dataclasses.replace(cfg, eval=only_missing), str(run_dir), cfg.num_steps
-        )
-        kept = [row for row in earlier if row["length"] not in missing]
-        earlier = sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
-    else:
-        say(f"{run_dir}: finished earlier, reading its results")
-    return [row for row in earlier if row["length"] in lengths]
+    if missing := evaluation.lengths_to_evaluate(
+        cfg.eval, cfg.model.compute_dtype, earlier, out_dir
+    ):
+        say(f"{run_dir}: finished earlier; evaluating lengths {sorted(missing)}")
+        return evaluate_checkpoint(cfg, str(run_dir), cfg.num_steps)
+    say(f"{run_dir}: finished earlier, reading its results")
+    return [row for row in earlier if row["length"] in cfg.eval.lengths]
 
 
 def _run_config(config, method: str, seed: int):
@@ -281,13 +275,6 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
         f"\nComparison files:\n  {paths['csv']}  every run's rows\n"
         f"  {paths['md']}  the tables above\n  {paths['png']}  the headline metric against length"
     )
-
-
-def define_flags(argv: list[str]) -> None:
-    """The command's flags: those of a run (command_line.define_run_flags), methods and seeds."""
-    command_line.define_run_flags()
-    flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
-    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
 
 
 def main(argv: list[str]) -> None:

@@ -56,7 +56,7 @@ from etils import epath
 from jrope import encodings, pe_math, results
 from jrope.data import synthetic
 from jrope.encodings import make_encoding, unsupported_features
-from jrope.errors import ConfigError
+from jrope.errors import ConfigError, UsageError
 from jrope.experiments.probe_targets import check_target, target_values
 from jrope.fields import Declared, setting
 from jrope.pe_config import PEConfig, ProbeBaseline, pe_config_from_name, probe_baseline_from_name
@@ -363,10 +363,13 @@ def plot_fits(
 
 def run(config: Mapping[str, Any], workdir: str) -> list[dict]:
     """Runs the probe of `config`; writes kernel_probe.{csv,md} and a PNG per plot target into
-    workdir; returns the CSV rows."""
-    probe = KernelProbeConfig.from_config_dict(config)
+    workdir; returns the CSV rows. UsageError for the workdir of a run or a comparison."""
+    probe, workdir = KernelProbeConfig.from_config_dict(config), epath.Path(workdir)
+    run_files = ("checkpoints", "starts.jsonl", "comparison.csv")
+    if found := [name for name in run_files if (workdir / name).exists()]:
+        raise UsageError(f"--workdir {workdir} holds a run ({found[0]}): a probe writes its "
+                         "tables into a folder of its own; give it another --workdir.")  # fmt: skip
     rows, plot_curves = probe_rows(probe)
-    workdir = epath.Path(workdir)
     results.write_csv(workdir / "kernel_probe.csv", rows, CSV_COLUMNS)
     table = markdown_table(rows, probe)
     results.write_text(workdir / "kernel_probe.md", table)

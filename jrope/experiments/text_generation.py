@@ -24,8 +24,8 @@ from jrope.attention.selection import cache_rebase_bound
 from jrope.data.files import resolved
 from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.encodings import Encoding
-from jrope.errors import GenerationRequestError, UsageError
-from jrope.model import damping, kv_cache
+from jrope.errors import UsageError
+from jrope.model import damping
 from jrope.model.generation import GenerationSettings, Generator
 from jrope.train import setup
 from jrope.train.checkpoints import Checkpointer, restore_compatible
@@ -48,10 +48,9 @@ class TextRun:
 
     def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
         """The text generated after each prompt (bytes decoded as UTF-8 with replacement);
-        GenerationRequestError before generating when the positions leave int32."""
+        GenerationRequestError before compiling when the positions leave int32."""
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
-        check_request(settings, encoded)
         graphdef, settings = self._plan_for_damping(settings)
         generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)
@@ -96,26 +95,6 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)
-
-
-def check_request(settings: GenerationSettings, prompts: Sequence[Sequence[int]]) -> None:
-    """GenerationRequestError naming the flag and the most that fits where a position would leave
-    int32 (the cache's empty marker is its largest value)."""
-    prompt = max(len(tokens) for tokens in prompts)
-    # The last new token's position is offset + prompt + num_tokens - 1; kv_cache.EMPTY is reserved.
-    most_positions = kv_cache.EMPTY - 1 - prompt - settings.position_offset
-    if most_positions < 1:
-        raise GenerationRequestError(
-            f"--position_offset={settings.position_offset} leaves no int32 position for a new "
-            f"token after a prompt of {prompt} bytes; use an offset of at most "
-            f"{kv_cache.EMPTY - 2 - prompt - settings.num_tokens}."
-        )
-    if settings.num_tokens > most_positions:
-        raise GenerationRequestError(
-            f"--num_tokens={settings.num_tokens} after a prompt of {prompt} bytes at "
-            f"--position_offset={settings.position_offset} puts positions past the int32 range; "
-            f"at most {most_positions} new tokens fit."
-        )
 
 
 def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:

@@ -142,6 +142,19 @@ def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lengths
 
 
+def check_request(settings: GenerationSettings, prompt_length: int) -> None:
+    """GenerationRequestError naming the flags where the last new token's position, offset +
+    prompt_length + num_tokens - 1, would reach the cache's empty marker (int32's largest)."""
+    most = kv_cache.EMPTY - 1 - prompt_length - settings.position_offset
+    if settings.num_tokens > most:
+        raise GenerationRequestError(
+            f"--num_tokens={settings.num_tokens} after a prompt of {prompt_length} tokens at "
+            f"--position_offset={settings.position_offset} puts positions past the int32 range; "
+            f"at most {max(most, 0)} new tokens fit, or an offset of at most "
+            f"{settings.position_offset + most - settings.num_tokens}."
+        )
+
+
 class Generator:
     """Compiled generation for one model's graphdef (its params passed per call) and one
     GenerationSettings; the cache is sharded over `mesh` by the logical-to-mesh `rules`."""
@@ -157,12 +170,7 @@ class Generator:
     def __call__(self, params: Any, prompts: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The new tokens of each prompt: int32 [n], n <= num_tokens, ending at the stop token if drawn."""
         tokens, lengths = pad_prompts(prompts)
-        largest_offset = kv_cache.EMPTY - 1 - tokens.shape[1] - self.settings.num_tokens
-        if self.settings.position_offset > largest_offset:
-            raise GenerationRequestError(
-                f"--position_offset {self.settings.position_offset} puts positions past the int32 "
-                f"range; use an offset of at most {largest_offset}."
-            )
+        check_request(self.settings, tokens.shape[1])
         offsets = np.full(lengths.shape, self.settings.position_offset, np.int32)
         key = jax.random.key(self.settings.sampling.seed)
         with jax.set_mesh(self._mesh):

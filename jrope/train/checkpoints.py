@@ -33,7 +33,7 @@ from jrope.train.outputs import say
 
 STATE_ITEM = "state"
 CONFIG_ITEM = "config"
-DIGESTS_ITEM = "digests"
+DIGESTS_ITEM = saved_run_config.DIGESTS_ITEM
 
 
 class Checkpointer:
@@ -286,21 +286,7 @@ def _cause(error: BaseException) -> str:
 
 
 def _damaged(checkpointer: Checkpointer, step: int, problem: str) -> CheckpointError:
-    """The refusal of checkpoint `step`, naming the latest earlier one with digests (checked when
-    it restores) and the `mv` that sets the later ones aside."""
-    finished = finished_steps(checkpointer.directory)
-    earlier = [s for s in finished if s < step
-               and (checkpoint_path(checkpointer, s) / DIGESTS_ITEM).exists()]  # fmt: skip
-    later = [
-        checkpoint_path(checkpointer, s) for s in finished if earlier and earlier[-1] < s <= step
-    ]
-    aside = checkpointer.directory.parent / "damaged_checkpoints"
-    resume = (
-        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
-        if earlier
-        else "start again in another --workdir"
-    )
-    return CheckpointError(f"Checkpoint {checkpoint_path(checkpointer, step)} {problem}; {resume}.")
+    return saved_run_config.damaged(checkpoint_path(checkpointer, step), problem)
 
 
 LOCK_FILE = "run.lock"

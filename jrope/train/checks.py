@@ -18,7 +18,7 @@ from jrope.attention import choose_kernel
 from jrope.data import files
 from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
-from jrope.errors import CheckpointError, ConfigError, DataError
+from jrope.errors import ConfigError, DataError
 from jrope.model import damping
 from jrope.train.checkpoints import finished_steps
 from jrope.train.config import TrainConfig, first_line
@@ -111,7 +111,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
             return misplaced
     steps = finished_steps(f"{workdir.rstrip('/')}/checkpoints")
     if evaluation and not steps:
-        raise CheckpointError(saved_run_config.no_checkpoint_message(workdir))
+        raise saved_run_config.no_checkpoint(workdir)
     if not evaluation and steps and steps[-1] > cfg.num_steps:
         return [
             f"num_steps = {cfg.num_steps} is below {workdir}'s latest checkpoint, step "

@@ -1,11 +1,12 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
 `evaluate_lengths` runs `EvalStep` (compiled once per length before the work, for the run's
-kernel plan) over the fixed sequences of `eval.seed` per length (and distance), adding the task's sums (jrope.losses) over batches and processes, with progress on
-long lengths. `evaluate_and_report` merges the rows into `eval_step<step>/` (newer rows win),
-written CSV last so no folder holds half a result; a NaN loss is a failure.
-`log_evaluation` adds the rows of a later evaluation (eval.py) to the run's metrics.jsonl and
-TensorBoard at the checkpoint's step.
+kernel plan) over the fixed sequences of `eval.seed` per length (and distance), adding the task's
+sums (jrope.losses) over batches and processes, with progress on long lengths.
+`evaluate_and_report` logs the rows, then merges them into `eval_step<step>/` (newer rows win),
+written CSV last so no folder holds half a result and a folder with its CSV has its rows logged; a
+NaN loss is a failure. `log_evaluation` adds the rows of a later evaluation (eval.py) to the run's
+metrics.jsonl and TensorBoard at the checkpoint's step.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -30,6 +31,7 @@ from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
 from jrope.train import outputs, runtime
+from jrope.train.config import EvalConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
 
@@ -38,11 +40,11 @@ Row = dict[str, Any]
 
 
 # What a result row is of (distance: empty for the source's own evaluation sequences), what it
-# measures (NaN where the task has no such metric), and the model's compute dtype (last: a CSV
-# written before it was added reads with None).
+# measures (NaN where the task has no such metric), the model's compute dtype and the seed of the
+# evaluation sequences (eval.seed; last: a CSV written before they were added reads with None).
 KEY_COLUMNS = ("method", "seed", "step", "length", "distance", "num_sequences")
 METRIC_COLUMNS = ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled")
-CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype",)
+CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype", "eval_seed")
 # The columns of each task's markdown table, after the length: headline metric first.
 TASK_COLUMNS = {
     "language_model": ("loss", "bits_per_byte"),
@@ -160,7 +162,7 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     keys = (run.method, run.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
     row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
-    return row | {"compute_dtype": run.model.compute_dtype}
+    return row | {"compute_dtype": run.model.compute_dtype, "eval_seed": run.eval.seed}
 
 
 def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
@@ -173,13 +175,14 @@ def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, 
 
 
 def evaluate_and_report(
-    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str
+    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str, log
 ) -> tuple[list[Row], epath.Path]:
     """Evaluate the model of `step` at every length, showing progress; write and show the results.
 
     Returns this evaluation's rows and the folder `eval_step<step>` holding them merged with its
     earlier rows. checkpoint: where the model is (named where a loss is NaN or infinite:
-    NonFiniteError, nothing written).
+    NonFiniteError, nothing written). log(rows) writes them to the run's logs before the CSV
+    that marks the result whole, so that a kill in between leaves the evaluation to redo.
     """
     task = run.source.task
     lengths = ", ".join(str(length) for length in run.eval.lengths)
@@ -193,6 +196,7 @@ def evaluate_and_report(
     check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
+    log(rows)
     if jax.process_index() == 0:
         write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
@@ -228,6 +232,28 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     """The results table on the console, with where it is saved."""
     say(f"\n{epath.Path(out_dir) / 'eval.md'}:\n")
     say(markdown_table(rows, task=task))
+
+
+def lengths_to_evaluate(
+    eval_cfg: EvalConfig, compute_dtype: str, earlier: Sequence[Row], out_dir: epath.Path
+) -> tuple:
+    """The lengths of eval.lengths without a row in `earlier` (the rows in `out_dir`) of the same
+    sequences (eval.num_sequences) and `compute_dtype`. UsageError where `earlier` holds rows of
+    another eval.seed: their sequences are others, which one table does not mix."""
+    if seeds := sorted({row["eval_seed"] for row in earlier} - {None, eval_cfg.seed}):
+        raise UsageError(
+            f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
+            f"{seeds[0]} (other sequences); evaluate with --config.eval.seed={seeds[0]}, or set "
+            f"those rows aside first: mv {out_dir} {out_dir}.eval_seed{seeds[0]}"
+        )
+    done = {
+        row["length"]
+        for row in earlier
+        if row["distance"] is None
+        and row["num_sequences"] == eval_cfg.num_sequences
+        and row["compute_dtype"] in (None, compute_dtype)
+    }
+    return tuple(length for length in eval_cfg.lengths if length not in done)
 
 
 def log_evaluation(
@@ -297,6 +323,7 @@ def read_results(out_dir: epath.PathLike) -> list[Row]:
             row[key] = int(row[key])
         row["distance"] = int(row["distance"]) if row["distance"] else None
         row["compute_dtype"] = row.get("compute_dtype") or None
+        row["eval_seed"] = int(row["eval_seed"]) if row.get("eval_seed") else None
         for key in METRIC_COLUMNS:
             row[key] = float(row[key])
     return rows

@@ -17,6 +17,7 @@ refused. Shapes: B batch, T length.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -155,8 +156,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir`; returns its rows, which join
-    `eval_step<step>/` by length and the run's metrics.jsonl (and TensorBoard) at `step`.
+    """Evaluate the checkpoint `step` (default: latest) of `workdir` at the lengths of eval.lengths
+    that `eval_step<step>/` lacks (evaluation.lengths_to_evaluate); returns the rows of every length
+    asked. The new rows join that folder by length and the run's metrics.jsonl (and TensorBoard) at
+    `step`.
 
     Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
     runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
@@ -164,18 +167,35 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     """
     with _set_up(cfg, workdir, role="evaluation") as run:
         step = run.checkpointer.latest_step() if step is None else step
-        state = checkpoints.restore_compatible(
+        out_dir = evaluation.results_dir(workdir, step)
+        earlier = evaluation.readable_results(out_dir) or []
+        missing = evaluation.lengths_to_evaluate(
+            run.eval, run.model.compute_dtype, earlier, out_dir
+        )
+        state = checkpoints.restore_compatible(  # checked, also with nothing to evaluate
             run.checkpointer, run.layout.abstract, step, purpose="evaluate"
         )
-        checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
-        eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
-        evaluation.compile_lengths(eval_step, state["params"], run)
-        rows, _ = evaluation.evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, checkpoint
-        )
-        logged = evaluation.logged_scalars(rows, run.source.task)
-        evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
-    return rows
+        new = []
+        if missing:
+            run = dataclasses.replace(run, eval=dataclasses.replace(run.eval, lengths=missing))
+            checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
+            eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
+            evaluation.compile_lengths(eval_step, state["params"], run)
+
+            def log(rows):
+                logged = evaluation.logged_scalars(rows, run.source.task)
+                evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
+
+            new, _ = evaluation.evaluate_and_report(
+                eval_step, state["params"], run, workdir, step, checkpoint, log
+            )
+        else:
+            say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
+                "redo them).")  # fmt: skip
+            evaluation.show_results(earlier, out_dir, task=run.source.task)
+    asked = cfg.eval.lengths
+    kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
+    return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
 
 @contextlib.contextmanager
@@ -227,12 +247,15 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
         logger.flush()
         path = str(checkpoints.checkpoint_path(run.checkpointer, step))
-        rows, out_dir = evaluation.evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, path
+
+        def log(rows):  # flushed before the CSV that marks the evaluation done
+            for name, scalars in evaluation.logged_scalars(rows, run.source.task):
+                logger.write_scalars(step, scalars, name)
+            logger.flush()
+
+        return evaluation.evaluate_and_report(
+            eval_step, state["params"], run, workdir, step, path, log
         )
-        for name, scalars in evaluation.logged_scalars(rows, run.source.task):
-            logger.write_scalars(step, scalars, name)
-        return rows, out_dir
 
     with contextlib.closing(logger):
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
