@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -93,18 +92,13 @@ RELATIVE_FEATURES = frozenset({MAPS, DAMPING, SHEAR, FLOAT32_DOTS, BIAS})
 def check_positions(
     positions, what: str = "positions", *, packed: bool = False, causal: bool = False
 ) -> None:
-    """Raises ValueError for positions jrope cannot take; traced ones are checked for shape only.
+    """Raises ValueError for concrete positions jrope cannot take (traced ones pass).
 
-    positions: integers [T] or [B, T]. Refused: no position at all, values
-    outside int32 (they would wrap), and rows whose positions go back down.
+    positions: integers [T] or [B, T]. Refused: values outside int32 (they
+    would wrap), and rows whose positions go back down.
     causal: also repeats (kernels decide what a query sees by position).
     packed: positions restart at each segment (jrope.attention.packing checks those).
     """
-    if 0 in jnp.shape(positions):
-        raise ValueError(
-            f"{what} are empty (shape {tuple(jnp.shape(positions))}): attention needs at least one "
-            "position in every row."
-        )
     if isinstance(positions, jax.core.Tracer):
         return
     values = np.asarray(positions)
@@ -135,8 +129,6 @@ def _as_batched_positions(positions, packed: bool = False) -> jax.Array:
     """int32 [T] or [B, T] -> int32 [B|1, T] (packed: see check_positions)."""
     check_positions(positions, packed=packed)
     positions = jnp.asarray(positions)
-    if positions.ndim not in (1, 2):
-        raise ValueError(f"positions must be [T] or [B, T], got shape {positions.shape}")
     if not jnp.issubdtype(positions.dtype, jnp.integer):
         raise ValueError(f"positions must be integers, got {positions.dtype}")
     positions = positions.astype(jnp.int32)
@@ -322,8 +314,6 @@ class Encoding:
         Returns:
           (q2, k2) shaped like q and k, in their dtype (float32 when `keeps_float32`).
         """
-        check_floating("q", q)
-        check_floating("k", k)
         if jnp.ndim(q) == jnp.ndim(k) == 4 and q.shape[0] != k.shape[0]:
             raise ValueError(
                 f"q and k must have the same batch size B: q is {tuple(q.shape)}, k is "
@@ -452,12 +442,6 @@ class Encoding:
         origin = jnp.asarray(origin, jnp.int32)
         # A scalar or one origin per row [B] -> [B|1, 1]; one per position stays [B|1, T].
         origin = origin if origin.ndim == 2 else origin.reshape(-1, 1)
-        if origin.shape[0] not in (1, x.shape[0]) or origin.shape[1] not in (1, x.shape[1]):
-            raise ValueError(
-                f"origin must be a scalar or [B] = [{x.shape[0]}] (one per row of {name}), or "
-                f"[B, T] = [{x.shape[0]}, {x.shape[1]}] (one per position); got shape "
-                f"{tuple(origin.shape)}."
-            )
         parts = []
         for segment in self.segments:
             window = x[..., segment.start : segment.start + segment.width]
@@ -476,15 +460,6 @@ class Encoding:
             return None
         q_positions = jnp.asarray(q_positions, jnp.int32)
         k_positions = jnp.asarray(k_positions, jnp.int32)
-        rows = {
-            positions.shape[0] for positions in (q_positions, k_positions) if positions.ndim == 2
-        }
-        if len(rows - {1}) > 1:
-            raise ValueError(
-                f"q_positions {tuple(q_positions.shape)} and k_positions "
-                f"{tuple(k_positions.shape)} have different batch sizes; give both [B, ...] with "
-                "the same B (or one of them unbatched)."
-            )
         lag = jnp.maximum(q_positions[..., :, None] - k_positions[..., None, :], 0)
         slopes = jnp.asarray(alibi_slopes(self.num_heads))
         slopes = slopes.reshape((1,) * (lag.ndim - 2) + (self.num_heads, 1, 1))
@@ -561,18 +536,7 @@ def make_encoding(
       longest evaluation length, whichever is larger); default 8 * train_context.
       Encodings whose shear can outgrow the rotation within it keep float32 q and
       k and ask for full-precision attention dots (Encoding.keeps_float32).
-
-    Raises:
-      ValueError: when cfg.head_block does not divide head_dim.
     """
-    if not isinstance(cfg, PEConfig):
-        raise TypeError(
-            f"make_encoding takes a PEConfig, got {cfg!r}; build one with "
-            "jrope.pe_config_from_name(name, train_context=L)."
-        )
-    for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if head_dim % cfg.head_block:
         raise ValueError(
             f"{cfg.name}: head_dim {head_dim} is not divisible by {cfg.head_block} "
@@ -591,10 +555,7 @@ def make_encoding(
             JordanSegment(0, half, 1, num_heads, rope),
             JordanSegment(half, half, 2, num_heads, real_jordan),
         )
-    if max_length is None:
-        max_length = 8 * cfg.train_context
-    if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    max_length = 8 * cfg.train_context if max_length is None else max_length
     return Encoding(cfg, num_heads, head_dim, segments, max_length)
 
 

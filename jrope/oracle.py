@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrope.attention import packing
+from jrope.attention.shear import batched_positions
 from jrope.encodings import Encoding, default_origin
 
 # Query rows per block of the attention (its logits are [B, N, ROWS, S] at a time).
@@ -55,18 +56,13 @@ def as_float64(tree):
     return jax.tree.map(lambda x: np.asarray(x).astype(np.float64), tree)
 
 
-def _batched(positions) -> jax.Array:
-    positions = jnp.asarray(positions, jnp.int32)
-    return positions[None] if positions.ndim == 1 else positions
-
-
 def mapped(enc: Encoding, params, q, k, q_positions, k_positions, k_segments=None):
     """(q2 [B, T, N, H], k2 [B, S, N, H]) in float64: the queries are the last T of the S keys.
 
     Call inside `float64()`. k_segments: int32 [B, S] segment ids of packed rows,
     each sequence then mapped from its own midpoint.
     """
-    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     if k_segments is None:
         q_origin = k_origin = default_origin(q_pos, k_pos)
     else:
@@ -84,8 +80,15 @@ def logits(enc: Encoding, params, q, k, q_positions, k_positions) -> jax.Array:
     Call inside `float64()` with float64 q, k and params.
     """
     q2, k2 = mapped(enc, params, q, k, q_positions, k_positions)
+    return _scores(
+        enc, params, q2, k2, batched_positions(q_positions), batched_positions(k_positions)
+    )
+
+
+def _scores(enc: Encoding, params, q2, k2, q_pos, k_pos) -> jax.Array:
+    """transform_logits(q2 . k2 / sqrt(H) + bias), float64 [B, N, T, S], every pair."""
     scores = jnp.einsum("btnh,bsnh->bnts", q2, k2) / math.sqrt(enc.head_dim)
-    bias = enc.logit_bias(params, _batched(q_positions), _batched(k_positions))
+    bias = enc.logit_bias(params, q_pos, k_pos)
     return enc.transform_logits(
         params, scores if bias is None else scores + bias.astype(jnp.float64)
     )
@@ -100,7 +103,7 @@ def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> ja
     arrays; differentiable in q, k, v and params.
     """
     batch, length, heads, head_dim = q.shape
-    k_pos = jnp.broadcast_to(_batched(positions), (batch, k.shape[1]))
+    k_pos = jnp.broadcast_to(batched_positions(positions), (batch, k.shape[1]))
     q_pos = k_pos[:, k.shape[1] - length :]
     q2, k2 = mapped(enc, params, q, k, q_pos, k_pos, segment_ids)
     segments = jnp.zeros_like(k_pos) if segment_ids is None else segment_ids
@@ -110,11 +113,7 @@ def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> ja
     @jax.checkpoint
     def block(args):
         q_rows, rows_pos, rows_seg = args  # [B, r, N, H], [B, r], [B, r]
-        scores = jnp.einsum("btnh,bsnh->bnts", q_rows, k2) / math.sqrt(head_dim)
-        bias = enc.logit_bias(params, rows_pos, k_pos)
-        if bias is not None:
-            scores = scores + bias.astype(jnp.float64)
-        scores = enc.transform_logits(params, scores)
+        scores = _scores(enc, params, q_rows, k2, rows_pos, k_pos)
         causal = k_pos[:, None, :] <= rows_pos[:, :, None]
         visible = causal & (segments[:, None, :] == rows_seg[:, :, None])
         scores = jnp.where(visible[:, None], scores, -jnp.inf)

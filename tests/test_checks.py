@@ -61,7 +61,7 @@ BAD_INPUTS = [
         _tiny(**{"pe.name": "jordan_ropee"}),
         EIGHT_CPUS,
         "fresh",
-        r"pe\.name: unknown position-encoding name 'jordan_ropee' \(unknown name\); did you mean jordan_rope\?",
+        r"pe\.name: unknown position-encoding name 'jordan_ropee'; did you mean jordan_rope\?",
     ),
     (
         "order3_block_does_not_divide_head_dim",

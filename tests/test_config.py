@@ -77,7 +77,10 @@ def test_every_problem_of_every_section_is_reported_at_once_with_its_key():
     assert "zzz: no such key; drop it." in problems
     assert "num_step: no such key; did you mean num_steps?" in problems
     assert "model.dropout: no such key; did you mean model.dropout_rate?" in problems
-    assert "did you mean jordan_rope?" in problems[4] and problems[4].count("unknown name") == 1
+    assert (
+        "did you mean jordan_rope?" in problems[4]
+        and problems[4].count("unknown position-encoding name") == 1
+    )
     assert cfg is None  # a config is converted whole or not at all
     with pytest.raises(ConfigError, match=r"(?s)^Found before compiling.*\n  - zzz: no such"):
         TrainConfig.from_config_dict(config)

@@ -136,10 +136,6 @@ def test_positions_of_the_wrong_length_or_batch_are_named_with_the_shapes():
         enc.map_queries(params, q, jnp.zeros((1, 1, T), jnp.int32))
     with pytest.raises(ValueError, match=r"^q and k must have the same batch size"):
         enc.transform_qk(params, q, k[:1], positions, positions)
-    with pytest.raises(ValueError, match=r"^origin must be a scalar or \[B\] = \[2\]"):
-        enc.map_keys(params, k, positions, jnp.zeros(3, jnp.int32))
-    with pytest.raises(ValueError, match=r"q_positions \(3, 16\) and k_positions \(2, 16\)"):
-        _encoding("alibi").logit_bias({}, jnp.zeros((3, T), int), jnp.zeros((2, T), int))
 
 
 def test_the_helpers_name_the_argument_whose_shape_does_not_fit():

@@ -105,8 +105,6 @@ def causal_attention(
     length, key_length = q.shape[1], k.shape[1]
     if length > key_length:
         raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
-    if kernel not in KERNELS:
-        raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {KERNELS}.")
     refusal = feature_refusal(kernel, enc)
     if refusal:
         raise ValueError(refusal[0].upper() + refusal[1:])

@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jrope.attention import blocks, packing
+from jrope.attention import blocks, packing, shear
 from jrope.attention.dense import MASK_VALUE
 
 
@@ -101,23 +101,13 @@ def blockwise_attention(
     q, q_positions = blocks.pad_to_blocks(q, q_positions, q_padded)
     k, k_positions = blocks.pad_to_blocks(k, k_positions, k_padded)
     v, _ = blocks.pad_to_blocks(v, None, k_padded)
-    out = _make_attend(enc, layout)(params, q, k, v, q_positions, k_positions, rows)
+    out = _attend(enc, layout, params, q, k, v, q_positions, k_positions, rows)
     return out[:, :q_len]
 
 
 def _check_inputs(q, k, v, q_positions, k_positions, block_size) -> None:
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(
-            f"q, k, v must be [B, T, N, H], [B, S, N, H], [B, S, N, H]; "
-            f"got shapes {q.shape}, {k.shape}, {v.shape}."
-        )
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape [B, S, N, H]; got {k.shape} and {v.shape}."
-        )
-    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"q {q.shape} and k {k.shape} must agree in batch, heads and head dim.")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+    shear.check_shapes(q, k, v)
+    if block_size < 1:
         raise ValueError(f"block_size must be a positive int; got {block_size!r}.")
     for name, positions, length in (
         ("q_positions", q_positions, q.shape[1]),
@@ -300,19 +290,15 @@ def _backward(enc, layout: blocks.Layout, residuals, d_out):
     return dparams, dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
 
-def _make_attend(enc, layout: blocks.Layout):
-    """attend(params, q, k, v, q_positions, k_positions, rows) -> [B, T_padded, N, H] with a memory-linear VJP.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attend(enc, layout: blocks.Layout, params, q, k, v, q_positions, k_positions, rows):
+    """[B, T_padded, N, H] with a memory-linear VJP; rows: blocks.Packing of packed rows, or None."""
+    return _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)[0]
 
-    rows: blocks.Packing of packed rows, or None.
-    """
 
-    @jax.custom_vjp
-    def attend(params, q, k, v, q_positions, k_positions, rows):
-        return _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)[0]
+def _attend_forward(enc, layout, params, q, k, v, q_positions, k_positions, rows):
+    out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
+    return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
-    def attend_fwd(params, q, k, v, q_positions, k_positions, rows):
-        out, lse = _forward(enc, layout, params, q, k, v, q_positions, k_positions, rows)
-        return out, (params, q, k, v, q_positions, k_positions, rows, out, lse)
 
-    attend.defvjp(attend_fwd, functools.partial(_backward, enc, layout))
-    return attend
+_attend.defvjp(_attend_forward, _backward)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jrope import encodings
 from jrope.attention import cudnn, shear, shear_flash, splash
 from jrope.attention.precision import attention_precision
-from jrope.attention.settings import ATTENTION_IMPLS, AttentionSettings
+from jrope.attention.settings import ATTENTION_IMPLS, AttentionSettings  # noqa: F401 (jrope.check)
 from jrope.attention.shear_flash import BLOCK as SHEAR_FLASH_BLOCK
 
 # The concrete kernels `choose_kernel` returns.
@@ -101,8 +101,6 @@ def choose_kernel(
     backend = backend or jax.default_backend()
     num_queries = length if num_queries is None else num_queries
     impl = settings.attention_impl
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"Unknown attention_impl {impl!r}; choose one of {ATTENTION_IMPLS}.")
     extent = length if span is None else max(length, span + 1)  # the positions one origin covers
     bound = damping_bound(settings, damping)
     if impl == "auto":

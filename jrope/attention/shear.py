@@ -99,7 +99,7 @@ def shear_terms(
     )
 
 
-def _batched(positions) -> jax.Array:
+def batched_positions(positions) -> jax.Array:
     positions = jnp.asarray(positions).astype(jnp.int32)
     return positions[None] if positions.ndim == 1 else positions
 
@@ -134,7 +134,7 @@ def shear_logits(
     (packed_origins), else the window's midpoint.
     """
     encodings.check_supported(encoding, FEATURES, "the shear kernel")
-    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     q_origin, k_origin = (
         (encodings.default_origin(q_pos, k_pos), None) if origins is None else origins
     )
@@ -215,10 +215,10 @@ def shear_attention(
       [B, T, N, H] in v's dtype; a query that sees no key gets zeros.
     """
     check_shapes(q, k, v)
-    q_pos, k_pos = _batched(q_positions), _batched(k_positions)
+    q_pos, k_pos = batched_positions(q_positions), batched_positions(k_positions)
     origins = None
     if q_segments is not None:
-        q_segments, k_segments = _batched(q_segments), _batched(k_segments)
+        q_segments, k_segments = batched_positions(q_segments), batched_positions(k_segments)
         # Each packed sequence mapped from its own midpoint, as it would be alone.
         q_pos = jnp.broadcast_to(q_pos, q_segments.shape)
         k_pos = jnp.broadcast_to(k_pos, k_segments.shape)

@@ -98,14 +98,14 @@ def shear_flash_attention(
     if interpret is None:
         interpret = jax.default_backend() not in ("tpu", "gpu")
     batch = q.shape[0]
-    q_pos = jnp.broadcast_to(shear._batched(q_positions), (batch, q.shape[1]))
-    k_pos = jnp.broadcast_to(shear._batched(k_positions), (batch, k.shape[1]))
+    q_pos = jnp.broadcast_to(shear.batched_positions(q_positions), (batch, q.shape[1]))
+    k_pos = jnp.broadcast_to(shear.batched_positions(k_positions), (batch, k.shape[1]))
     if q_segments is None:
         q_seg = jnp.zeros(q_pos.shape, jnp.int32)
         k_seg = jnp.zeros(k_pos.shape, jnp.int32)
     else:
-        q_seg = jnp.broadcast_to(shear._batched(q_segments), q_pos.shape)
-        k_seg = jnp.broadcast_to(shear._batched(k_segments), k_pos.shape)
+        q_seg = jnp.broadcast_to(shear.batched_positions(q_segments), q_pos.shape)
+        k_seg = jnp.broadcast_to(shear.batched_positions(k_segments), k_pos.shape)
     settings = (enc, block_size, bool(interpret))
     attend = split_over_batch(
         functools.partial(_attend, settings), batch, batched=(False, *[True] * 7)
@@ -123,7 +123,8 @@ def _attend_forward(settings, params, q, k, v, q_pos, k_pos, q_seg, k_seg):
     rows = layout.rows(q_pos, k_pos, q_seg, k_seg)
     terms, gammas = _kernel_terms(layout, rows, params, q, k)
     inputs = layout.inputs(terms, gammas, _omegas(layout, params), v)
-    out, lse = _forward_call(layout, rows, inputs, v.dtype)
+    outputs = [(layout.head_dim, v.dtype), (1, jnp.float32)]  # out, each query's logsumexp
+    out, lse = _call(_forward_kernel, layout, rows, inputs, outputs)
     result = jnp.transpose(out, (0, 2, 1, 3))[:, : layout.length]
     return result, (params, q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
 
@@ -140,8 +141,14 @@ def _attend_backward(settings, residuals, d_out):
     d_out = jnp.transpose(_pad_rows(d_out.astype(v.dtype), layout.q_len, 0), (0, 2, 1, 3))
     # delta_i = sum_j p_ij dp_ij = dO_i . O_i: the softmax's backward without the T x S array.
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
-    d_keys, d_v = _key_gradients_call(layout, rows, inputs, d_out, lse, delta)
-    d_queries = _query_gradients_call(layout, rows, inputs, d_out, lse, delta)
+    # Per term, the cotangents of the key halves (re, im), then dv; of the query halves.
+    halves = [(x.shape[-1], jnp.float32) for x in inputs.terms[::4] for _ in "ri"]
+    cotangents = (d_out, lse, delta)
+    outputs = [*halves, (layout.head_dim, jnp.float32)]
+    *d_keys, d_v = _call(
+        _key_gradients_kernel, layout, rows, inputs, outputs, *cotangents, per_key=True
+    )
+    d_queries = _call(_query_gradients_kernel, layout, rows, inputs, halves, *cotangents)
     d_terms = []
     for r in range(layout.num_terms):
         d_terms += [*d_queries[2 * r : 2 * r + 2], *d_keys[2 * r : 2 * r + 2]]
@@ -322,109 +329,51 @@ def _time_lag(time, i, j):
     return None if time is None else time.lag(i, j)
 
 
-def _row_specs(bq, k_len):
-    """Positions, segments and coordinates of one query block and of every key."""
-    query_block = pl.BlockSpec((1, bq, 1), lambda b, n, i: (b, i, 0))
-    every_key = pl.BlockSpec((1, 1, k_len), lambda b, n, i: (b, 0, 0))
-    return 3 * [query_block, every_key]
-
-
-def _rate_specs(rates):
-    return [pl.BlockSpec((1, 1, x.shape[-1]), lambda b, n, i: (n, 0, 0)) for x in rates]
-
-
-def _query_side_specs(layout, inputs, d_out):
-    """Operands of a kernel run per query block: that block's queries, every key and value."""
-    bq, k_len = layout.bq, layout.k_len
-    specs = _row_specs(bq, k_len)
-    for index, array in enumerate(inputs.terms):
-        width = array.shape[-1]
-        if index % 4 < 2:  # a query half: this block
-            specs.append(pl.BlockSpec((1, 1, bq, width), lambda b, n, i: (b, n, i, 0)))
-        else:  # a key half: every key
-            specs.append(pl.BlockSpec((1, 1, k_len, width), lambda b, n, i: (b, n, 0, 0)))
-    specs += _rate_specs(inputs.rates)
-    specs.append(pl.BlockSpec((1, 1, k_len, layout.head_dim), lambda b, n, i: (b, n, 0, 0)))
-    if d_out is not None:  # dO, logsumexp, delta of this block
-        specs.append(pl.BlockSpec((1, 1, bq, layout.head_dim), lambda b, n, i: (b, n, i, 0)))
-        specs += 2 * [pl.BlockSpec((1, 1, bq, 1), lambda b, n, i: (b, n, i, 0))]
-    return specs
-
-
 def _kernel_args(layout):
     common = dict(num_terms=layout.num_terms, time=layout.enc.shear_time, dtype=layout.dtype)
     scale = 1.0 / math.sqrt(layout.head_dim)
     return dict(common, block=(layout.bq, layout.bk), key_offset=layout.key_offset, scale=scale)
 
 
-def _forward_call(layout, rows, inputs, out_dtype):
-    """out [B, N, Tp, H] in out_dtype and each query's logsumexp, float32 [B, N, Tp, 1]."""
-    grid = (layout.batch, layout.heads, layout.q_len // layout.bq)
-    shape = (layout.batch, layout.heads, layout.q_len)
+def _call(kernel, layout, rows, inputs, outputs, *cotangents, per_key=False):
+    """Runs `kernel` per (batch row, head, block): a query block, or a key block (per_key); that
+    side's operands come a block at a time, the other side's whole. outputs: (width, dtype) of
+    each [B, N, Tp|Sp, width] output; cotangents: dO, logsumexp and delta, if the kernel takes them.
+    """
+    q_size, k_size = (layout.q_len, layout.bk) if per_key else (layout.bq, layout.k_len)
+    q_at = (lambda i: 0) if per_key else (lambda i: i)  # noqa: E731
+    k_at = (lambda i: i) if per_key else (lambda i: 0)  # noqa: E731
+
+    def q_side(width):
+        return pl.BlockSpec((1, 1, q_size, width), lambda b, n, i: (b, n, q_at(i), 0))
+
+    def k_side(width):
+        return pl.BlockSpec((1, 1, k_size, width), lambda b, n, i: (b, n, k_at(i), 0))
+
+    row_specs = [
+        pl.BlockSpec((1, q_size, 1), lambda b, n, i: (b, q_at(i), 0)),
+        pl.BlockSpec((1, 1, k_size), lambda b, n, i: (b, 0, k_at(i))),
+    ]
+    in_specs = 3 * row_specs
+    in_specs += [
+        (q_side if index % 4 < 2 else k_side)(x.shape[-1]) for index, x in enumerate(inputs.terms)
+    ]
+    in_specs += [pl.BlockSpec((1, 1, x.shape[-1]), lambda b, n, i: (n, 0, 0)) for x in inputs.rates]
+    in_specs.append(k_side(layout.head_dim))
+    if cotangents:  # dO, logsumexp, delta
+        in_specs += [q_side(layout.head_dim), q_side(1), q_side(1)]
+    size, length = (layout.bk, layout.k_len) if per_key else (layout.bq, layout.q_len)
     this_block = lambda b, n, i: (b, n, i, 0)  # noqa: E731
+    shape = (layout.batch, layout.heads, length)
     return pl.pallas_call(
-        functools.partial(_forward_kernel, **_kernel_args(layout)),
-        grid=grid,
-        in_specs=_query_side_specs(layout, inputs, None),
-        out_specs=[
-            pl.BlockSpec((1, 1, layout.bq, layout.head_dim), this_block),
-            pl.BlockSpec((1, 1, layout.bq, 1), this_block),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct(shape + (layout.head_dim,), out_dtype),
-            jax.ShapeDtypeStruct(shape + (1,), jnp.float32),
-        ],
-        interpret=layout.interpret,
-        compiler_params=layout.compiler_params,
-    )(*rows, *inputs.terms, *inputs.rates, inputs.v)
-
-
-def _query_gradients_call(layout, rows, inputs, d_out, lse, delta):
-    """Per term, the cotangents of the query halves (re, im), float32 [B, N, Tp, d]."""
-    grid = (layout.batch, layout.heads, layout.q_len // layout.bq)
-    widths = [x.shape[-1] for x in inputs.terms[::4]]
-    this_block = lambda b, n, i: (b, n, i, 0)  # noqa: E731
-    shape = (layout.batch, layout.heads, layout.q_len)
-    return pl.pallas_call(
-        functools.partial(_query_gradients_kernel, **_kernel_args(layout)),
-        grid=grid,
-        in_specs=_query_side_specs(layout, inputs, d_out),
-        out_specs=[pl.BlockSpec((1, 1, layout.bq, w), this_block) for w in widths for _ in "ri"],
-        out_shape=[jax.ShapeDtypeStruct(shape + (w,), jnp.float32) for w in widths for _ in "ri"],
-        interpret=layout.interpret,
-        compiler_params=layout.compiler_params,
-    )(*rows, *inputs.terms, *inputs.rates, inputs.v, d_out, lse, delta)
-
-
-def _key_gradients_call(layout, rows, inputs, d_out, lse, delta):
-    """Per term, the key halves' cotangents (re, im) float32 [B, N, Sp, d], and dv [B, N, Sp, H]."""
-    bk, q_len, head_dim = layout.bk, layout.q_len, layout.head_dim
-    query_rows = pl.BlockSpec((1, q_len, 1), lambda b, n, j: (b, 0, 0))
-    key_block = pl.BlockSpec((1, 1, bk), lambda b, n, j: (b, 0, j))
-    in_specs = 3 * [query_rows, key_block]
-    for index, array in enumerate(inputs.terms):
-        width = array.shape[-1]
-        if index % 4 < 2:  # a query half: every query
-            in_specs.append(pl.BlockSpec((1, 1, q_len, width), lambda b, n, j: (b, n, 0, 0)))
-        else:  # a key half: this block
-            in_specs.append(pl.BlockSpec((1, 1, bk, width), lambda b, n, j: (b, n, j, 0)))
-    in_specs += _rate_specs(inputs.rates)
-    in_specs.append(pl.BlockSpec((1, 1, bk, head_dim), lambda b, n, j: (b, n, j, 0)))
-    in_specs.append(pl.BlockSpec((1, 1, q_len, head_dim), lambda b, n, j: (b, n, 0, 0)))
-    in_specs += 2 * [pl.BlockSpec((1, 1, q_len, 1), lambda b, n, j: (b, n, 0, 0))]
-    widths = [x.shape[-1] for x in inputs.terms[::4] for _ in "ri"] + [head_dim]
-    shape = (layout.batch, layout.heads, layout.k_len)
-    this_block = lambda b, n, j: (b, n, j, 0)  # noqa: E731
-    outputs = pl.pallas_call(
-        functools.partial(_key_gradients_kernel, **_kernel_args(layout)),
-        grid=(layout.batch, layout.heads, layout.k_len // bk),
+        functools.partial(kernel, **_kernel_args(layout)),
+        grid=(layout.batch, layout.heads, length // size),
         in_specs=in_specs,
-        out_specs=[pl.BlockSpec((1, 1, bk, w), this_block) for w in widths],
-        out_shape=[jax.ShapeDtypeStruct(shape + (w,), jnp.float32) for w in widths],
+        out_specs=[pl.BlockSpec((1, 1, size, width), this_block) for width, _ in outputs],
+        out_shape=[jax.ShapeDtypeStruct(shape + (width,), dtype) for width, dtype in outputs],
         interpret=layout.interpret,
         compiler_params=layout.compiler_params,
-    )(*rows, *inputs.terms, *inputs.rates, inputs.v, d_out, lse, delta)
-    return outputs[:-1], outputs[-1]
+    )(*rows, *inputs.terms, *inputs.rates, inputs.v, *cotangents)
 
 
 def _rotations(rate_refs, moved_by, num_terms):
@@ -475,26 +424,17 @@ def _score_cotangents(queries, moved, time_lag, visible, lse, delta, d_out, valu
 
 def _forward_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
     """One (batch row, head, query block): online softmax over its key blocks."""
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
-    refs = refs[6:]
-    term_refs = refs[: 4 * num_terms]
-    rate_refs = refs[4 * num_terms : 6 * num_terms]
-    v_ref, out_ref, lse_ref = refs[6 * num_terms :]
+    rows, term_refs, rate_refs, (v_ref, out_ref, lse_ref) = _split_refs(refs, num_terms)
     bq, bk = block
-    q_pos = q_pos_ref[0]  # [bq, 1]
-    q_seg = q_seg_ref[0]
-    origin = q_coord_ref[0, pl.ds(0, 1), :]  # [1, 1]: loaded, as Triton slices no values
-    queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
-    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
+    q_pos, q_seg, origin, queries = _query_block(rows, term_refs, num_terms)
+    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, rows.k_pos.shape[-1])
 
     def key_block(kb, carry):
         acc, row_max, row_sum = carry
         start = pl.multiple_of(kb * bk, bk)
-        k_pos = k_pos_ref[0, :, pl.ds(start, bk)]  # [1, bk]
-        k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
-        moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)  # o_k - o
-        keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
-        moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        k_pos, k_seg, moved = _moved_key_block(
+            rows, term_refs, rate_refs, num_terms, start, bk, origin
+        )
         logits = _logits(queries, moved, _time_lag(time, q_pos, k_pos), scale, dtype)
         visible = _visible(q_pos, k_pos, q_seg, k_seg)
         logits = jnp.where(visible, logits, MASK_VALUE)
@@ -519,27 +459,18 @@ def _forward_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
 
 def _query_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
     """One (batch row, head, query block): dq_r = sum_j time_lag^r ds k'_r over its key blocks."""
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
-    refs = refs[6:]
-    term_refs = refs[: 4 * num_terms]
-    rate_refs = refs[4 * num_terms : 6 * num_terms]
-    v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
-    d_query_refs = refs[6 * num_terms + 4 :]
+    rows, term_refs, rate_refs, rest = _split_refs(refs, num_terms)
+    (v_ref, d_out_ref, lse_ref, delta_ref), d_query_refs = rest[:4], rest[4:]
     bq, bk = block
-    q_pos = q_pos_ref[0]  # [bq, 1]
-    q_seg = q_seg_ref[0]
-    origin = q_coord_ref[0, pl.ds(0, 1), :]
-    queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
+    q_pos, q_seg, origin, queries = _query_block(rows, term_refs, num_terms)
     d_out, lse, delta = d_out_ref[0, 0], lse_ref[0, 0], delta_ref[0, 0]
-    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, k_pos_ref.shape[-1])
+    end = _key_block_end(pl.program_id(2), bq, bk, key_offset, rows.k_pos.shape[-1])
 
     def key_block(kb, d_queries):
         start = pl.multiple_of(kb * bk, bk)
-        k_pos = k_pos_ref[0, :, pl.ds(start, bk)]
-        k_seg = k_seg_ref[0, :, pl.ds(start, bk)]
-        moved_by = (k_coord_ref[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
-        keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
-        moved = _move(keys, _rotations(rate_refs, moved_by, num_terms))
+        k_pos, k_seg, moved = _moved_key_block(
+            rows, term_refs, rate_refs, num_terms, start, bk, origin
+        )
         lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
         values = v_ref[0, 0, pl.ds(start, bk), :]
         _, d_scores = _score_cotangents(
@@ -565,16 +496,11 @@ def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtyp
     The cotangent of a moved key k' = M k (M = e^{gamma d} R(-omega d) per pair)
     goes back to the unmoved key as M^T dk'.
     """
-    q_pos_ref, k_pos_ref, q_seg_ref, k_seg_ref, q_coord_ref, k_coord_ref = refs[:6]
-    refs = refs[6:]
-    term_refs = refs[: 4 * num_terms]
-    rate_refs = refs[4 * num_terms : 6 * num_terms]
-    v_ref, d_out_ref, lse_ref, delta_ref = refs[6 * num_terms : 6 * num_terms + 4]
-    d_key_refs, d_v_ref = refs[6 * num_terms + 4 : -1], refs[-1]
+    rows, term_refs, rate_refs, rest = _split_refs(refs, num_terms)
+    (v_ref, d_out_ref, lse_ref, delta_ref), d_key_refs, d_v_ref = rest[:4], rest[4:-1], rest[-1]
     bq, bk = block
-    k_pos = k_pos_ref[0]  # [1, bk]
-    k_seg = k_seg_ref[0]
-    k_origin = k_coord_ref[0, :, pl.ds(0, 1)]  # [1, 1]
+    k_pos, k_seg = rows.k_pos[0], rows.k_seg[0]  # [1, bk]
+    k_origin = rows.k_coord[0, :, pl.ds(0, 1)]  # [1, 1]
     keys = _key_block(term_refs, num_terms, slice(None))
     values = v_ref[0, 0]
     # The first query block whose causal end reaches this key block (as _key_block_end).
@@ -583,19 +509,19 @@ def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtyp
     def query_block(qb, carry):
         d_keys, d_v = carry
         start = pl.multiple_of(qb * bq, bq)
-        rows = pl.ds(start, bq)
-        q_pos = q_pos_ref[0, rows, :]  # [bq, 1]
-        q_seg = q_seg_ref[0, rows, :]
-        moved_by = (k_origin - q_coord_ref[0, pl.ds(start, 1), :]).astype(jnp.float32)
+        block_rows = pl.ds(start, bq)
+        q_pos = rows.q_pos[0, block_rows, :]  # [bq, 1]
+        q_seg = rows.q_seg[0, block_rows, :]
+        moved_by = (k_origin - rows.q_coord[0, pl.ds(start, 1), :]).astype(jnp.float32)
         rotations = _rotations(rate_refs, moved_by, num_terms)
         queries = [
-            (term_refs[4 * r][0, 0, rows, :], term_refs[4 * r + 1][0, 0, rows, :])
+            (term_refs[4 * r][0, 0, block_rows, :], term_refs[4 * r + 1][0, 0, block_rows, :])
             for r in range(num_terms)
         ]
-        d_out = d_out_ref[0, 0, rows, :]
+        d_out = d_out_ref[0, 0, block_rows, :]
         moved = _move(keys, rotations)
         lag, visible = _time_lag(time, q_pos, k_pos), _visible(q_pos, k_pos, q_seg, k_seg)
-        lse, delta = lse_ref[0, 0, rows, :], delta_ref[0, 0, rows, :]
+        lse, delta = lse_ref[0, 0, block_rows, :], delta_ref[0, 0, block_rows, :]
         probs, d_scores = _score_cotangents(
             queries, moved, lag, visible, lse, delta, d_out, values, scale, dtype
         )
@@ -613,10 +539,37 @@ def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtyp
         [jnp.zeros(ref.shape[2:], jnp.float32) for ref in d_key_refs],
         jnp.zeros(d_v_ref.shape[2:], jnp.float32),
     )
-    d_keys, d_v = jax.lax.fori_loop(first, q_pos_ref.shape[1] // bq, query_block, init)
+    d_keys, d_v = jax.lax.fori_loop(first, rows.q_pos.shape[1] // bq, query_block, init)
     for ref, value in zip(d_key_refs, d_keys, strict=True):
         ref[0, 0] = value
     d_v_ref[0, 0] = d_v
+
+
+def _split_refs(refs, num_terms):
+    """A kernel's refs: the _Rows refs, the term refs (q re, q im, k re, k im per term), the rate
+    refs (gamma, omega per term) and the rest (v, then the kernel's own inputs and outputs)."""
+    terms_end = 6 + 4 * num_terms
+    rates_end = terms_end + 2 * num_terms
+    return _Rows(*refs[:6]), refs[6:terms_end], refs[terms_end:rates_end], refs[rates_end:]
+
+
+def _query_block(rows, term_refs, num_terms):
+    """A query block's positions and segments [bq, 1], its origin o [1, 1] (loaded, as Triton
+    slices no values) and per term its query halves (re, im) [bq, d]."""
+    q_pos, q_seg = rows.q_pos[0], rows.q_seg[0]
+    origin = rows.q_coord[0, pl.ds(0, 1), :]
+    queries = [(term_refs[4 * r][0, 0], term_refs[4 * r + 1][0, 0]) for r in range(num_terms)]
+    return q_pos, q_seg, origin, queries
+
+
+def _moved_key_block(rows, term_refs, rate_refs, num_terms, start, bk, origin):
+    """The key block at `start`: positions and segments [1, bk], and per term its key halves
+    moved to the query block's origin (o_k - o)."""
+    k_pos = rows.k_pos[0, :, pl.ds(start, bk)]
+    k_seg = rows.k_seg[0, :, pl.ds(start, bk)]
+    moved_by = (rows.k_coord[0, :, pl.ds(start, 1)] - origin).astype(jnp.float32)
+    keys = _key_block(term_refs, num_terms, pl.ds(start, bk))
+    return k_pos, k_seg, _move(keys, _rotations(rate_refs, moved_by, num_terms))
 
 
 def _key_block_end(block, bq, bk, key_offset, k_len):
