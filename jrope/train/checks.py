@@ -55,10 +55,8 @@ def check_run(
         try:
             choose_kernel(cfg.model.attention, encoding, length=length, backend=env.platform)
         except ValueError as err:
-            impl = cfg.model.attention_impl
-            problems.append(
-                f"model.attention_impl = {impl!r} at length {length}: {first_line(err)}"
-            )
+            problems.append(f"model.attention_impl = {cfg.model.attention_impl!r} at length "
+                            f"{length}: {first_line(err)}")  # fmt: skip
             break
     memory = _memory_problems(cfg, env, encoding, evaluation=evaluation)
     source, data_problems = (None, []) if memory else _data_problems(cfg, env)  # too big to try
@@ -105,13 +103,12 @@ def _memory_problems(cfg: TrainConfig, env, encoding, *, evaluation: bool) -> li
     model, block = cfg.model, lambda: TransformerBlock(cfg.model, encoding, rngs=nnx.Rngs(0))
     params = nnx.state(nnx.eval_shape(block), nnx.Param)
     state = (params, jax.eval_shape(make_optimizer(cfg.opt, cfg.num_steps).init, params))
-    state_bytes = model.num_layers * sum(
-        math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if x.shape
-    )
+    sizes = [math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if x.shape]
     batches = [("eval.batch_size", cfg.eval.batch_size, "max(eval.lengths)", max(cfg.eval.lengths))]
     batches += [] if evaluation else [("batch_size", cfg.batch_size, "pe.train_context", cfg.pe.train_context)]  # fmt: skip
     rows_key, rows, length_key, length = max(batches, key=lambda batch: batch[1] * batch[3])
-    needs = state_bytes + rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
+    activation = rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
+    needs = model.num_layers * sum(sizes) + activation
     count = "at least: the train state and one activation"
     if shortfall := flops.memory_shortfall(needs // env.num_devices, count):
         return [f"model.d_model = {model.d_model}, model.num_layers = {model.num_layers}, "
