@@ -63,16 +63,13 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
 def state_shardings(abstract_tree: Any, rules: Rules, mesh: Mesh) -> Any:
     """NamedShardings for a pytree of nnx Variables (same structure): a Variable with
     `logical_axes` metadata is split by the rules, any other leaf replicated."""
-    replicated = NamedSharding(mesh, PartitionSpec())
 
     def sharding_of(leaf):
-        if isinstance(leaf, nnx.Variable):
-            metadata = leaf.get_metadata()
-            if LOGICAL_AXES_KEY in metadata:
-                spec = logical_to_spec(metadata[LOGICAL_AXES_KEY], leaf.shape, rules, mesh)
-                return leaf.replace(NamedSharding(mesh, spec))
-            return leaf.replace(replicated)
-        return replicated
+        if not isinstance(leaf, nnx.Variable):
+            return NamedSharding(mesh, PartitionSpec())
+        axes = leaf.get_metadata().get(LOGICAL_AXES_KEY)
+        spec = PartitionSpec() if axes is None else logical_to_spec(axes, leaf.shape, rules, mesh)
+        return leaf.replace(NamedSharding(mesh, spec))
 
     return jax.tree.map(sharding_of, abstract_tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
