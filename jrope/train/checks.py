@@ -82,13 +82,10 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
     data_parallel = math.prod(sizes[axis] for axis in axes)
     # Each process loads its share of a batch; one process can also hand a replicated one its
     # rows, but several only a batch split over the devices.
-    splits = [("batch_size", cfg.batch_size, data_parallel, "data-parallel devices")]
-    splits += [(key, rows, env.process_count, "processes")
-               for key, rows in (("batch_size", cfg.batch_size), ("eval.batch_size", cfg.eval.batch_size))]  # fmt: skip
-    if env.process_count > 1:
-        splits.append(
-            ("eval.batch_size", cfg.eval.batch_size, data_parallel, "data-parallel devices")
-        )
+    batches = (("batch_size", cfg.batch_size), ("eval.batch_size", cfg.eval.batch_size))
+    splits = [(*batch, data_parallel, "data-parallel devices")
+              for batch in batches[: 1 + (env.process_count > 1)]]  # fmt: skip
+    splits += [(*batch, env.process_count, "processes") for batch in batches]
     return [
         f"{key} = {rows} does not split over the {parts} {what}; set a multiple of {parts}."
         for key, rows, parts, what in splits
