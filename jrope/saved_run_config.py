@@ -42,7 +42,10 @@ def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
         saved = json.loads((checkpoint / "config" / "metadata").read_bytes())
     except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
         raise damaged(checkpoint, f"has a config that cannot be read ({error})") from None
-    return without_retired_keys(saved)
+    for section, keys in RETIRED_KEYS.items():
+        if isinstance(saved.get(section), dict):
+            saved[section] = {k: v for k, v in saved[section].items() if k not in keys}
+    return saved
 
 
 def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
@@ -91,15 +94,6 @@ def no_checkpoint(workdir: str) -> CheckpointError | WorkdirBusy:
                                "wait for it to end, or use another --workdir.")  # fmt: skip
     return CheckpointError(f"--workdir {path} holds no finished checkpoint: the training there "
                            f"({holder}) ended before its first save; train it again.")  # fmt: skip
-
-
-def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (JSON dict) without RETIRED_KEYS."""
-    kept = dict(saved)
-    for section, keys in RETIRED_KEYS.items():
-        if isinstance(kept.get(section), dict):
-            kept[section] = {k: v for k, v in kept[section].items() if k not in keys}
-    return kept
 
 
 def _with_tuples(value: Any) -> Any:

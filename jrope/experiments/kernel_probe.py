@@ -237,14 +237,6 @@ def _ridge_fit_float32(x: jax.Array, y: jax.Array, ridge: jax.Array) -> jax.Arra
     return jnp.linalg.solve(gram, jnp.matmul(x.T, y, precision=highest))
 
 
-def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
-    """All lags of [0, L), or a seeded sorted subset of train_points of them."""
-    if probe.train_points == probe.train_context:
-        return np.arange(probe.train_context)
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(probe.train_context, size=probe.train_points, replace=False))
-
-
 def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Every (seed, target, method) fit: (rows of CSV_COLUMNS, one 'train' row and one 'eval'
     row per eval context each; target -> method -> the first seed's fit on [0, max(eval_contexts)),
@@ -256,7 +248,10 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
     eval_features = {m: basis_features(m, lags, probe).astype(dtype) for m in probe.methods}
     rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
-        fit_lags = training_lags(probe, seed)
+        fit_lags = lags[: probe.train_context]  # all lags of [0, L), or a seeded subset
+        if probe.train_points < probe.train_context:
+            rng = np.random.default_rng(seed)
+            fit_lags = np.sort(rng.choice(probe.train_context, probe.train_points, replace=False))
         for target in probe.targets:
             y_fit = target_values(target, fit_lags, probe).astype(dtype)
             y_all = target_values(target, lags, probe).astype(dtype)
@@ -292,12 +287,17 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
         ]
         cells = [[method, *shown] for method, *shown in zip(probe.methods, *by_column, strict=True)]
         lines += ["", f"### {target}", "", results.markdown_table(header, cells).rstrip("\n")]
-    if len(probe.targets) > 1:
+    if len(probe.targets) > 1:  # targets as rows, at one column each
         for title, column in (
             (f"every target at T={max(probe.eval_contexts)}", ("eval", max(probe.eval_contexts))),
             (f"every target on the fit window (train, L={probe.train_context})", columns[0]),
         ):
-            lines += ["", f"### {title}", "", _summary_table(rows, probe, column)]
+            cells = [
+                [target, *_bold_best([_mean_mse(rows, target, m, column) for m in probe.methods])]
+                for target in probe.targets
+            ]
+            table = results.markdown_table(["target", *probe.methods], cells).rstrip("\n")
+            lines += ["", f"### {title}", "", table]
     return "\n".join(lines) + "\n"
 
 
@@ -312,15 +312,6 @@ def _mean_mse(rows: list[dict], target: str, method: str, column: tuple[str, int
 def _bold_best(values: list[float]) -> list[str]:
     """Each value to 3 digits, the smallest in bold."""
     return [f"**{v:.3g}**" if v == min(values) else f"{v:.3g}" for v in values]
-
-
-def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str, int]) -> str:
-    """Targets as rows, methods as columns: the MSE (mean over seeds) at one column; best in bold."""
-    cells = [
-        [target, *_bold_best([_mean_mse(rows, target, m, column) for m in probe.methods])]
-        for target in probe.targets
-    ]
-    return results.markdown_table(["target", *probe.methods], cells).rstrip("\n")
 
 
 def plot_fits(

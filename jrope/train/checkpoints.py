@@ -104,10 +104,6 @@ class Checkpointer:
             )
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 
-    def damaged_arrays(self, state: Any, step: int) -> list[str]:
-        """Arrays of `state` (restored from checkpoint `step`) whose digest is not the saved one."""
-        return mismatches(self.restore_json(DIGESTS_ITEM, step), state_digests(state))
-
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
 
@@ -188,9 +184,8 @@ def restore_or_initialize(
 def restore_compatible(
     checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
 ) -> Any:
-    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits the
-    checkpointer's for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is
-    missing, of other settings, unreadable, damaged, or without digests unless accepted."""
+    """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
+    checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
         raise CheckpointError(f"No finished checkpoint {path}.")
@@ -209,7 +204,8 @@ def restore_compatible(
         raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
-        damaged = checkpointer.damaged_arrays(state, step) if checked else []
+        digests = checkpointer.restore_json(DIGESTS_ITEM, step) if checked else {}
+        damaged = mismatches(digests, state_digests(state)) if checked else []
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
         raise _damaged(checkpointer, step, f"cannot be read ({_cause(error)})") from error
     if damaged:
@@ -240,12 +236,9 @@ def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
 ) -> tuple[list[str], list[str]]:
     """(refused, accepted) differences of two JSON configs, as "key is <saved> there, <current> now".
-
-    Every purpose refuses a key whose field defines the result (jrope.fields) unless
-    checkpoint.accept_changes names it, one that defines the parameters always, and toggling
-    clipping; 'resume' also every key outside RESUME_FREE and accept_changes, and num_steps under
-    a schedule.
-    """
+    Refused: a key that defines the result (jrope.fields) unless checkpoint.accept_changes names
+    it, one that defines the parameters, toggled clipping; for 'resume' also every key outside
+    RESUME_FREE and accept_changes, and num_steps under a schedule."""
     saved_flat = flatten_dict(json.loads(json.dumps(saved)), sep=".")
     current_flat = flatten_dict(json.loads(json.dumps(current)), sep=".")  # tuples -> lists
     accepted = {
@@ -309,15 +302,12 @@ class WorkdirLock:
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
             return self
-        try:  # raised outside this block: a setting to fix, not a storage failure
+        try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
-        except OSError as error:
-            problem = f"--workdir {error.filename}: {error.strerror or error}"
-        else:
-            problem = None
-        if problem:
-            raise UsageError(f"{problem}; choose a --workdir you can write to.")
+        except OSError as error:  # a setting to fix, not a storage failure
+            raise UsageError(f"--workdir {error.filename}: {error.strerror or error}; choose a "
+                             "--workdir you can write to.") from None  # fmt: skip
         if not _try_lock(handle):
             holder = _holder(handle)
             if self.role != "evaluation" or not holder.startswith("evaluation"):

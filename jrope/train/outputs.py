@@ -51,10 +51,9 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 class MetricsLogger:
-    """Writes every `every_steps`-th step and the last: the progress line, metrics.jsonl and
-    TensorBoard (a writer only where `is_writer`). A training start at `start_step` first drops
-    the records it will write again, so every step is logged once; a later evaluation
-    (start_step None) only appends."""
+    """Writes every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard
+    (where `is_writer`). A start at `start_step` first drops the records it will write again; a
+    later evaluation (start_step None) only appends."""
 
     def __init__(
         self,
@@ -130,19 +129,14 @@ class MetricsLogger:
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(_metrics_record(step, scalars))
+            record = {"step": step, "time": time.time(), **scalars}
+            # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
+            record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
+            self._jsonl.write(json.dumps(record, allow_nan=False))
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
-
-
-def _metrics_record(step: int, scalars: Mapping[str, float]) -> str:
-    """One line of metrics.jsonl: the step, the time and the scalars."""
-    record = {"step": step, "time": time.time(), **scalars}
-    # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
-    record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
-    return json.dumps(record, allow_nan=False)
 
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
@@ -218,9 +212,7 @@ def code_commit() -> tuple[str, bool] | None:
 
 def start_record(config_json: dict[str, Any], start_step: int) -> dict[str, Any]:
     """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
-    resume): time, host, command line, step, jrope's version (from a git checkout also its commit
-    and whether tracked files had no uncommitted change), library versions, devices, and the
-    config (`config_json`, as the checkpoints save it)."""
+    resume): where, when and how it ran, jrope's version (and git commit), and `config_json`."""
     installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     versions = {name: installed.get(name, "not installed") for name in _VERSIONED}
     code = {"version": versions.pop("jrope")}
