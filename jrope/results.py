@@ -106,9 +106,6 @@ def write_folder_atomically(
             os.replace(os.path.join(staging, name), out_dir / name)
 
 
-DAMAGED_SUFFIX = ".damaged"
-
-
 def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
     """(the whole records, the damaged bytes) of a JSON-lines log's contents: a record is a line
     that is UTF-8 and one JSON object, returned with its newline (a last line may lack it); every
@@ -151,7 +148,7 @@ class JsonLinesLog:
 
     def _set_aside(self, damaged: bytes) -> None:
         """Appends the damaged bytes to the side file (before the log is rewritten without them)."""
-        side = self._path.parent / (self._path.name + DAMAGED_SUFFIX)
+        side = self._path.parent / (self._path.name + ".damaged")
         earlier = side.read_bytes() if side.exists() else b""
         side.write_bytes(earlier + damaged)
         lines = damaged.count(b"\n")

@@ -1,11 +1,7 @@
 """The config saved with a run's latest checkpoint, as an ml_collections config file: eval.py's
---config defaults to `<this file>:DIR`, so that --config.<key>=<value> applies to the run's own
-config as to any config file.
-
-Each checkpoint keeps its run's config as JSON (jrope.train.checkpoints: orbax writes the `config`
-item to `<step>/config/metadata`). It is read as a file, without orbax, so that no JAX backend
-starts before a multi-process run's processes have found each other.
-"""
+--config defaults to `<this file>:DIR`, so that --config.<key>=<value> applies to it as to any file.
+Orbax writes it to `<step>/config/metadata`; it is read without orbax, so that no JAX backend starts
+before a multi-process run's processes have found each other."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The kernel probe: which lag kernels can an encoding represent?
 
-For fixed q and k, every encoding's attention logit between query i and key
-j is a linear combination of a few functions of the lag d = i - j: its
-relative lag features. The probe fits a target kernel y(d) by ridge
-regression on a method's features over the training lags d in [0, L) and
-measures the squared error on [0, T) for T up to 8L: how well the method can
-express, and then extrapolate, that kernel. No training, no model.
-
-A method's basis is read off its PEConfig (the registry of
-`jrope.pe_config_from_name`), always with a constant 1:
+For fixed q and k, every encoding's attention logit between query i and key j is a linear
+combination of a few functions of the lag d = i - j: its relative lag features. The probe fits a
+target kernel y(d) by ridge regression on a method's features over the lags d in [0, L) and
+measures the squared error on [0, T) for T up to 8L: how well the method can express, and then
+extrapolate, that kernel; no training, no model. A method's basis (its PEConfig's) and 1:
 
     rotary layout         cos(w_k d), sin(w_k d)
     Jordan layout         c_r(d) D(d) cos(w_k d), c_r(d) D(d) sin(w_k d)   for r < m
@@ -17,29 +13,22 @@ A method's basis is read off its PEConfig (the registry of
                           config's damping and shear time, and the ramp d/L (the paper's basis)
     ALiBi bias            the ramp d/L
 
-The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no
-encoding behind them) have their own features, again with the constant:
+The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no encoding behind them):
 
     rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m)
     direct_sum_poly_m{m}  the rotary features and (tau(d)/L)^r, r = 1 .. m-1
     jordan_scaled_m{m}_c{100c}  the features of jordan_exact_m{m}_c{100c}
 
-with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0
-otherwise), c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) =
-d/(1 + d/L) ('bounded') or d ('raw'), and only c_0 = 1 without shear. The
-shear strength eta, jet gates and the 1/L scale of the scaled variants are
-constant factors of a feature, absorbed by its regression weight; the time is
-measured in units of L as in the paper. Every method uses the same
-frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
-is about the lag functions and not about which frequencies a head layout keeps.
+with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0 otherwise),
+c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) = d/(1 + d/L) ('bounded') or d ('raw'),
+and only c_0 = 1 without shear. Constant factors of a feature (eta, jet gates, 1/L) are absorbed by
+its regression weight. Every method uses the same frequencies w_k = theta^(-2k/head_dim),
+k < num_freqs, so that the comparison is about the lag functions, not the frequencies kept.
 
-The features come from jrope.pe_math (the code of the encodings), in
-float32; the targets (jrope.experiments.probe_targets) in float64. The
-regression (a ridge penalty on every weight, constant included), predictions
-and errors run in `solver_dtype`: 'float64' solves the ill-conditioned normal
-equations accurately, 'float32' as the reference code does and reproduces its
-tables; the extrapolated errors differ by up to tens of percent
-(docs/reference.md, section "Probe solver precision").
+The features come from jrope.pe_math (the encodings' code) in float32, the targets in float64. The
+regression (a ridge penalty on every weight, constant included), predictions and errors run in
+`solver_dtype`: 'float64' solves the ill-conditioned normal equations accurately, 'float32' as the
+reference code does, reproducing its tables (docs/reference.md, "Probe solver precision").
 """
 
 from __future__ import annotations

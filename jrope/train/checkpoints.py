@@ -54,15 +54,12 @@ class Checkpointer:
         self.config_json = config_json
         self.accept_missing_digests = accept_missing_digests
         self._every_steps = every_steps
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep,
-                create=True,
-                cleanup_tmp_directories=True,  # every save is forced: should_save decides
-            ),
-            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
+        # Every save is forced (should_save decides); a killed save's folder goes at the next start.
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, cleanup_tmp_directories=True
         )
+        items = (STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=items)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -321,10 +318,8 @@ class WorkdirLock:
         if self.previous_holder:
             say(f"Taking over {self.path} from a run that ended ({self.previous_holder}).")
         started = time.strftime("%Y-%m-%d %H:%M:%S")
-        _rewrite(
-            handle,
-            f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n",
-        )
+        holder = f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n"
+        _rewrite(handle, holder)
         self._file = handle
         return self
 

@@ -1,10 +1,6 @@
 """The run config: a frozen dataclass per section whose fields declare their rules (jrope.fields),
-and `convert_config`, which builds them from a ConfigDict and reports every problem at once, each
-naming its key, its value and what it may be.
-
-A TrainConfig is what the harness reads; checkpoints save its JSON form (`to_json_dict`), which
-converts back the same.
-"""
+and `convert_config`, which builds them from a ConfigDict (or the JSON form that checkpoints save)
+and reports every problem at once, each naming its key, its value and what it may be."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
-from jrope.train import outputs, runtime
+from jrope.train import checkpoints, outputs, runtime
 from jrope.train.config import EvalConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
@@ -141,10 +141,8 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
                 last_report = now
                 per_sequence = (now - paced_from) / (evaluated - batch_size)
                 left = per_sequence * (count - evaluated)
-                say(
-                    f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
-                    f"about {duration(left)} left"
-                )
+                say(f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
+                    f"about {duration(left)} left")  # fmt: skip
     metrics = metrics_from_sums(totals, run.source.task)
     if run.source.task == "language_model":  # byte-level: nats per byte -> bits per byte
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)
@@ -164,11 +162,11 @@ def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, 
 
 
 def evaluate_and_report(
-    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str, log
-) -> tuple[list[Row], epath.Path]:
-    """This evaluation's rows of the model of `step` (at `checkpoint`, named by a NonFiniteError)
-    and `eval_step<step>`, which holds them merged with its earlier rows, shown. log(rows) writes
-    them to the run's logs before the CSV: a kill in between leaves the evaluation to redo."""
+    eval_step, params, run: RunSetup, workdir: str, step: int, log
+) -> list[Row]:
+    """This evaluation's rows of the checkpoint of `step` (NonFiniteError naming it for a NaN loss),
+    merged into `eval_step<step>` and shown. log(rows) writes them to the run's logs before the
+    CSV: a kill in between leaves the evaluation to redo."""
     task = run.source.task
     lengths = ", ".join(str(length) for length in run.eval.lengths)
     say(f"Evaluating step {step} at lengths {lengths} ({run.eval.num_sequences} sequences each):")
@@ -178,6 +176,7 @@ def evaluate_and_report(
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
     rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
+    checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
     check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
@@ -185,7 +184,7 @@ def evaluate_and_report(
     if jax.process_index() == 0:
         write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
-    return rows, out_dir
+    return rows
 
 
 def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:

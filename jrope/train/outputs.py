@@ -3,6 +3,7 @@ MFU), the start record (starts.jsonl)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import math
@@ -194,17 +195,10 @@ def code_commit() -> tuple[str, bool] | None:
     None in an installed package, or without git."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     asks = (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
-    try:  # --no-optional-locks: a status the timeout kills leaves no index.lock behind
-        commit, changes = (
-            subprocess.run(
-                ["git", "--no-optional-locks", "-C", root, *ask],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-            for ask in asks
-        )
+    git = ["git", "--no-optional-locks", "-C", root]  # a status the timeout kills leaves no lock
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=10, check=True)
+    try:
+        commit, changes = (run(git + ask).stdout.strip() for ask in asks)
     except (OSError, subprocess.SubprocessError):
         return None
     return commit, not changes

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from absl import logging
-from etils import epath
 from flax import traverse_util
 
 from jrope import errors, flops, losses
@@ -159,7 +158,6 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
         new = []
         if missing:
             run = dataclasses.replace(run, eval=dataclasses.replace(run.eval, lengths=missing))
-            checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
             eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
             evaluation.compile_lengths(eval_step, state["params"], run)
 
@@ -167,8 +165,8 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
                 logged = evaluation.logged_scalars(rows, run.source.task)
                 evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
 
-            new, _ = evaluation.evaluate_and_report(
-                eval_step, state["params"], run, workdir, step, checkpoint, log
+            new = evaluation.evaluate_and_report(
+                eval_step, state["params"], run, workdir, step, log
             )
         else:
             say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
@@ -225,22 +223,19 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
 
-    def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
+    def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
-        path = str(checkpoints.checkpoint_path(run.checkpointer, step))
 
         def log(rows):  # flushed before the CSV that marks the evaluation done
             for name, scalars in evaluation.logged_scalars(rows, run.source.task):
                 logger.write_scalars(step, scalars, name)
             logger.flush()
 
-        return evaluation.evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, path, log
-        )
+        return evaluation.evaluate_and_report(eval_step, state["params"], run, workdir, step, log)
 
     with contextlib.closing(logger):
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
-        rows, _ = evaluate(state, num_steps)
+        rows = evaluate(state, num_steps)
     return {"state": state, "eval": rows}
 
 
