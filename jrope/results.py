@@ -70,9 +70,7 @@ def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
 Curve = tuple[Sequence[int], Sequence[float], Sequence[float] | None]
 
 
-def plot_against_length(
-    path: epath.PathLike, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)
-) -> None:
+def plot_against_length(path, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)) -> None:
     """One curve per label against evaluation length, on a log2 axis."""
     fig = new_figure(size)
     ax = fig.subplots()

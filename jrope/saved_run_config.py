@@ -52,11 +52,10 @@ def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
     earlier = [s for s in finished if s < step and (folder / str(s) / DIGESTS_ITEM).exists()]
     later = [folder / str(s) for s in finished if earlier and earlier[-1] < s <= step]
     aside = folder.parent / "damaged_checkpoints"
-    resume = (
-        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
-        if earlier
-        else "start again in another --workdir"
-    )
+    resume = "start again in another --workdir"
+    if earlier:
+        moved = " ".join(map(str, later))
+        resume = f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {moved} {aside}/"
     return CheckpointError(f"Checkpoint {checkpoint} {problem}; {resume}.")
 
 

@@ -40,9 +40,7 @@ from jrope.train.outputs import say
 from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
 
 
-def run_comparison(
-    config, methods: Sequence[str], seeds: Sequence[int], workdir: str
-) -> list[dict]:
+def run_comparison(config, methods: Sequence[str], seeds: Sequence[int], workdir: str) -> list:
     """Checks every (method, seed), trains those not yet finished, then writes the comparison files.
     ConfigError (DataError) listing every problem of every run before any trains."""
     methods, seeds = comparison_axes(methods, [str(seed) for seed in seeds])
@@ -175,9 +173,7 @@ def seed_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown: one line per (method, seed), the metric per length (the rows behind the means)."""
     lengths = sorted({row["length"] for row in rows})
     values = {
-        (row["method"], row["seed"], row["length"]): row[metric]
-        for row in rows
-        if row["distance"] is None
+        (r["method"], r["seed"], r["length"]): r[metric] for r in rows if r["distance"] is None
     }
     runs = list(dict.fromkeys((method, seed) for method, seed, _ in values))
     cells = [

@@ -138,9 +138,7 @@ def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
     return cfg
 
 
-def _jordan_features(
-    cfg: PEConfig, order: int, rotate: bool, lags: np.ndarray, omegas: jnp.ndarray
-) -> list[np.ndarray]:
+def _jordan_features(cfg: PEConfig, order: int, rotate: bool, lags, omegas) -> list[np.ndarray]:
     """c_r(d) D(d) (cos, sin)(w d) for r < order (c_r(d) D(d) when not rotating), each [n, F] or [n, 1]."""
     gamma = cfg.init_gamma if cfg.learn_gamma else 0.0
     d = jnp.asarray(lags, jnp.float32)[:, None]
@@ -160,9 +158,7 @@ def _rotary_features(lags: np.ndarray, omegas: jnp.ndarray) -> list[np.ndarray]:
     return [np.asarray(c, np.float64) for c in pe_math.damped_phase(d, 0.0, omegas[None, :])]
 
 
-def _baseline_features(
-    baseline: ProbeBaseline, lags: np.ndarray, probe: KernelProbeConfig, omegas: jnp.ndarray
-) -> list[np.ndarray]:
+def _baseline_features(baseline: ProbeBaseline, lags, probe: KernelProbeConfig, omegas) -> list:
     """The reference's probe-baseline features (the constant excluded)."""
     if baseline.kind == "rope_matched":
         return _rotary_features(lags, omegas[: max(1, probe.num_freqs // baseline.order)])
@@ -303,9 +299,7 @@ def _bold_best(values: list[float]) -> list[str]:
     return [f"**{v:.3g}**" if v == min(values) else f"{v:.3g}" for v in values]
 
 
-def plot_fits(
-    path: epath.PathLike, target: str, curves: dict[str, np.ndarray], probe: KernelProbeConfig
-) -> None:
+def plot_fits(path: epath.PathLike, target: str, curves: dict, probe: KernelProbeConfig) -> None:
     """Every method's fit (curves: method -> fit) of `target` over [0, T_max): the RMS error
     per window of lags (the raw curves of a few lags' period would be a solid band), and the
     curves over the last 96 lags, where extrapolation is hardest."""

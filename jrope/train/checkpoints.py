@@ -167,9 +167,7 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
     return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
 
 
-def restore_or_initialize(
-    checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
-) -> Any:
+def restore_or_initialize(checkpointer: Checkpointer, abstract, initialize: Callable) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
     step = checkpointer.latest_step()
     if step is None:
@@ -178,9 +176,7 @@ def restore_or_initialize(
     return restore_compatible(checkpointer, abstract, step)
 
 
-def restore_compatible(
-    checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
-) -> Any:
+def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpose="resume"):
     """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
     checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
     path = checkpoint_path(checkpointer, step)
@@ -212,18 +208,14 @@ def restore_compatible(
     return state
 
 
-def check_changes(
-    path: epath.Path, saved: Mapping[str, Any], current: Mapping[str, Any], purpose: str
-) -> None:
+def check_changes(path: epath.Path, saved: Mapping, current: Mapping, purpose: str) -> None:
     """CheckpointError where `current` changes what checkpoint `path`'s config `saved` may not
     change for `purpose` (config_differences); a resume names the changes it takes."""
     refused, changed = config_differences(saved, current, purpose=purpose)
     if refused:
-        fix = (
-            "name them in checkpoint.accept_changes, or use another --workdir"
-            if purpose == "resume"
-            else "drop those overrides"
-        )
+        fix = "drop those overrides"
+        if purpose == "resume":
+            fix = "name them in checkpoint.accept_changes, or use another --workdir"
         raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")

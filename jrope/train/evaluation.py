@@ -105,9 +105,7 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
                 )
 
 
-def evaluate_lengths(
-    eval_step, params: Any, run: RunSetup, *, step: int, on_length=None
-) -> list[Row]:
+def evaluate_lengths(eval_step, params, run: RunSetup, *, step: int, on_length=None) -> list[Row]:
     """One result row per length of eval.lengths (CSV_COLUMNS) for the model of `step`, each
     followed by one per distance of a DistanceEvaluation; on_length(row, seconds) after each."""
     rows, source = [], run.source
@@ -161,9 +159,7 @@ def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, 
     return logged
 
 
-def evaluate_and_report(
-    eval_step, params, run: RunSetup, workdir: str, step: int, log
-) -> list[Row]:
+def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, log) -> list[Row]:
     """This evaluation's rows of the checkpoint of `step` (NonFiniteError naming it for a NaN loss),
     merged into `eval_step<step>` and shown. log(rows) writes them to the run's logs before the
     CSV: a kill in between leaves the evaluation to redo."""
@@ -350,9 +346,7 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     return text
 
 
-def check_evaluation(
-    rows: Sequence[Row], step: int, checkpoint: str, measured: damping.MeasuredDamping | None = None
-) -> None:
+def check_evaluation(rows: Sequence[Row], step: int, checkpoint: str, measured=None) -> None:
     """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and first the
     damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]

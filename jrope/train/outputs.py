@@ -109,8 +109,7 @@ class MetricsLogger:
         if self._tensorboard is None:
             return
         values = {
-            key: value if isinstance(value, (bool, int, float, str)) else str(value)
-            for key, value in hparams.items()
+            k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()
         }
         from tensorboardX.summary import hparams as hparams_summary
 

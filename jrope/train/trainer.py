@@ -14,7 +14,7 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -27,7 +27,7 @@ from flax import traverse_util
 from jrope import errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
-from jrope.train.checkpoints import Checkpointer, WorkdirLock
+from jrope.train.checkpoints import WorkdirLock
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
@@ -63,12 +63,7 @@ class PreemptionWatch:
 _DROPOUT_STREAM = 0x64726F70  # 'drop'
 
 
-def make_train_step(
-    run: RunSetup,
-    *,
-    plan: damping.KernelPlan | None = None,
-    compiler_options: dict[str, Any] | None = None,
-) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
+def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Callable:
     """The jitted train step of `run` for global batches of `run.batch_size` rows.
 
     plan: the kernels it compiles with (default: planned for model.max_damping alone).
@@ -239,15 +234,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     return {"state": state, "eval": rows}
 
 
-def _train_steps(
-    run: RunSetup,
-    plan: damping.KernelPlan,
-    state: dict[str, Any],
-    start: int,
-    logger: MetricsLogger,
-    evaluate: Callable[[dict[str, Any], int], Any],
-    workdir: str,
-) -> dict[str, Any]:
+def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str) -> dict:
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     checkpointer, num_steps, every_eval = run.checkpointer, run.num_steps, run.eval.every_steps
     train_step, measured = make_train_step(run, plan=plan), plan.measured
@@ -315,13 +302,7 @@ def _train_steps(
     return state
 
 
-def stop_if_nonfinite(
-    step: int,
-    values: Mapping[str, float],
-    max_in_a_row: int,
-    checkpointer: Checkpointer,
-    measured: damping.MeasuredDamping | None = None,
-) -> None:
+def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measured=None) -> None:
     """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped, or
     at `max_in_a_row` skipped in a row, naming the last good checkpoint (and a passed damping)."""
     bad = first_nonfinite(values)
