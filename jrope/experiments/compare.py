@@ -136,9 +136,7 @@ def task_of(rows: Sequence[dict[str, Any]]) -> str:
     return "regression" if not np.isnan(rows[0]["r2"]) else "classification"
 
 
-def summarize(
-    rows: Sequence[dict[str, Any]], metric: str, distance: int | None = None
-) -> dict[str, dict[int, tuple[float, float, int]]]:
+def summarize(rows: Sequence[dict], metric: str, distance: int | None = None) -> dict:
     """method -> length -> (mean, sample std over seeds, number of seeds), of the rows at `distance`
     (None: the rows over the source's own evaluation sequences)."""
     grouped: dict[str, dict[int, list[float]]] = {}
@@ -161,9 +159,7 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     cells = []
     for method, by_length in summary.items():
         seeds = min(n for _, _, n in by_length.values())
-        cells.append(
-            [method, str(seeds)] + [_mean_and_spread(*by_length[length]) for length in lengths]
-        )
+        cells.append([method, str(seeds), *(_mean_and_spread(*by_length[n]) for n in lengths)])
     title = f"{metric}: mean ± std over seeds ({rows[0]['num_sequences']} sequences per length)"
     header = ["method", "seeds"] + [str(length) for length in lengths]
     return f"{title}\n\n" + results.markdown_table(header, cells)
@@ -222,10 +218,8 @@ def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, 
     paths = {suffix: workdir / f"comparison.{suffix}" for suffix in ("csv", "md", "png")}
     results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
-    tables = [provenance()]
-    tables += [comparison_table(rows, metric) for metric in metrics]
-    tables.append(seed_table(rows, metrics[0]))
-    tables.append(distance_tables(rows, metrics[0]))
+    tables = [provenance(), *(comparison_table(rows, metric) for metric in metrics)]
+    tables += [seed_table(rows, metrics[0]), distance_tables(rows, metrics[0])]
     results.write_text(paths["md"], "\n".join(filter(None, tables)))
     curves = {}
     for method, by_length in summarize(rows, metrics[0]).items():
@@ -239,10 +233,8 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
     """The comparison tables on the console (as comparison.md holds them), then where each file is."""
     say(f"\nComparison ({paths['md']}):\n")
     say(paths["md"].read_text().rstrip())
-    say(
-        f"\nComparison files:\n  {paths['csv']}  every run's rows\n"
-        f"  {paths['md']}  the tables above\n  {paths['png']}  the headline metric against length"
-    )
+    say(f"\nComparison files:\n  {paths['csv']}  every run's rows\n  {paths['md']}  the tables "
+        f"above\n  {paths['png']}  the headline metric against length")  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

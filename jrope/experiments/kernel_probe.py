@@ -96,9 +96,8 @@ class KernelProbeConfig(Declared):
         for target in self.targets:
             check_target(target)
         if not set(self.plot_targets) <= set(self.targets):
-            raise ValueError(
-                f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
-            )
+            raise ValueError(f"probe.plot_targets {self.plot_targets} must be among probe.targets "
+                             f"{self.targets}.")  # fmt: skip
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
                 method_pe_config(method, self)  # an unknown name fails here, listing the forms
@@ -132,9 +131,8 @@ def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
     settings = dict(train_context=probe.train_context, theta=probe.theta, gamma_min=0.0)
     cfg = pe_config_from_name(method, init_gamma=probe.gamma, **settings)
     if missing := unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES):
-        raise ValueError(
-            f"{method}: the kernel probe has no closed-form features of its {missing[0]}."
-        )
+        raise ValueError(f"{method}: the kernel probe has no closed-form features of its "
+                         f"{missing[0]}.")  # fmt: skip
     return cfg
 
 
@@ -194,9 +192,7 @@ def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> n
     return np.concatenate([c.reshape(lags.size, -1) for c in columns], axis=1)
 
 
-def ridge_fit(
-    features: np.ndarray, targets: np.ndarray, ridge: float, solver_dtype: str = "float64"
-) -> np.ndarray:
+def ridge_fit(features: np.ndarray, targets: np.ndarray, ridge: float, solver_dtype="float64"):
     """Weights w [F] solving (X^T X + ridge I) w = X^T y; X [n, F], y [n].
 
     'float64': numpy in float64. 'float32': XLA on the CPU with full-precision
@@ -223,9 +219,8 @@ def _ridge_fit_float32(x: jax.Array, y: jax.Array, ridge: jax.Array) -> jax.Arra
 
 
 def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Every (seed, target, method) fit: (rows of CSV_COLUMNS, one 'train' row and one 'eval'
-    row per eval context each; target -> method -> the first seed's fit on [0, max(eval_contexts)),
-    float64, for each of plot_targets)."""
+    """(CSV_COLUMNS rows of every (seed, target, method) fit: 'train' and 'eval' per eval context;
+    plot target -> method -> the first seed's fit on [0, max(eval_contexts)), float64)."""
     longest = max(probe.eval_contexts)
     dtype = SOLVER_DTYPES[probe.solver_dtype]
     # One feature matrix per method covers the fit lags and every evaluation window.

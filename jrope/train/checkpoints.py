@@ -37,9 +37,8 @@ DIGESTS_ITEM = saved_run_config.DIGESTS_ITEM
 
 
 class Checkpointer:
-    """Saves every `every_steps` steps (or forced) into `directory`, one subdirectory per step,
-    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state;
-    restores a checkpoint without digests only where `accept_missing_digests`."""
+    """Saves every `every_steps` steps (or forced) into `directory`, keeping the latest
+    `max_to_keep`, with `config_json` (the run's config) and the digests beside each state."""
 
     def __init__(
         self,
@@ -69,8 +68,7 @@ class Checkpointer:
         return step % self._every_steps == 0
 
     def reached_preemption(self, step: int) -> bool:
-        """Whether the processes of a multi-process run agreed to stop at `step` (JAX's
-        coordination service caught a SIGTERM); False in a single process."""
+        """Whether a multi-process run's processes agreed to stop at `step` (a SIGTERM caught)."""
         return self._manager.reached_preemption(step)
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
@@ -140,9 +138,7 @@ def state_digests(state: Any) -> dict[str, list[int]]:
 
 def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> list[str]:
     """Names of the arrays whose restored digest differs from the saved one (or is missing)."""
-    return sorted(
-        name for name in saved.keys() | restored.keys() if saved.get(name) != restored.get(name)
-    )
+    return sorted(n for n in saved.keys() | restored.keys() if saved.get(n) != restored.get(n))
 
 
 # What a resume may change besides checkpoint.accept_changes: it leaves the trained model alone
@@ -221,13 +217,11 @@ def check_changes(path: epath.Path, saved: Mapping, current: Mapping, purpose: s
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
 
 
-def config_differences(
-    saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
-) -> tuple[list[str], list[str]]:
+def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") -> tuple:
     """(refused, accepted) differences of two JSON configs, as "key is <saved> there, <current> now".
-    Refused: a key that defines the result (jrope.fields) unless checkpoint.accept_changes names
-    it, one that defines the parameters, toggled clipping; for 'resume' also every key outside
-    RESUME_FREE and accept_changes, and num_steps under a schedule."""
+    Refused: a key defining the result (jrope.fields) unless in checkpoint.accept_changes, or the
+    parameters, toggled clipping; for 'resume' also keys outside RESUME_FREE and accept_changes
+    (num_steps only under a schedule)."""
     saved_flat = flatten_dict(json.loads(json.dumps(saved)), sep=".")
     current_flat = flatten_dict(json.loads(json.dumps(current)), sep=".")  # tuples -> lists
     accepted = {

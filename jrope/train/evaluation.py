@@ -54,8 +54,7 @@ PROGRESS_INTERVAL_S = 30.0
 
 class EvalStep:
     """step(params, batch) -> weighted sums, for the kernels of `plan` (default: planned for
-    model.max_damping alone); blockwise lengths compile with other XLA options
-    (jrope.train.runtime), and `for_length` gives the jitted function of a length."""
+    model.max_damping alone); `for_length` gives the jitted function of a length."""
 
     def __init__(self, run: RunSetup, plan: damping.KernelPlan | None = None):
         task, num_classes = run.source.task, run.source.num_classes
@@ -150,13 +149,12 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     return row | {"compute_dtype": run.model.compute_dtype, "eval_seed": run.eval.seed}
 
 
-def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
-    """(name, {metric: value}) per row, for the metrics log: 'eval_<length>[_d<distance>]'."""
-    logged = []
+def log_rows(logger: outputs.MetricsLogger, step: int, task: str, rows: Sequence[Row]) -> None:
+    """`rows` in the run's logs at `step` (flushed), as 'eval_<length>[_d<distance>]/<metric>'."""
     for row in rows:
         name = f"eval_{row['length']}" + ("" if row["distance"] is None else f"_d{row['distance']}")
-        logged.append((name, {metric: row[metric] for metric in TASK_COLUMNS[task]}))
-    return logged
+        logger.write_scalars(step, {metric: row[metric] for metric in TASK_COLUMNS[task]}, name)
+    logger.flush()
 
 
 def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, log) -> list[Row]:
@@ -214,9 +212,7 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     say(markdown_table(rows, task=task))
 
 
-def lengths_to_evaluate(
-    eval_cfg: EvalConfig, compute_dtype: str, earlier: Sequence[Row], out_dir: epath.Path
-) -> tuple:
+def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_dir) -> tuple:
     """The lengths of eval.lengths without a row in `earlier` (`out_dir`'s) of the same
     eval.num_sequences and `compute_dtype`; UsageError for rows of another eval.seed (other
     sequences, which one table does not mix)."""
@@ -236,11 +232,9 @@ def lengths_to_evaluate(
     return tuple(length for length in eval_cfg.lengths if length not in done)
 
 
-def log_evaluation(
-    workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], tensorboard: bool
-) -> None:
-    """Appends a later evaluation of checkpoint `step` (logged_scalars) to the run's metrics.jsonl
-    (and TensorBoard) under the training run's names."""
+def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: Sequence[Row]):
+    """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
+    under the training run's names."""
     logger = outputs.MetricsLogger(
         workdir,
         every_steps=1,
@@ -250,8 +244,7 @@ def log_evaluation(
         start_step=None,
     )
     with contextlib.closing(logger):
-        for name, scalars in logged:
-            logger.write_scalars(step, scalars, name)
+        log_rows(logger, step, task, rows)
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
@@ -282,8 +275,7 @@ def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
         if rows:
             return rows
         problem = "no rows"
-    aside = path.parent / f"{RESULTS_CSV}.damaged"
-    number = 1
+    aside, number = path.parent / f"{RESULTS_CSV}.damaged", 1
     while aside.exists():
         number += 1
         aside = path.parent / f"{RESULTS_CSV}.damaged{number}"

@@ -73,11 +73,9 @@ class MetricsLogger:
         self._interval_start = (start_step or 0, time.perf_counter())
         self._jsonl = self._tensorboard = None
         if is_writer:
-            keep = (
-                None
-                if start_step is None
-                else (lambda line: _keeps_record(line, start_step, num_steps))
-            )
+            keep = None
+            if start_step is not None:
+                keep = functools.partial(_keeps_record, start_step=start_step, num_steps=num_steps)
             self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = _summary_writer(epath.Path(workdir) / "tensorboard")
@@ -141,8 +139,7 @@ class MetricsLogger:
 
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
     """Whether a record of an earlier start stays: not one this start writes again (a later step,
-    or the final evaluation of a run resumed at its last step). Damaged lines never get here
-    (results.JsonLinesLog sets them aside); a record without a step is kept as it is."""
+    or the final evaluation of a run resumed at its last step); one without a step stays."""
     record = json.loads(line)
     step = record.get("step")
     if not isinstance(step, int):

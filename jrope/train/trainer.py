@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import threading
 import time
@@ -153,16 +154,11 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
         new = []
         if missing:
             run = dataclasses.replace(run, eval=dataclasses.replace(run.eval, lengths=missing))
-            eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
-            evaluation.compile_lengths(eval_step, state["params"], run)
-
-            def log(rows):
-                logged = evaluation.logged_scalars(rows, run.source.task)
-                evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
-
-            new = evaluation.evaluate_and_report(
-                eval_step, state["params"], run, workdir, step, log
-            )
+            params, tensorboard, task = state["params"], run.log.tensorboard, run.source.task
+            eval_step = evaluation.EvalStep(run, run.plan_kernels(params))
+            evaluation.compile_lengths(eval_step, params, run)
+            log = functools.partial(evaluation.log_evaluation, workdir, step, tensorboard, task)
+            new = evaluation.evaluate_and_report(eval_step, params, run, workdir, step, log)
         else:
             say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
                 "redo them).")  # fmt: skip
@@ -220,12 +216,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
-
-        def log(rows):  # flushed before the CSV that marks the evaluation done
-            for name, scalars in evaluation.logged_scalars(rows, run.source.task):
-                logger.write_scalars(step, scalars, name)
-            logger.flush()
-
+        log = functools.partial(evaluation.log_rows, logger, step, run.source.task)
         return evaluation.evaluate_and_report(eval_step, state["params"], run, workdir, step, log)
 
     with contextlib.closing(logger):
