@@ -16,7 +16,7 @@ Expected result: for each r, the error drops by orders of magnitude once the
 Jordan order m exceeds r (the exact jordan_exact_c000[_m{m}] bases, no
 damping, fit exactly); rope and damped_rope fit none of the targets.
 
-Measured (this config, the command above, CPU, 5 s): train MSE on
+Measured (this config, the command above, 5 s on a 2-core CPU, 2026-12-04): train MSE on
 [0, L) of the undamped exact bases, order m (rows) against target power r:
 
               r = 1     r = 2     r = 3

@@ -24,7 +24,7 @@ runs' logs, a 2-core AMD EPYC development machine).
 Expected result: the paper reports accuracies at length 8192 of 0.906 for
 jordan_rope, 0.781 for rope and 0.500 for direct_sum (copied from the paper;
 that they are means over three seeds is an inference from kernel_lm.yaml).
-Measured with this code (docs/results.md, section 2; 256 sequences per
+Measured at jrope e5937f6 (docs/results.md, section 2; 256 sequences per
 length, float32 on a 2-core CPU, 2026-12-04; seeds 0, 1, 2 by number only,
 the draws being JAX's and numpy's, not torch's): 0.935 ± 0.027 for
 jordan_rope and 0.814 ± 0.016 for rope; direct_sum did not learn the task

@@ -17,6 +17,7 @@ only (.ci/run runs them after the suite).
 import ast
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -43,6 +44,7 @@ TITLED_TABLE = re.compile(r"^(?:### )?([^|\n].*)\n\n((?:\|.*\n?)+)", re.MULTILIN
 # The quick start's evaluation lines: "length 256: accuracy 0.9062  loss 0.1776"
 LENGTH_LINE = re.compile(r"length (\d+): accuracy ([\d.]+)\s+loss ([\d.]+)")
 FINAL_STEP = re.compile(r"step 250/250\s+loss ([\d.]+)\s+accuracy ([\d.]+)")
+QUOTED_MEAN = re.compile(r"mean\s+accuracy\s+([\d.]+)\s+over\s+the\s+four\s+lengths")
 # The CPU whose console the README's quick start shows (/proc/cpuinfo's fields): the 2-core Intel
 # Xeon (Sapphire Rapids) development machine. On it the numbers must come back as printed.
 QUICK_START_CPU = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "167"}
@@ -76,15 +78,13 @@ def _titled_tables(text):
     return tables
 
 
-def _cpu():
+def _this_cpu():
     """This machine's CPU as /proc/cpuinfo names it (its first processor), {} where there is none."""
-    try:
-        first = open("/proc/cpuinfo").read().split("\n\n")[0]
-    except OSError:
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
         return {}
-    return {
-        k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())
-    }
+    first = cpuinfo.read_text().split("\n\n")[0].splitlines()
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first)}
 
 
 def test_every_results_table_is_marked_with_what_made_it():
@@ -266,7 +266,7 @@ def _quoted_numbers():
             f"{_f(others.mean_value('rope_alibi', 256))}) and fall towards chance by 8x "
             f"({_f(others.mean_value('jordan_exact_scaled', 2048))} and "
             f"{_f(others.mean_value('rope_alibi', 2048))})",
-            f"This code's are {paper.mean('jordan_rope', 8192)} for Jordan-RoPE and "
+            f"These runs' are {paper.mean('jordan_rope', 8192)} for Jordan-RoPE and "
             f"{paper.mean('rope', 8192)} for RoPE",
             f"by {', '.join(_f(d) for d in lead_paper[:2])} and {_f(lead_paper[2])} (mean "
             f"{_f(sum(lead_paper) / 3)};",
@@ -376,41 +376,73 @@ def test_the_probe_tables_regenerate(config, tmp_path):
             assert table.strip() == made[title], f"{config}, {title!r}: it writes\n{made[title]}"
 
 
+def _quick_start_numbers(text):
+    """{what: (accuracy, loss)} as a quick-start console shows them, or the README quotes them:
+    per evaluated length, and at 'step 250', the last training step."""
+    numbers = {int(n): (accuracy, loss) for n, accuracy, loss in LENGTH_LINE.findall(text)}
+    loss, accuracy = FINAL_STEP.search(text).groups()
+    return numbers | {"step 250": (accuracy, loss)}
+
+
+def _differences(printed, quoted, exact):
+    """The quoted (accuracy, loss) pairs `printed` does not give, as {what: (printed, quoted)}:
+    digit for digit where `exact`, else within QUICK_START_TOLERANCE."""
+
+    def close(printed, quoted):
+        if exact:
+            return printed == quoted
+        (accuracy, loss), (quoted_accuracy, quoted_loss) = (
+            map(float, p) for p in (printed, quoted)
+        )
+        return (
+            abs(accuracy - quoted_accuracy) <= QUICK_START_TOLERANCE["accuracy"]
+            and abs(loss / quoted_loss - 1) <= QUICK_START_TOLERANCE["loss"]
+        )
+
+    return {
+        what: (printed.get(what), numbers)
+        for what, numbers in quoted.items()
+        if what not in printed or not close(printed[what], numbers)
+    }
+
+
+# What the 2-core AMD EPYC machine printed for the quick start on 2026-12-05 (mean accuracy 0.867).
+AMD_EPYC_QUICK_START = {
+    256: ("0.8750", "0.1667"),
+    2048: ("0.7812", "0.5227"),
+    "step 250": ("0.875", "0.121"),
+}
+
+
+def test_the_tolerance_admits_another_cpus_quick_start_and_refuses_a_moved_digit():
+    quoted = _quick_start_numbers(README)
+    assert set(quoted) == {256, 2048, "step 250"} and len(QUOTED_MEAN.findall(README)) == 1
+    assert not _differences(AMD_EPYC_QUICK_START, quoted, exact=False)
+    assert _differences(AMD_EPYC_QUICK_START, quoted, exact=True)
+    for moved in (("0.6812", "0.5227"), ("0.7812", "0.6227")):
+        assert _differences(AMD_EPYC_QUICK_START | {2048: moved}, quoted, exact=False)
+
+
 @pytest.mark.published
 def test_the_quick_start_prints_the_readmes_numbers(tmp_path):
     console = _run(
         ["train.py", "--config=configs/quickstart.py", f"--workdir={tmp_path / 'quickstart'}"],
         ROOT,
     )
-    printed = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(console)}
-    quoted = {int(n): (acc, loss) for n, acc, loss in LENGTH_LINE.findall(README)}
-    (loss, accuracy), (quoted_loss, quoted_accuracy) = (
-        FINAL_STEP.search(text).groups() for text in (console, README)
-    )
-    # (accuracy, loss) as printed and as quoted: lengths 256 and 2048, and the last training step.
-    pairs = [(printed[n], quoted[n]) for n in quoted]
-    pairs.append(((accuracy, loss), (quoted_accuracy, quoted_loss)))
-    assert len(pairs) == 3, quoted
-    accuracies = [float(acc) for acc, _ in printed.values()]
-    mean = f"{sum(accuracies) / len(accuracies):.3f}"
-    if all(_cpu().get(field) == value for field, value in QUICK_START_CPU.items()):
-        assert [printed for printed, _ in pairs] == [quoted for _, quoted in pairs], console
-        # The mean the README and the config's docstring quote, from the written table.
-        assert f"mean accuracy {mean} over the four lengths" in README
+    exact = all(_this_cpu().get(field) == value for field, value in QUICK_START_CPU.items())
+    printed = _quick_start_numbers(console)
+    assert not _differences(printed, _quick_start_numbers(README), exact), console
+    accuracies = [float(printed[n][0]) for n in (256, 512, 1024, 2048)]
+    mean = sum(accuracies) / len(accuracies)
+    (quoted_mean,) = QUOTED_MEAN.findall(README)
+    if exact:  # the mean the README and the config's docstring quote, from the written table
+        assert quoted_mean == f"{mean:.3f}"
         rounded = [f"{a:.3f}" for a in accuracies]
-        assert f"accuracy {', '.join(rounded[:-1])} and {rounded[-1]}" in " ".join(
-            QUICKSTART_DOC.split()
-        )
-        assert f"(mean {mean})" in QUICKSTART_DOC
-    else:  # another CPU: within the tolerance the README states
-        tolerance = QUICK_START_TOLERANCE
-        for (accuracy, loss), (quoted_accuracy, quoted_loss) in pairs:
-            assert float(accuracy) == pytest.approx(
-                float(quoted_accuracy), abs=tolerance["accuracy"]
-            )
-            assert float(loss) == pytest.approx(float(quoted_loss), rel=tolerance["loss"])
-        (quoted_mean,) = re.findall(r"mean accuracy ([\d.]+) over the four lengths", README)
-        assert float(mean) == pytest.approx(float(quoted_mean), abs=tolerance["accuracy"])
+        docstring = " ".join(QUICKSTART_DOC.split())
+        assert f"accuracy {', '.join(rounded[:-1])} and {rounded[-1]}" in docstring
+        assert f"(mean {mean:.3f})" in docstring
+    else:
+        assert abs(mean - float(quoted_mean)) <= QUICK_START_TOLERANCE["accuracy"]
 
 
 def test_the_readme_says_where_the_quick_start_is_exact_and_how_close_elsewhere():
