@@ -92,11 +92,7 @@ class Checkpointer:
         return self._restore(item, ocp.args.JsonRestore(), step)
 
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
-        step = self.latest_step() if step is None else step
-        if step is None or step not in self._manager.all_steps():
-            raise CheckpointError(
-                f"No checkpoint {'' if step is None else step} in {self.directory}."
-            )
+        # orbax restores the latest step for None, and names a missing one (FileNotFoundError).
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 
     def wait_until_finished(self) -> None:
