@@ -284,9 +284,8 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
 def _mean_mse(rows: list[dict], target: str, method: str, column: tuple[str, int]) -> float:
     """The MSE of one target, method and (split, context), averaged over seeds."""
     key = (target, method, column)
-    return np.mean(
-        [r["mse"] for r in rows if (r["task"], r["method"], (r["split"], r["context"])) == key]
-    )
+    mses = [r["mse"] for r in rows if (r["task"], r["method"], (r["split"], r["context"])) == key]
+    return np.mean(mses)
 
 
 def _bold_best(values: list[float]) -> list[str]:

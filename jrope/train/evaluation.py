@@ -192,9 +192,8 @@ def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
             dtypes = f" ({before} there, {now} now)" if before and before != now else ""
             say(f"  length {row['length']}: replaces its earlier row{dtypes}")
         by_key[row["length"], row["distance"]] = row
-    return [
-        by_key[key] for key in sorted(by_key, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
-    ]
+    keys = sorted(by_key, key=lambda key: (key[0], -1 if key[1] is None else key[1]))
+    return [by_key[key] for key in keys]
 
 
 def write_results_atomically(rows: Sequence[Row], out_dir: epath.Path, *, task: str) -> None:
