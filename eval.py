@@ -1,5 +1,4 @@
 # A clone's `python -m jrope.eval`; its docstring is what --help prints.
 from jrope.eval import __doc__, run_main  # noqa: F401
 
-if __name__ == "__main__":
-    run_main()
+run_main()

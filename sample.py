@@ -1,5 +1,4 @@
 # A clone's `python -m jrope.sample`; its docstring is what --help prints.
 from jrope.sample import __doc__, run_main  # noqa: F401
 
-if __name__ == "__main__":
-    run_main()
+run_main()

@@ -1,5 +1,4 @@
 # A clone's `python -m jrope.train`; its docstring is what --help prints.
 from jrope.train.__main__ import __doc__, run_main  # noqa: F401
 
-if __name__ == "__main__":
-    run_main()
+run_main()

@@ -1,19 +1,13 @@
-"""The experiments by name (a clone's configs/, or the copy an installed wheel carries), and the
-commands that messages give, as they run from here: `python train.py` in a clone's root, else
-`python -m jrope.train`."""
-
-from __future__ import annotations
+"""The experiments by name (a clone's configs/, or the copy a wheel carries) and the commands that
+messages give, as they run from here: `python train.py` in a clone's root, else `python -m
+jrope.train`."""
 
 import pathlib
 import sys
-from collections.abc import Sequence
 
 _CLONE = pathlib.Path(__file__).resolve().parent.parent
-CONFIGS = next(
-    (folder for folder in (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")
-     if (folder / "base.py").is_file()),
-    None,
-)  # fmt: skip
+_FOLDERS = (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")
+CONFIGS = next((folder for folder in _FOLDERS if (folder / "base.py").is_file()), None)
 
 
 def _in_clone_root() -> bool:
@@ -21,8 +15,7 @@ def _in_clone_root() -> bool:
 
 
 def command(entry_point: str) -> str:
-    """How to run 'train', 'eval' or 'sample' from here: `python eval.py` in a clone's root, else
-    `python -m jrope.eval`."""
+    """How to run 'train', 'eval' or 'sample' from here."""
     return f"python {entry_point}.py" if _in_clone_root() else f"python -m jrope.{entry_point}"
 
 
@@ -37,8 +30,8 @@ def config_names() -> list[str]:
 
 
 def config_path(value: str) -> str:
-    """A --config value with an experiment's name (`quickstart`, `kernel_probe:ARG`) replaced by its
-    file's path; a path, a file of that name here, or an unknown name comes back as it is."""
+    """A --config value with an experiment's name (`quickstart`, `kernel_probe:ARG`) replaced by
+    its file's path; a path, a file of that name here, or an unknown name comes back as it is."""
     name, colon, argument = value.partition(":")
     path = CONFIGS / f"{name}.py" if CONFIGS and name.isidentifier() else None
     if path is None or not path.is_file() or pathlib.Path(name).exists():
@@ -46,15 +39,15 @@ def config_path(value: str) -> str:
     return f"{path}{colon}{argument}"
 
 
-def with_config_paths(argv: Sequence[str]) -> list[str]:
+def with_config_paths(argv: list[str]) -> list[str]:
     """argv with the experiment name of --config=NAME (or --config NAME) replaced by its path."""
     resolved = list(argv)
-    for index, arg in enumerate(resolved):
+    for index, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
         if flag in ("--config", "-config") and equals:
             resolved[index] = f"{flag}={config_path(value)}"
-        elif arg in ("--config", "-config") and index + 1 < len(resolved):
-            resolved[index + 1] = config_path(resolved[index + 1])
+        elif flag in ("--config", "-config") and index + 1 < len(argv):
+            resolved[index + 1] = config_path(argv[index + 1])
     return resolved
 
 

@@ -1,4 +1,4 @@
-"""The project's errors, each with the exit status a command ends with (the README's table) and
+"""The project's errors, each with the exit status its command ends with (README.md's table) and
 the built-in kind it also is; a command prints the message alone (jrope.command_line)."""
 
 import signal
@@ -25,10 +25,6 @@ class ConfigError(JropeError, ValueError):
         super().__init__(f"Found before compiling (docs/runs.md):\n{lines}")
 
 
-class AudioExtraMissing(JropeError, ImportError):
-    exit_status = 2  # soundfile or soxr, of the optional 'audio' extra, are not installed
-
-
 class DataError(ConfigError):
     exit_status = 3  # every problem found before compiling is the data's
 
@@ -37,9 +33,8 @@ class DataUnavailable(JropeError, FileNotFoundError):
     exit_status = 3  # a data set is neither prepared nor on disk
 
 
-# The names the data preparation and the generation raise these kinds under.
-WikiTextUnavailable = AudioDataUnavailable = DataUnavailable
-GenerationRequestError = UsageError
+class AudioExtraMissing(JropeError, ImportError):
+    exit_status = 2  # soundfile or soxr, of the optional 'audio' extra
 
 
 class CheckpointError(JropeError, RuntimeError):
@@ -61,3 +56,7 @@ class TrainingPreempted(JropeError):
         self.step, self.exit_status = step, 128 + signum
         what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Preempted (SIGTERM)"
         super().__init__(f"{what} at step {step}: saved {checkpoint_path}; run again to resume.")
+
+
+WikiTextUnavailable = AudioDataUnavailable = DataUnavailable  # the data preparations' names
+GenerationRequestError = UsageError

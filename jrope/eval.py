@@ -13,28 +13,26 @@ from jrope import command_line
 def define_flags(argv: list[str]) -> str | None:
     """--config defaults to the run's saved config, so that the overrides apply to it."""
     workdir, config = (command_line.flag_argument(argv, name) for name in ("workdir", "config"))
-    saved = None
     if workdir and not config:
-        from jrope import saved_run_config  # here: an install without the 'train' extra is told
+        from jrope import saved_run_config  # here: without the 'train' extra, it is named
 
-        saved = saved_run_config.config_file(workdir)
-    return command_line.define_run_flags(saved)
+        config = saved_run_config.config_file(workdir)
+    return command_line.define_run_flags(config)
 
 
 def main(argv: list[str]) -> None:
+    from jrope import saved_run_config
+    from jrope.train.checkpoints import check_changes
+    from jrope.train.config import TrainConfig  # here: --help and a bad flag need no JAX
+    from jrope.train.trainer import evaluate_checkpoint
+
     command_line.start_processes()
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     if "probe" in config:
         from jrope.experiments import kernel_probe
 
-        kernel_probe.run(config, workdir)
-        return
-    from jrope import saved_run_config
-    from jrope.train.checkpoints import check_changes
-    from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
-    from jrope.train.trainer import evaluate_checkpoint
-
-    if flags.FLAGS["config"].using_default_value:  # the saved config and its overrides
+        return kernel_probe.run(config, workdir)
+    if not flags.FLAGS["config"].present:  # what defines the result may not change
         saved = saved_run_config.saved_config_path(workdir).parent.parent
         check_changes(
             saved, saved_run_config.read_saved_config(saved), config.to_dict(), "evaluate"
@@ -43,7 +41,7 @@ def main(argv: list[str]) -> None:
 
 
 def run_main() -> None:
-    command_line.run(main, define_flags)  # python -m jrope.eval, jrope-eval, or a clone's eval.py
+    command_line.run(main, define_flags)
 
 
 if __name__ == "__main__":

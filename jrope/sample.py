@@ -5,8 +5,6 @@ r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone:
 
 At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
-import re
-
 from absl import flags
 
 from jrope import command_line
@@ -18,7 +16,7 @@ flags.DEFINE_integer("num_tokens", 200, "New bytes per prompt.", lower_bound=1)
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.")
 flags.register_validator("temperature", lambda t: t >= 0, "--temperature must be >= 0")  # not NaN
 flags.DEFINE_integer("top_k", 0, "Keep the k most likely bytes (0: all).", lower_bound=0)
-flags.DEFINE_float("top_p", 1.0, "Keep the likeliest bytes up to this probability (1: all).")
+flags.DEFINE_float("top_p", 1.0, "Keep bytes up to this total probability (1: all).")
 flags.register_validator("top_p", lambda p: 0 < p <= 1, "--top_p must lie in (0, 1]")
 flags.DEFINE_integer("seed", 0, "Seed of the draws.")
 flags.DEFINE_integer("stop_byte", -1, "Stop after this byte (10: newline; -1: never).", -1, 255)
@@ -33,16 +31,14 @@ def main(argv: list[str]) -> None:
     from jrope.model.generation import GenerationSettings, SamplingSettings
 
     for prompt in FLAGS.prompt:  # Python keeps an argument's bytes that are not UTF-8 as \udcXX
-        if re.search("[\udc80-\udcff]", prompt):
+        if any("\udc80" <= char <= "\udcff" for char in prompt):
             raw = prompt.encode("utf-8", "surrogateescape")
             raise UsageError(f"--prompt={raw!r} is not UTF-8 text; pass the prompt as UTF-8.")
     run = text_generation.load_text_run(FLAGS.workdir)
     stop = None if FLAGS.stop_byte < 0 else run.byte_token(FLAGS.stop_byte)
     sampling = SamplingSettings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.seed)
-    settings = GenerationSettings(
-        FLAGS.num_tokens, sampling, stop, FLAGS.position_offset, FLAGS.rebase_bound,
-        use_cache=not FLAGS.no_cache,
-    )  # fmt: skip
+    settings = GenerationSettings(FLAGS.num_tokens, sampling, stop, FLAGS.position_offset,
+                                  FLAGS.rebase_bound, use_cache=not FLAGS.no_cache)  # fmt: skip
     for prompt, text in zip(FLAGS.prompt, run.generate(FLAGS.prompt, settings), strict=True):
         print(f"=== prompt {prompt!r}\n{text}" if len(FLAGS.prompt) > 1 else text)
 

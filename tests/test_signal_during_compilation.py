@@ -87,7 +87,8 @@ def test_a_signal_while_eval_compiles_ends_with_its_status_and_one_line(tmp_path
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
         os.mkdir(tmp_path / "cache")  # the evaluation compiles again
         status, log, _ = _stop_while(
-            ["eval.py", f"--workdir={workdir}"],
+            # A length the step lacks each time: one it holds is not evaluated again.
+            ["eval.py", f"--workdir={workdir}", f"--config.eval.lengths=({16 + 8 * index},)"],
             "Evaluating step",
             delay,
             signal.SIGTERM,

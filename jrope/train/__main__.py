@@ -6,15 +6,15 @@ from jrope import command_line
 
 
 def main(argv: list[str]) -> None:
-    command_line.start_processes()
-    from jrope.train.config import TrainConfig  # here: a bad flag is told without JAX
+    from jrope.train.config import TrainConfig  # here: --help and a bad flag need no JAX
     from jrope.train.trainer import train_and_evaluate
 
+    command_line.start_processes()
     train_and_evaluate(TrainConfig.from_config_dict(flags.FLAGS.config), flags.FLAGS.workdir)
 
 
 def run_main() -> None:
-    command_line.run(main, lambda argv: command_line.define_run_flags())  # also jrope-train
+    command_line.run(main, lambda argv: command_line.define_run_flags())
 
 
 if __name__ == "__main__":
