@@ -55,7 +55,7 @@ def start_processes() -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(*explicit)
     where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
-    logging.info("JAX process %d/%d, local devices %s, all %d.", *where)
+    logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
 
 
 def run(main, define_flags=None) -> None:

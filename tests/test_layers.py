@@ -287,7 +287,7 @@ def test_refusals_name_the_reason():
         causal_self_attention(_layer("rope"), q, k, v, positions, kernel="splash", backend="cpu")
     with pytest.raises(ValueError, match="splash kernel does not compute .*float32 dots"):
         causal_self_attention(_layer(RAW_SHEAR), q, k, v, positions, kernel="splash", backend="tpu")
-    with pytest.raises(ValueError, match="'flash'; choose one of"):
+    with pytest.raises(ValueError, match="unknown attention kernel 'flash'; choose one of"):
         causal_self_attention(_layer("rope"), q, k, v, positions, kernel="flash")
 
 

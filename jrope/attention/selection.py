@@ -139,6 +139,8 @@ def choose_kernel(
 def feature_refusal(kernel: str, encoding: Any) -> str | None:
     """The sentence refusing `encoding` on `kernel`: its first feature the kernel does not
     compute, and the kernels that take the encoding (None: the kernel takes every feature)."""
+    if kernel not in KERNEL_FEATURES:
+        return f"unknown attention kernel {kernel!r}; choose one of {KERNELS}."
     missing = encodings.unsupported_features(encoding, KERNEL_FEATURES[kernel])
     if not missing:
         return None
