@@ -123,8 +123,7 @@ def _problem(kind: Any, value: Any, rules: dict, values: Mapping[str, Any]) -> s
         )
         holds = isinstance(value, tuple) and (value or "nonempty" not in rules)
         holds = holds and not any(_problem(item_kind, item, rules, values) for item in value)
-        if holds and "distinct" in rules and len(set(value)) < len(value):
-            holds = False
+        holds = holds and ("distinct" not in rules or len(set(value)) == len(value))
         return None if holds else f" must be {allowed}, got {value!r}."
     if kind in (int, float) and not _holds(kind, value, rules):
         return f" must be {_allowed(kind, rules)}, got {value!r}."

@@ -1,6 +1,5 @@
-"""Result files, written whole: CSV, markdown tables and PNG plots, local or on a bucket; and
-JSON-lines logs, read tolerantly. The one module that the harness (jrope.train) and the experiments
-(jrope.experiments) both write their tables, figures and logs through; it imports neither."""
+"""Result files written whole (CSV, markdown, PNG; local or on a bucket) and JSON-lines logs read
+tolerantly: what the harness and the experiments both write through; it imports neither."""
 
 from __future__ import annotations
 
@@ -70,9 +69,7 @@ def save_figure(fig, path: epath.PathLike, *, dpi: int = 120) -> None:
 Curve = tuple[Sequence[int], Sequence[float], Sequence[float] | None]
 
 
-def plot_against_length(
-    path: epath.PathLike, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)
-) -> None:
+def plot_against_length(path, curves: Mapping[str, Curve], *, ylabel: str, size=(6, 4)) -> None:
     """One curve per label against evaluation length, on a log2 axis."""
     fig = new_figure(size)
     ax = fig.subplots()
@@ -88,9 +85,7 @@ def plot_against_length(
     save_figure(fig, path)
 
 
-def write_folder_atomically(
-    out_dir: epath.PathLike, write: Callable[[epath.Path], None], names: Sequence[str]
-) -> None:
+def write_folder_atomically(out_dir: epath.PathLike, write: Callable, names: Sequence[str]) -> None:
     """`write(folder)` writes the files `names` into a temporary sibling folder, then each is moved
     into `out_dir` in that order (the last one marks a whole result): a local folder never holds a
     part of them. On an object store (no rename) `write` writes into `out_dir` itself."""
@@ -106,13 +101,9 @@ def write_folder_atomically(
             os.replace(os.path.join(staging, name), out_dir / name)
 
 
-DAMAGED_SUFFIX = ".damaged"
-
-
 def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
-    """(the whole records, the damaged bytes) of a JSON-lines log's contents: a record is a line
-    that is UTF-8 and one JSON object, returned with its newline (a last line may lack it); every
-    other line goes to the damaged bytes as it was."""
+    """(the records: lines of UTF-8 and one JSON object each, with their newline; the bytes of
+    every other line) of a JSON-lines log's contents."""
     records, damaged = [], []
     pieces = data.split(b"\n")  # not bytes.splitlines, which also splits at \r, \f, ...
     for raw in [piece + b"\n" for piece in pieces[:-1]] + [pieces[-1]]:
@@ -129,9 +120,8 @@ def split_json_lines(data: bytes) -> tuple[list[str], bytes]:
 
 
 class JsonLinesLog:
-    """A log of one line per record at `path` (its folder made), continued when it exists;
-    `keep` chooses which of the records already there stay (None: all). Damaged lines
-    (split_json_lines) are set aside in `<path>.damaged`, named once on the console: every line
+    """A log of one line per record at `path`, continued; `keep` chooses which records already
+    there stay (None: all). Damaged lines are set aside in `<path>.damaged`, said once: every line
     of the log parses, and a line cut short never fuses with the next record."""
 
     def __init__(self, path: epath.PathLike, keep: Callable[[str], bool] | None = None):
@@ -139,8 +129,11 @@ class JsonLinesLog:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         history = self._path.read_bytes() if self._path.exists() else b""
         records, damaged = split_json_lines(history)
-        if damaged:
-            self._set_aside(damaged)
+        if damaged:  # appended to the side file before the log is rewritten without them
+            side = self._path.parent / (self._path.name + ".damaged")
+            side.write_bytes((side.read_bytes() if side.exists() else b"") + damaged)
+            lines = damaged.count(b"\n")
+            print(f"{self._path}: {lines} damaged line(s) set aside in {side}.", flush=True)
         kept = "".join(line for line in records if keep is None or keep(line)).encode()
         if is_uri(self._path):  # uploaded an interval after the first line, not line by line
             self._file = BucketObject(self._path, kept, uploaded_at=time.monotonic())
@@ -148,14 +141,6 @@ class JsonLinesLog:
         if kept != history:
             write_atomically(str(self._path), [kept])
         self._file = self._path.open("ab")
-
-    def _set_aside(self, damaged: bytes) -> None:
-        """Appends the damaged bytes to the side file (before the log is rewritten without them)."""
-        side = self._path.parent / (self._path.name + DAMAGED_SUFFIX)
-        earlier = side.read_bytes() if side.exists() else b""
-        side.write_bytes(earlier + damaged)
-        lines = damaged.count(b"\n")
-        print(f"{self._path}: {lines} damaged line(s) set aside in {side}.", flush=True)
 
     def write(self, line: str) -> None:
         """Appends `line` (no newline) to the log."""

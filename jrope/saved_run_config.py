@@ -1,11 +1,7 @@
 """The config saved with a run's latest checkpoint, as an ml_collections config file: eval.py's
---config defaults to `<this file>:DIR`, so that --config.<key>=<value> applies to the run's own
-config as to any config file.
-
-Each checkpoint keeps its run's config as JSON (jrope.train.checkpoints: orbax writes the `config`
-item to `<step>/config/metadata`). It is read as a file, without orbax, so that no JAX backend
-starts before a multi-process run's processes have found each other.
-"""
+--config defaults to `<this file>:DIR`, so that --config.<key>=<value> applies to it as to any file.
+Orbax writes it to `<step>/config/metadata`; it is read without orbax, so that no JAX backend starts
+before a multi-process run's processes have found each other."""
 
 from __future__ import annotations
 
@@ -42,7 +38,10 @@ def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
         saved = json.loads((checkpoint / "config" / "metadata").read_bytes())
     except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
         raise damaged(checkpoint, f"has a config that cannot be read ({error})") from None
-    return without_retired_keys(saved)
+    for section, keys in RETIRED_KEYS.items():
+        if isinstance(saved.get(section), dict):
+            saved[section] = {k: v for k, v in saved[section].items() if k not in keys}
+    return saved
 
 
 def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
@@ -53,11 +52,10 @@ def damaged(checkpoint: epath.Path, problem: str) -> CheckpointError:
     earlier = [s for s in finished if s < step and (folder / str(s) / DIGESTS_ITEM).exists()]
     later = [folder / str(s) for s in finished if earlier and earlier[-1] < s <= step]
     aside = folder.parent / "damaged_checkpoints"
-    resume = (
-        f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {' '.join(map(str, later))} {aside}/"
-        if earlier
-        else "start again in another --workdir"
-    )
+    resume = "start again in another --workdir"
+    if earlier:
+        moved = " ".join(map(str, later))
+        resume = f"resume from step {earlier[-1]}: mkdir -p {aside} && mv {moved} {aside}/"
     return CheckpointError(f"Checkpoint {checkpoint} {problem}; {resume}.")
 
 
@@ -91,15 +89,6 @@ def no_checkpoint(workdir: str) -> CheckpointError | WorkdirBusy:
                                "wait for it to end, or use another --workdir.")  # fmt: skip
     return CheckpointError(f"--workdir {path} holds no finished checkpoint: the training there "
                            f"({holder}) ended before its first save; train it again.")  # fmt: skip
-
-
-def without_retired_keys(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config (JSON dict) without RETIRED_KEYS."""
-    kept = dict(saved)
-    for section, keys in RETIRED_KEYS.items():
-        if isinstance(kept.get(section), dict):
-            kept[section] = {k: v for k, v in kept[section].items() if k not in keys}
-    return kept
 
 
 def _with_tuples(value: Any) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers.tiny_config import tiny_config
 
-from jrope.errors import CheckpointError, WorkdirBusy
+from jrope.errors import WorkdirBusy
 from jrope.train.checkpoints import (
     CONFIG_ITEM,
     LOCK_FILE,
@@ -75,7 +75,7 @@ def test_periodic_saves_keep_the_latest_ones(tmp_path):
 
 def test_restore_without_checkpoint_is_refused(tmp_path):
     checkpointer = _checkpointer(tmp_path / "empty", tiny_config())
-    with pytest.raises(CheckpointError, match="No checkpoint  in .*empty"):
+    with pytest.raises(FileNotFoundError, match="No steps found in .*empty"):
         checkpointer.restore({})
     checkpointer.close()
 

@@ -1,6 +1,7 @@
 """The run config (jrope.train.config): the sections, the one parser, and config files from anywhere."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -204,13 +205,15 @@ def test_no_shipped_config_sets_a_key_without_effect():
         assert problems == [] and keys_without_effect(cfg.data) == ([], []), name
 
 
-def test_a_saved_config_holding_a_retired_key_still_loads():
+def test_a_saved_config_holding_a_retired_key_still_loads(tmp_path):
     saved = tiny_config().to_json_dict()
     saved["eval"]["max_hours"] = 24.0  # written by checkpoints of earlier versions
     saved["data"].update(seq_len=16, head_dim=8, theta=10000.0)  # and these, once config keys
     with pytest.raises(ConfigError, match=r"eval\.max_hours: no such key"):
         TrainConfig.from_config_dict(saved)
-    kept = saved_run_config.without_retired_keys(saved)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "metadata").write_text(json.dumps(saved))
+    kept = saved_run_config.read_saved_config(tmp_path)
     assert TrainConfig.from_config_dict(kept) == tiny_config()
 
 

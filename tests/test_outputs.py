@@ -265,8 +265,7 @@ def test_a_later_evaluation_joins_the_metrics_and_tensorboard_under_the_training
         for length, loss in ((256, 0.25), (4096, math.inf))
     ]
     (tmp_path / outputs.METRICS_FILE).write_text('{"step": 8, "time": 0, "train/loss": 1.0}\n')
-    logged = evaluation.logged_scalars(rows, "classification")
-    evaluation.log_evaluation(str(tmp_path), 8, logged, tensorboard=True)
+    evaluation.log_evaluation(str(tmp_path), 8, True, "classification", rows)
     lines = (tmp_path / outputs.METRICS_FILE).read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert records[0]["train/loss"] == 1.0  # the training run's lines stay

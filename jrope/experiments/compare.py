@@ -4,25 +4,14 @@ r"""Train and evaluate a list of methods over seeds, and tabulate them side by s
         --methods=rope,direct_sum,jordan_rope,jordan_raw_tau,jordan_exact_scaled,rope_alibi \
         --seeds=0,1,2 --workdir=runs/synthetic_cpu
 
-Each (method, seed) trains in `<workdir>/<method>/seed<seed>` with the same
-config but `pe.name` and `seed`. Every run's config is checked before the
-first one trains (jrope.train.checks), and all problems of all runs are
-reported together: a misspelt method last in --methods must not cost the
-training of the others first. The run is resumable at two levels: a
-finished run (its final evaluation CSV exists) is not retrained, and an
-interrupted one resumes from its latest checkpoint. A finished run is read
-only when its last start's config has the command's training settings (else
-UsageError, naming each difference), and is evaluated at the lengths it
-lacks; the tables hold the command's lengths only. The comparison is
-printed at the end, with where its files went, and written to
-`<workdir>/comparison.{csv,md,png}`: every row, then the mean and
-spread (sample standard deviation) over seeds per method and length, and,
-for a task evaluated at chosen distances (key-value retrieval), per method,
-length and distance.
-
-It takes the multi-process flags of train.py (--multiprocess, or
---coordinator_address, --num_processes, --process_id): every process runs
-the same command, and each run uses all of them.
+Each (method, seed) trains in `<workdir>/<method>/seed<seed>` with the same config but `pe.name`
+and `seed`. Every run's config is checked before the first one trains, all problems of all runs
+together: a misspelt method last in --methods must not cost the training of the others first. A
+finished run (its final evaluation CSV exists) is not retrained, only read where its last start's
+config has the command's training settings, and evaluated at the lengths it lacks; an interrupted
+one resumes. `<workdir>/comparison.{csv,md,png}` hold every row, then the mean and sample std over
+seeds per method and length (and distance, for key-value retrieval). Every process of a
+multi-process run (train.py's flags) runs the same command.
 """
 
 from __future__ import annotations
@@ -51,22 +40,13 @@ from jrope.train.outputs import say
 from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
 
 
-def run_comparison(
-    config, methods: Sequence[str], seeds: Sequence[int], workdir: str
-) -> list[dict]:
+def run_comparison(config, methods: Sequence[str], seeds: Sequence[int], workdir: str) -> list:
     """Checks every (method, seed), trains those not yet finished, then writes the comparison files.
-
-    Raises ConfigError (DataError) listing every problem of every run before any
-    trains; UsageError for no methods or seeds, or a repeated one (comparison_axes).
-    """
+    ConfigError (DataError) listing every problem of every run before any trains."""
     methods, seeds = comparison_axes(methods, [str(seed) for seed in seeds])
+    folder = epath.Path(workdir)
     runs = {
-        (method, seed): (
-            _run_config(config, method, seed),
-            epath.Path(workdir) / method / f"seed{seed}",
-        )
-        for seed in seeds
-        for method in methods
+        (m, s): (_run_config(config, m, s), folder / m / f"seed{s}") for s in seeds for m in methods
     }
     checked = _check_every_run(runs)
     finished = {run: _finished_rows(checked[run], run_dir) for run, (_, run_dir) in runs.items()}
@@ -86,8 +66,8 @@ def run_comparison(
 
 def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     """The result rows of a run finished with `cfg`'s settings at eval.lengths, evaluating the
-    lengths (or sequence counts) it lacks; None when it has not finished. UsageError for a run
-    trained with other settings (its last start record's config): its rows are not this command's."""
+    lengths it lacks; None when unfinished. UsageError for a run of other settings (its last start
+    record's config): its rows are not this command's."""
     out_dir = evaluation.results_dir(run_dir, cfg.num_steps)
     earlier = evaluation.readable_results(out_dir)
     if earlier is None:
@@ -156,9 +136,7 @@ def task_of(rows: Sequence[dict[str, Any]]) -> str:
     return "regression" if not np.isnan(rows[0]["r2"]) else "classification"
 
 
-def summarize(
-    rows: Sequence[dict[str, Any]], metric: str, distance: int | None = None
-) -> dict[str, dict[int, tuple[float, float, int]]]:
+def summarize(rows: Sequence[dict], metric: str, distance: int | None = None) -> dict:
     """method -> length -> (mean, sample std over seeds, number of seeds), of the rows at `distance`
     (None: the rows over the source's own evaluation sequences)."""
     grouped: dict[str, dict[int, list[float]]] = {}
@@ -181,9 +159,7 @@ def comparison_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     cells = []
     for method, by_length in summary.items():
         seeds = min(n for _, _, n in by_length.values())
-        cells.append(
-            [method, str(seeds)] + [_mean_and_spread(*by_length[length]) for length in lengths]
-        )
+        cells.append([method, str(seeds), *(_mean_and_spread(*by_length[n]) for n in lengths)])
     title = f"{metric}: mean ± std over seeds ({rows[0]['num_sequences']} sequences per length)"
     header = ["method", "seeds"] + [str(length) for length in lengths]
     return f"{title}\n\n" + results.markdown_table(header, cells)
@@ -193,9 +169,7 @@ def seed_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown: one line per (method, seed), the metric per length (the rows behind the means)."""
     lengths = sorted({row["length"] for row in rows})
     values = {
-        (row["method"], row["seed"], row["length"]): row[metric]
-        for row in rows
-        if row["distance"] is None
+        (r["method"], r["seed"], r["length"]): r[metric] for r in rows if r["distance"] is None
     }
     runs = list(dict.fromkeys((method, seed) for method, seed, _ in values))
     cells = [
@@ -207,11 +181,8 @@ def seed_table(rows: Sequence[dict[str, Any]], metric: str) -> str:
 
 
 def provenance() -> str:
-    """'Made by `<this command>` at jrope <commit>': the line that lets a table be regenerated.
-
-    The commit is the checkout's (with '+changes' when its tracked files differ from it); an
-    installed package without its repository gives its version.
-    """
+    """'Made by `<this command>` at jrope <commit>[+changes]' (an installed package: its version):
+    the line that lets a table be regenerated."""
     command = shlex.join(["python", "-m", "jrope.compare", *sys.argv[1:]])
     commit = outputs.code_commit()
     if commit is None:
@@ -242,27 +213,18 @@ def _mean_and_spread(mean: float, spread: float, num_seeds: int) -> str:
 
 def write_comparison(rows: Sequence[dict[str, Any]], workdir: str) -> dict[str, epath.Path]:
     """<workdir>/comparison.csv (all rows), .md (a table per metric of the task, and its headline
-    metric per distance), .png (curves of the headline metric against length).
-
-    Returns their paths by suffix ('csv', 'md', 'png').
-    """
+    metric per distance), .png (the headline metric against length); their paths by suffix."""
     workdir = epath.Path(workdir)
     paths = {suffix: workdir / f"comparison.{suffix}" for suffix in ("csv", "md", "png")}
     results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     metrics = TASK_COLUMNS[task_of(rows)]
-    tables = [provenance()]
-    tables += [comparison_table(rows, metric) for metric in metrics]
-    tables.append(seed_table(rows, metrics[0]))
-    tables.append(distance_tables(rows, metrics[0]))
+    tables = [provenance(), *(comparison_table(rows, metric) for metric in metrics)]
+    tables += [seed_table(rows, metrics[0]), distance_tables(rows, metrics[0])]
     results.write_text(paths["md"], "\n".join(filter(None, tables)))
-    curves = {
-        method: (
-            list(by_length),
-            [m for m, _, _ in by_length.values()],
-            [s for _, s, _ in by_length.values()],
-        )
-        for method, by_length in summarize(rows, metrics[0]).items()
-    }
+    curves = {}
+    for method, by_length in summarize(rows, metrics[0]).items():
+        means, spreads, _ = zip(*by_length.values(), strict=True)
+        curves[method] = (list(by_length), means, spreads)
     results.plot_against_length(paths["png"], curves, ylabel=metrics[0])
     return paths
 
@@ -271,10 +233,8 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
     """The comparison tables on the console (as comparison.md holds them), then where each file is."""
     say(f"\nComparison ({paths['md']}):\n")
     say(paths["md"].read_text().rstrip())
-    say(
-        f"\nComparison files:\n  {paths['csv']}  every run's rows\n"
-        f"  {paths['md']}  the tables above\n  {paths['png']}  the headline metric against length"
-    )
+    say(f"\nComparison files:\n  {paths['csv']}  every run's rows\n  {paths['md']}  the tables "
+        f"above\n  {paths['png']}  the headline metric against length")  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -284,10 +244,8 @@ def main(argv: list[str]) -> None:
 
 
 def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tuple[list, list]:
-    """(methods, int seeds) from the flags' lists; UsageError for an empty list or a repeat.
-
-    A repeated method or seed would train once and count twice in the means.
-    """
+    """(methods, int seeds) from the flags' lists; UsageError for an empty list or a repeat (it
+    would train once and count twice in the means)."""
     methods = [method.strip() for method in methods or () if method.strip()]
     if not methods:
         raise UsageError("--methods is required, e.g. --methods=rope,jordan_rope")

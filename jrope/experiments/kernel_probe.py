@@ -1,14 +1,10 @@
 """The kernel probe: which lag kernels can an encoding represent?
 
-For fixed q and k, every encoding's attention logit between query i and key
-j is a linear combination of a few functions of the lag d = i - j: its
-relative lag features. The probe fits a target kernel y(d) by ridge
-regression on a method's features over the training lags d in [0, L) and
-measures the squared error on [0, T) for T up to 8L: how well the method can
-express, and then extrapolate, that kernel. No training, no model.
-
-A method's basis is read off its PEConfig (the registry of
-`jrope.pe_config_from_name`), always with a constant 1:
+For fixed q and k, every encoding's attention logit between query i and key j is a linear
+combination of a few functions of the lag d = i - j: its relative lag features. The probe fits a
+target kernel y(d) by ridge regression on a method's features over the lags d in [0, L) and
+measures the squared error on [0, T) for T up to 8L: how well the method can express, and then
+extrapolate, that kernel; no training, no model. A method's basis (its PEConfig's) and 1:
 
     rotary layout         cos(w_k d), sin(w_k d)
     Jordan layout         c_r(d) D(d) cos(w_k d), c_r(d) D(d) sin(w_k d)   for r < m
@@ -17,29 +13,22 @@ A method's basis is read off its PEConfig (the registry of
                           config's damping and shear time, and the ramp d/L (the paper's basis)
     ALiBi bias            the ramp d/L
 
-The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no
-encoding behind them) have their own features, again with the constant:
+The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no encoding behind them):
 
     rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m)
     direct_sum_poly_m{m}  the rotary features and (tau(d)/L)^r, r = 1 .. m-1
     jordan_scaled_m{m}_c{100c}  the features of jordan_exact_m{m}_c{100c}
 
-with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0
-otherwise), c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) =
-d/(1 + d/L) ('bounded') or d ('raw'), and only c_0 = 1 without shear. The
-shear strength eta, jet gates and the 1/L scale of the scaled variants are
-constant factors of a feature, absorbed by its regression weight; the time is
-measured in units of L as in the paper. Every method uses the same
-frequencies w_k = theta^(-2k/head_dim), k < num_freqs, so that the comparison
-is about the lag functions and not about which frequencies a head layout keeps.
+with D(d) = e^{-gamma d} (gamma = the config's initial gamma when learned, 0 otherwise),
+c_r(d) = (s(d)/L)^r / r! for the shear time s(d) = tau(d) = d/(1 + d/L) ('bounded') or d ('raw'),
+and only c_0 = 1 without shear. Constant factors of a feature (eta, jet gates, 1/L) are absorbed by
+its regression weight. Every method uses the same frequencies w_k = theta^(-2k/head_dim),
+k < num_freqs, so that the comparison is about the lag functions, not the frequencies kept.
 
-The features come from jrope.pe_math (the code of the encodings), in
-float32; the targets (jrope.experiments.probe_targets) in float64. The
-regression (a ridge penalty on every weight, constant included), predictions
-and errors run in `solver_dtype`: 'float64' solves the ill-conditioned normal
-equations accurately, 'float32' as the reference code does and reproduces its
-tables; the extrapolated errors differ by up to tens of percent
-(docs/reference.md, section "Probe solver precision").
+The features come from jrope.pe_math (the encodings' code) in float32, the targets in float64. The
+regression (a ridge penalty on every weight, constant included), predictions and errors run in
+`solver_dtype`: 'float64' solves the ill-conditioned normal equations accurately, 'float32' as the
+reference code does, reproducing its tables (docs/reference.md, "Probe solver precision").
 """
 
 from __future__ import annotations
@@ -107,9 +96,8 @@ class KernelProbeConfig(Declared):
         for target in self.targets:
             check_target(target)
         if not set(self.plot_targets) <= set(self.targets):
-            raise ValueError(
-                f"probe.plot_targets {self.plot_targets} must be among probe.targets {self.targets}."
-            )
+            raise ValueError(f"probe.plot_targets {self.plot_targets} must be among probe.targets "
+                             f"{self.targets}.")  # fmt: skip
         for method in self.methods:
             if probe_baseline_from_name(method) is None:  # a bad baseline order fails there
                 method_pe_config(method, self)  # an unknown name fails here, listing the forms
@@ -143,15 +131,12 @@ def method_pe_config(method: str, probe: KernelProbeConfig) -> PEConfig:
     settings = dict(train_context=probe.train_context, theta=probe.theta, gamma_min=0.0)
     cfg = pe_config_from_name(method, init_gamma=probe.gamma, **settings)
     if missing := unsupported_features(make_encoding(cfg, 1, 8 * cfg.order), FEATURES):
-        raise ValueError(
-            f"{method}: the kernel probe has no closed-form features of its {missing[0]}."
-        )
+        raise ValueError(f"{method}: the kernel probe has no closed-form features of its "
+                         f"{missing[0]}.")  # fmt: skip
     return cfg
 
 
-def _jordan_features(
-    cfg: PEConfig, order: int, rotate: bool, lags: np.ndarray, omegas: jnp.ndarray
-) -> list[np.ndarray]:
+def _jordan_features(cfg: PEConfig, order: int, rotate: bool, lags, omegas) -> list[np.ndarray]:
     """c_r(d) D(d) (cos, sin)(w d) for r < order (c_r(d) D(d) when not rotating), each [n, F] or [n, 1]."""
     gamma = cfg.init_gamma if cfg.learn_gamma else 0.0
     d = jnp.asarray(lags, jnp.float32)[:, None]
@@ -171,9 +156,7 @@ def _rotary_features(lags: np.ndarray, omegas: jnp.ndarray) -> list[np.ndarray]:
     return [np.asarray(c, np.float64) for c in pe_math.damped_phase(d, 0.0, omegas[None, :])]
 
 
-def _baseline_features(
-    baseline: ProbeBaseline, lags: np.ndarray, probe: KernelProbeConfig, omegas: jnp.ndarray
-) -> list[np.ndarray]:
+def _baseline_features(baseline: ProbeBaseline, lags, probe: KernelProbeConfig, omegas) -> list:
     """The reference's probe-baseline features (the constant excluded)."""
     if baseline.kind == "rope_matched":
         return _rotary_features(lags, omegas[: max(1, probe.num_freqs // baseline.order)])
@@ -209,9 +192,7 @@ def basis_features(method: str, lags: np.ndarray, probe: KernelProbeConfig) -> n
     return np.concatenate([c.reshape(lags.size, -1) for c in columns], axis=1)
 
 
-def ridge_fit(
-    features: np.ndarray, targets: np.ndarray, ridge: float, solver_dtype: str = "float64"
-) -> np.ndarray:
+def ridge_fit(features: np.ndarray, targets: np.ndarray, ridge: float, solver_dtype="float64"):
     """Weights w [F] solving (X^T X + ridge I) w = X^T y; X [n, F], y [n].
 
     'float64': numpy in float64. 'float32': XLA on the CPU with full-precision
@@ -237,18 +218,9 @@ def _ridge_fit_float32(x: jax.Array, y: jax.Array, ridge: jax.Array) -> jax.Arra
     return jnp.linalg.solve(gram, jnp.matmul(x.T, y, precision=highest))
 
 
-def training_lags(probe: KernelProbeConfig, seed: int) -> np.ndarray:
-    """All lags of [0, L), or a seeded sorted subset of train_points of them."""
-    if probe.train_points == probe.train_context:
-        return np.arange(probe.train_context)
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(probe.train_context, size=probe.train_points, replace=False))
-
-
 def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Every (seed, target, method) fit: (rows of CSV_COLUMNS, one 'train' row and one 'eval'
-    row per eval context each; target -> method -> the first seed's fit on [0, max(eval_contexts)),
-    float64, for each of plot_targets)."""
+    """(CSV_COLUMNS rows of every (seed, target, method) fit: 'train' and 'eval' per eval context;
+    plot target -> method -> the first seed's fit on [0, max(eval_contexts)), float64)."""
     longest = max(probe.eval_contexts)
     dtype = SOLVER_DTYPES[probe.solver_dtype]
     # One feature matrix per method covers the fit lags and every evaluation window.
@@ -256,7 +228,10 @@ def probe_rows(probe: KernelProbeConfig) -> tuple[list[dict], dict[str, np.ndarr
     eval_features = {m: basis_features(m, lags, probe).astype(dtype) for m in probe.methods}
     rows, plot_curves = [], {target: {} for target in probe.plot_targets}
     for seed in probe.seeds:
-        fit_lags = training_lags(probe, seed)
+        fit_lags = lags[: probe.train_context]  # all lags of [0, L), or a seeded subset
+        if probe.train_points < probe.train_context:
+            rng = np.random.default_rng(seed)
+            fit_lags = np.sort(rng.choice(probe.train_context, probe.train_points, replace=False))
         for target in probe.targets:
             y_fit = target_values(target, fit_lags, probe).astype(dtype)
             y_all = target_values(target, lags, probe).astype(dtype)
@@ -292,21 +267,25 @@ def markdown_table(rows: list[dict], probe: KernelProbeConfig) -> str:
         ]
         cells = [[method, *shown] for method, *shown in zip(probe.methods, *by_column, strict=True)]
         lines += ["", f"### {target}", "", results.markdown_table(header, cells).rstrip("\n")]
-    if len(probe.targets) > 1:
+    if len(probe.targets) > 1:  # targets as rows, at one column each
         for title, column in (
             (f"every target at T={max(probe.eval_contexts)}", ("eval", max(probe.eval_contexts))),
             (f"every target on the fit window (train, L={probe.train_context})", columns[0]),
         ):
-            lines += ["", f"### {title}", "", _summary_table(rows, probe, column)]
+            cells = [
+                [target, *_bold_best([_mean_mse(rows, target, m, column) for m in probe.methods])]
+                for target in probe.targets
+            ]
+            table = results.markdown_table(["target", *probe.methods], cells).rstrip("\n")
+            lines += ["", f"### {title}", "", table]
     return "\n".join(lines) + "\n"
 
 
 def _mean_mse(rows: list[dict], target: str, method: str, column: tuple[str, int]) -> float:
     """The MSE of one target, method and (split, context), averaged over seeds."""
     key = (target, method, column)
-    return np.mean(
-        [r["mse"] for r in rows if (r["task"], r["method"], (r["split"], r["context"])) == key]
-    )
+    mses = [r["mse"] for r in rows if (r["task"], r["method"], (r["split"], r["context"])) == key]
+    return np.mean(mses)
 
 
 def _bold_best(values: list[float]) -> list[str]:
@@ -314,18 +293,7 @@ def _bold_best(values: list[float]) -> list[str]:
     return [f"**{v:.3g}**" if v == min(values) else f"{v:.3g}" for v in values]
 
 
-def _summary_table(rows: list[dict], probe: KernelProbeConfig, column: tuple[str, int]) -> str:
-    """Targets as rows, methods as columns: the MSE (mean over seeds) at one column; best in bold."""
-    cells = [
-        [target, *_bold_best([_mean_mse(rows, target, m, column) for m in probe.methods])]
-        for target in probe.targets
-    ]
-    return results.markdown_table(["target", *probe.methods], cells).rstrip("\n")
-
-
-def plot_fits(
-    path: epath.PathLike, target: str, curves: dict[str, np.ndarray], probe: KernelProbeConfig
-) -> None:
+def plot_fits(path: epath.PathLike, target: str, curves: dict, probe: KernelProbeConfig) -> None:
     """Every method's fit (curves: method -> fit) of `target` over [0, T_max): the RMS error
     per window of lags (the raw curves of a few lags' period would be a solid band), and the
     curves over the last 96 lags, where extrapolation is hardest."""

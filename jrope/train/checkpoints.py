@@ -37,9 +37,8 @@ DIGESTS_ITEM = saved_run_config.DIGESTS_ITEM
 
 
 class Checkpointer:
-    """Saves every `every_steps` steps (or forced) into `directory`, one subdirectory per step,
-    keeping the latest `max_to_keep`, with `config_json` (the run's config) beside each state;
-    restores a checkpoint without digests only where `accept_missing_digests`."""
+    """Saves every `every_steps` steps (or forced) into `directory`, keeping the latest
+    `max_to_keep`, with `config_json` (the run's config) and the digests beside each state."""
 
     def __init__(
         self,
@@ -54,15 +53,12 @@ class Checkpointer:
         self.config_json = config_json
         self.accept_missing_digests = accept_missing_digests
         self._every_steps = every_steps
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep,
-                create=True,
-                cleanup_tmp_directories=True,  # every save is forced: should_save decides
-            ),
-            item_names=(STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM),
+        # Every save is forced (should_save decides); a killed save's folder goes at the next start.
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, cleanup_tmp_directories=True
         )
+        items = (STATE_ITEM, CONFIG_ITEM, DIGESTS_ITEM)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=items)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -72,8 +68,7 @@ class Checkpointer:
         return step % self._every_steps == 0
 
     def reached_preemption(self, step: int) -> bool:
-        """Whether the processes of a multi-process run agreed to stop at `step` (JAX's
-        coordination service caught a SIGTERM); False in a single process."""
+        """Whether a multi-process run's processes agreed to stop at `step` (a SIGTERM caught)."""
         return self._manager.reached_preemption(step)
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
@@ -97,16 +92,8 @@ class Checkpointer:
         return self._restore(item, ocp.args.JsonRestore(), step)
 
     def _restore(self, item: str, args: Any, step: int | None) -> Any:
-        step = self.latest_step() if step is None else step
-        if step is None or step not in self._manager.all_steps():
-            raise CheckpointError(
-                f"No checkpoint {'' if step is None else step} in {self.directory}."
-            )
+        # orbax restores the latest step for None, and names a missing one (FileNotFoundError).
         return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
-
-    def damaged_arrays(self, state: Any, step: int) -> list[str]:
-        """Arrays of `state` (restored from checkpoint `step`) whose digest is not the saved one."""
-        return mismatches(self.restore_json(DIGESTS_ITEM, step), state_digests(state))
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -147,9 +134,7 @@ def state_digests(state: Any) -> dict[str, list[int]]:
 
 def mismatches(saved: dict[str, list[int]], restored: dict[str, list[int]]) -> list[str]:
     """Names of the arrays whose restored digest differs from the saved one (or is missing)."""
-    return sorted(
-        name for name in saved.keys() | restored.keys() if saved.get(name) != restored.get(name)
-    )
+    return sorted(n for n in saved.keys() | restored.keys() if saved.get(n) != restored.get(n))
 
 
 # What a resume may change besides checkpoint.accept_changes: it leaves the trained model alone
@@ -174,9 +159,7 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
     return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
 
 
-def restore_or_initialize(
-    checkpointer: Checkpointer, abstract: Any, initialize: Callable[[], Any]
-) -> Any:
+def restore_or_initialize(checkpointer: Checkpointer, abstract, initialize: Callable) -> Any:
     """The state of the latest finished checkpoint, or `initialize()` when there is none."""
     step = checkpointer.latest_step()
     if step is None:
@@ -185,12 +168,9 @@ def restore_or_initialize(
     return restore_compatible(checkpointer, abstract, step)
 
 
-def restore_compatible(
-    checkpointer: Checkpointer, abstract: Any, step: int, *, purpose="resume"
-) -> Any:
-    """Checkpoint `step` restored into `abstract` (its sharded target), once its config fits the
-    checkpointer's for `purpose` ('resume' or 'evaluate'); CheckpointError for one that is
-    missing, of other settings, unreadable, damaged, or without digests unless accepted."""
+def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpose="resume"):
+    """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
+    checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
     path = checkpoint_path(checkpointer, step)
     if step not in finished_steps(checkpointer.directory):
         raise CheckpointError(f"No finished checkpoint {path}.")
@@ -209,7 +189,8 @@ def restore_compatible(
         raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
-        damaged = checkpointer.damaged_arrays(state, step) if checked else []
+        digests = checkpointer.restore_json(DIGESTS_ITEM, step) if checked else {}
+        damaged = mismatches(digests, state_digests(state)) if checked else []
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
         raise _damaged(checkpointer, step, f"cannot be read ({_cause(error)})") from error
     if damaged:
@@ -219,33 +200,24 @@ def restore_compatible(
     return state
 
 
-def check_changes(
-    path: epath.Path, saved: Mapping[str, Any], current: Mapping[str, Any], purpose: str
-) -> None:
+def check_changes(path: epath.Path, saved: Mapping, current: Mapping, purpose: str) -> None:
     """CheckpointError where `current` changes what checkpoint `path`'s config `saved` may not
     change for `purpose` (config_differences); a resume names the changes it takes."""
     refused, changed = config_differences(saved, current, purpose=purpose)
     if refused:
-        fix = (
-            "name them in checkpoint.accept_changes, or use another --workdir"
-            if purpose == "resume"
-            else "drop those overrides"
-        )
+        fix = "drop those overrides"
+        if purpose == "resume":
+            fix = "name them in checkpoint.accept_changes, or use another --workdir"
         raise CheckpointError(f"{path} holds other settings: {'; '.join(refused)}; {fix}.")
     if changed and purpose == "resume":
         say(f"Resuming {path} with changed settings: {'; '.join(changed)}.")
 
 
-def config_differences(
-    saved: Mapping[str, Any], current: Mapping[str, Any], *, purpose: str = "evaluate"
-) -> tuple[list[str], list[str]]:
+def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") -> tuple:
     """(refused, accepted) differences of two JSON configs, as "key is <saved> there, <current> now".
-
-    Every purpose refuses a key whose field defines the result (jrope.fields) unless
-    checkpoint.accept_changes names it, one that defines the parameters always, and toggling
-    clipping; 'resume' also every key outside RESUME_FREE and accept_changes, and num_steps under
-    a schedule.
-    """
+    Refused: a key defining the result (jrope.fields) unless in checkpoint.accept_changes, or the
+    parameters, toggled clipping; for 'resume' also keys outside RESUME_FREE and accept_changes
+    (num_steps only under a schedule)."""
     saved_flat = flatten_dict(json.loads(json.dumps(saved)), sep=".")
     current_flat = flatten_dict(json.loads(json.dumps(current)), sep=".")  # tuples -> lists
     accepted = {
@@ -309,15 +281,12 @@ class WorkdirLock:
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
             return self
-        try:  # raised outside this block: a setting to fix, not a storage failure
+        try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
-        except OSError as error:
-            problem = f"--workdir {error.filename}: {error.strerror or error}"
-        else:
-            problem = None
-        if problem:
-            raise UsageError(f"{problem}; choose a --workdir you can write to.")
+        except OSError as error:  # a setting to fix, not a storage failure
+            raise UsageError(f"--workdir {error.filename}: {error.strerror or error}; choose a "
+                             "--workdir you can write to.") from None  # fmt: skip
         if not _try_lock(handle):
             holder = _holder(handle)
             if self.role != "evaluation" or not holder.startswith("evaluation"):
@@ -331,10 +300,8 @@ class WorkdirLock:
         if self.previous_holder:
             say(f"Taking over {self.path} from a run that ended ({self.previous_holder}).")
         started = time.strftime("%Y-%m-%d %H:%M:%S")
-        _rewrite(
-            handle,
-            f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n",
-        )
+        holder = f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n"
+        _rewrite(handle, holder)
         self._file = handle
         return self
 

@@ -1,10 +1,6 @@
 """The run config: a frozen dataclass per section whose fields declare their rules (jrope.fields),
-and `convert_config`, which builds them from a ConfigDict and reports every problem at once, each
-naming its key, its value and what it may be.
-
-A TrainConfig is what the harness reads; checkpoints save its JSON form (`to_json_dict`), which
-converts back the same.
-"""
+and `convert_config`, which builds them from a ConfigDict (or the JSON form that checkpoints save)
+and reports every problem at once, each naming its key, its value and what it may be."""
 
 from __future__ import annotations
 
@@ -156,15 +152,9 @@ class TrainConfig(Declared):
 
 
 # Each section's keys are its factory's arguments: the pe section's, pe_config_from_name's.
-SECTIONS = {
-    "model": ModelConfig,
-    "pe": pe_config_from_name,
-    "opt": OptimConfig,
-    "mesh": MeshConfig,
-    "checkpoint": CheckpointConfig,
-    "log": LogConfig,
-    "eval": EvalConfig,
-    "runtime": RuntimeConfig,
+SECTIONS = {"model": ModelConfig, "pe": pe_config_from_name} | {
+    cls.section: cls
+    for cls in (OptimConfig, MeshConfig, CheckpointConfig, LogConfig, EvalConfig, RuntimeConfig)
 }
 PE_KEYS = tuple(inspect.signature(pe_config_from_name).parameters)
 TOP_KEYS = ("seed", "num_steps", "batch_size")
@@ -240,9 +230,7 @@ def declared_effect(key: str, data_source: str | None) -> str | None:
     return fields.defines(cls, name) if dataclasses.is_dataclass(cls) else None
 
 
-def build_section(
-    name: str, factory: Any, values: Any, problems: list[str], derived: Any = ()
-) -> Any:
+def build_section(name: str, factory, values, problems: list[str], derived=()) -> Any:
     """`factory(**values)`, or None with a problem appended per unknown or missing key and per
     problem of its declarations; a `derived` key is not built without its value (the sections it
     derives from have their problems)."""

@@ -1,12 +1,9 @@
 """Loss and accuracy (or MSE and R^2) of a model across evaluation lengths (length extrapolation).
 
-`evaluate_lengths` runs `EvalStep` (compiled once per length before the work, for the run's
-kernel plan) over the fixed sequences of `eval.seed` per length (and distance), adding the task's
-sums (jrope.losses) over batches and processes, with progress on long lengths.
-`evaluate_and_report` logs the rows, then merges them into `eval_step<step>/` (newer rows win),
-written CSV last so no folder holds half a result and a folder with its CSV has its rows logged; a
-NaN loss is a failure. `log_evaluation` adds the rows of a later evaluation (eval.py) to the run's
-metrics.jsonl and TensorBoard at the checkpoint's step.
+`evaluate_lengths` adds the task's sums (jrope.losses) of `EvalStep` over the fixed sequences of
+`eval.seed` per length (and distance). `evaluate_and_report` logs the rows, then merges them into
+`eval_step<step>/` (newer rows win), CSV last: a folder with its CSV holds a whole result whose
+rows are logged; a NaN loss is a failure.
 
 Shape legend: B batch, T length, V vocabulary, C channels.
 """
@@ -30,7 +27,7 @@ from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
 from jrope.model import damping
-from jrope.train import outputs, runtime
+from jrope.train import checkpoints, outputs, runtime
 from jrope.train.config import EvalConfig
 from jrope.train.outputs import duration, say
 from jrope.train.setup import RunSetup, model_from_params
@@ -39,9 +36,8 @@ from jrope.train.setup import RunSetup, model_from_params
 Row = dict[str, Any]
 
 
-# What a result row is of (distance: empty for the source's own evaluation sequences), what it
-# measures (NaN where the task has no such metric), the model's compute dtype and the seed of the
-# evaluation sequences (eval.seed; last: a CSV written before they were added reads with None).
+# What a row is of (distance: empty for the source's own sequences), what it measures (NaN where
+# the task has none), the compute dtype and eval.seed (last: older CSVs lack them, read as None).
 KEY_COLUMNS = ("method", "seed", "step", "length", "distance", "num_sequences")
 METRIC_COLUMNS = ("loss", "accuracy", "bits_per_byte", "r2", "r2_pooled")
 CSV_COLUMNS = KEY_COLUMNS + METRIC_COLUMNS + ("compute_dtype", "eval_seed")
@@ -58,8 +54,7 @@ PROGRESS_INTERVAL_S = 30.0
 
 class EvalStep:
     """step(params, batch) -> weighted sums, for the kernels of `plan` (default: planned for
-    model.max_damping alone); blockwise lengths compile with other XLA options
-    (jrope.train.runtime), and `for_length` gives the jitted function of a length."""
+    model.max_damping alone); `for_length` gives the jitted function of a length."""
 
     def __init__(self, run: RunSetup, plan: damping.KernelPlan | None = None):
         task, num_classes = run.source.task, run.source.num_classes
@@ -73,13 +68,10 @@ class EvalStep:
             outputs = model(inputs, positions, segment_ids=batch.get("segment_ids"))
             return task_sums(outputs, batch, task, num_classes)
 
-        def compiled(blockwise: bool):
-            options = runtime.step_compiler_options(
-                blockwise=blockwise, platform=self.plan.platform
-            )
-            return jax.jit(eval_sums, static_argnums=0, compiler_options=options)
-
-        self._jitted = {blockwise: compiled(blockwise) for blockwise in (False, True)}
+        platform, self._jitted = self.plan.platform, {}
+        for blockwise in (False, True):
+            options = runtime.step_compiler_options(blockwise=blockwise, platform=platform)
+            self._jitted[blockwise] = jax.jit(eval_sums, static_argnums=0, compiler_options=options)
 
     def for_length(self, length: int):
         """The jitted step for batches of `length` tokens."""
@@ -112,15 +104,9 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
                 )
 
 
-def evaluate_lengths(
-    eval_step, params: Any, run: RunSetup, *, step: int, on_length=None
-) -> list[Row]:
-    """One result row per length of eval.lengths (see CSV_COLUMNS) for the model of `step`.
-
-    For a DistanceEvaluation source, each length's row is followed by one per
-    distance that fits in it. on_length(row, seconds) is called after each
-    length's own row.
-    """
+def evaluate_lengths(eval_step, params, run: RunSetup, *, step: int, on_length=None) -> list[Row]:
+    """One result row per length of eval.lengths (CSV_COLUMNS) for the model of `step`, each
+    followed by one per distance of a DistanceEvaluation; on_length(row, seconds) after each."""
     rows, source = [], run.source
     for length in run.eval.lengths:
         started = time.perf_counter()
@@ -152,10 +138,8 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
                 last_report = now
                 per_sequence = (now - paced_from) / (evaluated - batch_size)
                 left = per_sequence * (count - evaluated)
-                say(
-                    f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
-                    f"about {duration(left)} left"
-                )
+                say(f"  {at}: {evaluated} of {count} sequences in {duration(now - started)}, "
+                    f"about {duration(left)} left")  # fmt: skip
     metrics = metrics_from_sums(totals, run.source.task)
     if run.source.task == "language_model":  # byte-level: nats per byte -> bits per byte
         metrics["bits_per_byte"] = metrics["loss"] / math.log(2.0)
@@ -165,25 +149,18 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     return row | {"compute_dtype": run.model.compute_dtype, "eval_seed": run.eval.seed}
 
 
-def logged_scalars(rows: Sequence[Row], task: str) -> list[tuple[str, dict[str, float]]]:
-    """(name, {metric: value}) per row, for the metrics log: 'eval_<length>[_d<distance>]'."""
-    logged = []
+def log_rows(logger: outputs.MetricsLogger, step: int, task: str, rows: Sequence[Row]) -> None:
+    """`rows` in the run's logs at `step` (flushed), as 'eval_<length>[_d<distance>]/<metric>'."""
     for row in rows:
         name = f"eval_{row['length']}" + ("" if row["distance"] is None else f"_d{row['distance']}")
-        logged.append((name, {metric: row[metric] for metric in TASK_COLUMNS[task]}))
-    return logged
+        logger.write_scalars(step, {metric: row[metric] for metric in TASK_COLUMNS[task]}, name)
+    logger.flush()
 
 
-def evaluate_and_report(
-    eval_step, params: Any, run: RunSetup, workdir: str, step: int, checkpoint: str, log
-) -> tuple[list[Row], epath.Path]:
-    """Evaluate the model of `step` at every length, showing progress; write and show the results.
-
-    Returns this evaluation's rows and the folder `eval_step<step>` holding them merged with its
-    earlier rows. checkpoint: where the model is (named where a loss is NaN or infinite:
-    NonFiniteError, nothing written). log(rows) writes them to the run's logs before the CSV
-    that marks the result whole, so that a kill in between leaves the evaluation to redo.
-    """
+def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, log) -> list[Row]:
+    """This evaluation's rows of the checkpoint of `step` (NonFiniteError naming it for a NaN loss),
+    merged into `eval_step<step>` and shown. log(rows) writes them to the run's logs before the
+    CSV: a kill in between leaves the evaluation to redo."""
     task = run.source.task
     lengths = ", ".join(str(length) for length in run.eval.lengths)
     say(f"Evaluating step {step} at lengths {lengths} ({run.eval.num_sequences} sequences each):")
@@ -193,6 +170,7 @@ def evaluate_and_report(
         say(f"  length {row['length']}: {shown}  ({duration(seconds)})")
 
     rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
+    checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
     check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
@@ -200,7 +178,7 @@ def evaluate_and_report(
     if jax.process_index() == 0:
         write_results_atomically(merged, out_dir, task=task)
     show_results(merged, out_dir, task=task)
-    return rows, out_dir
+    return rows
 
 
 def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
@@ -214,9 +192,8 @@ def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
             dtypes = f" ({before} there, {now} now)" if before and before != now else ""
             say(f"  length {row['length']}: replaces its earlier row{dtypes}")
         by_key[row["length"], row["distance"]] = row
-    return [
-        by_key[key] for key in sorted(by_key, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
-    ]
+    keys = sorted(by_key, key=lambda key: (key[0], -1 if key[1] is None else key[1]))
+    return [by_key[key] for key in keys]
 
 
 def write_results_atomically(rows: Sequence[Row], out_dir: epath.Path, *, task: str) -> None:
@@ -234,12 +211,10 @@ def show_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> 
     say(markdown_table(rows, task=task))
 
 
-def lengths_to_evaluate(
-    eval_cfg: EvalConfig, compute_dtype: str, earlier: Sequence[Row], out_dir: epath.Path
-) -> tuple:
-    """The lengths of eval.lengths without a row in `earlier` (the rows in `out_dir`) of the same
-    sequences (eval.num_sequences) and `compute_dtype`. UsageError where `earlier` holds rows of
-    another eval.seed: their sequences are others, which one table does not mix."""
+def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_dir) -> tuple:
+    """The lengths of eval.lengths without a row in `earlier` (`out_dir`'s) of the same
+    eval.num_sequences and `compute_dtype`; UsageError for rows of another eval.seed (other
+    sequences, which one table does not mix)."""
     if seeds := sorted({row["eval_seed"] for row in earlier} - {None, eval_cfg.seed}):
         raise UsageError(
             f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
@@ -256,11 +231,9 @@ def lengths_to_evaluate(
     return tuple(length for length in eval_cfg.lengths if length not in done)
 
 
-def log_evaluation(
-    workdir: str, step: int, logged: Sequence[tuple[str, dict[str, float]]], tensorboard: bool
-) -> None:
-    """Appends a later evaluation of checkpoint `step` (logged_scalars) to the run's metrics.jsonl
-    and, where the run logs to it, TensorBoard, under the training run's names."""
+def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: Sequence[Row]):
+    """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
+    under the training run's names."""
     logger = outputs.MetricsLogger(
         workdir,
         every_steps=1,
@@ -270,8 +243,7 @@ def log_evaluation(
         start_step=None,
     )
     with contextlib.closing(logger):
-        for name, scalars in logged:
-            logger.write_scalars(step, scalars, name)
+        log_rows(logger, step, task, rows)
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
@@ -289,9 +261,8 @@ def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
 
 
 def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
-    """The rows of a results folder's CSV; None when it has none, or when its CSV cannot be read
-    as results (damaged, edited): that one is renamed `eval.csv.damaged` (a number added where
-    that exists), said on the console, so that the evaluation is done again from the checkpoint."""
+    """The rows of a results folder's CSV; None without one, or for one that cannot be read as
+    results (damaged, edited): renamed `eval.csv.damaged[N]` and said, so that it is redone."""
     path = epath.Path(out_dir) / RESULTS_CSV
     if not path.exists():
         return None
@@ -303,8 +274,7 @@ def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
         if rows:
             return rows
         problem = "no rows"
-    aside = path.parent / f"{RESULTS_CSV}.damaged"
-    number = 1
+    aside, number = path.parent / f"{RESULTS_CSV}.damaged", 1
     while aside.exists():
         number += 1
         aside = path.parent / f"{RESULTS_CSV}.damaged{number}"
@@ -329,30 +299,25 @@ def read_results(out_dir: epath.PathLike) -> list[Row]:
     return rows
 
 
-def write_results(
-    rows: Sequence[Row], out_dir: epath.PathLike, *, task: str
-) -> dict[str, epath.Path]:
-    """PNG curve, markdown table and CSV of `rows` (of a source with `task`), the CSV last;
-    returns their paths."""
+def write_results(rows: Sequence[Row], out_dir: epath.PathLike, *, task: str) -> dict:
+    """eval.{png,md,csv} of `rows` (of a source with `task`), the CSV last; their paths."""
     out_dir = epath.Path(out_dir)
     paths = {name: out_dir / f"eval.{name}" for name in ("png", "md", "csv")}
     metric = TASK_COLUMNS[task][0]
     by_length = [row for row in rows if row["distance"] is None]
     curve = ([row["length"] for row in by_length], [row[metric] for row in by_length], None)
     labels = {"language_model": "loss (nats/byte)", "regression": "mean squared error"}
-    table = markdown_table(rows, task=task)
     results.plot_against_length(
         paths["png"], {rows[0]["method"]: curve}, ylabel=labels.get(task, metric), size=(5, 3.5)
     )
-    results.write_text(paths["md"], table)
+    results.write_text(paths["md"], markdown_table(rows, task=task))
     results.write_csv(paths["csv"], rows, CSV_COLUMNS)
     return paths
 
 
 def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     """Rows as a markdown table with the mean over lengths (the paper's LM summary), rows at
-    chosen distances in a second. The sequence count is in the title where all rows share it,
-    else in a num_sequences column (rows merged from evaluations of other counts)."""
+    chosen distances in a second; the sequence count in the title, or a column where it varies."""
     first = rows[0]
     title = f"method: {first['method']}, seed: {first['seed']}, step: {first['step']}"
     counts = sorted({row["num_sequences"] for row in rows})
@@ -372,15 +337,11 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     return text
 
 
-def check_evaluation(
-    rows: Sequence[Row], step: int, checkpoint: str, measured: damping.MeasuredDamping | None = None
-) -> None:
-    """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and
-    first the damping `measured` (the kernel plan's) where it passed model.max_damping."""
+def check_evaluation(rows: Sequence[Row], step: int, checkpoint: str, measured=None) -> None:
+    """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and first the
+    damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
-        error = NonFiniteError(
-            f"The loss of {checkpoint} is not finite at length {', '.join(bad)} (nothing "
-            "written); train again at a lower opt.learning_rate."
-        )
+        error = NonFiniteError(f"The loss of {checkpoint} is not finite at length {', '.join(bad)} "
+                               "(nothing written); train again at a lower opt.learning_rate.")  # fmt: skip
         raise damping.diagnosed(error, measured)

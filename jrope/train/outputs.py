@@ -3,6 +3,7 @@ MFU), the start record (starts.jsonl)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import math
@@ -51,10 +52,9 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 class MetricsLogger:
-    """Writes every `every_steps`-th step and the last: the progress line, metrics.jsonl and
-    TensorBoard (a writer only where `is_writer`). A training start at `start_step` first drops
-    the records it will write again, so every step is logged once; a later evaluation
-    (start_step None) only appends."""
+    """Writes every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard
+    (where `is_writer`). A start at `start_step` first drops the records it will write again; a
+    later evaluation (start_step None) only appends."""
 
     def __init__(
         self,
@@ -73,11 +73,9 @@ class MetricsLogger:
         self._interval_start = (start_step or 0, time.perf_counter())
         self._jsonl = self._tensorboard = None
         if is_writer:
-            keep = (
-                None
-                if start_step is None
-                else (lambda line: _keeps_record(line, start_step, num_steps))
-            )
+            keep = None
+            if start_step is not None:
+                keep = functools.partial(_keeps_record, start_step=start_step, num_steps=num_steps)
             self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = _summary_writer(epath.Path(workdir) / "tensorboard")
@@ -109,8 +107,7 @@ class MetricsLogger:
         if self._tensorboard is None:
             return
         values = {
-            key: value if isinstance(value, (bool, int, float, str)) else str(value)
-            for key, value in hparams.items()
+            k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()
         }
         from tensorboardX.summary import hparams as hparams_summary
 
@@ -130,25 +127,19 @@ class MetricsLogger:
 
     def _write(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(_metrics_record(step, scalars))
+            record = {"step": step, "time": time.time(), **scalars}
+            # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
+            record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
+            self._jsonl.write(json.dumps(record, allow_nan=False))
         if self._tensorboard is not None:
             for name, value in scalars.items():
                 self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
 
 
-def _metrics_record(step: int, scalars: Mapping[str, float]) -> str:
-    """One line of metrics.jsonl: the step, the time and the scalars."""
-    record = {"step": step, "time": time.time(), **scalars}
-    # JSON has no NaN or infinities: "nan", "inf", "-inf" instead, which float() reads back.
-    record = {key: x if math.isfinite(x) else str(x) for key, x in record.items()}
-    return json.dumps(record, allow_nan=False)
-
-
 def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
     """Whether a record of an earlier start stays: not one this start writes again (a later step,
-    or the final evaluation of a run resumed at its last step). Damaged lines never get here
-    (results.JsonLinesLog sets them aside); a record without a step is kept as it is."""
+    or the final evaluation of a run resumed at its last step); one without a step stays."""
     record = json.loads(line)
     step = record.get("step")
     if not isinstance(step, int):
@@ -200,17 +191,10 @@ def code_commit() -> tuple[str, bool] | None:
     None in an installed package, or without git."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     asks = (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
-    try:  # --no-optional-locks: a status the timeout kills leaves no index.lock behind
-        commit, changes = (
-            subprocess.run(
-                ["git", "--no-optional-locks", "-C", root, *ask],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-            for ask in asks
-        )
+    git = ["git", "--no-optional-locks", "-C", root]  # a status the timeout kills leaves no lock
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=10, check=True)
+    try:
+        commit, changes = (run(git + ask).stdout.strip() for ask in asks)
     except (OSError, subprocess.SubprocessError):
         return None
     return commit, not changes
@@ -218,9 +202,7 @@ def code_commit() -> tuple[str, bool] | None:
 
 def start_record(config_json: dict[str, Any], start_step: int) -> dict[str, Any]:
     """This start's line of starts.jsonl (never rewritten: it also shows settings changed on a
-    resume): time, host, command line, step, jrope's version (from a git checkout also its commit
-    and whether tracked files had no uncommitted change), library versions, devices, and the
-    config (`config_json`, as the checkpoints save it)."""
+    resume): where, when and how it ran, jrope's version (and git commit), and `config_json`."""
     installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     versions = {name: installed.get(name, "not installed") for name in _VERSIONED}
     code = {"version": versions.pop("jrope")}

@@ -18,9 +18,8 @@ def host_allocator() -> str:
     'glibc huge pages' (its tunable), or 'glibc'."""
     if "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
         return "tcmalloc"
-    return "glibc" + " huge pages" * (
-        "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
-    )
+    huge_pages = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    return "glibc" + " huge pages" * huge_pages
 
 
 def step_compiler_options(*, blockwise: bool, platform: str) -> dict[str, str]:

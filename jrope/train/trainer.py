@@ -1,27 +1,21 @@
 """The sharded train step and the training loop, with preemption and the non-finite policy.
 
-`make_train_step` jits `train_step(state, batch) -> (state, metrics)`, the state donated;
-`train_and_evaluate` is the whole run: its parts come from setup once, its kernels are planned once
-before step 1, and the loop is the step, its metrics, the save, the evaluation and preemption. Data
-and dropout keys are pure functions of the step, so a resumed run reproduces an uninterrupted one.
-The host reads each step's metrics one step late and before every save, so no checkpoint holds a
-non-finite step's state unnoticed: opt.nonfinite = 'stop' ends the run there; 'skip' has
-optax.apply_if_finite drop the update (its counters live in the optimizer state) and the run ends
-after opt.max_consecutive_skips in a row. In the loop, SIGTERM and Ctrl-C only set a flag: the loop
-saves its step (the processes of a multi-process run agree on it through orbax) and raises
-TrainingPreempted. `evaluate_checkpoint` (eval.py) evaluates a checkpoint with the same parts,
-holding the workdir's lock as an evaluation: evaluations take turns, a running training is
-refused. Shapes: B batch, T length.
+Data and dropout keys are pure functions of the step, so a resumed run reproduces an uninterrupted
+one. The host reads each step's metrics one step late and before every save, so no checkpoint holds
+a non-finite step's state unnoticed. SIGTERM and Ctrl-C only set a flag: the loop saves its step
+(a multi-process run's processes agree on it through orbax) and raises TrainingPreempted.
+Shapes: B batch, T length.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -29,13 +23,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from absl import logging
-from etils import epath
 from flax import traverse_util
 
 from jrope import errors, flops, losses
 from jrope.model import damping
 from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
-from jrope.train.checkpoints import Checkpointer, WorkdirLock
+from jrope.train.checkpoints import WorkdirLock
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
@@ -71,12 +64,7 @@ class PreemptionWatch:
 _DROPOUT_STREAM = 0x64726F70  # 'drop'
 
 
-def make_train_step(
-    run: RunSetup,
-    *,
-    plan: damping.KernelPlan | None = None,
-    compiler_options: dict[str, Any] | None = None,
-) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
+def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Callable:
     """The jitted train step of `run` for global batches of `run.batch_size` rows.
 
     plan: the kernels it compiles with (default: planned for model.max_damping alone).
@@ -93,8 +81,9 @@ def make_train_step(
     schedule = setup.learning_rate_schedule(run.opt, run.num_steps)
 
     def train_step(state, batch):
+        inputs, segments = batch["inputs"], batch.get("segment_ids")
         # Packed batches carry positions restarting at each segment (jrope.data.text_bytes).
-        positions = batch.get("positions", jnp.arange(batch["inputs"].shape[1], dtype=jnp.int32))
+        positions = batch.get("positions", jnp.arange(inputs.shape[1], dtype=jnp.int32))
         dropout_key = None
         if run.model.dropout_rate > 0.0:
             stream = jax.random.fold_in(jax.random.key(run.seed), _DROPOUT_STREAM)
@@ -102,10 +91,7 @@ def make_train_step(
 
         def loss_fn(params):
             model = setup.model_from_params(plan.graphdef, params)
-            segments = batch.get("segment_ids")
-            outputs = model(
-                batch["inputs"], positions, dropout_key=dropout_key, segment_ids=segments
-            )
+            outputs = model(inputs, positions, dropout_key=dropout_key, segment_ids=segments)
             sums = losses.task_sums(outputs, batch, task, num_classes)
             return sums["loss_sum"] / sums["weight_sum"], sums
 
@@ -143,12 +129,9 @@ class _PlanOutgrown(Exception):
 
 
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
-    """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate.
-
-    Returns {'state': the final train state, 'eval': [row per length]}; a finished run is only
-    restored (so checked) and its results read. The kernels are planned once, before the first
-    step; a damping learned past what they carry resumes from its checkpoint with a new plan.
-    """
+    """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate: {'state': the
+    final train state, 'eval': [row per length]}; a finished run is only restored and read. A
+    damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
     with _set_up(cfg, workdir, role="training") as run:
         while True:
             with contextlib.suppress(_PlanOutgrown):
@@ -156,39 +139,26 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
-    """Evaluate the checkpoint `step` (default: latest) of `workdir` at the lengths of eval.lengths
-    that `eval_step<step>/` lacks (evaluation.lengths_to_evaluate); returns the rows of every length
-    asked. The new rows join that folder by length and the run's metrics.jsonl (and TensorBoard) at
-    `step`.
-
-    Runs under the workdir's lock as an evaluation (waits for another, WorkdirBusy while training
-    runs). ConfigError before compiling anything; CheckpointError for a checkpoint it cannot
-    evaluate.
-    """
+    """The rows of every length of eval.lengths for checkpoint `step` (default: latest), evaluating
+    those `eval_step<step>/` lacks, which join it and the run's logs. Under the workdir's lock as an
+    evaluation (waits for another, WorkdirBusy while training runs)."""
     with _set_up(cfg, workdir, role="evaluation") as run:
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
-        missing = evaluation.lengths_to_evaluate(
-            run.eval, run.model.compute_dtype, earlier, out_dir
-        )
+        dtype = run.model.compute_dtype
+        missing = evaluation.lengths_to_evaluate(run.eval, dtype, earlier, out_dir)
         state = checkpoints.restore_compatible(  # checked, also with nothing to evaluate
             run.checkpointer, run.layout.abstract, step, purpose="evaluate"
         )
         new = []
         if missing:
             run = dataclasses.replace(run, eval=dataclasses.replace(run.eval, lengths=missing))
-            checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
-            eval_step = evaluation.EvalStep(run, run.plan_kernels(state["params"]))
-            evaluation.compile_lengths(eval_step, state["params"], run)
-
-            def log(rows):
-                logged = evaluation.logged_scalars(rows, run.source.task)
-                evaluation.log_evaluation(workdir, step, logged, run.log.tensorboard)
-
-            new, _ = evaluation.evaluate_and_report(
-                eval_step, state["params"], run, workdir, step, checkpoint, log
-            )
+            params, tensorboard, task = state["params"], run.log.tensorboard, run.source.task
+            eval_step = evaluation.EvalStep(run, run.plan_kernels(params))
+            evaluation.compile_lengths(eval_step, params, run)
+            log = functools.partial(evaluation.log_evaluation, workdir, step, tensorboard, task)
+            new = evaluation.evaluate_and_report(eval_step, params, run, workdir, step, log)
         else:
             say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
                 "redo them).")  # fmt: skip
@@ -244,34 +214,18 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
 
-    def evaluate(state, step: int) -> tuple[list[dict[str, Any]], epath.Path]:
+    def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
-        path = str(checkpoints.checkpoint_path(run.checkpointer, step))
-
-        def log(rows):  # flushed before the CSV that marks the evaluation done
-            for name, scalars in evaluation.logged_scalars(rows, run.source.task):
-                logger.write_scalars(step, scalars, name)
-            logger.flush()
-
-        return evaluation.evaluate_and_report(
-            eval_step, state["params"], run, workdir, step, path, log
-        )
+        log = functools.partial(evaluation.log_rows, logger, step, run.source.task)
+        return evaluation.evaluate_and_report(eval_step, state["params"], run, workdir, step, log)
 
     with contextlib.closing(logger):
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
-        rows, _ = evaluate(state, num_steps)
+        rows = evaluate(state, num_steps)
     return {"state": state, "eval": rows}
 
 
-def _train_steps(
-    run: RunSetup,
-    plan: damping.KernelPlan,
-    state: dict[str, Any],
-    start: int,
-    logger: MetricsLogger,
-    evaluate: Callable[[dict[str, Any], int], Any],
-    workdir: str,
-) -> dict[str, Any]:
+def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str) -> dict:
     """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
     checkpointer, num_steps, every_eval = run.checkpointer, run.num_steps, run.eval.every_steps
     train_step, measured = make_train_step(run, plan=plan), plan.measured
@@ -339,16 +293,9 @@ def _train_steps(
     return state
 
 
-def stop_if_nonfinite(
-    step: int,
-    values: Mapping[str, float],
-    max_in_a_row: int,
-    checkpointer: Checkpointer,
-    measured: damping.MeasuredDamping | None = None,
-) -> None:
-    """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped
-    (opt.nonfinite = 'skip'); NonFiniteError at `max_in_a_row` skipped in a row. Both name
-    the last good checkpoint, and first a passed damping bound (`measured`)."""
+def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measured=None) -> None:
+    """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped, or
+    at `max_in_a_row` skipped in a row, naming the last good checkpoint (and a passed damping)."""
     bad = first_nonfinite(values)
     if "skipped" not in values and bad is not None:
         last_good = checkpoints.describe_last_good(checkpointer)
