@@ -33,7 +33,6 @@ BEYOND_INT32 = (
     "model.d_model",
     "pe.train_context",
     "batch_size",
-    "model.num_layers",
     "model.mlp_ratio",
     "num_steps",
 )
@@ -67,9 +66,11 @@ BAD_INPUTS = [
     (
         "sizes_beyond_int32",
         ["train.py", TINY, "--workdir={tmp}/run", "--config.opt.warmup_steps=3000000000"]
-        + [f"--config.{key}=1000000000000" for key in BEYOND_INT32],
+        + [f"--config.{key}=1000000000000" for key in BEYOND_INT32]
+        + ["--config.model.num_layers=1000000000000"],
         2,
         [r"opt\.warmup_steps must be an integer in \[0, 2147483647\], got 3000000000\."]
+        + [r"model\.num_layers must be an integer in \[1, 256\], got 10{12}\."]
         + [
             rf"\n  - {key} must be an integer in \[1, 2147483647\], got 10{{12}}\."
             for key in BEYOND_INT32
