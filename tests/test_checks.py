@@ -134,7 +134,7 @@ BAD_INPUTS = [
         _tiny(**{"mesh.fsdp": 0}),
         EIGHT_CPUS,
         "fresh",
-        r"mesh sizes must be >= 1, one -1 at most; got \(-1, 0, 1\)\.",
+        r"mesh\.data, fsdp, tensor = \(-1, 0, 1\): each >= 1, one may be -1\.",
     ),
     (
         "xla_attention_cannot_add_alibi",

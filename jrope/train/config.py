@@ -62,7 +62,7 @@ class MeshConfig(Declared):
         super().__post_init__()
         sizes = (self.data, self.fsdp, self.tensor)
         if 0 in sizes or sizes.count(-1) > 1:
-            raise ValueError(f"mesh sizes must be >= 1, one -1 at most; got {sizes}.")
+            raise ValueError(f"mesh.data, fsdp, tensor = {sizes}: each >= 1, one may be -1.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +188,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         )
         model = None  # the data section's head dim would only repeat it
     data = dict(raw.get("data", {}))
+    if data.get("seed") == raw.get("seed") and any(p.startswith("seed ") for p in problems):
+        data.pop("seed")  # the data's seed follows seed: its problem is said once
     if data.get("source") not in SOURCES:
         choices = tuple(SOURCES)
         problems.append(f"data.source = {data.get('source')!r} is not one of {choices}"
