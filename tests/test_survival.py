@@ -79,12 +79,12 @@ def test_a_signal_as_the_final_table_appears_loses_no_evaluation_row(tmp_path, s
 # 2. sample.py's flags.
 
 
-@pytest.mark.parametrize("value", ["nan", "-1"])
-def test_sample_refuses_a_temperature_that_is_no_number_at_or_above_zero(tmp_path, value):
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_sample_refuses_a_temperature_that_is_no_finite_number_at_or_above_zero(tmp_path, value):
     args = ["sample.py", f"--workdir={tmp_path}", "--prompt=a", f"--temperature={value}"]
     refused = run_command(args, subprocess_env(1))
     assert refused.returncode == 2
-    assert refused.stderr.endswith(": --temperature must be >= 0; see --help.\n")
+    assert refused.stderr.endswith(": --temperature must be finite, >= 0; see --help.\n")
     assert len(refused.stderr.splitlines()) == 1
 
 
