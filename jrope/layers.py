@@ -282,10 +282,6 @@ def causal_self_attention(
     if dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"jrope's kernels run float32 or bfloat16, got {dtype}; cast q, k, v.")
     _check_shapes(q, k, v, positions=(positions, "k", k))
-    if q.shape[1] > k.shape[1]:
-        raise ValueError(
-            f"q holds the last T of the S key positions: T = {q.shape[1]} > S = {k.shape[1]}."
-        )
     fields = dict(head_dim=encoding.head_dim, compute_dtype=dtype.name, attention_impl=kernel)
     fields.update(blockwise_min_length=blockwise_min_length, block_size=block_size)
     settings = attention.AttentionSettings(**fields, max_damping=max_damping)

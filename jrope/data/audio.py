@@ -155,15 +155,11 @@ def mel_to_hz(mel: np.ndarray) -> np.ndarray:
     return np.where(mel >= 15.0, logarithmic, linear)
 
 
-def mel_band_edges_hz(settings: MelTokenSettings) -> np.ndarray:
-    """float64 [n_mels + 2]: band ``k`` rises from edge k, peaks at k + 1, falls to k + 2."""
-    top = hz_to_mel(settings.sample_rate / 2)
-    return mel_to_hz(np.linspace(0.0, top, settings.n_mels + 2))
-
-
 def mel_filterbank(settings: MelTokenSettings) -> np.ndarray:
     """float64 [n_mels, n_fft // 2 + 1]: Slaney-normalised triangles over the FFT bins' Hz."""
-    edges = mel_band_edges_hz(settings)[:, None]
+    # Band k rises from edge k, peaks at k + 1, falls to k + 2.
+    top = hz_to_mel(settings.sample_rate / 2)
+    edges = mel_to_hz(np.linspace(0.0, top, settings.n_mels + 2))[:, None]
     bin_hz = np.fft.rfftfreq(settings.n_fft, d=1.0 / settings.sample_rate)
     rising = (bin_hz - edges[:-2]) / (edges[1:-1] - edges[:-2])
     falling = (edges[2:] - bin_hz) / (edges[2:] - edges[1:-1])
