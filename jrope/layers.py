@@ -35,7 +35,6 @@ import numpy as np
 from flax import nnx
 
 from jrope import attention
-from jrope.attention.packing import largest_segment_span
 from jrope.attention.precision import precision_scope
 from jrope.attention.selection import (
     SINGLE_ORIGIN_EXPONENT_LIMIT,
@@ -54,6 +53,7 @@ from jrope.encodings import (
     check_supported,
 )
 from jrope.model.axes import LOGICAL_AXES_KEY
+from jrope.model.transformer import concrete_span
 from jrope.pe_config import PEConfig
 
 # Bytes of the stored encoding description: one shape for every encoding, so that any
@@ -286,13 +286,9 @@ def causal_self_attention(
     fields.update(blockwise_min_length=blockwise_min_length, block_size=block_size)
     settings = attention.AttentionSettings(**fields, max_damping=max_damping)
     damping = _concrete_damping(pe)
-    if segment_ids is None:
-        span = _positions_extent(k.shape[1], positions) - 1
-    else:
+    if segment_ids is not None:
         attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
-        traced = any(isinstance(x, jax.core.Tracer) for x in (positions, segment_ids))
-        # Traced: assumed contiguous within a segment, as a row's positions without segments.
-        span = None if traced else largest_segment_span(positions, segment_ids)
+    span = concrete_span(positions, segment_ids)
     window = dict(length=k.shape[1], num_queries=q.shape[1], backend=backend, span=span)
     packed = segment_ids is not None
     chosen = attention.choose_kernel(settings, encoding, **window, damping=damping, packed=packed)

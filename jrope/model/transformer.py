@@ -163,7 +163,7 @@ class CausalSelfAttention(nnx.Module):
             damping = self._damping(pe_params)
             if segment_ids is not None:
                 attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
-            span, packed = _concrete_span(positions, segment_ids), segment_ids is not None
+            span, packed = concrete_span(positions, segment_ids), segment_ids is not None
             window = dict(length=k.shape[1], num_queries=q.shape[1], span=span, packed=packed)
             kernel = attention.choose_kernel(settings, self.encoding, **window, damping=damping)
             blocks = blockwise_block_size(self.cfg.block_size, damping)
@@ -181,7 +181,7 @@ class CausalSelfAttention(nnx.Module):
         return self.encoding.largest_damping(pe_params)
 
 
-def _concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int | None:
+def concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int | None:
     """max - min of concrete positions over every row, or over every segment of packed rows
     (None under jit: assumed contiguous, a row's span below its length)."""
     if isinstance(positions, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):
