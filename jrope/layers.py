@@ -78,13 +78,6 @@ def encoding_description(encoding: Encoding) -> dict:
     }
 
 
-def _encode_record(description: dict) -> np.ndarray:
-    text = json.dumps(description, sort_keys=True).encode()
-    if len(text) > RECORD_BYTES:
-        raise ValueError(f"The encoding's description takes {len(text)} > {RECORD_BYTES} bytes.")
-    return np.frombuffer(text.ljust(RECORD_BYTES, b"\0"), np.uint8).copy()
-
-
 def _differences(stored: dict, built: dict, prefix: str = "") -> list[str]:
     lines = []
     for key in sorted(set(stored) | set(built)):
@@ -108,7 +101,13 @@ class PositionalEncoding(nnx.Module):
 
     def __init__(self, encoding: Encoding):
         self.encoding = encoding
-        self.record = EncodingRecord(jnp.asarray(_encode_record(encoding_description(encoding))))
+        text = json.dumps(encoding_description(encoding), sort_keys=True).encode()
+        if len(text) > RECORD_BYTES:
+            raise ValueError(
+                f"The encoding's description takes {len(text)} > {RECORD_BYTES} bytes."
+            )
+        record = np.frombuffer(text.ljust(RECORD_BYTES, b"\0"), np.uint8)
+        self.record = EncodingRecord(jnp.asarray(record))
         axes = encoding.param_logical_axes
         # Flax shards a parameter on creation where a mesh is set (its default); without one
         # the parameters stay plain arrays, sharded later from their partition specs.

@@ -162,7 +162,8 @@ def _baseline_features(baseline: ProbeBaseline, lags, probe: KernelProbeConfig, 
         return _rotary_features(lags, omegas[: max(1, probe.num_freqs // baseline.order)])
     if baseline.kind == "direct_sum_poly":
         d = jnp.asarray(lags, jnp.float32)
-        tau = pe_math.bounded_time(d, probe.train_context) / probe.train_context
+        clock = pe_math.ShearTime(bounded=True, scale=1.0, train_context=probe.train_context)
+        tau = clock.unscaled(d) / probe.train_context
         powers = [np.asarray(tau**r, np.float64)[:, None] for r in range(1, baseline.order)]
         return _rotary_features(lags, omegas) + powers
     name = f"jordan_exact_m{baseline.order}_c{round(100 * baseline.c):03d}"
