@@ -200,20 +200,17 @@ class SourceSpec:
         return getattr(module, self.config_class), getattr(module, self.source_class)
 
 
-_SYNTHETIC = SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource")
 _TEXT_BYTES = SourceSpec("jrope.data.text_bytes", "TextDataConfig", "ByteTextSource")
-_SIGNAL = SourceSpec("jrope.data.signal", "SignalRegressionConfig", "SignalRegressionSource")
-_RETRIEVAL = SourceSpec("jrope.data.retrieval", "RetrievalConfig", "RetrievalSource")
 
 # data.source -> where that source lives.
 SOURCES = {
-    "synthetic": _SYNTHETIC,
+    "synthetic": SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"),
     "text": _TEXT_BYTES,
     "wikitext103": _TEXT_BYTES,
     "wikitext2": _TEXT_BYTES,
     "audio_tokens": _TEXT_BYTES,
-    "signal": _SIGNAL,
-    "retrieval": _RETRIEVAL,
+    "signal": SourceSpec("jrope.data.signal", "SignalRegressionConfig", "SignalRegressionSource"),
+    "retrieval": SourceSpec("jrope.data.retrieval", "RetrievalConfig", "RetrievalSource"),
 }
 
 

@@ -257,7 +257,11 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         split = "train" if training else "eval"
         location = data_cfg.path if training else data_cfg.eval_path
         if is_uri(location):
-            location = _local_copy(audio.token_file(location, split), cache_dir)
+            bucket_file = audio.token_file(location, split)
+            location = _cache_path(cache_dir, "copy", {"file": _file_identity(bucket_file)})
+            if not os.path.exists(location):
+                logging.info("Copying %s to %s.", bucket_file, location)
+                write_atomically(location, _file_chunks(bucket_file))
         tokens = audio.load_token_file(location, split)
         return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
@@ -293,15 +297,6 @@ def _cache_path(cache_dir: str, source: str, key: dict) -> str:
     text = json.dumps({"source": source, **key}, sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
-
-
-def _local_copy(source: epath.Path, cache_dir: str) -> str:
-    """A file in a bucket copied once into the cache (memory maps need a local file)."""
-    path = _cache_path(cache_dir, "copy", {"file": _file_identity(source)})
-    if not os.path.exists(path):
-        logging.info("Copying %s to %s.", source, path)
-        write_atomically(path, _file_chunks(source))
-    return path
 
 
 def _text_files(data_cfg: TextDataConfig, training: bool) -> list[epath.Path]:
