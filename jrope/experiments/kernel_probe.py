@@ -15,7 +15,8 @@ extrapolate, that kernel; no training, no model. A method's basis (its PEConfig'
 
 The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no encoding behind them):
 
-    rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m)
+    rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m) (an order-m
+                          Jordan head's count of frequencies)
     direct_sum_poly_m{m}  the rotary features and (tau(d)/L)^r, r = 1 .. m-1
     jordan_scaled_m{m}_c{100c}  the features of jordan_exact_m{m}_c{100c}
 
