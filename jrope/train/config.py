@@ -14,7 +14,7 @@ from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
-from jrope import commands, fields
+from jrope import command_line, fields
 from jrope.attention.selection import PACKING_KERNELS
 from jrope.data.source import DEFAULT_EVAL_SEED, SOURCES
 from jrope.errors import ConfigError
@@ -295,5 +295,5 @@ def first_line(err: Exception) -> str:
 
 def load_config_file(path: str) -> config_dict.ConfigDict:
     """The ConfigDict of a config file (`configs/x.py` or `configs/x.py:ARG`), from any folder."""
-    commands.make_importable(path)
+    command_line.make_importable(path)
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)
