@@ -150,7 +150,9 @@ def last_overrides(argv: list[str]) -> list[str]:
         elif previous in ("--config", "-config"):
             arg = config_path(arg)
         resolved.append(arg)
-        keys.append(flag if flag.startswith(("--config.", "-config.")) and equals else None)
+        keys.append(
+            flag.lstrip("-") if flag.startswith(("--config.", "-config.")) and equals else None
+        )
     return [arg for i, arg in enumerate(resolved) if not keys[i] or keys[i] not in keys[i + 1 :]]
 
 
