@@ -20,6 +20,13 @@ def test_an_experiment_s_name_is_its_config_file_and_a_path_stays_a_path(tmp_pat
     assert "quickstart" in commands.config_names() and "base" not in commands.config_names()
 
 
+def test_the_last_of_a_repeated_override_wins_with_one_dash_or_two():
+    argv = ["p", "--config=q.py", "-config.eval.lengths=(64,)", "--config.seed=1", "x"]
+    assert commands.last_overrides([*argv, "--config.eval.lengths=(8,)"]) == [
+        "p", "--config=q.py", "--config.seed=1", "x", "--config.eval.lengths=(8,)"
+    ]  # fmt: skip
+
+
 def test_a_clone_s_root_is_given_its_scripts_and_anywhere_else_the_modules(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert commands.command("eval") == "python eval.py"
