@@ -83,6 +83,9 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     ARCHIVE: ClassVar[WikiTextArchive]
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "One example per line of wiki.{train,valid,test}.raw, in file order."}
+    # TFDS opens the manual directory only for a builder with instructions; a missing archive is
+    # named, with its URL and the folder, by prepare_wikitext's WikiTextUnavailable.
+    MANUAL_DOWNLOAD_INSTRUCTIONS = "The official archive, or its wiki.*.raw files extracted."
 
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(
@@ -121,20 +124,11 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                 yield index, {"text": line.decode("utf-8")}
 
 
-def _manual_download_instructions(archive: WikiTextArchive) -> str:
-    return f"""
-    Put the official archive {archive.archive_name} (from {archive.archive_url}), or the
-    three files {", ".join(SPLIT_FILES.values())} extracted from it, in the
-    manual directory.
-    """
-
-
 class Wikitext103Raw(WikiTextRaw, skip_registration=True):
     """WikiText-103 raw: 103 M words of Wikipedia articles."""
 
     name = "wikitext103_raw"
     ARCHIVE = WIKITEXT103
-    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT103)
 
 
 class Wikitext2Raw(WikiTextRaw, skip_registration=True):
@@ -142,7 +136,6 @@ class Wikitext2Raw(WikiTextRaw, skip_registration=True):
 
     name = "wikitext2_raw"
     ARCHIVE = WIKITEXT2
-    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT2)
 
 
 # The dataset names accepted here, on the command line and as TextDataConfig.source.
