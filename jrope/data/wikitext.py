@@ -246,6 +246,9 @@ def wikitext_data_source(
 ) -> Sequence[dict]:
     """Random-access rows ``{'text': bytes}`` of a split ('train', 'validation', 'test'), the
     dataset prepared on first use (``prepare_wikitext``)."""
+    title = BUILDERS[dataset].ARCHIVE.title
+    if split not in SPLIT_FILES:
+        raise ValueError(f"Unknown {title} split {split!r}; choose one of {tuple(SPLIT_FILES)}.")
     return prepare_wikitext(dataset, data_dir, manual_dir).as_data_source(split=split)
 
 
