@@ -132,7 +132,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate: {'state': the
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
-    with _set_up(cfg, workdir, role="training") as run:
+    with contextlib.ExitStack() as held:
+        run = _set_up(cfg, workdir, held, role="training")
         while True:
             with contextlib.suppress(_PlanOutgrown):
                 return _run(run, workdir)
@@ -142,7 +143,8 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     """The rows of every length of eval.lengths for checkpoint `step` (default: latest), evaluating
     those `eval_step<step>/` lacks, which join it and the run's logs. Under the workdir's lock as an
     evaluation (waits for another, WorkdirBusy while training runs)."""
-    with _set_up(cfg, workdir, role="evaluation") as run:
+    with contextlib.ExitStack() as held:
+        run = _set_up(cfg, workdir, held, role="evaluation")
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
@@ -168,16 +170,15 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
 
-@contextlib.contextmanager
-def _set_up(cfg: TrainConfig, workdir: str, *, role: str):
-    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run); its
-    checkpointer is closed on leaving (an in-flight save finishes, also on errors)."""
+def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role: str) -> RunSetup:
+    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run) until
+    `held` closes, which closes the checkpointer (an in-flight save finishes, also on errors)."""
     source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role):
-        run = setup.set_up_run(cfg, workdir, source)
-        with contextlib.closing(run.checkpointer):
-            yield run
+    held.enter_context(WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role))
+    run = setup.set_up_run(cfg, workdir, source)
+    held.callback(run.checkpointer.close)
+    return run
 
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
