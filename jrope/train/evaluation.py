@@ -146,7 +146,7 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     keys = (run.method, run.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
     row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
-    return row | {"compute_dtype": run.model.compute_dtype, "eval_seed": run.eval.seed}
+    return row | {"compute_dtype": run.compute_dtype, "eval_seed": run.eval.seed}
 
 
 def log_rows(logger: outputs.MetricsLogger, step: int, task: str, rows: Sequence[Row]) -> None:
