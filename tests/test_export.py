@@ -87,7 +87,8 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
     length = run.train_length
     backend = BACKENDS[platform]
     assert (
-        choose_kernel(run.plan.model.attention, run.encoding, length=length, backend=backend) == kernel
+        choose_kernel(run.plan.model.attention, run.encoding, length=length, backend=backend)
+        == kernel
     )
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
@@ -127,7 +128,10 @@ def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_instal
     """README's GPU command adds model.compute_dtype=bfloat16: 'auto' takes cuDNN attention."""
     run = _run(tmp_path, **{"model.compute_dtype": "bfloat16"})
     length = run.train_length
-    assert choose_kernel(run.plan.model.attention, run.encoding, length=length, backend="gpu") == "cudnn"
+    assert (
+        choose_kernel(run.plan.model.attention, run.encoding, length=length, backend="gpu")
+        == "cudnn"
+    )
     try:
         text = _export_train_step(run, "cuda", monkeypatch)
     except RuntimeError as error:

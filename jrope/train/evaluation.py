@@ -95,8 +95,8 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
     it), before the work; UsageError where one needs more than a device's memory (XLA's count)."""
     with jax.set_mesh(run.mesh):
         for length in run.eval.lengths:
-            batch = run.global_batch(next(iter(_batches(run, length))))
-            lowered = eval_step.for_length(length).lower(eval_step.graphdef, params, batch)
+            jitted, local_batch = eval_step.for_length(length), next(iter(_batches(run, length)))
+            lowered = jitted.lower(eval_step.graphdef, params, run.global_batch(local_batch))
             if shortfall := flops.memory_shortfall(lowered.compile()):
                 raise UsageError(
                     f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "

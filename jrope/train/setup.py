@@ -254,10 +254,13 @@ def set_up_run(
         index = jax.process_index() if process_index is None else process_index
         count = jax.process_count() if process_count is None else process_count
         source = build_source(cfg.data, cfg.batch_size, index, count)
-    mesh, encoding, rules, io = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules, model_io(source)  # fmt: skip
+    mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
+    io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
     layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)
-    length, rows, lengths = cfg.pe.train_context, cfg.batch_size, (cfg.pe.train_context, *cfg.eval.lengths)  # fmt: skip
+    rows, length, lengths = cfg.batch_size, cfg.pe.train_context, (cfg.pe.train_context, *cfg.eval.lengths)  # fmt: skip
+    batch_sharding = NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh))
     plan = damping.KernelPlan(cfg.model, encoding, devices[0].platform, lengths, layout.graphdef)
+    throughput = flops.Throughput.for_model(cfg.model, rows, length, devices, **io)
     config_json, saves, model = cfg.to_json_dict(), cfg.checkpoint, cfg.model
     checkpointer = None if workdir is None else Checkpointer(
         epath.Path(workdir) / "checkpoints", every_steps=saves.every_steps,
@@ -265,10 +268,8 @@ def set_up_run(
         accept_missing_digests=saves.accept_missing_digests,
     )  # fmt: skip
     return RunSetup(
-        encoding, source, mesh, layout, plan, learning_rate_schedule(cfg.opt, cfg.num_steps),
-        flops.Throughput.for_model(model, rows, length, devices, **io), rules,
-        NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh)), cfg.seed,
-        model.dropout_rate, model.compute_dtype, length, rows, cfg.num_steps,
+        encoding, source, mesh, layout, plan, schedule, throughput, rules, batch_sharding,
+        cfg.seed, model.dropout_rate, model.compute_dtype, length, rows, cfg.num_steps,
         cfg.opt.max_consecutive_skips, cfg.pe.name, cfg.eval, cfg.log.every_steps,
         cfg.log.tensorboard, range(cfg.runtime.profile_from_step, cfg.runtime.profile_to_step),
         config_json, checkpointer,

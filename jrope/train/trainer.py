@@ -194,8 +194,6 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
     eval_step = evaluation.EvalStep(run, plan)
     evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
-    if jax.process_index() == 0:
-        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
     logger = MetricsLogger(
         workdir,
         every_steps=run.log_every_steps,
@@ -210,6 +208,9 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             traverse_util.flatten_dict(run.config_json, sep="."),
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
+    if jax.process_index() == 0:
+        record = outputs.start_record(run.config_json, start)
+        outputs.append_start_record(workdir, record)
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
