@@ -235,12 +235,7 @@ def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: 
     """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
     under the training run's names."""
     logger = outputs.MetricsLogger(
-        workdir,
-        every_steps=1,
-        num_steps=step,
-        tensorboard=tensorboard,
-        is_writer=jax.process_index() == 0,
-        start_step=None,
+        workdir, every_steps=1, num_steps=step, tensorboard=tensorboard, start_step=None
     )
     with contextlib.closing(logger):
         log_rows(logger, step, task, rows)

@@ -102,7 +102,7 @@ def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Calla
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
-        if isinstance(opt_state, optax.ApplyIfFiniteState):  # its counters
+        if isinstance(opt_state, optax.ApplyIfFiniteState):  # optax.apply_if_finite's counters
             metrics["skipped"] = 1.0 - opt_state.last_finite.astype(jnp.float32)
             metrics["skipped_steps"] = opt_state.total_notfinite
             metrics["skipped_in_a_row"] = opt_state.notfinite_count
@@ -181,10 +181,9 @@ def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role:
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     mesh, num_steps = run.mesh, run.num_steps
-    devices = list(mesh.devices.flat)
     say(
         f"Training {run.method} (seed {run.seed}) for {num_steps} steps; mesh "
-        f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
+        f"{dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
     state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
@@ -199,7 +198,6 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
         every_steps=run.log_every_steps,
         num_steps=num_steps,
         tensorboard=run.tensorboard,
-        is_writer=jax.process_index() == 0,
         start_step=start,
         throughput=run.throughput,
     )
