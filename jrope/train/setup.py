@@ -257,11 +257,11 @@ def set_up_run(
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
     layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)
-    rows, length, lengths = cfg.batch_size, cfg.pe.train_context, (cfg.pe.train_context, *cfg.eval.lengths)  # fmt: skip
+    rows, length, model = cfg.batch_size, cfg.pe.train_context, cfg.model
     batch_sharding = NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh))
-    plan = damping.KernelPlan(cfg.model, encoding, devices[0].platform, lengths, layout.graphdef)
-    throughput = flops.Throughput.for_model(cfg.model, rows, length, devices, **io)
-    config_json, saves, model = cfg.to_json_dict(), cfg.checkpoint, cfg.model
+    lengths, config_json, saves = (length, *cfg.eval.lengths), cfg.to_json_dict(), cfg.checkpoint
+    plan = damping.KernelPlan(model, encoding, devices[0].platform, lengths, layout.graphdef)
+    throughput = flops.Throughput.for_model(model, rows, length, devices, **io)
     checkpointer = None if workdir is None else Checkpointer(
         epath.Path(workdir) / "checkpoints", every_steps=saves.every_steps,
         max_to_keep=saves.max_to_keep, config_json=config_json,
