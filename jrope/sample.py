@@ -5,6 +5,8 @@ r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone:
 
 At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
+import functools
+
 from absl import flags
 
 from jrope import command_line
@@ -43,9 +45,6 @@ def main(argv: list[str]) -> None:
         print(f"=== prompt {prompt!r}\n{text}" if len(FLAGS.prompt) > 1 else text)
 
 
-def run_main() -> None:
-    command_line.run(main)  # python -m jrope.sample, jrope-sample, or a clone's sample.py
-
-
+run_main = functools.partial(command_line.run, main)
 if __name__ == "__main__":
     run_main()

@@ -67,7 +67,7 @@ from absl import logging
 from etils import epath
 
 from jrope.data.files import resolved, write_atomically
-from jrope.errors import AudioDataUnavailable, AudioExtraMissing, UsageError
+from jrope.errors import DataUnavailable, UsageError
 
 TRAIN_FILE = "train.u8"
 EVAL_FILE = "eval.u8"
@@ -107,7 +107,7 @@ def _audio_libraries():
         import soundfile
         import soxr
     except ImportError as error:
-        raise AudioExtraMissing(
+        raise UsageError(
             f"Reading audio needs the optional 'audio' dependencies ({error.name} is missing); "
             'install them with\n    pip install -e ".[train,audio]"'
         ) from None
@@ -254,7 +254,7 @@ def prepare_audio_tokens(
 
     ``wav_source``: a tar archive (its WAV members in archive order) or a
     folder (its WAVs, recursively, in sorted path order); ``max_files`` keeps
-    the first few of that order. AudioDataUnavailable where it is missing or
+    the first few of that order. DataUnavailable where it is missing or
     holds fewer than two WAVs.
     """
     if not 0.0 < eval_fraction < 1.0 or (max_files is not None and max_files < 2):
@@ -272,11 +272,11 @@ def prepare_audio_tokens(
         archive_members = archive_wav_members(wav_source, max_files)
         wavs = list(archive_members)
     else:
-        raise AudioDataUnavailable(
+        raise DataUnavailable(
             f"{wav_source} is neither a folder nor a tar archive.\n{MUSICNET_DIRECTIONS}"
         )
     if len(wavs) < 2:
-        raise AudioDataUnavailable(
+        raise DataUnavailable(
             f"{wav_source} holds {len(wavs)} .wav file(s); at least 2 are needed, "
             f"one for evaluation.\n{MUSICNET_DIRECTIONS}"
         )

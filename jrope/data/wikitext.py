@@ -25,7 +25,7 @@ extractor needs TensorFlow). The manual directory defaults to
 ``<data_dir>/downloads/manual``, ``data_dir`` to TFDS's.
 
 ``wikitext_data_source`` prepares a dataset on first use; without the files
-and a route to the archives' host it fails at once with WikiTextUnavailable,
+and a route to the archives' host it fails at once with DataUnavailable,
 saying where to put the files. To prepare once, with network access:
 
     python -m jrope.data.wikitext --dataset=wikitext103 [--data_dir=DIR] [--manual_dir=DIR]
@@ -49,7 +49,7 @@ from etils import epath
 # TFDS raises this on a checksum mismatch but does not export it under tfds.download.
 from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
-from jrope.errors import WikiTextUnavailable
+from jrope.errors import DataUnavailable
 
 ARCHIVE_HOST = "https://wikitext.smerity.com"
 SPLIT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
@@ -198,7 +198,7 @@ def _unavailable_message(
 @contextlib.contextmanager
 def _unprepared_folders_quiet():
     """Drops TFDS's warning that a dataset's folder holds no dataset_info.json: before the first
-    preparation that is the normal state (where it is a problem, WikiTextUnavailable says so)."""
+    preparation that is the normal state (where it is a problem, DataUnavailable says so)."""
 
     def not_that_warning(record: logging.LogRecord) -> bool:
         return "has no dataset_info.json" not in record.getMessage()
@@ -215,7 +215,7 @@ def prepare_wikitext(
     dataset: str, data_dir: str | None = None, manual_dir: str | None = None
 ) -> WikiTextRaw:
     """The builder of ``dataset`` (a key of BUILDERS), its ArrayRecord files written if they
-    were not yet. WikiTextUnavailable without prepared data, manual files or a route to the
+    were not yet. DataUnavailable without prepared data, manual files or a route to the
     archive's host, or where the archive failed to download or to match its checksum."""
     archive = BUILDERS[dataset].ARCHIVE
     builder = BUILDERS[dataset](data_dir=data_dir, file_format="array_record")
@@ -225,8 +225,8 @@ def prepare_wikitext(
         return builder
     manual = epath.Path(manual_dir).expanduser() if manual_dir else default_manual_dir(data_dir)
 
-    def unavailable(reason: str) -> WikiTextUnavailable:
-        return WikiTextUnavailable(_unavailable_message(dataset, manual, data_dir, reason))
+    def unavailable(reason: str) -> DataUnavailable:
+        return DataUnavailable(_unavailable_message(dataset, manual, data_dir, reason))
 
     has_manual_files = find_extracted_files(manual, archive) is not None
     has_manual_files = has_manual_files or (manual / archive.archive_name).is_file()

@@ -48,7 +48,7 @@ class TextRun:
 
     def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
         """The text generated after each prompt (bytes decoded as UTF-8 with replacement);
-        GenerationRequestError before compiling when the positions leave int32."""
+        UsageError before compiling when the positions leave int32."""
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
         graphdef, settings = self._plan_for_damping(settings)

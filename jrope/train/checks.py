@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jrope import commands, flops, saved_run_config
+from jrope import command_line, flops, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.data import files
 from jrope.data.files import is_uri
@@ -135,7 +135,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
     if not evaluation and steps and steps[-1] > cfg.num_steps:
         return [
             f"num_steps = {cfg.num_steps} is below {workdir}'s latest checkpoint, step "
-            f"{steps[-1]}; set num_steps >= {steps[-1]}, or use {commands.command('eval')}."
+            f"{steps[-1]}; set num_steps >= {steps[-1]}, or use {command_line.command('eval')}."
         ]
     return []
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import commands, flops, results
+from jrope import command_line, flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
@@ -250,7 +250,9 @@ def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
     """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
     finished = results_dir(workdir, step)
     if (rows := readable_results(finished)) is not None:
-        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
+        say(
+            f"Finished earlier: {command_line.command('eval')} --workdir={workdir} evaluates again."
+        )
         show_results(rows, finished, task=task)
     return rows
 
