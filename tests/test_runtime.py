@@ -59,7 +59,7 @@ def test_a_trace_for_a_bucket_is_copied_there_and_nothing_stays_local(monkeypatc
     fake_gcs.install(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runtime.tempfile, "tempdir", str(tmp_path))  # staging: here, then gone
-    trace = runtime.StepTrace("gs://bucket/run", RuntimeConfig("", 3, 4))
+    trace = runtime.StepTrace("gs://bucket/run", range(3, 4))
     state = jnp.ones(4)
     for step in range(3, 5):
         trace.before_step(step)
