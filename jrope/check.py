@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, commands, encodings, flops, oracle, results
+from jrope import attention, command_line, encodings, flops, oracle, results
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -133,7 +133,7 @@ def backend_problem(backend: str) -> str | None:
     packages, extra = ACCELERATORS.get(backend, ((), ""))
     problem = f"--backend={backend}: JAX cannot start the {backend.upper()} ({_first_line(error)})"
     if extra and not any(flops.installed_version(package) for package in packages):
-        problem += f"; install the extra: {commands.install_command(extra)}"
+        problem += f"; install the extra: {command_line.install_command(extra)}"
     return problem + "."
 
 
@@ -391,7 +391,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     return [*rows, Row("train step", "peak memory (compiler)", used, limit, result, advice)]
 
 
-DEFAULT_CONFIG = commands.config_path("wikitext_scaled_exact")
+DEFAULT_CONFIG = "wikitext_scaled_exact"
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda,cpu", "tpu": "tpu,cpu"}  # the CPU beside runs float64
 
 
@@ -404,7 +404,8 @@ def run_check(cfg, *, command: str, requested_backend="", timed_steps=3, say=pri
     return Report(command, date, rows, jax.print_environment_info(return_string=True))
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str], name: str) -> None:
+    """The check of config `name` (as the command line gives it) under the parsed flags."""
     from absl import flags
 
     from jrope.train.config import convert_config
@@ -416,7 +417,6 @@ def main(argv: Sequence[str]) -> None:
         jax.config.update("jax_platforms", PLATFORMS[values.backend])
     if problem := backend_problem(values.backend or jax.default_backend()):
         raise UsageError(problem)
-    name = commands.config_value(command_line.flag_argument(sys.argv, "config") or DEFAULT_CONFIG)
     if "probe" in values.config:
         raise UsageError(f"--config={name} is a kernel probe: give a run's config.")
     cfg, problems = convert_config(values.config)
@@ -452,8 +452,8 @@ def run_main() -> None:
     """The command line (flags defined here: importing this module defines none)."""
     from absl import flags
 
-    if command_line.flag_argument(sys.argv, "config") is None:
-        sys.argv.insert(1, f"--config={DEFAULT_CONFIG}")
+    if (name := command_line.flag_argument(sys.argv, "config")) is None:
+        sys.argv.insert(1, f"--config={(name := DEFAULT_CONFIG)}")
 
     def define_flags(argv: Sequence[str]) -> None:
         from ml_collections import config_flags
@@ -463,7 +463,7 @@ def run_main() -> None:
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Timed steps.", lower_bound=1)
 
-    command_line.run(main, define_flags)
+    command_line.run(functools.partial(main, name=name), define_flags)
 
 
 if __name__ == "__main__":

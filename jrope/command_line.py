@@ -1,29 +1,67 @@
-"""What every command shares: `run(main)`, absl's app.run, and the one place an error becomes its
-message and exit status (README.md's table): a project error (jrope.errors) its own, a storage
-failure 7, a missing extra or a bad flag 2; anything else is a bug, shown with its traceback."""
+"""What every command shares: the experiments by name (a clone's configs/, or the copy a wheel
+carries), absl's app.run with the run flags, and the one place an error becomes its message and
+exit status (README.md's table): a project error (jrope.errors) its own, a storage failure 7, a
+missing extra or a bad flag 2; anything else is a bug, shown with its traceback."""
 
 import errno
 import functools
 import importlib.util
 import os
+import pathlib
 import signal
 import sys
 import traceback
 
 from absl import app, flags, logging
 
-from jrope import commands
 from jrope.errors import JropeError, UsageError
 from jrope.fields import did_you_mean, flat_keys
 
+_CLONE = pathlib.Path(__file__).resolve().parent.parent
+_FOLDERS = (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")
+CONFIGS = next((folder for folder in _FOLDERS if (folder / "base.py").is_file()), None)
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
+
+
+def command(entry_point: str) -> str:
+    """How to run 'train', 'eval' or 'sample' from here: a clone's script in its root."""
+    in_root = (_CLONE / "train.py").is_file() and pathlib.Path.cwd().resolve() == _CLONE
+    return f"python {entry_point}.py" if in_root else f"python -m jrope.{entry_point}"
+
+
+def install_command(extras: str) -> str:
+    """How to add extras (jrope comes from a clone or a wheel built there, not from the index)."""
+    return f'pip install ".[{extras}]" in a clone, or the wheel with [{extras}]'
+
+
+def config_names() -> list[str]:
+    """The experiments' names (quickstart, synthetic_cpu, ...), sorted."""
+    return sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []
+
+
+def config_path(value: str) -> str:
+    """A --config value with an experiment's name (`quickstart`, `kernel_probe:ARG`) replaced by
+    its file's path; a path, a file of that name here, or an unknown name comes back as it is."""
+    name, colon, argument = value.partition(":")
+    path = CONFIGS / f"{name}.py" if CONFIGS and name.isidentifier() else None
+    if path is None or not path.is_file() or pathlib.Path(name).exists():
+        return value
+    return f"{path}{colon}{argument}"
+
+
+def make_importable(config: str | None) -> None:
+    """The parent of the config file's folder first on sys.path: its `from configs import base`
+    resolves from any folder (`config` may end in ':ARG'; None: nothing to do)."""
+    root = config and str(pathlib.Path(config.partition(":")[0]).resolve().parent.parent)
+    if root and root not in sys.path:
+        sys.path.insert(0, root)
 
 
 def define_run_flags(config: str | None = None) -> str | None:
     """--config (an experiment's name or file; default `config`, returned), --workdir and the
     flags of a multi-process run."""
-    about = f"Experiment: a config file, or one of {', '.join(commands.config_names())}."
+    about = f"Experiment: a config file, or one of {', '.join(config_names())}."
     if importlib.util.find_spec("ml_collections"):
         from ml_collections import config_flags
 
@@ -60,8 +98,9 @@ def start_processes() -> None:
 
 def run(main, define_flags=None) -> None:
     """app.run(main) after `define_flags(argv)` defines the flags that depend on argv (and may
-    return the default --config). Ctrl-C ends the command at once, as SIGTERM does (the train
-    loop saves first): a KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
+    return the default --config); a command with the run flags starts its processes first.
+    Ctrl-C ends the command at once, as SIGTERM does (the train loop saves first): a
+    KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
     flags.DEFINE_bool("verbose", False, "Show an error's traceback too.")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
@@ -78,7 +117,7 @@ def _closed_loop(error: BaseException | None) -> bool:
 def parse_flags(argv: list[str], define_flags=None) -> list[str]:
     """absl's parsing, --config=<experiment> read as its file and the last of a repeated override
     taken; --help exits 0."""
-    argv = sys.argv = last_overrides(commands.with_config_paths(argv))  # ml_collections reads it
+    argv = sys.argv = last_overrides(argv)  # ml_collections reads sys.argv
     config = flag_argument(argv, "config")
     try:
         default = define_flags(argv) if define_flags else None
@@ -87,9 +126,9 @@ def parse_flags(argv: list[str], define_flags=None) -> list[str]:
             for flag in defined if name.startswith("jrope.") else ():  # absl's --help lists
                 flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)  # the main module's
         if config and not os.path.isfile(config.partition(":")[0]):
-            names = ", ".join(commands.config_names())
-            raise UsageError(f"--config={config} is no config file here, nor one of {names}.")
-        commands.make_importable(config)
+            raise UsageError(f"--config={config} is no config file here, nor one of "
+                             f"{', '.join(config_names())}.")  # fmt: skip
+        make_importable(config)
         if (argv := flags.FLAGS(argv))[1:]:
             raise UsageError(f"Unexpected arguments {argv[1:]}; flags only.")
         return argv
@@ -100,11 +139,21 @@ def parse_flags(argv: list[str], define_flags=None) -> list[str]:
 
 
 def last_overrides(argv: list[str]) -> list[str]:
-    """argv with only the last --config.<key>=<value> of each key: ml_collections joins the values
-    of a tuple key given twice, where the last should win."""
-    keys = [arg.partition("=")[0].lstrip("-") if arg.startswith(("--config.", "-config.")) and
-            "=" in arg else None for arg in argv]  # fmt: skip
-    return [arg for i, arg in enumerate(argv) if not keys[i] or keys[i] not in keys[i + 1 :]]
+    """argv with an experiment's name after --config replaced by its file's path, and only the
+    last --config.<key>=<value> of each key: ml_collections joins the values of a tuple key given
+    twice, where the last should win."""
+    resolved, keys = [], []
+    for previous, arg in zip([None, *argv], argv, strict=False):
+        flag, equals, value = arg.partition("=")
+        if flag in ("--config", "-config"):
+            arg = f"{flag}={config_path(value)}" if equals else arg
+        elif previous in ("--config", "-config"):
+            arg = config_path(arg)
+        resolved.append(arg)
+        keys.append(
+            flag.lstrip("-") if flag.startswith(("--config.", "-config.")) and equals else None
+        )
+    return [arg for i, arg in enumerate(resolved) if not keys[i] or keys[i] not in keys[i + 1 :]]
 
 
 def flag_argument(argv: list[str], name: str) -> str | None:
@@ -146,8 +195,7 @@ def exit_status(error: BaseException | None) -> tuple[int, str] | None:
             where = f" writing {error.filename}" if error.filename else ""
             return 7, f"Storage failure{where}: {error.strerror}; free space and run it again."
         if isinstance(error, ModuleNotFoundError) and "jrope" not in str(error.name):
-            extra = commands.install_command("train")
-            return 2, f"No {error.name}: install the 'train' extra: {extra}."
+            return 2, f"No {error.name}: install the 'train' extra: {install_command('train')}."
         error = error.__cause__
     return None
 
@@ -156,6 +204,8 @@ def _call(main, argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:  # -v 0 shows the libraries' info records
         logging.set_verbosity(logging.WARNING)
     try:
+        if "multiprocess" in flags.FLAGS:
+            start_processes()
         main(argv)
     except Exception as error:
         if (reported := exit_status(error)) is None:

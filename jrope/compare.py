@@ -1,5 +1,7 @@
 """python -m jrope.compare: the method x seed comparison (jrope.experiments.compare)."""
 
+import functools
+
 from absl import flags
 
 from jrope import command_line
@@ -17,9 +19,6 @@ def main(argv: list[str]) -> None:
     compare.main(argv)
 
 
-def run_main() -> None:
-    command_line.run(main, define_flags)
-
-
+run_main = functools.partial(command_line.run, main, define_flags)
 if __name__ == "__main__":
     run_main()

@@ -36,14 +36,10 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     then every other slope of 2c, up to n. float32 [N].
     """
 
-    def power_of_two(n):
-        return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
-
     closest = 2 ** int(math.floor(math.log2(num_heads)))
-    slopes = power_of_two(closest)
-    if closest < num_heads:
-        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
-    return np.asarray(slopes, np.float32)
+    slopes = [2.0 ** (-8.0 * k / closest) for k in range(1, closest + 1)]
+    every_other = [2.0 ** (-8.0 * k / (2 * closest)) for k in range(1, 2 * closest + 1, 2)]
+    return np.asarray(slopes + every_other[: num_heads - closest], np.float32)
 
 
 # jrope computes positions in int32; an int64 or uint32 position past this range would wrap.

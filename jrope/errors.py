@@ -1,5 +1,5 @@
-"""The project's errors, each with the exit status its command ends with (README.md's table) and
-the built-in kind it also is; a command prints the message alone (jrope.command_line)."""
+"""The project's errors, each with the exit status its command ends with (README.md's table); a
+command prints the message alone (jrope.command_line)."""
 
 import signal
 
@@ -11,13 +11,11 @@ class JropeError(Exception):
 
 
 class UsageError(JropeError, ValueError):
-    exit_status = 2  # a command line or setting that cannot run
+    exit_status = 2  # a command line, setting or install that cannot run
 
 
-class ConfigError(JropeError, ValueError):
+class ConfigError(UsageError):
     """Every problem found in a config, one per line, each naming its key and the fix."""
-
-    exit_status = 2
 
     def __init__(self, problems):
         self.problems = tuple(problems)
@@ -31,10 +29,6 @@ class DataError(ConfigError):
 
 class DataUnavailable(JropeError, FileNotFoundError):
     exit_status = 3  # a data set is neither prepared nor on disk
-
-
-class AudioExtraMissing(JropeError, ImportError):
-    exit_status = 2  # soundfile or soxr, of the optional 'audio' extra
 
 
 class CheckpointError(JropeError, RuntimeError):
@@ -56,7 +50,3 @@ class TrainingPreempted(JropeError):
         self.step, self.exit_status = step, 128 + signum
         what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Preempted (SIGTERM)"
         super().__init__(f"{what} at step {step}: saved {checkpoint_path}; run again to resume.")
-
-
-WikiTextUnavailable = AudioDataUnavailable = DataUnavailable  # the data preparations' names
-GenerationRequestError = UsageError

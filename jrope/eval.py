@@ -5,6 +5,8 @@ not define the result; --config=<experiment> replaces it; a probe config runs th
 at eval.lengths; the rows join DIR/eval_step<N>/eval.{csv,md,png} and metrics.jsonl at step N.
 """
 
+import functools
+
 from absl import flags
 
 from jrope import command_line
@@ -26,7 +28,6 @@ def main(argv: list[str]) -> None:
     from jrope.train.config import TrainConfig  # here: --help and a bad flag need no JAX
     from jrope.train.trainer import evaluate_checkpoint
 
-    command_line.start_processes()
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     if "probe" in config:
         from jrope.experiments import kernel_probe
@@ -40,9 +41,6 @@ def main(argv: list[str]) -> None:
     evaluate_checkpoint(TrainConfig.from_config_dict(config), workdir)
 
 
-def run_main() -> None:
-    command_line.run(main, define_flags)
-
-
+run_main = functools.partial(command_line.run, main, define_flags)
 if __name__ == "__main__":
     run_main()

@@ -35,7 +35,6 @@ import numpy as np
 from flax import nnx
 
 from jrope import attention
-from jrope.attention.packing import largest_segment_span
 from jrope.attention.precision import precision_scope
 from jrope.attention.selection import (
     SINGLE_ORIGIN_EXPONENT_LIMIT,
@@ -54,6 +53,7 @@ from jrope.encodings import (
     check_supported,
 )
 from jrope.model.axes import LOGICAL_AXES_KEY
+from jrope.model.transformer import concrete_span
 from jrope.pe_config import PEConfig
 
 # Bytes of the stored encoding description: one shape for every encoding, so that any
@@ -76,13 +76,6 @@ def encoding_description(encoding: Encoding) -> dict:
         "head_dim": encoding.head_dim,
         "max_length": encoding.max_length,
     }
-
-
-def _encode_record(description: dict) -> np.ndarray:
-    text = json.dumps(description, sort_keys=True).encode()
-    if len(text) > RECORD_BYTES:
-        raise ValueError(f"The encoding's description takes {len(text)} > {RECORD_BYTES} bytes.")
-    return np.frombuffer(text.ljust(RECORD_BYTES, b"\0"), np.uint8).copy()
 
 
 def _differences(stored: dict, built: dict, prefix: str = "") -> list[str]:
@@ -108,7 +101,13 @@ class PositionalEncoding(nnx.Module):
 
     def __init__(self, encoding: Encoding):
         self.encoding = encoding
-        self.record = EncodingRecord(jnp.asarray(_encode_record(encoding_description(encoding))))
+        text = json.dumps(encoding_description(encoding), sort_keys=True).encode()
+        if len(text) > RECORD_BYTES:
+            raise ValueError(
+                f"The encoding's description takes {len(text)} > {RECORD_BYTES} bytes."
+            )
+        record = np.frombuffer(text.ljust(RECORD_BYTES, b"\0"), np.uint8)
+        self.record = EncodingRecord(jnp.asarray(record))
         axes = encoding.param_logical_axes
         # Flax shards a parameter on creation where a mesh is set (its default); without one
         # the parameters stay plain arrays, sharded later from their partition specs.
@@ -282,21 +281,13 @@ def causal_self_attention(
     if dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"jrope's kernels run float32 or bfloat16, got {dtype}; cast q, k, v.")
     _check_shapes(q, k, v, positions=(positions, "k", k))
-    if q.shape[1] > k.shape[1]:
-        raise ValueError(
-            f"q holds the last T of the S key positions: T = {q.shape[1]} > S = {k.shape[1]}."
-        )
     fields = dict(head_dim=encoding.head_dim, compute_dtype=dtype.name, attention_impl=kernel)
     fields.update(blockwise_min_length=blockwise_min_length, block_size=block_size)
     settings = attention.AttentionSettings(**fields, max_damping=max_damping)
     damping = _concrete_damping(pe)
-    if segment_ids is None:
-        span = _positions_extent(k.shape[1], positions) - 1
-    else:
+    if segment_ids is not None:
         attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
-        traced = any(isinstance(x, jax.core.Tracer) for x in (positions, segment_ids))
-        # Traced: assumed contiguous within a segment, as a row's positions without segments.
-        span = None if traced else largest_segment_span(positions, segment_ids)
+    span = concrete_span(positions, segment_ids)
     window = dict(length=k.shape[1], num_queries=q.shape[1], backend=backend, span=span)
     packed = segment_ids is not None
     chosen = attention.choose_kernel(settings, encoding, **window, damping=damping, packed=packed)

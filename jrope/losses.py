@@ -43,8 +43,8 @@ def squared_error_sums(
     """Float32 weighted sums of predictions [B, T', C] for the last T' <= T of targets [B, T, C]
     with weights [B, T]: 'loss_sum' (w (p - y)^2), 'weight_sum' (w times C: the loss is per
     element), 'target_sum', 'target_square_sum' (w y, w y^2), 'sequence_r2_sum' (each sequence's
-    1 - weighted MSE / weighted variance about its mean, floored at VARIANCE_FLOOR; with unit
-    weights jrope.data.signal.sequence_r2) and 'sequence_count' (sequences of nonzero weight)."""
+    1 - weighted MSE / weighted variance about its mean, floored at VARIANCE_FLOOR) and
+    'sequence_count' (sequences of nonzero weight)."""
     first = targets.shape[1] - predictions.shape[1]
     targets, weights = targets[:, first:].astype(jnp.float32), weights[:, first:, None]
     channels = targets.shape[-1]

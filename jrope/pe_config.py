@@ -90,18 +90,12 @@ class UnknownEncodingName(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ProbeBaseline:
-    """A kernel-probe baseline of the reference code: a feature set with no encoding behind it.
+    """A kernel-probe baseline of the reference code: a feature set with no encoding behind it
+    (its features: jrope.experiments.kernel_probe's docstring).
 
-    Attributes:
-      kind: 'rope_matched' (the constant, cos and sin of the first
-        max(1, num_freqs // order) frequencies: RoPE with a Jordan block's
-        parameter count), 'direct_sum_poly' (the constant, RoPE's features and
-        (tau(d)/L)^r for r = 1 .. order - 1, tau the bounded time), or
-        'jordan_scaled' (the features of jordan_exact_m{order}_c{100c}: order
-        raw-time jets (d/L)^r / r! e^{-c d/L} (cos, sin)(w d)).
-      order: m of the name.
-      c: the damping constant of 'jordan_scaled' (gamma = c/L; 1 when the
-        name has no _c token), None for the others.
+    kind: 'rope_matched', 'direct_sum_poly' or 'jordan_scaled'; order: m of the name; c: the
+    damping constant of 'jordan_scaled' (gamma = c/L; 1 when the name has no _c token), None for
+    the others.
     """
 
     name: str

@@ -52,12 +52,6 @@ def real_dtype(x) -> jnp.dtype:
     return jnp.dtype(jnp.float64 if jnp.result_type(x) == jnp.float64 else jnp.float32)
 
 
-def bounded_time(t: jax.Array, train_context: int) -> jax.Array:
-    """tau(t) = t / (1 + |t| / L): the stabilized shear time, odd in t."""
-    t = jnp.asarray(t, real_dtype(t))
-    return t / (1.0 + jnp.abs(t) / train_context)
-
-
 class ShearTime(NamedTuple):
     """The shear's clock: s(p) / eta = scale * time(p), time the bounded tau(p) or the raw p.
 

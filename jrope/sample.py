@@ -5,13 +5,18 @@ r"""Text from a trained byte-level run, after each --prompt, on stdout (a clone:
 
 At --temperature=0, --no_cache and --position_offset=P print the cached default's text."""
 
+import functools
+import re
+
 from absl import flags
 
 from jrope import command_line
-from jrope.errors import UsageError
 
 flags.DEFINE_string("workdir", None, "Directory of a trained text run.", required=True)
 flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat for a batch.", required=True)
+# Python keeps an argument's bytes that are not UTF-8 as the surrogates U+DC80 to U+DCFF.
+flags.register_validator("prompt", lambda prompts: not re.search("[\udc80-\udcff]",
+                         "".join(prompts or ())), "--prompt must be UTF-8 text")  # fmt: skip
 flags.DEFINE_integer("num_tokens", 200, "New bytes per prompt.", lower_bound=1)
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.")
 flags.register_validator(
@@ -32,10 +37,6 @@ def main(argv: list[str]) -> None:
     from jrope.experiments import text_generation  # here: --help and bad flags need no JAX
     from jrope.model.generation import GenerationSettings, SamplingSettings
 
-    for prompt in FLAGS.prompt:  # Python keeps an argument's bytes that are not UTF-8 as \udcXX
-        if any("\udc80" <= char <= "\udcff" for char in prompt):
-            raw = prompt.encode("utf-8", "surrogateescape")
-            raise UsageError(f"--prompt={raw!r} is not UTF-8 text; pass the prompt as UTF-8.")
     run = text_generation.load_text_run(FLAGS.workdir)
     stop = None if FLAGS.stop_byte < 0 else run.byte_token(FLAGS.stop_byte)
     sampling = SamplingSettings(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.seed)
@@ -45,9 +46,6 @@ def main(argv: list[str]) -> None:
         print(f"=== prompt {prompt!r}\n{text}" if len(FLAGS.prompt) > 1 else text)
 
 
-def run_main() -> None:
-    command_line.run(main)  # python -m jrope.sample, jrope-sample, or a clone's sample.py
-
-
+run_main = functools.partial(command_line.run, main)
 if __name__ == "__main__":
     run_main()

@@ -167,15 +167,11 @@ class JordanSegment:
             total /= JET_BASE_FLOOR_FRACTION * cfg.jet_gate_max
         return total
 
-    def shear_time(self, t: jax.Array, dtype=None) -> jax.Array:
-        """s(t) / eta: the scaled raw or bounded time (pe_math.ShearTime), float32 or `dtype`."""
-        return self.cfg.clock(t, dtype)
-
     def chain_coefficients(self, physical, t: jax.Array) -> list:
         """c_r of U(t), r < m, each [..., N, nb] for times t [...] (python 1.0 for c_0 = 1)."""
         if self.shear == "none":
             return [1.0] + [0.0] * (self.order - 1)
-        time = self.shear_time(t, pe_math.real_dtype(t))[..., None, None]
+        time = self.cfg.clock(t, pe_math.real_dtype(t))[..., None, None]  # s(t) / eta
         if self.shear == "eta":
             return pe_math.shear_series(_lead(physical["eta"], time.ndim - 2) * time, self.order)
         gates = _lead(physical["jet_gates"], time.ndim - 2)  # [..., m-1, N, nb]

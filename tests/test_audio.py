@@ -273,14 +273,14 @@ def test_audio_tokens_source_errors(tmp_path):
 
 def test_missing_or_empty_wav_dir_says_where_to_get_musicnet(tmp_path):
     missing = tmp_path / "musicnet"
-    with pytest.raises(audio.AudioDataUnavailable) as raised:
+    with pytest.raises(audio.DataUnavailable) as raised:
         audio.prepare_audio_tokens(str(missing), str(tmp_path / "out"))
     message = str(raised.value)
     assert str(missing) in message and "zenodo.org/records/5120004" in message
     assert "train_data/" in message and "tar -xzf musicnet.tar.gz" in message
     missing.mkdir()
     (missing / "only.wav").write_bytes(b"")
-    with pytest.raises(audio.AudioDataUnavailable, match="holds 1 .wav file"):
+    with pytest.raises(audio.DataUnavailable, match="holds 1 .wav file"):
         audio.prepare_audio_tokens(str(missing), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
@@ -295,7 +295,7 @@ def test_unreadable_wav_is_named(tmp_path):
 
 def test_missing_audio_extra_names_the_install_command(wav_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "soxr", None)  # as if soxr were not installed
-    with pytest.raises(audio.AudioExtraMissing, match=r'pip install -e "\.\[train,audio\]"'):
+    with pytest.raises(audio.UsageError, match=r'pip install -e "\.\[train,audio\]"'):
         audio.prepare_audio_tokens(str(wav_dir), str(tmp_path))
 
 

@@ -262,7 +262,7 @@ def test_a_prompt_that_is_not_utf8_ends_with_one_line(tmp_path):
         capture_output=True, text=True, env=subprocess_env(1), cwd=REPO_ROOT,
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr == "--prompt=b'\\xff' is not UTF-8 text; pass the prompt as UTF-8.\n"
+    assert done.stderr == "flag --prompt=['\\udcff']: --prompt must be UTF-8 text; see --help.\n"
 
 
 def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, permissions):

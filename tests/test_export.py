@@ -87,7 +87,8 @@ def test_the_train_step_exports_with_the_kernel_and_precision_auto_takes_there(
     length = run.train_length
     backend = BACKENDS[platform]
     assert (
-        choose_kernel(run.model.attention, run.encoding, length=length, backend=backend) == kernel
+        choose_kernel(run.plan.model.attention, run.encoding, length=length, backend=backend)
+        == kernel
     )
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
@@ -110,7 +111,7 @@ def test_the_bfloat16_jordan_rope_step_carries_no_highest_attention_dot(
     run = _run(tmp_path, **{"pe.name": RAW_SHEAR, "model.compute_dtype": "bfloat16"})
     length = run.train_length
     backend = BACKENDS[platform]
-    attention = run.model.attention
+    attention = run.plan.model.attention
     assert choose_kernel(attention, run.encoding, length=length, backend=backend) == "shear"
     text = _export_train_step(run, platform, monkeypatch)
     dots = _attention_dot_precisions(text, length)
@@ -127,7 +128,10 @@ def test_the_gpu_commands_bfloat16_step_exports_with_cudnn_where_cudnn_is_instal
     """README's GPU command adds model.compute_dtype=bfloat16: 'auto' takes cuDNN attention."""
     run = _run(tmp_path, **{"model.compute_dtype": "bfloat16"})
     length = run.train_length
-    assert choose_kernel(run.model.attention, run.encoding, length=length, backend="gpu") == "cudnn"
+    assert (
+        choose_kernel(run.plan.model.attention, run.encoding, length=length, backend="gpu")
+        == "cudnn"
+    )
     try:
         text = _export_train_step(run, "cuda", monkeypatch)
     except RuntimeError as error:
@@ -157,6 +161,6 @@ def test_the_bfloat16_flash_step_exports_for_tpu_on_a_mesh_of_eight_devices(tmp_
     )
     assert run.mesh.size == 8
     text = _export_train_step(run, "tpu", monkeypatch)
-    assert text.count("@tpu_custom_call") == 3 * run.model.num_layers
+    assert text.count("@tpu_custom_call") == 3 * run.plan.model.num_layers
     assert "sdy.manual_computation" in text
     assert _attention_dot_precisions(text, run.train_length) == []

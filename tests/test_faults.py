@@ -31,7 +31,6 @@ from helpers.train_process import (
 from jrope.errors import (
     CheckpointError,
     ConfigError,
-    GenerationRequestError,
     TrainingPreempted,
     UsageError,
     WorkdirBusy,
@@ -246,13 +245,13 @@ def _checkpointer(tmp_path, config_json, **options) -> Checkpointer:
 
 def test_sample_num_tokens_is_checked_against_int32_positions():
     settings = GenerationSettings(num_tokens=10**10, sampling=SamplingSettings(0.0, 0, 1.0, 0))
-    with pytest.raises(GenerationRequestError, match=r"--num_tokens=10000000000 .* int32") as big:
+    with pytest.raises(UsageError, match=r"--num_tokens=10000000000 .* int32") as big:
         generation.check_request(settings, 10)
     # The count named fits: the last new token's position is 10 + most - 1 <= 2**31 - 2.
     most = int(re.search(r"at most (\d+) new tokens fit", str(big.value)).group(1))
     assert most == 2**31 - 2 - 10
     generation.check_request(dataclasses.replace(settings, num_tokens=most), 10)
-    with pytest.raises(GenerationRequestError, match="--position_offset="):
+    with pytest.raises(UsageError, match="--position_offset="):
         offset = dataclasses.replace(settings, num_tokens=1, position_offset=2**31 - 11)
         generation.check_request(offset, 10)
 

@@ -174,7 +174,6 @@ def test_rotary_frequencies_and_bounded_time():
     np.testing.assert_allclose(omega, 10000.0 ** (-2.0 * np.arange(4) / 16), rtol=1e-6)
     assert omega.dtype == jnp.float32
     t = jnp.array([-2048.0, -3.0, 0.0, 3.0, 1024.0])
-    np.testing.assert_allclose(
-        pe_math.bounded_time(t, 1024), t / (1 + jnp.abs(t) / 1024), rtol=1e-6
-    )
-    np.testing.assert_allclose(pe_math.bounded_time(-t, 1024), -pe_math.bounded_time(t, 1024))
+    bounded_time = pe_math.ShearTime(bounded=True, scale=1.0, train_context=1024)
+    np.testing.assert_allclose(bounded_time(t), t / (1 + jnp.abs(t) / 1024), rtol=1e-6)
+    np.testing.assert_allclose(bounded_time(-t), -bounded_time(t))

@@ -21,12 +21,11 @@ from jrope.errors import (
     CheckpointError,
     ConfigError,
     DataError,
-    GenerationRequestError,
+    DataUnavailable,
     JropeError,
     NonFiniteError,
     TrainingPreempted,
     UsageError,
-    WikiTextUnavailable,
     WorkdirBusy,
 )
 from jrope.train import runtime, setup
@@ -60,7 +59,7 @@ def test_a_trace_for_a_bucket_is_copied_there_and_nothing_stays_local(monkeypatc
     fake_gcs.install(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runtime.tempfile, "tempdir", str(tmp_path))  # staging: here, then gone
-    trace = runtime.StepTrace("gs://bucket/run", RuntimeConfig("", 3, 4))
+    trace = runtime.StepTrace("gs://bucket/run", range(3, 4))
     state = jnp.ones(4)
     for step in range(3, 5):
         trace.before_step(step)
@@ -93,10 +92,9 @@ def test_the_compilation_cache_stores_the_compiled_programs(tmp_path):
     [
         (ConfigError(["a"]), 2),
         (UsageError("--methods is required"), 2),
-        (GenerationRequestError("pass a non-empty --prompt"), 2),
         (ModuleNotFoundError("No module named 'ml_collections'", name="ml_collections"), 2),
         (DataError(["the text is too short"]), 3),
-        (WikiTextUnavailable("WikiText-2 is not available"), 3),
+        (DataUnavailable("WikiText-2 is not available"), 3),
         (CheckpointError("damaged"), 4),
         (NonFiniteError("loss is nan"), 5),
         (WorkdirBusy("another run"), 6),

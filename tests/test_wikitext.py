@@ -134,7 +134,7 @@ def test_each_builder_reads_its_own_archive(tmp_path, monkeypatch):
 def test_rejects_an_archive_that_is_not_the_official_one(tmp_path, dataset):
     _write_fake_archive(tmp_path / "manual", dataset)
     manual = tmp_path / "manual"
-    with pytest.raises(wikitext.WikiTextUnavailable, match="not the official one") as raised:
+    with pytest.raises(wikitext.DataUnavailable, match="not the official one") as raised:
         wikitext.prepare_wikitext(dataset, str(tmp_path / "data"), str(manual))
     message = str(raised.value)
     archive = wikitext.BUILDERS[dataset].ARCHIVE
@@ -159,7 +159,7 @@ def test_offline_without_data_fails_at_once_with_directions(tmp_path, monkeypatc
     archive = wikitext.BUILDERS[dataset].ARCHIVE
     manual = tmp_path / "manual"
     started = time.perf_counter()
-    with pytest.raises(wikitext.WikiTextUnavailable) as raised:
+    with pytest.raises(wikitext.DataUnavailable) as raised:
         wikitext.wikitext_data_source(
             dataset, "train", data_dir=str(tmp_path / "data"), manual_dir=str(manual)
         )

@@ -104,7 +104,9 @@ def causal_attention(
     """
     length, key_length = q.shape[1], k.shape[1]
     if length > key_length:
-        raise ValueError(f"{length} queries cannot be the last rows of {key_length} keys.")
+        raise ValueError(
+            f"q holds the last T of the S key positions: T = {length} > S = {key_length}."
+        )
     refusal = feature_refusal(kernel, enc)
     if refusal:
         raise ValueError(refusal[0].upper() + refusal[1:])

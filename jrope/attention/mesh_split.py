@@ -17,16 +17,6 @@ import jax
 from jax.sharding import PartitionSpec
 
 
-def batch_axes(mesh, batch: int) -> tuple[str, ...] | None:
-    """The mesh axes the batch is split over: each in turn while the product divides it."""
-    axes, size = [], 1
-    for name in mesh.axis_names:
-        if mesh.shape[name] > 1 and batch % (size * mesh.shape[name]) == 0:
-            axes.append(name)
-            size *= mesh.shape[name]
-    return tuple(axes) or None
-
-
 def split_over_batch(attend: Callable, batch: int, batched: Sequence[bool]) -> Callable:
     """`attend`, run per device on its batch rows when a mesh of more than one device is set.
 
@@ -37,6 +27,12 @@ def split_over_batch(attend: Callable, batch: int, batched: Sequence[bool]) -> C
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return attend
-    rows = PartitionSpec(batch_axes(mesh, batch))
+    # The batch is split over each mesh axis in turn while the product divides it.
+    axes, size = [], 1
+    for name in mesh.axis_names:
+        if mesh.shape[name] > 1 and batch % (size * mesh.shape[name]) == 0:
+            axes.append(name)
+            size *= mesh.shape[name]
+    rows = PartitionSpec(tuple(axes) or None)
     in_specs = tuple(rows if split else PartitionSpec() for split in batched)
     return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=rows, check_vma=False)

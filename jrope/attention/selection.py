@@ -237,22 +237,14 @@ def fused_kernel_problem(
     if refusal:
         return refusal.rstrip(".")
     if kernel == "splash":
-        return _splash_problem(settings, encoding, length)
-    return _cudnn_problem(settings, encoding, length)
-
-
-def _splash_problem(settings: AttentionSettings, encoding: Any, length: int) -> str | None:
-    if length % splash.LENGTH_MULTIPLE:
-        return f"the length {length} is not a multiple of {splash.LENGTH_MULTIPLE}"
-    if attention_precision(settings, encoding) is not None:
-        return (
-            f"its dots run at the kernel's own precision, not model.attention_precision="
-            f"{settings.attention_precision!r}"
-        )
-    return None
-
-
-def _cudnn_problem(settings: AttentionSettings, encoding: Any, length: int) -> str | None:
+        if length % splash.LENGTH_MULTIPLE:
+            return f"the length {length} is not a multiple of {splash.LENGTH_MULTIPLE}"
+        if attention_precision(settings, encoding) is not None:
+            return (
+                f"its dots run at the kernel's own precision, not model.attention_precision="
+                f"{settings.attention_precision!r}"
+            )
+        return None
     if jnp.dtype(settings.compute_dtype) != jnp.bfloat16:
         return (
             "cuDNN flash attention takes bfloat16 or float16 only; set "

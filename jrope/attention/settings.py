@@ -19,20 +19,10 @@ MATMUL_PRECISIONS = ("default", "high", "highest")
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSettings:
-    """The attention's settings.
+    """The attention's settings: the fields of the same names of jrope.model.config.ModelConfig,
+    which says what each means."""
 
-    Attributes:
-      head_dim: H, the width of one head.
-      compute_dtype: 'float32' or 'bfloat16', the dtype of q, k and v.
-      attention_impl: one of ATTENTION_IMPLS.
-      blockwise_min_length: 'auto' takes a memory-linear kernel from this many keys on.
-      block_size: query/key block length of the blockwise and flash kernels.
-      max_damping: the largest learned damping gamma 'auto' plans for.
-      attention_precision: of the q.k and p.v dots, one of ATTENTION_PRECISIONS.
-      matmul_precision: of every other matmul, one of MATMUL_PRECISIONS.
-    """
-
-    head_dim: int
+    head_dim: int  # H, the width of one head (ModelConfig.head_dim)
     compute_dtype: str = "float32"
     attention_impl: str = "auto"
     blockwise_min_length: int = 4096

@@ -7,18 +7,11 @@ ALiBi family are a map of q and k followed by plain causal attention, so the
 kernel takes the mapped q and k as they are; it has no additive bias, so the
 ALiBi family never comes here (`jrope.attention.selection`).
 
-What the kernel wants, and how it gets it:
-  - heads-major [N, T, H] per sequence: q, k, v are transposed and the
-    kernel is vmapped over the batch;
-  - no logit scale of its own: q is multiplied by 1/sqrt(H) first;
-  - block sizes dividing T, key blocks multiples of 128 (the TPU lane
-    width): T must be a multiple of 128 (the selection checks it) and the
-    blocks are the largest of 512, 256, 128 that divide T;
-  - no automatic partitioning (a Mosaic kernel is one custom call): under a
-    device mesh the call runs inside `jax.shard_map`, the batch split over
-    as many mesh axes as divide it, the rest replicated
-    (jrope.attention.mesh_split).
-Off TPU the same kernel runs in Pallas interpret mode (slow; for tests on CPU).
+The kernel takes heads-major [N, T, H] sequences (vmapped over the batch),
+has no logit scale of its own (q is scaled first), and wants T a multiple of
+the TPU's 128 lanes; under a device mesh it runs per device
+(jrope.attention.mesh_split). Off TPU it runs in Pallas interpret mode (slow;
+for tests on CPU).
 
 Shape legend: B batch, T length, N heads, H head dim.
 """

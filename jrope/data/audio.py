@@ -67,10 +67,9 @@ from absl import logging
 from etils import epath
 
 from jrope.data.files import resolved, write_atomically
-from jrope.errors import AudioDataUnavailable, AudioExtraMissing, UsageError
+from jrope.errors import DataUnavailable, UsageError
 
-TRAIN_FILE = "train.u8"
-EVAL_FILE = "eval.u8"
+SPLIT_FILES = {"train": "train.u8", "eval": "eval.u8"}
 MANIFEST_FILE = "manifest.json"
 FILE_SEPARATOR = 0  # the byte before each file's frames
 DEFAULT_SEED = 20260506  # the reference's
@@ -79,7 +78,6 @@ DEFAULT_EVAL_FRACTION = 0.2
 # Power floor (1e-10, i.e. -100 dB before referencing) and dynamic range of the dB scale.
 _AMIN = 1e-10
 _TOP_DB = 80.0
-_SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
 
 MUSICNET_DIRECTIONS = (
     "This command does not download MusicNet: get musicnet.tar.gz (md5\n"
@@ -107,7 +105,7 @@ def _audio_libraries():
         import soundfile
         import soxr
     except ImportError as error:
-        raise AudioExtraMissing(
+        raise UsageError(
             f"Reading audio needs the optional 'audio' dependencies ({error.name} is missing); "
             'install them with\n    pip install -e ".[train,audio]"'
         ) from None
@@ -155,15 +153,11 @@ def mel_to_hz(mel: np.ndarray) -> np.ndarray:
     return np.where(mel >= 15.0, logarithmic, linear)
 
 
-def mel_band_edges_hz(settings: MelTokenSettings) -> np.ndarray:
-    """float64 [n_mels + 2]: band ``k`` rises from edge k, peaks at k + 1, falls to k + 2."""
-    top = hz_to_mel(settings.sample_rate / 2)
-    return mel_to_hz(np.linspace(0.0, top, settings.n_mels + 2))
-
-
 def mel_filterbank(settings: MelTokenSettings) -> np.ndarray:
     """float64 [n_mels, n_fft // 2 + 1]: Slaney-normalised triangles over the FFT bins' Hz."""
-    edges = mel_band_edges_hz(settings)[:, None]
+    # Band k rises from edge k, peaks at k + 1, falls to k + 2.
+    top = hz_to_mel(settings.sample_rate / 2)
+    edges = mel_to_hz(np.linspace(0.0, top, settings.n_mels + 2))[:, None]
     bin_hz = np.fft.rfftfreq(settings.n_fft, d=1.0 / settings.sample_rate)
     rising = (bin_hz - edges[:-2]) / (edges[1:-1] - edges[:-2])
     falling = (edges[2:] - bin_hz) / (edges[2:] - edges[1:-1])
@@ -254,7 +248,7 @@ def prepare_audio_tokens(
 
     ``wav_source``: a tar archive (its WAV members in archive order) or a
     folder (its WAVs, recursively, in sorted path order); ``max_files`` keeps
-    the first few of that order. AudioDataUnavailable where it is missing or
+    the first few of that order. DataUnavailable where it is missing or
     holds fewer than two WAVs.
     """
     if not 0.0 < eval_fraction < 1.0 or (max_files is not None and max_files < 2):
@@ -272,11 +266,11 @@ def prepare_audio_tokens(
         archive_members = archive_wav_members(wav_source, max_files)
         wavs = list(archive_members)
     else:
-        raise AudioDataUnavailable(
+        raise DataUnavailable(
             f"{wav_source} is neither a folder nor a tar archive.\n{MUSICNET_DIRECTIONS}"
         )
     if len(wavs) < 2:
-        raise AudioDataUnavailable(
+        raise DataUnavailable(
             f"{wav_source} holds {len(wavs)} .wav file(s); at least 2 are needed, "
             f"one for evaluation.\n{MUSICNET_DIRECTIONS}"
         )
@@ -312,9 +306,9 @@ def prepare_audio_tokens(
             if (index + 1) % 50 == 0:
                 logging.info("%s: %d of %d WAVs", split, index + 1, len(split_wavs))
         tokens = np.concatenate(pieces)
-        write_atomically(os.path.join(out_dir, _SPLIT_FILES[split]), [tokens.tobytes()])
+        write_atomically(os.path.join(out_dir, SPLIT_FILES[split]), [tokens.tobytes()])
         manifest["splits"][split] = {
-            "file": _SPLIT_FILES[split],
+            "file": SPLIT_FILES[split],
             "bytes": int(tokens.size),
             "frames": (int(tokens.size) - len(split_wavs)) // settings.n_mels,
             "wavs": split_wavs,
@@ -327,7 +321,7 @@ def prepare_audio_tokens(
 def token_file(path: str, split: str) -> epath.Path:
     """The split's .u8 file: ``path`` itself, or in the folder ``path`` (local or a bucket)."""
     location = resolved(path)
-    return location / _SPLIT_FILES[split] if location.is_dir() else location
+    return location / SPLIT_FILES[split] if location.is_dir() else location
 
 
 def load_token_file(path: str, split: str) -> np.ndarray:

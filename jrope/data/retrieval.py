@@ -141,9 +141,8 @@ class RetrievalSource(SeededSource):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.vocab_size = self.num_classes = (
-            self.data_cfg.vocab_size
-        )  # every token's logit competes
+        # Every token's logit competes.
+        self.vocab_size = self.num_classes = self.data_cfg.vocab_size
 
     def eval_batches(self, length: int, *args, **kwargs) -> Iterator[dict]:
         """SeededSource.eval_batches: sequences of ``length``, at random distances."""

@@ -131,22 +131,3 @@ class SignalRegressionSource(SeededSource):
             "targets": targets.astype(np.float32),
             "weights": np.ones((len(rngs), length), np.float32),
         }
-
-
-def sequence_r2(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The coefficient of determination of each sequence, float64 [b], as the reference reports R²
-    (its mean over sequences, not the pooled R²).
-
-    predictions, targets: [b, T, C]. 1 - MSE / Var over each sequence's
-    positions and channels, the variance about its own mean floored at 1e-12.
-    """
-    predictions = np.asarray(predictions, np.float64)
-    targets = np.asarray(targets, np.float64)
-    if predictions.shape != targets.shape or targets.ndim != 3:
-        raise ValueError(
-            f"predictions {predictions.shape} and targets {targets.shape} must both be [b, T, C]."
-        )
-    axes = (1, 2)
-    mse = np.mean((predictions - targets) ** 2, axis=axes)
-    variance = np.mean((targets - targets.mean(axis=axes, keepdims=True)) ** 2, axis=axes)
-    return 1.0 - mse / np.maximum(variance, 1e-12)

@@ -108,15 +108,6 @@ class ProcessShare:
                 f"and process_index {index} below process_count; change the batch size."
             )
 
-    @property
-    def local_batch_size(self) -> int:
-        return self.global_batch_size // self.process_count
-
-    def train_rows(self) -> range:
-        """Indices of this process's rows in every global training batch."""
-        first = self.process_index * self.local_batch_size
-        return range(first, first + self.local_batch_size)
-
     def eval_rows(
         self, length: int, num_sequences: int, batch_size: int, min_length: int
     ) -> Iterator[range]:
@@ -143,7 +134,9 @@ class ProcessShare:
     def train_generators(self, seed: int, stream: int, step: int) -> list[np.random.Generator]:
         """A PCG64 generator per row of this process's share of `step`'s global batch, seeded
         with (seed, stream, step, row): each row is the same whatever the process count."""
-        return [np.random.default_rng([seed, stream, step, row]) for row in self.train_rows()]
+        local = self.global_batch_size // self.process_count
+        rows = range(self.process_index * local, (self.process_index + 1) * local)
+        return [np.random.default_rng([seed, stream, step, row]) for row in rows]
 
     def eval_generators(
         self,
@@ -207,20 +200,17 @@ class SourceSpec:
         return getattr(module, self.config_class), getattr(module, self.source_class)
 
 
-_SYNTHETIC = SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource")
 _TEXT_BYTES = SourceSpec("jrope.data.text_bytes", "TextDataConfig", "ByteTextSource")
-_SIGNAL = SourceSpec("jrope.data.signal", "SignalRegressionConfig", "SignalRegressionSource")
-_RETRIEVAL = SourceSpec("jrope.data.retrieval", "RetrievalConfig", "RetrievalSource")
 
 # data.source -> where that source lives.
 SOURCES = {
-    "synthetic": _SYNTHETIC,
+    "synthetic": SourceSpec("jrope.data.synthetic", "SyntheticTaskConfig", "SyntheticSource"),
     "text": _TEXT_BYTES,
     "wikitext103": _TEXT_BYTES,
     "wikitext2": _TEXT_BYTES,
     "audio_tokens": _TEXT_BYTES,
-    "signal": _SIGNAL,
-    "retrieval": _RETRIEVAL,
+    "signal": SourceSpec("jrope.data.signal", "SignalRegressionConfig", "SignalRegressionSource"),
+    "retrieval": SourceSpec("jrope.data.retrieval", "RetrievalConfig", "RetrievalSource"),
 }
 
 

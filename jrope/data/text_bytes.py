@@ -54,7 +54,7 @@ from etils import epath
 
 from jrope.data import audio, wikitext
 from jrope.data.files import is_uri, resolved, write_atomically
-from jrope.data.source import DEFAULT_EVAL_SEED, ProcessShare
+from jrope.data.source import DEFAULT_EVAL_SEED, EVAL_STREAM, TRAIN_STREAM, ProcessShare
 from jrope.fields import PARAMETERS, RESULT, Declared, setting
 
 SOURCES = ("wikitext103", "wikitext2", "text", "audio_tokens")
@@ -63,9 +63,6 @@ VOCAB_SIZES = (256, 257)
 WIKITEXT_ROWS = ("file", "reference")
 DEFAULT_CACHE_DIR = "~/.cache/jrope/text_bytes"
 
-# First entropy word after the seed: keeps the train and eval streams disjoint.
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
 # Bytes read per chunk when copying text into a cache file.
 _CHUNK_BYTES = 1 << 24
 # Rows fetched per call from a WikiText data source.
@@ -166,9 +163,9 @@ class ByteTextSource:
 
     def train_batch(self, step: int) -> dict:
         """This process's rows of the global training batch of ``step``."""
-        seed, length, corpus = self.data_cfg.seed, self.data_cfg.seq_len, self.train_corpus
-        rows = self.share.train_rows()
-        starts = [_window_start((seed, _TRAIN_STREAM, step, r), len(corpus), length) for r in rows]
+        length, corpus = self.data_cfg.seq_len, self.train_corpus
+        rngs = self.share.train_generators(self.data_cfg.seed, TRAIN_STREAM, step)
+        starts = _window_starts(rngs, len(corpus), length)
         batch = self._make_batch(corpus, starts, length)
         if self.data_cfg.pack:
             batch.update(article_segments(corpus, starts, length))
@@ -180,13 +177,11 @@ class ByteTextSource:
         """This process's share of ``num_sequences`` fixed evaluation windows of ``length`` tokens
         (``batch_size``: the global evaluation batch; ``seed``: the evaluation seed)."""
         # The request is checked before the text's length.
-        batches = list(self.share.eval_rows(length, num_sequences, batch_size, min_length=1))
-        _check_long_enough(self.eval_corpus, length, describe_corpus(self.data_cfg, False))
-        corpus = self.eval_corpus
-        for indices in batches:
-            entropies = [(seed, _EVAL_STREAM, length, index) for index in indices]
-            starts = [_window_start(entropy, len(corpus), length) for entropy in entropies]
-            yield self._make_batch(corpus, starts, length)
+        words, corpus = (seed, EVAL_STREAM, length), self.eval_corpus
+        batches = list(self.share.eval_generators(words, length, num_sequences, batch_size, 1))
+        _check_long_enough(corpus, length, describe_corpus(self.data_cfg, False))
+        for rngs in batches:
+            yield self._make_batch(corpus, _window_starts(rngs, len(corpus), length), length)
 
     def _make_batch(self, corpus: np.ndarray, starts: Sequence[int], length: int) -> dict:
         windows = np.stack([corpus[start : start + length + 1] for start in starts])
@@ -198,9 +193,9 @@ class ByteTextSource:
         }
 
 
-def _window_start(entropy: tuple[int, ...], corpus_len: int, length: int) -> int:
+def _window_starts(rngs: Sequence[np.random.Generator], corpus_len: int, length: int) -> list:
     # A window of length + 1 bytes fits at starts 0 .. corpus_len - length - 1.
-    return int(np.random.default_rng(list(entropy)).integers(0, corpus_len - length))
+    return [int(rng.integers(0, corpus_len - length)) for rng in rngs]
 
 
 # An article's title line: a newline, then " = " and a title (" = = " opens a section).
@@ -262,7 +257,11 @@ def load_corpus(data_cfg: TextDataConfig, *, training: bool) -> np.ndarray:
         split = "train" if training else "eval"
         location = data_cfg.path if training else data_cfg.eval_path
         if is_uri(location):
-            location = _local_copy(audio.token_file(location, split), cache_dir)
+            bucket_file = audio.token_file(location, split)
+            location = _cache_path(cache_dir, "copy", {"file": _file_identity(bucket_file)})
+            if not os.path.exists(location):
+                logging.info("Copying %s to %s.", bucket_file, location)
+                write_atomically(location, _file_chunks(bucket_file))
         tokens = audio.load_token_file(location, split)
         return tokens[: max(1, round(fraction * len(tokens)))]
     if data_cfg.source == "text":
@@ -298,15 +297,6 @@ def _cache_path(cache_dir: str, source: str, key: dict) -> str:
     text = json.dumps({"source": source, **key}, sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()
     return os.path.join(cache_dir, f"{source}-{digest[:20]}.u8")
-
-
-def _local_copy(source: epath.Path, cache_dir: str) -> str:
-    """A file in a bucket copied once into the cache (memory maps need a local file)."""
-    path = _cache_path(cache_dir, "copy", {"file": _file_identity(source)})
-    if not os.path.exists(path):
-        logging.info("Copying %s to %s.", source, path)
-        write_atomically(path, _file_chunks(source))
-    return path
 
 
 def _text_files(data_cfg: TextDataConfig, training: bool) -> list[epath.Path]:
@@ -355,10 +345,6 @@ def _file_identity(path: epath.Path) -> list:
     return [str(path), stat.st_size, stat.st_mtime_ns]
 
 
-def _size(path: epath.Path) -> int:
-    return path.stat().length if is_uri(path) else os.path.getsize(path)
-
-
 def _file_chunks(path: epath.Path) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK_BYTES):
@@ -398,7 +384,8 @@ def _limit_bytes(chunks: Iterable[bytes], fraction: float, files: Sequence[epath
     if fraction == 1.0:
         yield from chunks
         return
-    total = sum(_size(f) for f in files) + len(files) - 1
+    sizes = [f.stat().length if is_uri(f) else os.path.getsize(f) for f in files]
+    total = sum(sizes) + len(files) - 1
     remaining = max(1, round(fraction * total))
     for chunk in chunks:
         yield chunk[:remaining]

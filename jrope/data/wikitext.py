@@ -25,7 +25,7 @@ extractor needs TensorFlow). The manual directory defaults to
 ``<data_dir>/downloads/manual``, ``data_dir`` to TFDS's.
 
 ``wikitext_data_source`` prepares a dataset on first use; without the files
-and a route to the archives' host it fails at once with WikiTextUnavailable,
+and a route to the archives' host it fails at once with DataUnavailable,
 saying where to put the files. To prepare once, with network access:
 
     python -m jrope.data.wikitext --dataset=wikitext103 [--data_dir=DIR] [--manual_dir=DIR]
@@ -49,7 +49,7 @@ from etils import epath
 # TFDS raises this on a checksum mismatch but does not export it under tfds.download.
 from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
-from jrope.errors import WikiTextUnavailable
+from jrope.errors import DataUnavailable
 
 ARCHIVE_HOST = "https://wikitext.smerity.com"
 SPLIT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
@@ -83,6 +83,9 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     ARCHIVE: ClassVar[WikiTextArchive]
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "One example per line of wiki.{train,valid,test}.raw, in file order."}
+    # TFDS opens the manual directory only for a builder with instructions; a missing archive is
+    # named, with its URL and the folder, by prepare_wikitext's WikiTextUnavailable.
+    MANUAL_DOWNLOAD_INSTRUCTIONS = "The official archive, or its wiki.*.raw files extracted."
 
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(
@@ -121,20 +124,11 @@ class WikiTextRaw(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                 yield index, {"text": line.decode("utf-8")}
 
 
-def _manual_download_instructions(archive: WikiTextArchive) -> str:
-    return f"""
-    Put the official archive {archive.archive_name} (from {archive.archive_url}), or the
-    three files {", ".join(SPLIT_FILES.values())} extracted from it, in the
-    manual directory.
-    """
-
-
 class Wikitext103Raw(WikiTextRaw, skip_registration=True):
     """WikiText-103 raw: 103 M words of Wikipedia articles."""
 
     name = "wikitext103_raw"
     ARCHIVE = WIKITEXT103
-    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT103)
 
 
 class Wikitext2Raw(WikiTextRaw, skip_registration=True):
@@ -142,7 +136,6 @@ class Wikitext2Raw(WikiTextRaw, skip_registration=True):
 
     name = "wikitext2_raw"
     ARCHIVE = WIKITEXT2
-    MANUAL_DOWNLOAD_INSTRUCTIONS = _manual_download_instructions(WIKITEXT2)
 
 
 # The dataset names accepted here, on the command line and as TextDataConfig.source.
@@ -198,7 +191,7 @@ def _unavailable_message(
 @contextlib.contextmanager
 def _unprepared_folders_quiet():
     """Drops TFDS's warning that a dataset's folder holds no dataset_info.json: before the first
-    preparation that is the normal state (where it is a problem, WikiTextUnavailable says so)."""
+    preparation that is the normal state (where it is a problem, DataUnavailable says so)."""
 
     def not_that_warning(record: logging.LogRecord) -> bool:
         return "has no dataset_info.json" not in record.getMessage()
@@ -215,7 +208,7 @@ def prepare_wikitext(
     dataset: str, data_dir: str | None = None, manual_dir: str | None = None
 ) -> WikiTextRaw:
     """The builder of ``dataset`` (a key of BUILDERS), its ArrayRecord files written if they
-    were not yet. WikiTextUnavailable without prepared data, manual files or a route to the
+    were not yet. DataUnavailable without prepared data, manual files or a route to the
     archive's host, or where the archive failed to download or to match its checksum."""
     archive = BUILDERS[dataset].ARCHIVE
     builder = BUILDERS[dataset](data_dir=data_dir, file_format="array_record")
@@ -225,8 +218,8 @@ def prepare_wikitext(
         return builder
     manual = epath.Path(manual_dir).expanduser() if manual_dir else default_manual_dir(data_dir)
 
-    def unavailable(reason: str) -> WikiTextUnavailable:
-        return WikiTextUnavailable(_unavailable_message(dataset, manual, data_dir, reason))
+    def unavailable(reason: str) -> DataUnavailable:
+        return DataUnavailable(_unavailable_message(dataset, manual, data_dir, reason))
 
     has_manual_files = find_extracted_files(manual, archive) is not None
     has_manual_files = has_manual_files or (manual / archive.archive_name).is_file()

@@ -30,7 +30,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from jrope import command_line, results
+from jrope import results
 from jrope.errors import ConfigError, DataError, UsageError
 from jrope.train import checks, evaluation, outputs
 from jrope.train.checkpoints import config_differences
@@ -239,7 +239,6 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
 
 def main(argv: list[str]) -> None:
     methods, seeds = comparison_axes(flags.FLAGS.methods, flags.FLAGS.seeds)
-    command_line.start_processes()  # before anything starts a JAX backend
     run_comparison(flags.FLAGS.config, methods, seeds, flags.FLAGS.workdir)
 
 

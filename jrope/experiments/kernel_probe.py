@@ -15,7 +15,8 @@ extrapolate, that kernel; no training, no model. A method's basis (its PEConfig'
 
 The reference code's probe baselines (`jrope.pe_config.ProbeBaseline`; no encoding behind them):
 
-    rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m)
+    rope_matched_m{m}     cos(w_k d), sin(w_k d) for k < max(1, num_freqs // m) (an order-m
+                          Jordan head's count of frequencies)
     direct_sum_poly_m{m}  the rotary features and (tau(d)/L)^r, r = 1 .. m-1
     jordan_scaled_m{m}_c{100c}  the features of jordan_exact_m{m}_c{100c}
 
@@ -162,7 +163,8 @@ def _baseline_features(baseline: ProbeBaseline, lags, probe: KernelProbeConfig, 
         return _rotary_features(lags, omegas[: max(1, probe.num_freqs // baseline.order)])
     if baseline.kind == "direct_sum_poly":
         d = jnp.asarray(lags, jnp.float32)
-        tau = pe_math.bounded_time(d, probe.train_context) / probe.train_context
+        clock = pe_math.ShearTime(bounded=True, scale=1.0, train_context=probe.train_context)
+        tau = clock.unscaled(d) / probe.train_context
         powers = [np.asarray(tau**r, np.float64)[:, None] for r in range(1, baseline.order)]
         return _rotary_features(lags, omegas) + powers
     name = f"jordan_exact_m{baseline.order}_c{round(100 * baseline.c):03d}"

@@ -9,15 +9,12 @@ the same for i = second_freq_index:
     high_jet_r{r}        x^r cos(w d)                     (v2's high-order probe; r = 1 is mixed)
     scaled_high_jet_r{r} x^r e^{-c x} cos(w d)            c = jet_decay
     phase_drift          cos(w (1 + eps) d)               eps = drift: RoPE's frequency slightly off
-    seasonal_trend       (0.35 + 0.9 x) cos(w d) + 0.25 sin(w d)
-    damped_wave          e^{-gamma d} (cos(w d) + 0.75 x sin(w d))
-    rhythm_envelope      (0.25 + 0.85 x)(0.65 cos(w d) + 0.35 sin(w2 d))
-    motif_spacing        x / (1 + 0.25 x) (0.7 cos(w2 d) - 0.3 sin(w2 d))
 
-The last five and the jets are the reference code's structured benchmarks,
-with its constants. Every formula is computed by the numpy kernels of the
-data tasks (jrope.data.synthetic, jrope.data.signal), so a probe and a
-trained task on the same kernel see the same function. Values are float64.
+and the signal task's kernels seasonal_trend, damped_wave (its gamma the probe's),
+rhythm_envelope and motif_spacing (jrope.data.signal). Those and the jets are the reference
+code's structured benchmarks, with its constants. Every formula is computed by the numpy kernels
+of the data tasks (jrope.data.synthetic, jrope.data.signal), so a probe and a trained task on the
+same kernel see the same function. Values are float64.
 """
 
 from __future__ import annotations

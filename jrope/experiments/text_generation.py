@@ -29,7 +29,7 @@ from jrope.model import damping
 from jrope.model.generation import GenerationSettings, Generator, check_request, pad_prompts
 from jrope.train import setup
 from jrope.train.checkpoints import Checkpointer, restore_compatible
-from jrope.train.config import MeshConfig, TrainConfig
+from jrope.train.config import TrainConfig
 from jrope.train.setup import state_layout
 
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
@@ -48,7 +48,7 @@ class TextRun:
 
     def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[str]:
         """The text generated after each prompt (bytes decoded as UTF-8 with replacement);
-        GenerationRequestError before compiling when the positions leave int32."""
+        UsageError before compiling when the positions leave int32."""
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
         # A request that cannot run is refused alone, before the damping's note.
@@ -72,8 +72,6 @@ class TextRun:
 
     def byte_token(self, byte: int) -> int:
         """The token of a byte value (0..255) in this run's vocabulary."""
-        if not 0 <= byte <= 255:
-            raise ValueError(f"a byte lies in 0..255, got {byte}; e.g. 10 for a newline.")
         return byte + self.cfg.data.token_offset
 
 
@@ -84,30 +82,22 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
     """
     step = int(saved_run_config.saved_config_path(workdir).parent.parent.name)
     cfg = TrainConfig.from_config_dict(saved_run_config.get_config(workdir))
-    _check_text_run(cfg, resolved(workdir))
+    if cfg.data.source not in TEXT_SOURCES:
+        raise UsageError(
+            f"--workdir {resolved(workdir)} holds a {cfg.data.source!r} run, whose tokens are no "
+            f"text; point it at a run trained with data.source in {TEXT_SOURCES}."
+        )
     directory = resolved(workdir) / "checkpoints"
     # Read only: this manager never saves, so it never deletes old checkpoints either.
     checkpointer = Checkpointer(
         directory, every_steps=1, max_to_keep=step, config_json=cfg.to_json_dict()
     )
     with contextlib.closing(checkpointer):
-        mesh_cfg = decoding_mesh_config(cfg.mesh, len(devices or jax.devices()))
+        tensor, num_devices = cfg.mesh.tensor, len(devices or jax.devices())
+        tensor = tensor if tensor > 0 and num_devices % tensor == 0 else 1
+        mesh_cfg = dataclasses.replace(cfg.mesh, data=-1, fsdp=1, tensor=tensor)
         mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
         layout = state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
         state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)
-
-
-def decoding_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> MeshConfig:
-    """The run's mesh for decoding: its tensor axis when that divides the devices, the rest on data."""
-    tensor = mesh_cfg.tensor if mesh_cfg.tensor > 0 and num_devices % mesh_cfg.tensor == 0 else 1
-    return dataclasses.replace(mesh_cfg, data=-1, fsdp=1, tensor=tensor)
-
-
-def _check_text_run(cfg: TrainConfig, path) -> None:
-    if cfg.data.source not in TEXT_SOURCES:
-        raise UsageError(
-            f"--workdir {path} holds a {cfg.data.source!r} run, whose tokens are no text; point it "
-            f"at a run trained with data.source in {TEXT_SOURCES}."
-        )

@@ -118,12 +118,11 @@ class KernelPlan:
     def kernel(self, length: int) -> str:
         """choose_kernel at `length` for the largest damping; UsageError naming the layer, the
         head's damping and model.max_damping where it rules out an explicit attention_impl."""
-        passed = self.measured is not None and self.measured.passed
+        if self.measured is None or not self.measured.passed:
+            return self._choose(length, None)
         try:
-            return self._choose(length, self.measured.largest if passed else None)
+            return self._choose(length, self.measured.largest)
         except ValueError as err:
-            if not passed:
-                raise
             raise UsageError(f"{self.measured.describe()}: {err}") from err
 
     def measure(self, params: Any) -> MeasuredDamping:

@@ -43,7 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jrope import flops
-from jrope.errors import GenerationRequestError
+from jrope.errors import UsageError
 from jrope.model import kv_cache
 from jrope.model.axes import Rules, logical_to_spec
 
@@ -128,15 +128,13 @@ class GenerationSettings:
         if self.rebase_bound < 1:
             problems.append(f"--rebase_bound must be >= 1, got {self.rebase_bound}.")
         if problems:
-            raise GenerationRequestError(" ".join(problems))
+            raise UsageError(" ".join(problems))
 
 
 def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Prompts (int token arrays, each non-empty) -> right-padded int32 [B, P] and lengths int32 [B]."""
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
-        raise GenerationRequestError(
-            "every prompt needs at least one token; pass a non-empty --prompt."
-        )
+        raise UsageError("every prompt needs at least one token; pass a non-empty --prompt.")
     lengths = np.asarray([len(prompt) for prompt in prompts], np.int32)
     tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
     for row, prompt in enumerate(prompts):
@@ -145,11 +143,11 @@ def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_request(settings: GenerationSettings, prompt_length: int) -> None:
-    """GenerationRequestError naming the flags where the last new token's position, offset +
+    """UsageError naming the flags where the last new token's position, offset +
     prompt_length + num_tokens - 1, would reach the cache's empty marker (int32's largest)."""
     most = kv_cache.EMPTY - 1 - prompt_length - settings.position_offset
     if settings.num_tokens > most:
-        raise GenerationRequestError(
+        raise UsageError(
             f"--num_tokens={settings.num_tokens} after a prompt of {prompt_length} tokens at "
             f"--position_offset={settings.position_offset} puts positions past the int32 range; "
             f"at most {max(most, 0)} new tokens fit, or an offset of at most "
@@ -179,7 +177,7 @@ class Generator:
             start = self.start.lower(params, tokens, lengths, offsets).compile()
             finish = self.finish.lower(params, *start.out_info, key).compile()
             if shortfall := flops.memory_shortfall(start) or flops.memory_shortfall(finish):
-                raise GenerationRequestError(
+                raise UsageError(
                     f"--num_tokens={self.settings.num_tokens}: generating {shortfall}; lower "
                     "--num_tokens, or pass fewer prompts."
                 )

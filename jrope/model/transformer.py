@@ -160,10 +160,12 @@ class CausalSelfAttention(nnx.Module):
             dots = attention.attention_precision(settings, self.encoding, cache.kernel)
             y = cache.attend(q, self.encoding, pe_params, dots)
         else:
-            damping = self._damping(pe_params)
+            # The damping the kernel must survive: measured now where the parameters are concrete.
+            traced = any(isinstance(value, jax.core.Tracer) for value in pe_params.values())
+            damping = self.measured_damping if traced else self.encoding.largest_damping(pe_params)
             if segment_ids is not None:
                 attention.check_segments(positions, segment_ids, k.shape[0], k.shape[1])
-            span, packed = _concrete_span(positions, segment_ids), segment_ids is not None
+            span, packed = concrete_span(positions, segment_ids), segment_ids is not None
             window = dict(length=k.shape[1], num_queries=q.shape[1], span=span, packed=packed)
             kernel = attention.choose_kernel(settings, self.encoding, **window, damping=damping)
             blocks = blockwise_block_size(self.cfg.block_size, damping)
@@ -174,14 +176,8 @@ class CausalSelfAttention(nnx.Module):
         with jax.named_scope("out_projection"):
             return self.projection(y.astype(x.dtype), self.out[...].astype(x.dtype), 2, precision)
 
-    def _damping(self, pe_params: dict[str, jax.Array]) -> float | None:
-        """The damping the kernel must survive: measured now where the parameters are concrete."""
-        if any(isinstance(value, jax.core.Tracer) for value in pe_params.values()):
-            return self.measured_damping
-        return self.encoding.largest_damping(pe_params)
 
-
-def _concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int | None:
+def concrete_span(positions: jax.Array, segment_ids: jax.Array | None) -> int | None:
     """max - min of concrete positions over every row, or over every segment of packed rows
     (None under jit: assumed contiguous, a row's span below its length)."""
     if isinstance(positions, jax.core.Tracer) or isinstance(segment_ids, jax.core.Tracer):

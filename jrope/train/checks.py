@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jrope import commands, flops, saved_run_config
+from jrope import command_line, flops, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.data import files
 from jrope.data.files import is_uri
@@ -46,8 +46,8 @@ def check_run(
     """The data source, built while checking; ConfigError (DataError: all the data's) listing
     every problem that would stop or spoil a training run (or an evaluation)."""
     env = env or RunEnvironment.detect()
-    encoding = run_encoding(cfg)
     problems = _batch_problems(cfg, env)
+    optimizer, encoding = make_optimizer(cfg.opt, cfg.num_steps), run_encoding(cfg)
     if not evaluation:
         problems += damping.bound_problems(cfg.model, encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
@@ -58,7 +58,7 @@ def check_run(
             problems.append(f"model.attention_impl = {cfg.model.attention_impl!r} at length "
                             f"{length}: {first_line(err)}")  # fmt: skip
             break
-    memory = _memory_problems(cfg, env, encoding, evaluation=evaluation)
+    memory = _memory_problems(cfg, env, encoding, optimizer, evaluation=evaluation)
     source, data_problems = (None, []) if memory else _data_problems(cfg, env)  # too big to try
     problems += memory
     if source is not None and (
@@ -93,13 +93,13 @@ def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
     ]
 
 
-def _memory_problems(cfg: TrainConfig, env, encoding, *, evaluation: bool) -> list[str]:
+def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: bool) -> list:
     """What a device holds at the least, before anything is built: the train state (one block's
     parameters and optimizer state, num_layers times) and one [rows, length, d_model] activation
     of the largest batch, all spread evenly over the devices."""
     model, block = cfg.model, lambda: TransformerBlock(cfg.model, encoding, rngs=nnx.Rngs(0))
     params = nnx.state(nnx.eval_shape(block), nnx.Param)
-    state = (params, jax.eval_shape(make_optimizer(cfg.opt, cfg.num_steps).init, params))
+    state = (params, jax.eval_shape(optimizer.init, params))
     sizes = [math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if x.shape]
     batches = [("eval.batch_size", cfg.eval.batch_size, "max(eval.lengths)", max(cfg.eval.lengths))]
     batches += [] if evaluation else [("batch_size", cfg.batch_size, "pe.train_context", cfg.pe.train_context)]  # fmt: skip
@@ -135,7 +135,7 @@ def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> li
     if not evaluation and steps and steps[-1] > cfg.num_steps:
         return [
             f"num_steps = {cfg.num_steps} is below {workdir}'s latest checkpoint, step "
-            f"{steps[-1]}; set num_steps >= {steps[-1]}, or use {commands.command('eval')}."
+            f"{steps[-1]}; set num_steps >= {steps[-1]}, or use {command_line.command('eval')}."
         ]
     return []
 

@@ -14,7 +14,7 @@ from absl import logging
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
-from jrope import commands, fields
+from jrope import command_line, fields
 from jrope.attention.selection import PACKING_KERNELS
 from jrope.data.source import DEFAULT_EVAL_SEED, SOURCES
 from jrope.errors import ConfigError
@@ -172,10 +172,7 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     writes."""
     raw = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
     top = {field.name for field in dataclasses.fields(TrainConfig)}
-    problems = [f"{key}: no such key{did_you_mean(key, top) or '; drop it.'}"
-                for key in raw if key not in top]  # fmt: skip
-    problems += [f"{key} is missing; set it in the config file." for key in TOP_KEYS
-                 if key not in raw]  # fmt: skip
+    problems = key_problems("", raw, top, TOP_KEYS)
     problems += fields.problems(TrainConfig, {key: raw[key] for key in TOP_KEYS if key in raw})
     built = {name: build_section(name, factory, raw.get(name, {}), problems)
              for name, factory in SECTIONS.items()}  # fmt: skip
@@ -242,10 +239,9 @@ def build_section(name: str, factory, values, problems: list[str], derived=()) -
         return None
     absent = [key for key, p in parameters.items() if key not in values and p.default is p.empty]
     unknown = [key for key in values if key not in parameters]
-    problems += [f"{name}.{key}: no such key{did_you_mean(key, parameters, f'{name}.') or '; drop it.'}"
-                 for key in unknown]  # fmt: skip
-    problems += [f"{name}.{key} is missing; set it in the config file."
-                 for key in absent if key not in derived]  # fmt: skip
+    problems += key_problems(
+        f"{name}.", values, parameters, [k for k in absent if k not in derived]
+    )
     if absent:
         return None
     try:  # the known keys, so that their problems are reported with the unknown ones
@@ -258,6 +254,14 @@ def build_section(name: str, factory, values, problems: list[str], derived=()) -
             problems += [line if line.startswith(name) else f"{name}: {line}" for line in lines]
         return None
     return None if unknown else built
+
+
+def key_problems(prefix: str, values: Mapping, known, required) -> list[str]:
+    """A line per key of `values` not `known` and per `required` key it lacks, named with `prefix`."""
+    unknown = [f"{prefix}{key}: no such key{did_you_mean(key, known, prefix) or '; drop it.'}"
+               for key in values if key not in known]  # fmt: skip
+    return unknown + [f"{prefix}{key} is missing; set it in the config file."
+                      for key in required if key not in values]  # fmt: skip
 
 
 def _as_tuples(value: Any) -> Any:
@@ -297,5 +301,5 @@ def first_line(err: Exception) -> str:
 
 def load_config_file(path: str) -> config_dict.ConfigDict:
     """The ConfigDict of a config file (`configs/x.py` or `configs/x.py:ARG`), from any folder."""
-    commands.make_importable(path)
+    command_line.make_importable(path)
     return config_flags.ConfigFileFlagParser("config", lock_config=False).parse(path)

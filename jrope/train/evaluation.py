@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jrope import commands, flops, results
+from jrope import command_line, flops, results
 from jrope.data.source import DistanceEvaluation
 from jrope.errors import NonFiniteError, UsageError
 from jrope.losses import metrics_from_sums, task_sums
@@ -95,8 +95,8 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
     it), before the work; UsageError where one needs more than a device's memory (XLA's count)."""
     with jax.set_mesh(run.mesh):
         for length in run.eval.lengths:
-            batch = run.global_batch(next(iter(_batches(run, length))))
-            lowered = eval_step.for_length(length).lower(eval_step.graphdef, params, batch)
+            jitted, local_batch = eval_step.for_length(length), next(iter(_batches(run, length)))
+            lowered = jitted.lower(eval_step.graphdef, params, run.global_batch(local_batch))
             if shortfall := flops.memory_shortfall(lowered.compile()):
                 raise UsageError(
                     f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
@@ -146,7 +146,7 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
     keys = (run.method, run.seed, step, length, distance, count)
     row = dict(zip(KEY_COLUMNS, keys, strict=True))
     row |= {name: metrics.get(name, math.nan) for name in METRIC_COLUMNS}
-    return row | {"compute_dtype": run.model.compute_dtype, "eval_seed": run.eval.seed}
+    return row | {"compute_dtype": run.compute_dtype, "eval_seed": run.eval.seed}
 
 
 def log_rows(logger: outputs.MetricsLogger, step: int, task: str, rows: Sequence[Row]) -> None:
@@ -235,12 +235,7 @@ def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: 
     """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
     under the training run's names."""
     logger = outputs.MetricsLogger(
-        workdir,
-        every_steps=1,
-        num_steps=step,
-        tensorboard=tensorboard,
-        is_writer=jax.process_index() == 0,
-        start_step=None,
+        workdir, every_steps=1, num_steps=step, tensorboard=tensorboard, start_step=None
     )
     with contextlib.closing(logger):
         log_rows(logger, step, task, rows)
@@ -255,7 +250,9 @@ def finished_rows(workdir: str, step: int, task: str) -> list[Row] | None:
     """The rows of a finished run's evaluation at `step`, shown (None: it has none to read)."""
     finished = results_dir(workdir, step)
     if (rows := readable_results(finished)) is not None:
-        say(f"Finished earlier: {commands.command('eval')} --workdir={workdir} evaluates again.")
+        say(
+            f"Finished earlier: {command_line.command('eval')} --workdir={workdir} evaluates again."
+        )
         show_results(rows, finished, task=task)
     return rows
 

@@ -53,7 +53,7 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 class MetricsLogger:
     """Writes every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard
-    (where `is_writer`). A start at `start_step` first drops the records it will write again; a
+    (process 0, as `say`). A start at `start_step` first drops the records it will write again; a
     later evaluation (start_step None) only appends."""
 
     def __init__(
@@ -63,7 +63,6 @@ class MetricsLogger:
         every_steps: int,
         num_steps: int,
         tensorboard: bool,
-        is_writer: bool = True,
         start_step: int | None = 0,
         throughput: flops.Throughput | None = None,
     ):
@@ -72,7 +71,7 @@ class MetricsLogger:
         self._throughput = throughput
         self._interval_start = (start_step or 0, time.perf_counter())
         self._jsonl = self._tensorboard = None
-        if is_writer:
+        if jax.process_index() == 0:
             keep = None
             if start_step is not None:
                 keep = functools.partial(_keeps_record, start_step=start_step, num_steps=num_steps)

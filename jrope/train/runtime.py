@@ -10,7 +10,6 @@ from etils import epath
 
 from jrope.data.files import is_uri
 from jrope.model.projection import ProjectionFn, contract, cpu_projection
-from jrope.train import config as run_config
 
 
 def host_allocator() -> str:
@@ -43,12 +42,12 @@ def enable_compilation_cache(cache_dir: str) -> None:
 
 
 class StepTrace:
-    """A profiler trace of the steps runtime.profile_from_step <= step < profile_to_step, written
-    to `<workdir>/tensorboard` (through a local staging folder for a bucket)."""
+    """A profiler trace of the train steps `steps` (runtime.profile_from_step to profile_to_step),
+    written to `<workdir>/tensorboard` (through a local staging folder for a bucket)."""
 
-    def __init__(self, workdir: epath.PathLike, runtime: run_config.RuntimeConfig):
+    def __init__(self, workdir: epath.PathLike, steps: range):
         self._destination = epath.Path(workdir) / "tensorboard"
-        self._steps = range(runtime.profile_from_step, runtime.profile_to_step)
+        self._steps = steps
         self._staging: tempfile.TemporaryDirectory | None = None
         self._active = False
 

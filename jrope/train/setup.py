@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +25,7 @@ from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jrope import flops
 from jrope.data.source import DataSource, build_source
 from jrope.encodings import Encoding, make_encoding
 from jrope.model import Transformer, damping
@@ -126,6 +127,7 @@ class StateLayout:
     abstract: Any  # the state as ShapeDtypeStructs carrying their shardings
     shardings: Any  # the state's NamedShardings (same structure as the state)
     optimizer: optax.GradientTransformation  # the transformation `opt_state` belongs to
+    new_state: Callable[[], dict[str, Any]]  # a fresh state, for jit to create in its shards
 
 
 def model_io(source: DataSource) -> dict[str, int | None]:
@@ -158,37 +160,38 @@ def model_from_params(graphdef: Any, params: Any) -> Transformer:
 @dataclasses.dataclass(frozen=True)
 class RunSetup:
     """What a run computes with, built from its config once (`set_up_run`): the data source (this
-    process's share), the encoding, the device mesh, the state layout, and the settings its
-    steps, loop and evaluations read. It holds no config: each part is what its user takes."""
+    process's share), the encoding, the device mesh, the state layout and its initialiser, the
+    kernel plan, the checkpointer, and the values its steps, loop and evaluations read. Of the
+    config it holds the evaluation's settings and what checkpoints and start records save."""
 
     encoding: Encoding
     source: DataSource
     mesh: Mesh
     layout: StateLayout
     plan: damping.KernelPlan  # the kernels planned for model.max_damping alone
-    model: ModelConfig
+    schedule: optax.Schedule  # step -> the learning rate of the optimizer's update
+    throughput: flops.Throughput  # what turns a step rate into tokens/s and MFU
     rules: Rules  # logical axis names -> mesh axes
     batch_sharding: NamedSharding  # of a global train batch [B, T]
     seed: int  # the parameters' and the dropout's
+    dropout_rate: float
+    compute_dtype: str
     train_length: int  # pe.train_context
     batch_size: int  # rows of a global train batch
     num_steps: int
+    max_skips: int  # opt.max_consecutive_skips: non-finite updates skipped in a row at most
     method: str  # pe.name, which labels the result rows
-    opt: OptimConfig
     eval: run_config.EvalConfig
-    log: run_config.LogConfig
-    runtime: run_config.RuntimeConfig
+    log_every_steps: int
+    tensorboard: bool
+    profile_steps: range  # the train steps the profiler traces
     config_json: dict[str, Any]  # the config as checkpoints and start records save it
     checkpointer: Checkpointer | None = None  # of the workdir set_up_run was given
 
     def init_state(self) -> dict[str, Any]:
         """A freshly initialised train state, created directly in its shards."""
-        io, optimizer = model_io(self.source), self.layout.optimizer
-        new_state = functools.partial(
-            _new_state, self.model, self.seed, self.encoding, io, optimizer, self.mesh
-        )
         with jax.set_mesh(self.mesh):
-            return jax.jit(new_state, out_shardings=self.layout.shardings)()
+            return jax.jit(self.layout.new_state, out_shardings=self.layout.shardings)()
 
     def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """global_batch over this run's mesh."""
@@ -209,8 +212,8 @@ def _new_model(model: ModelConfig, seed: int, encoding, io, mesh) -> Transformer
     return Transformer(model, encoding, **io, rngs=nnx.Rngs(params=seed), projection=projection)
 
 
-def _new_state(model, seed, encoding, io, optimizer, mesh) -> dict[str, Any]:
-    params = nnx.state(_new_model(model, seed, encoding, io, mesh), nnx.Param)
+def _new_state(new_model: Callable[[], Transformer], optimizer) -> dict[str, Any]:
+    params = nnx.state(new_model(), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
@@ -228,7 +231,8 @@ def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> 
     abstract = jax.tree.map(
         lambda leaf, sharding: leaf.update(sharding=sharding), abstract_state, shardings
     )
-    return StateLayout(graphdef, abstract, shardings, optimizer)
+    new_state = functools.partial(_new_state, new_model, optimizer)
+    return StateLayout(graphdef, abstract, shardings, optimizer, new_state)
 
 
 def set_up_run(
@@ -251,18 +255,22 @@ def set_up_run(
         count = jax.process_count() if process_count is None else process_count
         source = build_source(cfg.data, cfg.batch_size, index, count)
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
-    layout = state_layout(cfg, encoding, model_io(source), mesh)
-    lengths, platform = (cfg.pe.train_context, *cfg.eval.lengths), mesh.devices.flat[0].platform
-    plan = damping.KernelPlan(cfg.model, encoding, platform, lengths, layout.graphdef)
-    config_json, saves = cfg.to_json_dict(), cfg.checkpoint
+    io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
+    layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)
+    rows, length, model = cfg.batch_size, cfg.pe.train_context, cfg.model
+    batch_sharding = NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh))
+    lengths, config_json, saves = (length, *cfg.eval.lengths), cfg.to_json_dict(), cfg.checkpoint
+    plan = damping.KernelPlan(model, encoding, devices[0].platform, lengths, layout.graphdef)
+    throughput = flops.Throughput.for_model(model, rows, length, devices, **io)
     checkpointer = None if workdir is None else Checkpointer(
         epath.Path(workdir) / "checkpoints", every_steps=saves.every_steps,
         max_to_keep=saves.max_to_keep, config_json=config_json,
         accept_missing_digests=saves.accept_missing_digests,
     )  # fmt: skip
     return RunSetup(
-        encoding, source, mesh, layout, plan, cfg.model, rules, NamedSharding(
-            mesh, logical_to_spec((BATCH, None), (cfg.batch_size, 1), rules, mesh)),
-        cfg.seed, cfg.pe.train_context, cfg.batch_size, cfg.num_steps, cfg.pe.name, cfg.opt, cfg.eval, cfg.log, cfg.runtime,
+        encoding, source, mesh, layout, plan, schedule, throughput, rules, batch_sharding,
+        cfg.seed, model.dropout_rate, model.compute_dtype, length, rows, cfg.num_steps,
+        cfg.opt.max_consecutive_skips, cfg.pe.name, cfg.eval, cfg.log.every_steps,
+        cfg.log.tensorboard, range(cfg.runtime.profile_from_step, cfg.runtime.profile_to_step),
         config_json, checkpointer,
     )  # fmt: skip

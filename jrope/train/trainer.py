@@ -72,20 +72,19 @@ def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Calla
     Batch: 'inputs', 'targets', 'weights' [B, T] (regression inputs and targets [B, T, C]);
     packed rows add 'positions' and 'segment_ids' int32 [B, T].
     Metrics: 'loss', 'accuracy' (regression: 'r2', 'r2_pooled'), 'grad_norm' (before clipping),
-    'learning_rate' of the step taken, and with opt.nonfinite = 'skip' 'skipped' (1.0: this
-    update was dropped), 'skipped_steps' and 'skipped_in_a_row' (up to this step).
+    'learning_rate' of the step taken, and with optax.apply_if_finite (opt.nonfinite = 'skip')
+    'skipped' (1.0: this update was dropped), 'skipped_steps' and 'skipped_in_a_row' (so far).
     """
     plan = plan or run.plan
     layout, mesh, optimizer = run.layout, run.mesh, run.layout.optimizer
-    task, num_classes = run.source.task, run.source.num_classes
-    schedule = setup.learning_rate_schedule(run.opt, run.num_steps)
+    task, num_classes, schedule = run.source.task, run.source.num_classes, run.schedule
 
     def train_step(state, batch):
         inputs, segments = batch["inputs"], batch.get("segment_ids")
         # Packed batches carry positions restarting at each segment (jrope.data.text_bytes).
         positions = batch.get("positions", jnp.arange(inputs.shape[1], dtype=jnp.int32))
         dropout_key = None
-        if run.model.dropout_rate > 0.0:
+        if run.dropout_rate > 0.0:
             stream = jax.random.fold_in(jax.random.key(run.seed), _DROPOUT_STREAM)
             dropout_key = jax.random.fold_in(stream, state["step"])
 
@@ -103,7 +102,7 @@ def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Calla
             "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state["step"]),
         }
-        if run.opt.nonfinite == "skip":  # optax.apply_if_finite's counters
+        if isinstance(opt_state, optax.ApplyIfFiniteState):  # optax.apply_if_finite's counters
             metrics["skipped"] = 1.0 - opt_state.last_finite.astype(jnp.float32)
             metrics["skipped_steps"] = opt_state.total_notfinite
             metrics["skipped_in_a_row"] = opt_state.notfinite_count
@@ -132,7 +131,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate: {'state': the
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
-    with _set_up(cfg, workdir, role="training") as run:
+    with contextlib.ExitStack() as held:
+        run = _set_up(cfg, workdir, held, role="training")
         while True:
             with contextlib.suppress(_PlanOutgrown):
                 return _run(run, workdir)
@@ -142,19 +142,19 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     """The rows of every length of eval.lengths for checkpoint `step` (default: latest), evaluating
     those `eval_step<step>/` lacks, which join it and the run's logs. Under the workdir's lock as an
     evaluation (waits for another, WorkdirBusy while training runs)."""
-    with _set_up(cfg, workdir, role="evaluation") as run:
+    with contextlib.ExitStack() as held:
+        run = _set_up(cfg, workdir, held, role="evaluation")
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
-        dtype = run.model.compute_dtype
-        missing = evaluation.lengths_to_evaluate(run.eval, dtype, earlier, out_dir)
+        missing = evaluation.lengths_to_evaluate(run.eval, run.compute_dtype, earlier, out_dir)
         state = checkpoints.restore_compatible(  # checked, also with nothing to evaluate
             run.checkpointer, run.layout.abstract, step, purpose="evaluate"
         )
         new = []
         if missing:
             run = dataclasses.replace(run, eval=dataclasses.replace(run.eval, lengths=missing))
-            params, tensorboard, task = state["params"], run.log.tensorboard, run.source.task
+            params, tensorboard, task = state["params"], run.tensorboard, run.source.task
             eval_step = evaluation.EvalStep(run, run.plan_kernels(params))
             evaluation.compile_lengths(eval_step, params, run)
             log = functools.partial(evaluation.log_evaluation, workdir, step, tensorboard, task)
@@ -168,24 +168,22 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
 
-@contextlib.contextmanager
-def _set_up(cfg: TrainConfig, workdir: str, *, role: str):
-    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run); its
-    checkpointer is closed on leaving (an in-flight save finishes, also on errors)."""
+def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role: str) -> RunSetup:
+    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run) until
+    `held` closes, which closes the checkpointer (an in-flight save finishes, also on errors)."""
     source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
     runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role):
-        run = setup.set_up_run(cfg, workdir, source)
-        with contextlib.closing(run.checkpointer):
-            yield run
+    held.enter_context(WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role))
+    run = setup.set_up_run(cfg, workdir, source)
+    held.callback(run.checkpointer.close)
+    return run
 
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     mesh, num_steps = run.mesh, run.num_steps
-    devices = list(mesh.devices.flat)
     say(
         f"Training {run.method} (seed {run.seed}) for {num_steps} steps; mesh "
-        f"{dict(mesh.shape)} over {mesh.size} {devices[0].device_kind} devices, "
+        f"{dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
     state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
@@ -195,24 +193,22 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
     plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
     eval_step = evaluation.EvalStep(run, plan)
     evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
-    if jax.process_index() == 0:
-        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
     logger = MetricsLogger(
         workdir,
-        every_steps=run.log.every_steps,
+        every_steps=run.log_every_steps,
         num_steps=num_steps,
-        tensorboard=run.log.tensorboard,
-        is_writer=jax.process_index() == 0,
+        tensorboard=run.tensorboard,
         start_step=start,
-        throughput=flops.Throughput.for_model(
-            run.model, run.batch_size, run.train_length, devices, **setup.model_io(run.source)
-        ),
+        throughput=run.throughput,
     )
     if start == 0:
         logger.write_hparams(
             traverse_util.flatten_dict(run.config_json, sep="."),
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
+    if jax.process_index() == 0:
+        record = outputs.start_record(run.config_json, start)
+        outputs.append_start_record(workdir, record)
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
@@ -237,7 +233,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
             step, metrics = pending
             pending = None
             values = {name: float(value) for name, value in jax.device_get(metrics).items()}
-            stop_if_nonfinite(step, values, run.opt.max_consecutive_skips, checkpointer, measured)
+            stop_if_nonfinite(step, values, run.max_skips, checkpointer, measured)
             # 'skipped' and the streak decide above; the count of skipped updates is logged.
             streak = ("skipped", "skipped_in_a_row")
             logger.write_step(step, {k: v for k, v in values.items() if k not in streak})
@@ -245,7 +241,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
     with (
         jax.set_mesh(run.mesh),
         PreemptionWatch() as preemption,
-        contextlib.closing(runtime.StepTrace(workdir, run.runtime)) as trace,
+        contextlib.closing(runtime.StepTrace(workdir, run.profile_steps)) as trace,
     ):
         for step in range(start, num_steps):
             batch = run.global_batch(run.source.train_batch(step))
