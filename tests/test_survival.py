@@ -61,6 +61,26 @@ def test_a_kill_as_the_results_table_is_written_leaves_logs_the_rerun_completes(
     assert (evaluation.results_dir(workdir, 2) / evaluation.RESULTS_CSV).exists()
 
 
+def test_a_stop_at_a_periodic_evaluation_is_evaluated_again_on_resume(tmp_path, monkeypatch):
+    settings = {"num_steps": 8, "eval.every_steps": 4, "checkpoint.every_steps": 4}
+    cfg = tiny_config(**settings, **{"eval.lengths": (8,), "mesh.data": -1})
+    workdir = str(tmp_path)
+    write = evaluation.write_results_atomically
+
+    def killed(*args, **kwargs):  # stopped as step 4's table is written, its checkpoint saved
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "write_results_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_and_evaluate(cfg, workdir)
+    monkeypatch.setattr(evaluation, "write_results_atomically", write)
+    train_and_evaluate(cfg, workdir)  # resumes at step 4: its evaluation first
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        evaluated = [record["step"] for record in map(json.loads, f) if "eval_8/loss" in record]
+    assert evaluated == [4, 8]
+    assert (evaluation.results_dir(workdir, 4) / evaluation.RESULTS_CSV).exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_signal_as_the_final_table_appears_loses_no_evaluation_row(tmp_path, signum):
