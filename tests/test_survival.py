@@ -115,6 +115,23 @@ def _scores(row):
     return row["length"], row["num_sequences"], row["eval_seed"], row["loss"], row["accuracy"]
 
 
+def test_eval_stopped_before_its_table_logs_its_rows_once_when_run_again(tmp_path, monkeypatch):
+    settings = {"mesh.data": -1, "eval.lengths": (8,)}
+    train_and_evaluate(tiny_config(**settings), str(tmp_path))
+    more = tiny_config(**settings | {"eval.lengths": (8, 16)})
+    write = evaluation.write_results_atomically
+
+    def killed(*args, **kwargs):  # the rows are logged, the table is not written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "write_results_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_checkpoint(more, str(tmp_path))
+    monkeypatch.setattr(evaluation, "write_results_atomically", write)
+    evaluate_checkpoint(more, str(tmp_path))  # length 16 again: its first record gives way
+    assert _eval_records(tmp_path) == ["eval_8", "eval_16"]
+
+
 def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(tmp_path, capsys):
     settings = {"mesh.data": -1, "eval.lengths": (8,)}
     train_and_evaluate(tiny_config(**settings), str(tmp_path))
