@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, encodings, flops, oracle, results
+from jrope import attention, command_line, encodings, flops, oracle, pe_config, results
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -278,21 +278,19 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     """The raw shear's logits (and the config's encoding's, where it keeps float32) at the
     longest length, for the last PRECISION_ROWS queries: at the run's precision, HIGHEST and the
     backend's default, against float64."""
-    from jrope.pe_config import pe_config_from_name
-
     rows = []
     head_dim, max_length = cfg.model.head_dim, max(cfg.pe.train_context, *cfg.eval.lengths)
     keeps_float32 = encodings.make_encoding(cfg.pe, CHECK_HEADS, head_dim).keeps_float32
     names = [cfg.pe.name] if keeps_float32 and cfg.pe.name != RAW_SHEAR else []
     for name in [*names, RAW_SHEAR]:
         settings = dict(train_context=cfg.pe.train_context, theta=cfg.pe.theta)
-        pe = cfg.pe if name == cfg.pe.name else pe_config_from_name(name, **settings)
+        pe = cfg.pe if name == cfg.pe.name else pe_config.pe_config_from_name(name, **settings)
         make = functools.partial(encodings.make_encoding, max_length=max_length)
         enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim)
         if error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
             continue
-        rows.append(_precision_row(cfg, enc, max(cfg.pe.train_context, *cfg.eval.lengths), backend))
+        rows.append(_precision_row(cfg, enc, max_length, backend))
     return rows
 
 
@@ -368,14 +366,9 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
 
         seconds = flops.median_seconds(step, timed_steps)
         loss = float(step())
-    io = {"vocab_size": getattr(source, "vocab_size", None)}
-    if source.task == "regression":
-        io.update(input_channels=source.input_channels, output_channels=source.output_channels)
-    model_flops = flops.model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, **io)
-    peak = flops.peak_flops_per_sec(run.mesh.devices.flatten().tolist(), cfg.model.compute_dtype)
-    tokens = cfg.batch_size * cfg.pe.train_context
-    rate = f"{seconds:.3g} s, {tokens / seconds:,.0f} tokens/s, MFU "
-    rate += f"{100 * model_flops['total'] / seconds / peak:.1f} %" if peak else "unknown"
+    rates = run.throughput.rates(1 / seconds)
+    rate = f"{seconds:.3g} s, {rates['tokens_per_sec']:,.0f} tokens/s, MFU "
+    rate += f"{100 * rates['mfu']:.1f} %" if "mfu" in rates else "unknown"
     memory, kind = flops.device_memory()
     shortfall = flops.memory_shortfall(compiled)
     reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
@@ -408,6 +401,7 @@ def main(argv: Sequence[str], name: str) -> None:
     """The check of config `name` (as the command line gives it) under the parsed flags."""
     from absl import flags
 
+    from jrope.train import checks
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
@@ -420,12 +414,8 @@ def main(argv: Sequence[str], name: str) -> None:
     if "probe" in values.config:
         raise UsageError(f"--config={name} is a kernel probe: give a run's config.")
     cfg, problems = convert_config(values.config)
-    if not problems and cfg.model.attention_impl != "auto":  # refused here as train.py refuses it
-        choose = functools.partial(selection.choose_kernel, cfg.model.attention, run_encoding(cfg))
-        for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
-            _, refusal = attempt(ValueError, choose, length=length)
-            if refusal:
-                problems.append(f"model.attention_impl at {length}: {refusal}")
+    if not problems:  # refused here as train.py refuses it
+        problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
     if problems:
         raise ConfigError(problems)
     if values.output_dir:

@@ -120,7 +120,8 @@ BAD_INPUTS = [
         _tiny(**{"mesh.data": 2}),
         EIGHT_CPUS,
         "fresh",
-        r"mesh\.data, fsdp, tensor = 2, 1, 1 do not fit 8 devices; set one to -1 \(the rest\)\.",
+        r"mesh\.data, fsdp, tensor = 2, 1, 1 do not fit 8 devices; set sizes >= 1 that multiply to 8, "
+        r"or one to -1\.",
     ),
     (
         "mesh_fixed_axes_do_not_divide_devices",
@@ -134,7 +135,7 @@ BAD_INPUTS = [
         _tiny(**{"mesh.fsdp": 0}),
         EIGHT_CPUS,
         "fresh",
-        r"mesh sizes must be >= 1, one -1 at most; got \(-1, 0, 1\)\.",
+        r"mesh\.data, fsdp, tensor = -1, 0, 1 do not fit 8 devices; set sizes >= 1",
     ),
     (
         "xla_attention_cannot_add_alibi",

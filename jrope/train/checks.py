@@ -51,13 +51,7 @@ def check_run(
     if not evaluation:
         problems += damping.bound_problems(cfg.model, encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
-    for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
-        try:
-            choose_kernel(cfg.model.attention, encoding, length=length, backend=env.platform)
-        except ValueError as err:
-            problems.append(f"model.attention_impl = {cfg.model.attention_impl!r} at length "
-                            f"{length}: {first_line(err)}")  # fmt: skip
-            break
+    problems += kernel_problems(cfg, encoding, env.platform)
     memory = _memory_problems(cfg, env, encoding, optimizer, evaluation=evaluation)
     source, data_problems = (None, []) if memory else _data_problems(cfg, env)  # too big to try
     problems += memory
@@ -65,18 +59,28 @@ def check_run(
         readout := readout_problem(source.train_batch(0), cfg.model.readout)
     ):
         problems.append(readout)  # every batch of a source weights its positions alike
-    if problems:
-        raise ConfigError(problems + data_problems)
-    if data_problems:
-        raise DataError(data_problems)
+    if problems or data_problems:
+        raise (ConfigError if problems else DataError)(problems + data_problems)
     return source
+
+
+def kernel_problems(cfg: TrainConfig, encoding, backend: str) -> list[str]:
+    """The first length of the run whose model.attention_impl does not apply on `backend`."""
+    for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
+        try:
+            choose_kernel(cfg.model.attention, encoding, length=length, backend=backend)
+        except ValueError as err:
+            impl = cfg.model.attention_impl
+            return [f"model.attention_impl = {impl!r} at length {length}: {first_line(err)}"]
+    return []
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
     sizes = mesh_sizes(cfg.mesh, env.num_devices)
     if sizes is None:
-        shown = f"mesh.data, fsdp, tensor = {cfg.mesh.data}, {cfg.mesh.fsdp}, {cfg.mesh.tensor}"
-        return [f"{shown} do not fit {env.num_devices} devices; set one to -1 (the rest)."]
+        mesh, n = cfg.mesh, env.num_devices
+        shown = f"mesh.data, fsdp, tensor = {mesh.data}, {mesh.fsdp}, {mesh.tensor} do not fit {n}"
+        return [f"{shown} devices; set sizes >= 1 that multiply to {n}, or one to -1."]
     axes = dict(cfg.mesh.rules).get("batch")
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     data_parallel = math.prod(sizes[axis] for axis in axes)

@@ -41,11 +41,12 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int] | None:
-    """Sizes of the mesh axes over `num_devices`, the -1 axis filled in; None if they do not fit."""
+    """Sizes of the mesh axes over `num_devices`, the first -1 axis filled in; None if they do not
+    fit (a size 0 or a second -1 never does)."""
     sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=True))
     known = math.prod(size for size in sizes.values() if size != -1)
     for axis in [axis for axis, size in sizes.items() if size == -1][:1]:
-        sizes[axis] = num_devices // known
+        sizes[axis] = num_devices // known if known else 0
     return sizes if math.prod(sizes.values()) == num_devices else None
 
 
