@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -159,21 +159,10 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
     return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
 
 
-def restore_or_initialize(checkpointer: Checkpointer, abstract, initialize: Callable) -> Any:
-    """The state of the latest finished checkpoint, or `initialize()` when there is none."""
-    step = checkpointer.latest_step()
-    if step is None:
-        return initialize()
-    say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
-    return restore_compatible(checkpointer, abstract, step)
-
-
 def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpose="resume"):
     """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
     checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
     path = checkpoint_path(checkpointer, step)
-    if step not in finished_steps(checkpointer.directory):
-        raise CheckpointError(f"No finished checkpoint {path}.")
     saved = saved_run_config.read_saved_config(path)
     # A key added since the checkpoint was written takes its default, as the config converts.
     saved_cfg, _ = convert_config(saved)
@@ -287,13 +276,15 @@ class WorkdirLock:
         except OSError as error:  # a setting to fix, not a storage failure
             raise UsageError(f"--workdir {error.filename}: {error.strerror or error}; choose a "
                              "--workdir you can write to.") from None  # fmt: skip
-        if not _try_lock(handle):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             holder = _holder(handle)
             if self.role != "evaluation" or not holder.startswith("evaluation"):
                 handle.close()
                 raise WorkdirBusy(
                     f"{self.path} is held ({holder}): wait, or use another --workdir."
-                )
+                ) from None
             say(f"Waiting for {self.path} ({holder}) ...")
             fcntl.flock(handle, fcntl.LOCK_EX)
         self.previous_holder = _holder(handle) or None
@@ -310,14 +301,6 @@ class WorkdirLock:
             _rewrite(self._file, "")  # an empty file: released cleanly
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
-
-
-def _try_lock(handle) -> bool:
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _holder(handle) -> str:

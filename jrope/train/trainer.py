@@ -186,7 +186,11 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
         f"{dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
+    if (latest := run.checkpointer.latest_step()) is None:
+        state = run.init_state()
+    else:
+        say(f"Resuming from checkpoint {checkpoints.checkpoint_path(run.checkpointer, latest)}.")
+        state = checkpoints.restore_compatible(run.checkpointer, run.layout.abstract, latest)
     start = int(jax.device_get(state["step"]))
     if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
