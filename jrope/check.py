@@ -416,12 +416,11 @@ def main(argv: Sequence[str], name: str) -> None:
     cfg, problems = convert_config(values.config)
     if not problems:  # refused here as train.py refuses it
         problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
-    if problems:
-        raise ConfigError(problems)
     if values.output_dir:
         _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
-        if error:
-            raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.")
+        problems += [f"--output_dir={values.output_dir}: {error.strerror}."] if error else []
+    if problems:
+        raise ConfigError(problems)
     shown = [f"--config={name}", *(a for a in sys.argv[1:] if not a.startswith("--config="))]
     print(f"Checking {name} on {jax.default_backend()}:", flush=True)
     command = " ".join(["python -m jrope.check", *shown])

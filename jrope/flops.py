@@ -126,10 +126,8 @@ def device_memory() -> tuple[int, str]:
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), "device memory"
-    host, devices = (
-        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        jax.local_device_count(),
-    )
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    devices = jax.local_device_count()
     return host // devices, "host memory" if devices == 1 else f"host memory's 1/{devices} share"
 
 

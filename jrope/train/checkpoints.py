@@ -212,7 +212,9 @@ def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") 
     accepted = {
         key.strip() for key in str(current_flat.get("checkpoint.accept_changes") or "").split(",")
     }
-    constant_rate = current_flat.get("opt.schedule") == "constant"  # whatever the run's length
+    free = RESUME_FREE | accepted
+    if current_flat.get("opt.schedule") == "constant":  # the same rates whatever the run's length
+        free.add("num_steps")
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
@@ -228,9 +230,7 @@ def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") 
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif key == "opt.nonfinite" and purpose == "resume":
             incompatible.append(f"{line} (skipping wraps the optimizer state)")
-        elif purpose == "evaluate" or names & (RESUME_FREE | accepted):
-            changed.append(line)
-        elif key == "num_steps" and constant_rate:
+        elif purpose == "evaluate" or names & free:
             changed.append(line)
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
