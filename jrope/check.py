@@ -285,8 +285,8 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     for name in [*names, RAW_SHEAR]:
         settings = dict(train_context=cfg.pe.train_context, theta=cfg.pe.theta)
         pe = cfg.pe if name == cfg.pe.name else pe_config.pe_config_from_name(name, **settings)
-        make = functools.partial(encodings.make_encoding, max_length=max_length)
-        enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim)
+        make = encodings.make_encoding
+        enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim, max_length=max_length)
         if error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
             continue

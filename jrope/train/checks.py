@@ -110,8 +110,7 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
     rows_key, rows, length_key, length = max(batches, key=lambda batch: batch[1] * batch[3])
     activation = rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
     needs = model.num_layers * sum(sizes) + activation
-    count = "at least: the train state and one activation"
-    if shortfall := flops.memory_shortfall(needs // env.num_devices, count):
+    if shortfall := flops.memory_shortfall(needs // env.num_devices, "a lower bound"):
         return [f"model.d_model = {model.d_model}, model.num_layers = {model.num_layers}, "
                 f"model.mlp_ratio = {model.mlp_ratio}, {rows_key} = {rows}, {length_key} = "
                 f"{length}: a device {shortfall}; lower them, or shard over more devices."]  # fmt: skip

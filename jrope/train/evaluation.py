@@ -218,8 +218,8 @@ def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_d
     if seeds := sorted({row["eval_seed"] for row in earlier} - {None, eval_cfg.seed}):
         raise UsageError(
             f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
-            f"{seeds[0]} (other sequences); evaluate with --config.eval.seed={seeds[0]}, or set "
-            f"those rows aside first: mv {out_dir} {out_dir}.eval_seed{seeds[0]}"
+            f"{seeds[0]}; set --config.eval.seed={seeds[0]}, or move them aside: mv {out_dir} "
+            f"{out_dir}.eval_seed{seeds[0]}"
         )
     done = {
         row["length"]

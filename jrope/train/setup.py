@@ -242,19 +242,12 @@ def set_up_run(
     source: DataSource | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
-    process_index: int | None = None,
-    process_count: int | None = None,
 ) -> RunSetup:
-    """Builds the source, the mesh over `devices` (default: all), the state layout and, for a
-    `workdir`, its checkpointer (`<workdir>/checkpoints`).
-
-    process_index, process_count: this process's place (default: JAX's), for building another
-    process's share of the data. source: this process's source when already built (by the checks).
-    """
+    """Builds the source (unless given: this process's, built by the checks), the mesh over
+    `devices` (default: all), the state layout and, for a `workdir`, its checkpointer
+    (`<workdir>/checkpoints`)."""
     if source is None:
-        index = jax.process_index() if process_index is None else process_index
-        count = jax.process_count() if process_count is None else process_count
-        source = build_source(cfg.data, cfg.batch_size, index, count)
+        source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
     layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)

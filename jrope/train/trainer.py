@@ -281,8 +281,8 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     raise errors.TrainingPreempted(done, path, preemption.signum)
                 measured = plan.measure(state["params"])
                 if not plan.carries(measured):
-                    say(f"Step {done}: {measured.describe()}, past what the kernels planned "
-                        f"before step 1 carry; resuming from {path} with kernels planned for it.")  # fmt: skip
+                    say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
+                        f"from {path} with a new plan.")  # fmt: skip
                     checkpointer.wait_until_finished()
                     raise _PlanOutgrown
             if every_eval and done % every_eval == 0 and not is_last:
