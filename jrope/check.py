@@ -345,14 +345,13 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     """One train step through the harness's own set-up: compile time, median step time,
     tokens/s, MFU, a finite loss, and the compiler's peak memory against the device's (the
     count the harness refuses a run by before step 1)."""
-    from jrope.data.source import SOURCES, build_source
+    from jrope.data.source import SOURCES
     from jrope.train.setup import set_up_run
     from jrope.train.trainer import make_train_step
 
+    source = None  # set_up_run builds the config's own
     if SOURCES[cfg.data.source].load()[1].task == "language_model":
         source = RandomTokens(cfg.data.vocab_size, cfg.pe.train_context, cfg.batch_size)
-    else:
-        source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     run = set_up_run(cfg, source=source)
     say("  the train step")
     with jax.set_mesh(run.mesh):

@@ -162,7 +162,6 @@ def median_seconds(call, repeats: int) -> float:
 
 
 def installed_version(package: str) -> str | None:
-    """The installed distribution's version, or None."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

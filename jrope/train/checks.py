@@ -17,7 +17,6 @@ from flax import nnx
 from jrope import command_line, flops, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.data import files
-from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.model import damping
@@ -35,17 +34,13 @@ class RunEnvironment:
     process_count: int
     platform: str  # 'cpu', 'gpu' or 'tpu'
 
-    @classmethod
-    def detect(cls) -> RunEnvironment:
-        return cls(jax.device_count(), jax.process_count(), jax.default_backend())
-
 
 def check_run(
     cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
 ) -> DataSource:
     """The data source, built while checking; ConfigError (DataError: all the data's) listing
     every problem that would stop or spoil a training run (or an evaluation)."""
-    env = env or RunEnvironment.detect()
+    env = env or RunEnvironment(jax.device_count(), jax.process_count(), jax.default_backend())
     problems = _batch_problems(cfg, env)
     optimizer, encoding = make_optimizer(cfg.opt, cfg.num_steps), run_encoding(cfg)
     if not evaluation:
@@ -120,9 +115,8 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
 def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> list[str]:
     """The workdir is writable (or a bucket that answers) and holds a finished checkpoint to
     evaluate, or none beyond num_steps to train (a training run must not end before it)."""
-    if is_uri(workdir):
-        problem = files.uri_problem(workdir, "--workdir")
-        if problem:
+    if files.is_uri(workdir):
+        if problem := files.uri_problem(workdir, "--workdir"):
             return [problem]
     else:
         path = existing = os.path.abspath(os.path.expanduser(workdir))

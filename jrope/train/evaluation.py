@@ -242,7 +242,6 @@ def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: 
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
-    """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`."""
     return epath.Path(workdir) / f"eval_step{step}"
 
 

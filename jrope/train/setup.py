@@ -195,7 +195,6 @@ class RunSetup:
             return jax.jit(self.layout.new_state, out_shardings=self.layout.shardings)()
 
     def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """global_batch over this run's mesh."""
         return global_batch(local_batch, self.rules, self.mesh)
 
     def plan_kernels(self, params: Any) -> damping.KernelPlan:
