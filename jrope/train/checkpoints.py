@@ -175,15 +175,19 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
                                   f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or checkpointer.accept_missing_digests):
-        raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
+        raise saved_run_config.damaged(
+            path, "has no digests (accept_missing_digests=True takes it)"
+        )
     try:
         state = checkpointer.restore(abstract, step)
         digests = checkpointer.restore_json(DIGESTS_ITEM, step) if checked else {}
         damaged = mismatches(digests, state_digests(state)) if checked else []
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
-        raise _damaged(checkpointer, step, f"cannot be read ({_cause(error)})") from error
+        raise saved_run_config.damaged(path, f"cannot be read ({_cause(error)})") from error
     if damaged:
-        raise _damaged(checkpointer, step, f"differs from its digests in {', '.join(damaged[:3])}")
+        raise saved_run_config.damaged(
+            path, f"differs from its digests in {', '.join(damaged[:3])}"
+        )
     if not checked:
         say(f"Restoring {path} unchecked (no digests).")
     return state
@@ -244,10 +248,6 @@ def _cause(error: BaseException) -> str:
     while error.__cause__ is not None:
         error = error.__cause__
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
-
-
-def _damaged(checkpointer: Checkpointer, step: int, problem: str) -> CheckpointError:
-    return saved_run_config.damaged(checkpoint_path(checkpointer, step), problem)
 
 
 LOCK_FILE = "run.lock"

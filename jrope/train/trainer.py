@@ -211,8 +211,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
     if jax.process_index() == 0:
-        record = outputs.start_record(run.config_json, start)
-        outputs.append_start_record(workdir, record)
+        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
