@@ -28,6 +28,7 @@ from jrope import saved_run_config
 from jrope.data.files import is_uri, resolved
 from jrope.errors import CheckpointError, UsageError, WorkdirBusy
 from jrope.fields import PARAMETERS, RESULT
+from jrope.saved_run_config import damaged
 from jrope.train.config import convert_config, declared_effect
 from jrope.train.outputs import say
 
@@ -175,19 +176,15 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
                                   f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or checkpointer.accept_missing_digests):
-        raise saved_run_config.damaged(
-            path, "has no digests (accept_missing_digests=True takes it)"
-        )
+        raise damaged(path, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
         digests = checkpointer.restore_json(DIGESTS_ITEM, step) if checked else {}
-        damaged = mismatches(digests, state_digests(state)) if checked else []
+        differing = mismatches(digests, state_digests(state)) if checked else []
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
-        raise saved_run_config.damaged(path, f"cannot be read ({_cause(error)})") from error
-    if damaged:
-        raise saved_run_config.damaged(
-            path, f"differs from its digests in {', '.join(damaged[:3])}"
-        )
+        raise damaged(path, f"cannot be read ({_cause(error)})") from error
+    if differing:
+        raise damaged(path, f"differs from its digests in {', '.join(differing[:3])}")
     if not checked:
         say(f"Restoring {path} unchecked (no digests).")
     return state
