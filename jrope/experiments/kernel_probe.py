@@ -105,15 +105,21 @@ class KernelProbeConfig(Declared):
 
     @classmethod
     def from_config_dict(cls, config: Mapping[str, Any]) -> KernelProbeConfig:
-        """From the whole experiment ConfigDict, whose one section is `probe`; ConfigError (a
+        """From the whole experiment ConfigDict: its one section, `probe`; ConfigError (a
         ValueError) naming every problem."""
-        from jrope.train.config import build_section, key_problems
-
-        problems = key_problems("", config, ["probe"], ["probe"])
-        probe = build_section("probe", cls, dict(config.get("probe", {})), problems)
-        if problems:
-            raise ConfigError(problems)
-        return probe
+        section = dict(config.get("probe", {}))
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(config.keys()) != {"probe"} or set(section) != names:
+            raise ConfigError([
+                f"a kernel-probe config has exactly one section, probe; got {sorted(config.keys())}, "
+                f"unknown keys {sorted(set(section) - names)}, missing {sorted(names - set(section))}."
+            ])  # fmt: skip
+        try:
+            return cls(
+                **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in section.items()}
+            )
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()) from error
 
     @property
     def target_omega(self) -> float:

@@ -241,8 +241,7 @@ def build_section(name: str, factory, values, problems: list[str], derived=()) -
         built = factory(**{key: with_tuples(values[key]) for key in values if key in parameters})
     except ValueError as error:
         if isinstance(error, UnknownEncodingName):
-            where = f"{name}.name" if "name" in parameters else name
-            problems.append(f"{where}: {first_line(error)} (jrope.ACCEPTED_NAMES)")
+            problems.append(f"{name}.name: {first_line(error)} (jrope.ACCEPTED_NAMES)")
         else:
             lines = str(error).splitlines()
             problems += [line if line.startswith(name) else f"{name}: {line}" for line in lines]
