@@ -411,9 +411,10 @@ def main(argv: Sequence[str], name: str) -> None:
     if problem := backend_problem(values.backend or jax.default_backend()):
         raise UsageError(problem)
     if "probe" in values.config:
-        raise UsageError(f"--config={name} is a kernel probe: give a run's config.")
-    cfg, problems = convert_config(values.config)
-    if not problems:  # refused here as train.py refuses it
+        cfg, problems = None, [f"--config={name} is a kernel probe: give a run's config."]
+    else:
+        cfg, problems = convert_config(values.config)
+    if cfg:  # refused here as train.py refuses it
         problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
     if values.output_dir:
         _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
