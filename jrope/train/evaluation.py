@@ -171,7 +171,7 @@ def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, lo
 
     rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
     checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
-    check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
+    check_evaluation(rows, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
     log(rows)
@@ -333,7 +333,7 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     return text
 
 
-def check_evaluation(rows: Sequence[Row], step: int, checkpoint: str, measured=None) -> None:
+def check_evaluation(rows: Sequence[Row], checkpoint: str, measured=None) -> None:
     """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and first the
     damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
