@@ -186,7 +186,11 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
         f"{dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
+    if (latest := run.checkpointer.latest_step()) is None:
+        state = run.init_state()
+    else:
+        say(f"Resuming from checkpoint {checkpoints.checkpoint_path(run.checkpointer, latest)}.")
+        state = checkpoints.restore_compatible(run.checkpointer, run.layout.abstract, latest)
     start = int(jax.device_get(state["step"]))
     if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
@@ -207,8 +211,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
     if jax.process_index() == 0:
-        record = outputs.start_record(run.config_json, start)
-        outputs.append_start_record(workdir, record)
+        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
@@ -277,8 +280,8 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     raise errors.TrainingPreempted(done, path, preemption.signum)
                 measured = plan.measure(state["params"])
                 if not plan.carries(measured):
-                    say(f"Step {done}: {measured.describe()}, past what the kernels planned "
-                        f"before step 1 carry; resuming from {path} with kernels planned for it.")  # fmt: skip
+                    say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
+                        f"from {path} with a new plan.")  # fmt: skip
                     checkpointer.wait_until_finished()
                     raise _PlanOutgrown
             if every_eval and done % every_eval == 0 and not is_last:
@@ -292,24 +295,24 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
 def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measured=None) -> None:
     """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped, or
     at `max_in_a_row` skipped in a row, naming the last good checkpoint (and a passed damping)."""
-    bad = first_nonfinite(values)
-    if "skipped" not in values and bad is not None:
-        last_good = checkpoints.describe_last_good(checkpointer)
-        error = errors.NonFiniteError(
-            f"{bad[0]} is {bad[1]} at step {step}; resume from {last_good} at a lower "
-            "opt.learning_rate (or opt.nonfinite=skip)."
-        )
-        raise damping.diagnosed(error, measured)
-    if not values.get("skipped"):
+    bad, in_a_row = first_nonfinite(values), int(values.get("skipped_in_a_row", 0))
+    if values.get("skipped"):
+        skipped = values["skipped_steps"]
+        logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, skipped)
+    if bad is None or "skipped" in values and in_a_row < max_in_a_row:
         return
-    in_a_row, first = int(values["skipped_in_a_row"]), step - int(values["skipped_in_a_row"]) + 1
-    logging.warning(
-        "Step %d: %s is %s; update skipped (%d so far).", step, *bad, values["skipped_steps"]
-    )
-    if in_a_row >= max_in_a_row:
+    if "skipped" in values:
         # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
+        first = step - in_a_row + 1
         last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
-        raise errors.NonFiniteError(
+        message = (
             f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
             f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
         )
+    else:
+        last_good = checkpoints.describe_last_good(checkpointer)
+        message = (
+            f"{bad[0]} is {bad[1]} at step {step}; resume from {last_good} at a lower "
+            "opt.learning_rate (or opt.nonfinite=skip)."
+        )
+    raise damping.diagnosed(errors.NonFiniteError(message), measured)
