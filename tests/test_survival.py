@@ -121,6 +121,8 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
         f"{out_dir}.eval_seed0"
     )
     assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
+    with pytest.raises(CheckpointError, match=r"^No finished checkpoint .*checkpoints/3\.$"):
+        evaluate_checkpoint(more, str(tmp_path), step=3)  # a step never saved is no damage
     for data in (tmp_path / "checkpoints" / "2" / "state" / "d").iterdir():
         data.write_bytes(data.read_bytes()[:10])
     with pytest.raises(CheckpointError, match="cannot be read"):  # restored, with nothing to do

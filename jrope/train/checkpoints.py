@@ -164,6 +164,8 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
     """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
     checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
     path = checkpoint_path(checkpointer, step)
+    if step not in finished_steps(checkpointer.directory):
+        raise CheckpointError(f"No finished checkpoint {path}.")
     saved = saved_run_config.read_saved_config(path)
     # A key added since the checkpoint was written takes its default, as the config converts.
     saved_cfg, _ = convert_config(saved)

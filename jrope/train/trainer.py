@@ -123,19 +123,16 @@ def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Calla
     )
 
 
-class _PlanOutgrown(Exception):
-    """The damping at a checkpoint needs other kernels than the run planned before step 1."""
-
-
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate: {'state': the
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
     with contextlib.ExitStack() as held:
         run = _set_up(cfg, workdir, held, role="training")
-        while True:
-            with contextlib.suppress(_PlanOutgrown):
-                return _run(run, workdir)
+        result = None
+        while result is None:  # a damping beyond the kernel plan: plan again from its checkpoint
+            result = _run(run, workdir)
+        return result
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
@@ -179,7 +176,7 @@ def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role:
     return run
 
 
-def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
+def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
     mesh, num_steps = run.mesh, run.num_steps
     say(
         f"Training {run.method} (seed {run.seed}) for {num_steps} steps; mesh "
@@ -220,12 +217,13 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
 
     with contextlib.closing(logger):
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
-        rows = evaluate(state, num_steps)
-    return {"state": state, "eval": rows}
+        rows = None if state is None else evaluate(state, num_steps)
+    return None if state is None else {"state": state, "eval": rows}
 
 
-def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str) -> dict:
-    """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
+def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str):
+    """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations: the last
+    state, or None at a checkpoint whose damping needs kernels that `plan` lacks."""
     checkpointer, num_steps, every_eval = run.checkpointer, run.num_steps, run.eval.every_steps
     train_step, measured = make_train_step(run, plan=plan), plan.measured
     pending = None  # (step, metrics) not yet read on the host
@@ -283,7 +281,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
                         f"from {path} with a new plan.")  # fmt: skip
                     checkpointer.wait_until_finished()
-                    raise _PlanOutgrown
+                    return None
             if every_eval and done % every_eval == 0 and not is_last:
                 read_pending()
                 evaluate(state, done)
