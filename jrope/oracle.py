@@ -92,7 +92,6 @@ def _scores(enc: Encoding, params, q2, k2, q_pos, k_pos) -> jax.Array:
 def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> jax.Array:
     """float64 causal attention [B, T, N, H] of the last T of S positions (rows of ROWS at a time).
 
-    A query sees the keys at positions not after its own, of its own segment.
     q: [B, T, N, H]; k, v: [B, S, N, H]; positions: int [S] or [B, S];
     segment_ids: optional int32 [B, S]. Call inside `float64()` with float64
     arrays; differentiable in q, k, v and params.

@@ -79,9 +79,6 @@ def causal_attention(
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
-    The queries are the last T of the S key positions (T = S for a full
-    sequence; T = 1 reads out the last position only).
-
     Args:
       q: [B, T, N, H]; k, v: [B, S, N, H], T <= S, in the compute dtype.
       enc: a jrope encoding (map_queries, map_keys, logit_bias, has_bias).

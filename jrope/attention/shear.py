@@ -201,7 +201,6 @@ def shear_attention(
       q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids of
         packed rows: a query sees only keys of its own segment (positions
         restart per segment).
-      causal: a query sees keys at positions not after its own.
       mask: optional bool [B|1, N|1, T, S], True where a query may see a key.
       precision: of the term and p.v dots (None: the backend's default).
     Returns:

@@ -121,12 +121,11 @@ class LayerCache:
     (_after): a buffer read and updated with nothing ordering the two is
     copied whole (docs/performance.md).
 
-    keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
-    int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
-    new tokens (prompt pads included); origin: int32 [B]; write_index: int32
-    [] of the first new slot; filled: bool [B, T], False for prompt pads
-    (their slots are zeroed); decoding: a decode step (else a prefill);
-    shear_terms: keys are stored as their shear terms (keeps_shear_terms).
+    keys, values: one layer's buffers, as KVCache's; slot_positions: int32 [B, M]
+    before this step's writes; positions: int32 [B, T] of the T new tokens
+    (prompt pads included); origin: int32 [B]; write_index: int32 [] of the
+    first new slot; filled: bool [B, T], False for prompt pads (their slots
+    are zeroed); shear_terms: see keeps_shear_terms.
     """
 
     keys: jax.Array
