@@ -210,8 +210,6 @@ class _Layout(NamedTuple):
     def rows(self, q_pos, k_pos, q_seg, k_seg) -> _Rows:
         # Padded queries and keys: positions repeat the last, and segments that
         # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
-        # Origins are taken on the row coordinates, which never go down even where
-        # packed positions restart (the positions themselves in a row of one sequence).
         k_coord = packing.row_coordinates(k_pos, k_seg)
         return _Rows(
             _pad_rows(q_pos, self.q_len)[:, :, None],
