@@ -105,10 +105,6 @@ class RuntimeConfig(Declared):
     profile_from_step: int = setting(0, ge=0)
     profile_to_step: int = setting(0, ge=0)
 
-    @property
-    def profiles(self) -> bool:
-        return self.profile_to_step > self.profile_from_step
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Declared):
