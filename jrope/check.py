@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrope import attention, command_line, encodings, flops, oracle, results
+from jrope import attention, command_line, encodings, flops, oracle, pe_config, results
 from jrope.attention import selection
 from jrope.errors import ConfigError, UsageError
 
@@ -278,21 +278,19 @@ def precision_rows(cfg, backend: str) -> list[Row]:
     """The raw shear's logits (and the config's encoding's, where it keeps float32) at the
     longest length, for the last PRECISION_ROWS queries: at the run's precision, HIGHEST and the
     backend's default, against float64."""
-    from jrope.pe_config import pe_config_from_name
-
     rows = []
     head_dim, max_length = cfg.model.head_dim, max(cfg.pe.train_context, *cfg.eval.lengths)
     keeps_float32 = encodings.make_encoding(cfg.pe, CHECK_HEADS, head_dim).keeps_float32
     names = [cfg.pe.name] if keeps_float32 and cfg.pe.name != RAW_SHEAR else []
     for name in [*names, RAW_SHEAR]:
         settings = dict(train_context=cfg.pe.train_context, theta=cfg.pe.theta)
-        pe = cfg.pe if name == cfg.pe.name else pe_config_from_name(name, **settings)
-        make = functools.partial(encodings.make_encoding, max_length=max_length)
-        enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim)
+        pe = cfg.pe if name == cfg.pe.name else pe_config.pe_config_from_name(name, **settings)
+        make = encodings.make_encoding
+        enc, error = attempt(ValueError, make, pe, CHECK_HEADS, head_dim, max_length=max_length)
         if error:
             rows.append(Row("precision", name, f"n/a: {_first_line(error)}", result=NOT_APPLICABLE))
             continue
-        rows.append(_precision_row(cfg, enc, max(cfg.pe.train_context, *cfg.eval.lengths), backend))
+        rows.append(_precision_row(cfg, enc, max_length, backend))
     return rows
 
 
@@ -347,14 +345,13 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     """One train step through the harness's own set-up: compile time, median step time,
     tokens/s, MFU, a finite loss, and the compiler's peak memory against the device's (the
     count the harness refuses a run by before step 1)."""
-    from jrope.data.source import SOURCES, build_source
+    from jrope.data.source import SOURCES
     from jrope.train.setup import set_up_run
     from jrope.train.trainer import make_train_step
 
+    source = None  # set_up_run builds the config's own
     if SOURCES[cfg.data.source].load()[1].task == "language_model":
         source = RandomTokens(cfg.data.vocab_size, cfg.pe.train_context, cfg.batch_size)
-    else:
-        source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     run = set_up_run(cfg, source=source)
     say("  the train step")
     with jax.set_mesh(run.mesh):
@@ -368,14 +365,9 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
 
         seconds = flops.median_seconds(step, timed_steps)
         loss = float(step())
-    io = {"vocab_size": getattr(source, "vocab_size", None)}
-    if source.task == "regression":
-        io.update(input_channels=source.input_channels, output_channels=source.output_channels)
-    model_flops = flops.model_flops_per_step(cfg.model, cfg.batch_size, cfg.pe.train_context, **io)
-    peak = flops.peak_flops_per_sec(run.mesh.devices.flatten().tolist(), cfg.model.compute_dtype)
-    tokens = cfg.batch_size * cfg.pe.train_context
-    rate = f"{seconds:.3g} s, {tokens / seconds:,.0f} tokens/s, MFU "
-    rate += f"{100 * model_flops['total'] / seconds / peak:.1f} %" if peak else "unknown"
+    rates = run.throughput.rates(1 / seconds)
+    rate = f"{seconds:.3g} s, {rates['tokens_per_sec']:,.0f} tokens/s, MFU "
+    rate += f"{100 * rates['mfu']:.1f} %" if "mfu" in rates else "unknown"
     memory, kind = flops.device_memory()
     shortfall = flops.memory_shortfall(compiled)
     reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
@@ -408,6 +400,7 @@ def main(argv: Sequence[str], name: str) -> None:
     """The check of config `name` (as the command line gives it) under the parsed flags."""
     from absl import flags
 
+    from jrope.train import checks
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
@@ -418,20 +411,16 @@ def main(argv: Sequence[str], name: str) -> None:
     if problem := backend_problem(values.backend or jax.default_backend()):
         raise UsageError(problem)
     if "probe" in values.config:
-        raise UsageError(f"--config={name} is a kernel probe: give a run's config.")
-    cfg, problems = convert_config(values.config)
-    if not problems and cfg.model.attention_impl != "auto":  # refused here as train.py refuses it
-        choose = functools.partial(selection.choose_kernel, cfg.model.attention, run_encoding(cfg))
-        for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
-            _, refusal = attempt(ValueError, choose, length=length)
-            if refusal:
-                problems.append(f"model.attention_impl at {length}: {refusal}")
-    if problems:
-        raise ConfigError(problems)
+        cfg, problems = None, [f"--config={name} is a kernel probe: give a run's config."]
+    else:
+        cfg, problems = convert_config(values.config)
+    if cfg:  # refused here as train.py refuses it
+        problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
     if values.output_dir:
         _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
-        if error:
-            raise UsageError(f"--output_dir={values.output_dir}: {error.strerror}.")
+        problems += [f"--output_dir={values.output_dir}: {error.strerror}."] if error else []
+    if problems:
+        raise ConfigError(problems)
     shown = [f"--config={name}", *(a for a in sys.argv[1:] if not a.startswith("--config="))]
     print(f"Checking {name} on {jax.default_backend()}:", flush=True)
     command = " ".join(["python -m jrope.check", *shown])

@@ -126,10 +126,8 @@ def device_memory() -> tuple[int, str]:
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), "device memory"
-    host, devices = (
-        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        jax.local_device_count(),
-    )
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    devices = jax.local_device_count()
     return host // devices, "host memory" if devices == 1 else f"host memory's 1/{devices} share"
 
 
@@ -164,7 +162,6 @@ def median_seconds(call, repeats: int) -> float:
 
 
 def installed_version(package: str) -> str | None:
-    """The installed distribution's version, or None."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

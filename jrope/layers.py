@@ -12,14 +12,8 @@ one of the two helpers:
   causal_self_attention   the jrope kernels (jrope.attention): causal
                           self-attention, long sequences blockwise.
 
-The rules a kernel of one's own must follow (docs/numerics.md, sections 3, 4):
-  - scale: the score is q2 . k2 / sqrt(H), applied once;
-  - bias: encodings with `has_bias` (ALiBi) add `logit_bias` after the scale;
-  - dtype: encodings with `keeps_float32` return float32 q2, k2; v follows
-    them and the output is cast back;
-  - precision: the same encodings need their q.k and p.v dots at
-    `dot_precision` (HIGHEST; `jax.default_matmul_precision` for kernels
-    without a precision argument); fused kernels cannot serve them.
+A kernel of one's own follows the rules of docs/library.md, section 1 (scale,
+bias, dtype, precision); fused kernels cannot serve the `keeps_float32` encodings.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
@@ -192,7 +186,6 @@ def dot_product_attention(
     same mask and bias, dots in q's dtype at the default precision.
 
     Args:
-      pe: the layer's PositionalEncoding.
       q: [B, T, N, H]; k, v: [B, S, N, H] (raw: not yet position-encoded).
       q_positions: int32 [T] or [B, T]; k_positions: int32 [S] or [B, S].
       mask: optional bool [B|1, N|1, T, S], True where a query sees a key.
@@ -259,7 +252,6 @@ def causal_self_attention(
     """Causal self-attention of raw q, k, v through a jrope kernel, chosen as the jrope model chooses.
 
     Args:
-      pe: the layer's PositionalEncoding.
       q: [B, T, N, H], the last T of the S positions; k, v: [B, S, N, H],
         float32 or bfloat16.
       positions: int32 [S] or [B, S], the key positions.

@@ -3,12 +3,7 @@
 Every kernel is measured against this (the device check, jrope.check; the
 accuracy benchmarks; the conformance tests): the encoding's own
 `map_queries`, `map_keys`, `logit_bias` and `transform_logits`, evaluated in
-float64, then a dense causal softmax in float64. So a variant added to the
-encoding through these hooks is in the oracle with no edit here, and a
-kernel that computes another function, or loses the lag term to rounding,
-shows as an error against it. The
-mathematics of the maps is checked on its own, in exact fractions, by the
-tests (tests/helpers/shear_oracle.py).
+float64, then a dense causal softmax in float64 (docs/extending.md, section 1).
 
 Float64 runs where it is native: on the GPU, else on the host's CPU (a TPU
 would emulate it). Each row's tokens are mapped from the midpoint of its
@@ -97,7 +92,6 @@ def _scores(enc: Encoding, params, q2, k2, q_pos, k_pos) -> jax.Array:
 def attention(enc: Encoding, params, q, k, v, positions, segment_ids=None) -> jax.Array:
     """float64 causal attention [B, T, N, H] of the last T of S positions (rows of ROWS at a time).
 
-    A query sees the keys at positions not after its own, of its own segment.
     q: [B, T, N, H]; k, v: [B, S, N, H]; positions: int [S] or [B, S];
     segment_ids: optional int32 [B, S]. Call inside `float64()` with float64
     arrays; differentiable in q, k, v and params.

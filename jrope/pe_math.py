@@ -1,21 +1,11 @@
 """The mathematics of Jordan-RoPE as small pure functions (no Flax, no state).
 
-One complex Jordan block of order m (docs/mathematics.md, sections 1-3):
-
-    lambda = -gamma + i*omega
-    J      = lambda * I_m + eta * N_m              N_m = upper shift, N_m^m = 0
-    G(d)   = exp(d J) = e^{lambda d} * sum_{r<m} (eta d)^r N^r / r!
-
-A block occupies 2m real dims of a head, as m interleaved (re, im) pairs:
-the head dim is viewed as [num_blocks, m, 2]. Chain element 0 is the top of
-the chain: it receives the nilpotent contribution of element 1.
-
-Every map here is "a scalar e^{lambda t} times a unipotent upper Toeplitz
-matrix U(t) = sum_r c_r(t) N^r" acting on the chain axis. The coefficient
-sequence c_r is what distinguishes the variants: the exponential series
-(eta t)^r / r! gives the exact group law; gated or bounded sequences give the
-stabilized variants. Keeping that split explicit lets the factorized maps,
-the relative oracle and the kernel-probe bases share one implementation.
+What they compute is docs/mathematics.md, sections 1-3: the block G(d) =
+exp(d J), the head viewed as [nb, m, 2] (chain element 0 the top of the
+chain), and every map a scalar e^{lambda t} times a unipotent upper Toeplitz
+U(t) = sum_r c_r(t) N^r on the chain axis, the coefficients c_r telling the
+variants apart. That split lets the factorized maps, the relative oracle and
+the kernel-probe bases share one implementation.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per head, m chain order (Jordan block size).
@@ -38,11 +28,7 @@ Coefficients = Sequence[jax.Array | float]
 
 
 def rotary_frequencies(num_blocks: int, head_dim: int, theta: float) -> jax.Array:
-    """omega_b = theta^(-2b / head_dim) for b < num_blocks, float32 [nb].
-
-    RoPE uses num_blocks = head_dim / 2; an order-m Jordan head uses
-    head_dim / (2m) blocks, i.e. the top 1/m of RoPE's frequency range.
-    """
+    """omega_b = theta^(-2b / head_dim) for b < num_blocks, float32 [nb]."""
     exponents = -2.0 * jnp.arange(num_blocks, dtype=jnp.float32) / head_dim
     return jnp.power(jnp.float32(theta), exponents)
 

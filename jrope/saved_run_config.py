@@ -29,7 +29,7 @@ def config_file(workdir: str) -> str:
 def get_config(workdir: str) -> config_dict.ConfigDict:
     """The config saved with the latest finished checkpoint in `workdir` (its lists as tuples)."""
     checkpoint = saved_config_path(workdir).parent.parent
-    return config_dict.ConfigDict(_with_tuples(read_saved_config(checkpoint)))
+    return config_dict.ConfigDict(with_tuples(read_saved_config(checkpoint)))
 
 
 def read_saved_config(checkpoint: epath.Path) -> dict[str, Any]:
@@ -91,10 +91,10 @@ def no_checkpoint(workdir: str) -> CheckpointError | WorkdirBusy:
                            f"({holder}) ended before its first save; train it again.")  # fmt: skip
 
 
-def _with_tuples(value: Any) -> Any:
+def with_tuples(value: Any) -> Any:
     """JSON's lists as tuples, recursively (the configs' sequences are tuples)."""
     if isinstance(value, dict):
-        return {key: _with_tuples(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return tuple(_with_tuples(item) for item in value)
+        return {key: with_tuples(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(map(with_tuples, value))
     return value

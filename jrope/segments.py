@@ -39,11 +39,9 @@ def _inverse_tanh_bounded(value: float, bound: float) -> float:
     return math.atanh(min(max(value / bound, -_TANH_INIT_LIMIT), _TANH_INIT_LIMIT))
 
 
-# The smallest |alpha_0| of jetmixfull, as a fraction of jet_gate_max. The query
-# map divides by alpha_0 (up to its m-th power), so a learned alpha_0 that
-# crosses zero would give NaN logits and gradients; it is held at this floor
-# instead (a departure from the reference, which has the singularity;
-# docs/numerics.md, section 7).
+# The smallest |alpha_0| of jetmixfull, as a fraction of jet_gate_max: the query map divides
+# by alpha_0, so one that crosses zero would give NaN logits and gradients (docs/numerics.md,
+# section 8: a departure from the reference).
 JET_BASE_FLOOR_FRACTION = 0.05
 
 
@@ -221,9 +219,7 @@ class JordanSegment:
             inverse = self.chain_coefficients(physical, -time)
         else:
             inverse = pe_math.toeplitz_series_inverse(self.chain_coefficients(physical, time))
-        # The damping is carried by the chain coefficients, not by cos and sin:
-        # the rotation then does not depend on heads or parameters, so one
-        # [T, nb] table of it serves every layer (see pe_math.map_tables).
+        # The damping rides on the coefficients: one rotation table serves every layer (map_tables).
         q2 = pe_math.query_map(self._blocks(q), cos, sin, _scaled(inverse, scale))
         return q2.reshape(q.shape)
 

@@ -249,7 +249,6 @@ def test_sizes_and_steps_stay_within_int32_and_a_length_comes_once_each_named():
         ({"model.d_model": -1}, "model.d_model must be an integer in [1, 2147483647], got -1."),
         ({"eval.num_sequences": -1}, "eval.num_sequences must be an integer in [1, 2147483647]"),
         ({"seed": 2**40}, "seed must be an integer in [0, 4294967295], got 1099511627776."),
-        ({"mesh.tensor": 0}, "mesh.data, fsdp, tensor = (1, 1, 0): each >= 1, one may be -1."),
     ],
 )
 def test_one_fault_is_one_line_naming_its_key(overrides, problem):

@@ -184,13 +184,13 @@ def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate()
     rows = [{"length": 512, "loss": float("nan")}]
     passed = damping.MeasuredDamping((0.01, 0.5), layer=1, head=1, bound=0.02)
     with pytest.raises(NonFiniteError) as diagnosed:
-        evaluation.check_evaluation(rows, 20, "ckpt/20", passed)
+        evaluation.check_evaluation(rows, "ckpt/20", passed)
     message = str(diagnosed.value)
     assert "layer 1, head 1 has damping gamma = 0.5, above model.max_damping = 0.02" in message
     assert message.index("damping") < message.index("opt.learning_rate")
     within = damping.MeasuredDamping((0.01, 0.015), layer=1, head=0, bound=0.02)
     with pytest.raises(NonFiniteError) as diverged:
-        evaluation.check_evaluation(rows, 20, "ckpt/20", within)
+        evaluation.check_evaluation(rows, "ckpt/20", within)
     assert str(diverged.value).startswith("The loss of ckpt/20 is not finite at length 512")
     assert "damping" not in str(diverged.value)
 

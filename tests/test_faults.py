@@ -284,7 +284,7 @@ def test_a_signal_no_save_answered_takes_effect_when_the_watch_ends():
         (["rope"], [], "--seeds is empty"),
         (["rope"], ["0", "0"], "--seeds lists 0 more than once"),
         (["rope", "rope"], ["0"], "--methods lists rope more than once"),
-        ([], ["0"], "--methods is required"),
+        ([], ["0"], "--methods is empty: use --methods=rope,jordan_rope"),
     ],
 )
 def test_compare_refuses_empty_and_repeated_seeds_and_methods(methods, seeds, problem):

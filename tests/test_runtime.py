@@ -37,7 +37,6 @@ from jrope.train.trainer import make_train_step, train_and_evaluate
 
 def test_the_runtime_section_defaults_to_off_and_checks_its_steps():
     assert tiny_config().runtime == RuntimeConfig("", 0, 0)
-    assert not tiny_config().runtime.profiles
     with pytest.raises(
         ConfigError,
         match=r"runtime\.profile_from_step must be an integer in \[0, 2147483647\], got -1",

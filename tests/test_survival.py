@@ -153,11 +153,13 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
     with pytest.raises(UsageError) as refused:
         evaluate_checkpoint(other_seed, str(tmp_path))
     assert str(refused.value) == (
-        f"eval.seed = 5, but {out_dir}/eval.csv holds rows of eval.seed 0 (other sequences); "
-        f"evaluate with --config.eval.seed=0, or set those rows aside first: mv {out_dir} "
+        f"eval.seed = 5, but {out_dir}/eval.csv holds rows of eval.seed 0; set "
+        f"--config.eval.seed=0, or move them aside: mv {out_dir} "
         f"{out_dir}.eval_seed0"
     )
     assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
+    with pytest.raises(CheckpointError, match=r"^No finished checkpoint .*checkpoints/3\.$"):
+        evaluate_checkpoint(more, str(tmp_path), step=3)  # a step never saved is no damage
     for data in (tmp_path / "checkpoints" / "2" / "state" / "d").iterdir():
         data.write_bytes(data.read_bytes()[:10])
     with pytest.raises(CheckpointError, match="cannot be read"):  # restored, with nothing to do

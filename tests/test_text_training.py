@@ -47,7 +47,7 @@ def test_wikitext103_config_without_data_stops_with_directions(tmp_path, monkeyp
     config.data.data_dir = str(tmp_path / "tfds")
     config.data.cache_dir = str(tmp_path / "cache")
     with pytest.raises(wikitext.DataUnavailable, match=r"wget -P .*tfds/downloads/manual"):
-        set_up_run(TrainConfig.from_config_dict(config), process_index=0, process_count=1)
+        set_up_run(TrainConfig.from_config_dict(config))
 
 
 def test_paper_settings():

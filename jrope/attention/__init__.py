@@ -79,9 +79,6 @@ def causal_attention(
 ) -> jax.Array:
     """Causal self-attention of raw (not yet position-encoded) q, k, v.
 
-    The queries are the last T of the S key positions (T = S for a full
-    sequence; T = 1 reads out the last position only).
-
     Args:
       q: [B, T, N, H]; k, v: [B, S, N, H], T <= S, in the compute dtype.
       enc: a jrope encoding (map_queries, map_keys, logit_bias, has_bias).
@@ -94,11 +91,9 @@ def causal_attention(
       block_size: query/key block length of the blockwise kernel.
       precision: of the q.k and p.v dots (attention_precision; None: the
         backend's default). The fused kernels run at their own.
-      segment_ids: optional int32 [B, S] of packed rows (each sequence one
-        contiguous run of an id, its positions restarting there; a query
-        sees its own segment's keys only): the PACKING_KERNELS take them,
-        the others refuse (check_segments refuses concrete ids and positions
-        that break these rules).
+      segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
+        the PACKING_KERNELS take them, the others refuse (check_segments refuses
+        concrete ids and positions that break its rules).
     Returns:
       [B, T, N, H] in v's dtype.
     """

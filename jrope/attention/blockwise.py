@@ -73,8 +73,7 @@ def blockwise_attention(
       causal: mask keys whose position exceeds the query's position.
       precision: of the q.k and p.v dots (jrope.attention.precision).
       segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
-        the queries are then the last T keys, and a query sees only keys of
-        its own segment.
+        the queries are then the last T keys.
 
     Returns:
       [B, T, N, H] in v's dtype. Differentiable (reverse mode) in q, k, v and params.

@@ -44,10 +44,8 @@ def cached_attention(
     """softmax(q2 . k2 / sqrt(H) + bias, keys not after the query) @ v over the cache and the new keys.
 
     The keys are the M cache slots as they were before this step, then the
-    step's own T keys. The new keys come separately, not read back from the
-    updated cache: with the attention reading the buffer a decode step has
-    just written into, XLA:CPU gave the write two consumers and copied the
-    whole buffer for each, in every layer and step.
+    step's own T keys, passed separately so that XLA:CPU does not copy the
+    buffer (docs/performance.md, "The decode step's cache layout").
 
     Args:
       q2: [B, T, N, H] queries mapped from the cache's origin.

@@ -63,8 +63,7 @@ def xla_attention(
 ) -> jax.Array:
     """jax.nn.dot_product_attention with a causal mask: q [B, T, N, H] (the last T of S), k, v [B, S, N, H].
 
-    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries
-    and the keys; a query sees only keys of its own segment.
+    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries and the keys.
     """
     # Raw-shear encodings return float32 q, k (their cancellation is not
     # bf16-safe); the fused kernel wants one dtype, so v follows them.
@@ -95,8 +94,7 @@ def einsum_attention(
 ) -> jax.Array:
     """Explicit-logits causal attention; bias [N, T, S] or [B, N, T, S] is added after the 1/sqrt(H) scale.
 
-    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries
-    and the keys; a query sees only keys of its own segment.
+    segments: optional (int32 [B, T], int32 [B, S]) segment ids of the queries and the keys.
     transform: None, or an elementwise map of the logits [B, N, t, s] after the bias
     (Encoding.transform_logits); it is differentiated by autodiff, past the hand-written VJP.
     """
@@ -106,10 +104,7 @@ def einsum_attention(
 
 
 def _chunk_bounds(length: int, key_length: int) -> list[tuple[int, int, int]]:
-    """(start, stop, key_stop) of the query row blocks; block i attends to keys [0, key_stop_i).
-
-    Query row t is key position key_length - length + t.
-    """
+    """(start, stop, key_stop) of the query row blocks; block i attends to keys [0, key_stop_i)."""
     chunk = -(-length // QUERY_CHUNKS)
     offset = key_length - length
     bounds = []

@@ -1,25 +1,18 @@
 """The shear as an exact per-pair weight: Jordan-RoPE as a few dots of RoPE's kind.
 
 For every variant whose chain coefficients are the exponential series of one
-shear time, c_r(t) = s(t)^r / r! with s(t) = eta time(t) (stabilized
-`time = tau(p)`, raw `p`, scaled-exact `p / L`, any order m), the maps of
-docs/mathematics.md, section 3, give
+shear time (docs/numerics.md, section 3a, derives it):
 
-    q'_i . k'_j = q_i^T D(i - j) exp((s_i - s_j) N) k_j
-                = sum_{r < m} (time_i - time_j)^r  B_r(i, j),
-    B_r(i, j)   = sum_{blocks} eta^r / r! sum_{a < m - r} (D q_i)_a . (D k_j)_{a + r},
+    q'_i . k'_j = sum_{r < m} (time_i - time_j)^r  B_r(i, j),
 
-where D is the damped rotation e^{-gamma (i - j)} R(omega (i - j)), which
-commutes with N. Each B_r dots the damped-rotated query's chain elements
-a < m - r (times eta^r / r!) with the key's elements a + r: terms no larger
-than RoPE's own, which bfloat16 inputs with float32 accumulation resolve. The
-cancellation of the factorized maps happens instead in the scalar weight
-(time_i - time_j)^r, formed from the integer positions (pe_math.ShearTime.lag).
+each B_r a damped-rotary dot of RoPE's kind, which bfloat16 inputs with
+float32 accumulation resolve; the cancellation of the factorized maps
+happens instead in the scalar weight, formed from the integer positions
+(pe_math.ShearTime.lag).
 
-The kernel takes the features its hooks carry (FEATURES: the shear terms'
-and the bias). It refuses the gated jet mixes (jordan_jetmix*), whose chain is
-not the exponential of one time (from order 3 on the pair coefficient of N^2
-is not a function of t_i - t_j), and any feature it does not know.
+The kernel takes the features its hooks carry (FEATURES) and refuses any
+other by name: the gated jet mixes' (jordan_jetmix*), whose chain is not the
+exponential of one time, among them.
 
 Shape legend: B batch, T query length, S key length, N heads, H head dim,
 nb blocks per segment, m chain order, d_r the width of term r.
@@ -208,7 +201,6 @@ def shear_attention(
       q_segments, k_segments: optional int32 [B, T] / [B, S] segment ids of
         packed rows: a query sees only keys of its own segment (positions
         restart per segment).
-      causal: a query sees keys at positions not after its own.
       mask: optional bool [B|1, N|1, T, S], True where a query may see a key.
       precision: of the term and p.v dots (None: the backend's default).
     Returns:

@@ -210,8 +210,6 @@ class _Layout(NamedTuple):
     def rows(self, q_pos, k_pos, q_seg, k_seg) -> _Rows:
         # Padded queries and keys: positions repeat the last, and segments that
         # match nothing (-2 for queries, -1 for keys) keep padded keys invisible.
-        # Origins are taken on the row coordinates, which never go down even where
-        # packed positions restart (the positions themselves in a row of one sequence).
         k_coord = packing.row_coordinates(k_pos, k_seg)
         return _Rows(
             _pad_rows(q_pos, self.q_len)[:, :, None],
@@ -269,14 +267,10 @@ def _omegas(layout, params):
 
 
 def _gamma_gradients(layout, rows, terms, d_terms):
-    """Each term's gamma cotangent [N, 1, d] from the key blocks' move inside the kernels.
+    """Each term's gamma cotangent [N, 1, d] from the key blocks' move inside the kernels
+    (the module docstring's formula, with the dq, dk the kernels return).
 
-    A moved key's pair carries e^{gamma (o_k - o)}, o and o_k the first row
-    coordinates of the query and key blocks (the kernels' move), so d logit /
-    d gamma is (o_k - o) times the pair's share of the dot; summed over the
-    visited (query block, key block) pairs that is sum_keys o_k <dk, k> -
-    sum_queries o <dq, q> per pair (the dq, dk the kernels return). The
-    coordinates are taken relative to the query row's first so the two sums
+    The coordinates are taken relative to the query row's first so the two sums
     stay small at any offset.
     """
     first = rows.q_coord[:, :1, :1]
@@ -491,11 +485,7 @@ def _query_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dt
 
 
 def _key_gradients_kernel(*refs, num_terms, time, block, key_offset, scale, dtype):
-    """One (batch row, head, key block): dk_r, dv over the query blocks that see it.
-
-    The cotangent of a moved key k' = M k (M = e^{gamma d} R(-omega d) per pair)
-    goes back to the unmoved key as M^T dk'.
-    """
+    """One (batch row, head, key block): dk_r, dv over the query blocks that see it."""
     rows, term_refs, rate_refs, rest = _split_refs(refs, num_terms)
     (v_ref, d_out_ref, lse_ref, delta_ref), d_key_refs, d_v_ref = rest[:4], rest[4:-1], rest[-1]
     bq, bk = block

@@ -2,9 +2,7 @@
 
 `jax.experimental.pallas.ops.tpu.splash_attention` computes attention by
 blocks in TPU memory with a causal mask whose fully masked blocks are
-skipped, forward and backward (its own VJP). The encodings other than the
-ALiBi family are a map of q and k followed by plain causal attention, so the
-kernel takes the mapped q and k as they are; it has no additive bias, so the
+skipped, forward and backward (its own VJP). It has no additive bias, so the
 ALiBi family never comes here (`jrope.attention.selection`).
 
 The kernel takes heads-major [N, T, H] sequences (vmapped over the batch),

@@ -15,13 +15,9 @@ the constants are the reference code's):
     rhythm_envelope  (0.25 + 0.85 x)(0.65 cos(w d) + 0.35 sin(w2 d))
     motif_spacing    x / (1 + 0.25 x) (0.7 cos(w2 d) - 0.3 sin(w2 d))
 
-The formulas live in jrope.data.synthetic beside that task's kernels.
-``K`` is divided by its L2 norm over the training lags ``d = 1 .. L-1``; a
-longer evaluation length uses the same constant, so the growing kernels keep
-growing beyond ``L`` and extrapolation is the hard part. The model reads
-``x`` through an input projection and predicts ``y`` at every position with a
-linear regression head, trained with the mean squared error (the
-'regression' task of jrope.data.source).
+The formulas live in jrope.data.synthetic beside that task's kernels, and
+``K`` is normalised as there (training_norm). Every position is a target of
+the 'regression' task of jrope.data.source.
 
 The convolution is computed with a float64 FFT of length ``2T`` (exact up to
 float64 rounding, about 1e-13 here; the tests check it against the direct

@@ -86,7 +86,6 @@ class TextDataConfig(Declared):
     # Train on this leading fraction of the training rows (WikiText; 0.01 is the paper's v2
     # setting, the split's first 1% of lines) or bytes ('text', 'audio_tokens').
     train_fraction: float = setting(1.0, gt=0.0, le=1.0)
-    # 257: byte + 1 (0 reserved); 256: the byte.
     vocab_size: int = setting(257, choices=VOCAB_SIZES, defines=PARAMETERS)
     seq_len: int = setting(1024, ge=1)  # training length L (the model sees L tokens, predicts L)
     seed: int = setting(0, le=2**32 - 1, defines=RESULT)  # follows seed, which checks its floor

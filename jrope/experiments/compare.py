@@ -75,12 +75,12 @@ def _finished_rows(cfg: TrainConfig, run_dir: epath.Path) -> list[dict] | None:
     record = run_dir / outputs.RECORD_FILE
     starts = results.split_json_lines(record.read_bytes())[0] if record.exists() else []
     saved = json.loads(starts[-1]).get("config") if starts else None
-    if saved is None:
-        raise UsageError(f"{run_dir} has results but no {outputs.RECORD_FILE} naming its settings; "
-                         "give this comparison another --workdir.")  # fmt: skip
     asked = cfg.to_json_dict()
     asked["checkpoint"]["accept_changes"] = ""  # a finished run trains no further
-    if refused := config_differences(saved, asked, purpose="resume")[0]:
+    refused = [f"no {outputs.RECORD_FILE} names them"]
+    if saved is not None:
+        refused = config_differences(saved, asked, purpose="resume")[0]
+    if refused:
         raise UsageError(f"{run_dir} finished with other settings: {'; '.join(refused)}; give "
                          "this comparison another --workdir.")  # fmt: skip
     if missing := evaluation.lengths_to_evaluate(
@@ -238,29 +238,22 @@ def show_comparison(paths: dict[str, epath.Path]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    methods, seeds = comparison_axes(flags.FLAGS.methods, flags.FLAGS.seeds)
-    run_comparison(flags.FLAGS.config, methods, seeds, flags.FLAGS.workdir)
+    run_comparison(flags.FLAGS.config, flags.FLAGS.methods, flags.FLAGS.seeds, flags.FLAGS.workdir)
 
 
 def comparison_axes(methods: Sequence[str] | None, seeds: Sequence[str]) -> tuple[list, list]:
-    """(methods, int seeds) from the flags' lists; UsageError for an empty list or a repeat (it
-    would train once and count twice in the means)."""
+    """(methods, int seeds) from the flags' lists; UsageError for a seed that is no integer, an
+    empty list, or a repeat (it would train once and count twice in the means)."""
     methods = [method.strip() for method in methods or () if method.strip()]
-    if not methods:
-        raise UsageError("--methods is required, e.g. --methods=rope,jordan_rope")
-    seed_texts = [seed.strip() for seed in seeds if seed.strip()]
-    if not seed_texts:
-        raise UsageError("--seeds is empty; give at least one seed, e.g. --seeds=0,1,2.")
     try:
-        int_seeds = [int(seed) for seed in seed_texts]
+        int_seeds = [int(seed) for seed in seeds if seed.strip()]
     except ValueError:
         raise UsageError(f"--seeds must be integers, e.g. --seeds=0,1,2; got {seeds}.") from None
+    examples = {"--methods": "rope,jordan_rope", "--seeds": "0,1,2"}
     for flag, values in (("--methods", methods), ("--seeds", int_seeds)):
         repeated = sorted({str(v) for v in values if values.count(v) > 1})
-        if repeated:
-            unique = ",".join(str(v) for v in dict.fromkeys(values))
-            raise UsageError(
-                f"{flag} lists {', '.join(repeated)} more than once; a comparison runs each once "
-                f"(a repeat would count one run twice in the means): use {flag}={unique}."
-            )
+        if repeated or not values:
+            problem = f"lists {', '.join(repeated)} more than once" if repeated else "is empty"
+            unique = ",".join(str(v) for v in dict.fromkeys(values)) or examples[flag]
+            raise UsageError(f"{flag} {problem}: use {flag}={unique}.")
     return methods, int_seeds

@@ -30,7 +30,6 @@ from jrope.model.generation import GenerationSettings, Generator, check_request,
 from jrope.train import setup
 from jrope.train.checkpoints import Checkpointer, restore_compatible
 from jrope.train.config import TrainConfig
-from jrope.train.setup import state_layout
 
 TEXT_SOURCES = ("wikitext103", "wikitext2", "text")
 
@@ -97,7 +96,7 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         tensor = tensor if tensor > 0 and num_devices % tensor == 0 else 1
         mesh_cfg = dataclasses.replace(cfg.mesh, data=-1, fsdp=1, tensor=tensor)
         mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
-        layout = state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
+        layout = setup.state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
         state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)

@@ -12,21 +12,15 @@ map, Encoding.move_keys: A(-(j - o')) = A(o' - o) A(-(j - o)). ALiBi's bias is
 computed from the stored positions.
 
 The raw-shear encodings (Encoding.keeps_float32) keep their mapped keys in
-float32 and the dots that touch them at dot_precision, HIGHEST (at a TPU's
-default the stabilized variants' decoded outputs would carry up to 4.7 times
-RoPE's bfloat16 error, docs/numerics.md, 3b). Where the model's attention
+float32 and their dots at dot_precision, HIGHEST; where the model's attention
 takes the shear-weight kernels (selection.cache_keeps_shear_terms), the cache
 stores each key's shear terms (Encoding.shear_terms) in the compute dtype
-instead: the decode step weights the term dots by each pair's exact time lag,
-a rebase moves each (re, im) pair by its damped rotation, and no dot needs
-more than the backend's default precision.
+instead (docs/numerics.md, section 3b).
 
-Layout: per layer, keys [B, N, H, M] (shear terms: [B, N, W, M], W the terms'
-widths together) and values [B, N, M, H] in buffers of M slots allocated
-once, laid out as the decode step's matmuls read them (docs/performance.md,
-Decoding). Per row: the origin, the next token's position and each slot's
-position (EMPTY: no key). All rows write the same slot per step: prompts of
-different lengths are right-padded, their pad slots EMPTY.
+Layout (KVCache): per layer, buffers of M slots allocated once, laid out as
+the decode step's matmuls read them (docs/performance.md, Decoding). All rows
+write the same slot per step: prompts of different lengths are right-padded,
+their pad slots EMPTY.
 
     logits, cache = prefill(model, tokens, lengths, offsets, max_length=M, rebase_bound=R)
     logits, cache = decode_step(model, cache, next_tokens)       # jit once, call per token
@@ -37,7 +31,7 @@ its keys and values to a LayerCache; a decode step runs the same model code
 with the attention replaced by jrope.attention.cached.
 
 Shape legend: B batch, P prompt length (padded), M cache slots, N heads,
-H head dim, V vocabulary.
+H head dim, W the shear terms' widths together, V vocabulary.
 """
 
 from __future__ import annotations
@@ -127,12 +121,11 @@ class LayerCache:
     (_after): a buffer read and updated with nothing ordering the two is
     copied whole (docs/performance.md).
 
-    keys: [B, N, H, M] and values: [B, N, M, H] buffers; slot_positions:
-    int32 [B, M] before this step's writes; positions: int32 [B, T] of the T
-    new tokens (prompt pads included); origin: int32 [B]; write_index: int32
-    [] of the first new slot; filled: bool [B, T], False for prompt pads
-    (their slots are zeroed); decoding: a decode step (else a prefill);
-    shear_terms: keys are stored as their shear terms (keeps_shear_terms).
+    keys, values: one layer's buffers, as KVCache's; slot_positions: int32 [B, M]
+    before this step's writes; positions: int32 [B, T] of the T new tokens
+    (prompt pads included); origin: int32 [B]; write_index: int32 [] of the
+    first new slot; filled: bool [B, T], False for prompt pads (their slots
+    are zeroed); shear_terms: see keeps_shear_terms.
     """
 
     keys: jax.Array

@@ -132,8 +132,7 @@ class CausalSelfAttention(nnx.Module):
 
         The output covers the last T = num_queries positions (default: all S).
         cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
-        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing):
-        a query attends to its own sequence only.
+        segment_ids: optional int32 [B, S] of packed rows (jrope.attention.packing).
         """
         if segment_ids is not None and cache is not None and cache.decoding:
             raise ValueError(
@@ -234,8 +233,7 @@ class TransformerBlock(nnx.Module):
 
         dropout_key: drops each branch output with probability model.dropout_rate
         before it joins the residual stream; None (evaluation) drops nothing.
-        cache: this layer's share of a KV cache (generation, jrope.model.kv_cache).
-        segment_ids: optional int32 [B, S] of packed rows (CausalSelfAttention).
+        cache, segment_ids: as CausalSelfAttention takes them.
         """
         residual = x if num_queries is None else x[:, x.shape[1] - num_queries :]
         attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)

@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -28,6 +28,7 @@ from jrope import saved_run_config
 from jrope.data.files import is_uri, resolved
 from jrope.errors import CheckpointError, UsageError, WorkdirBusy
 from jrope.fields import PARAMETERS, RESULT
+from jrope.saved_run_config import damaged
 from jrope.train.config import convert_config, declared_effect
 from jrope.train.outputs import say
 
@@ -159,15 +160,6 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
     return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
 
 
-def restore_or_initialize(checkpointer: Checkpointer, abstract, initialize: Callable) -> Any:
-    """The state of the latest finished checkpoint, or `initialize()` when there is none."""
-    step = checkpointer.latest_step()
-    if step is None:
-        return initialize()
-    say(f"Resuming from checkpoint {checkpoint_path(checkpointer, step)}.")
-    return restore_compatible(checkpointer, abstract, step)
-
-
 def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpose="resume"):
     """Checkpoint `step` restored into `abstract` (its sharded target) once its config fits the
     checkpointer's for `purpose` ('resume' or 'evaluate'); else CheckpointError."""
@@ -186,15 +178,15 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
                                   f"{path}, or run as its owner.")  # fmt: skip
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or checkpointer.accept_missing_digests):
-        raise _damaged(checkpointer, step, "has no digests (accept_missing_digests=True takes it)")
+        raise damaged(path, "has no digests (accept_missing_digests=True takes it)")
     try:
         state = checkpointer.restore(abstract, step)
         digests = checkpointer.restore_json(DIGESTS_ITEM, step) if checked else {}
-        damaged = mismatches(digests, state_digests(state)) if checked else []
+        differing = mismatches(digests, state_digests(state)) if checked else []
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
-        raise _damaged(checkpointer, step, f"cannot be read ({_cause(error)})") from error
-    if damaged:
-        raise _damaged(checkpointer, step, f"differs from its digests in {', '.join(damaged[:3])}")
+        raise damaged(path, f"cannot be read ({_cause(error)})") from error
+    if differing:
+        raise damaged(path, f"differs from its digests in {', '.join(differing[:3])}")
     if not checked:
         say(f"Restoring {path} unchecked (no digests).")
     return state
@@ -223,7 +215,9 @@ def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") 
     accepted = {
         key.strip() for key in str(current_flat.get("checkpoint.accept_changes") or "").split(",")
     }
-    constant_rate = current_flat.get("opt.schedule") == "constant"  # whatever the run's length
+    free = RESUME_FREE | accepted
+    if current_flat.get("opt.schedule") == "constant":  # the same rates whatever the run's length
+        free.add("num_steps")
     incompatible, changed = [], []
     for key in sorted(set(saved_flat) | set(current_flat)):
         before, now = saved_flat.get(key, "absent"), current_flat.get(key, "absent")
@@ -239,9 +233,7 @@ def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") 
             incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
         elif key == "opt.nonfinite" and purpose == "resume":
             incompatible.append(f"{line} (skipping wraps the optimizer state)")
-        elif purpose == "evaluate" or names & (RESUME_FREE | accepted):
-            changed.append(line)
-        elif key == "num_steps" and constant_rate:
+        elif purpose == "evaluate" or names & free:
             changed.append(line)
         elif key == "num_steps":
             incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
@@ -255,10 +247,6 @@ def _cause(error: BaseException) -> str:
     while error.__cause__ is not None:
         error = error.__cause__
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
-
-
-def _damaged(checkpointer: Checkpointer, step: int, problem: str) -> CheckpointError:
-    return saved_run_config.damaged(checkpoint_path(checkpointer, step), problem)
 
 
 LOCK_FILE = "run.lock"
@@ -287,13 +275,15 @@ class WorkdirLock:
         except OSError as error:  # a setting to fix, not a storage failure
             raise UsageError(f"--workdir {error.filename}: {error.strerror or error}; choose a "
                              "--workdir you can write to.") from None  # fmt: skip
-        if not _try_lock(handle):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             holder = _holder(handle)
             if self.role != "evaluation" or not holder.startswith("evaluation"):
                 handle.close()
                 raise WorkdirBusy(
                     f"{self.path} is held ({holder}): wait, or use another --workdir."
-                )
+                ) from None
             say(f"Waiting for {self.path} ({holder}) ...")
             fcntl.flock(handle, fcntl.LOCK_EX)
         self.previous_holder = _holder(handle) or None
@@ -310,14 +300,6 @@ class WorkdirLock:
             _rewrite(self._file, "")  # an empty file: released cleanly
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
-
-
-def _try_lock(handle) -> bool:
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _holder(handle) -> str:

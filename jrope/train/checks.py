@@ -17,7 +17,6 @@ from flax import nnx
 from jrope import command_line, flops, saved_run_config
 from jrope.attention import choose_kernel
 from jrope.data import files
-from jrope.data.files import is_uri
 from jrope.data.source import DataSource, build_source
 from jrope.errors import ConfigError, DataError
 from jrope.model import damping
@@ -35,29 +34,19 @@ class RunEnvironment:
     process_count: int
     platform: str  # 'cpu', 'gpu' or 'tpu'
 
-    @classmethod
-    def detect(cls) -> RunEnvironment:
-        return cls(jax.device_count(), jax.process_count(), jax.default_backend())
-
 
 def check_run(
     cfg: TrainConfig, workdir: str, env: RunEnvironment | None = None, *, evaluation: bool = False
 ) -> DataSource:
     """The data source, built while checking; ConfigError (DataError: all the data's) listing
     every problem that would stop or spoil a training run (or an evaluation)."""
-    env = env or RunEnvironment.detect()
+    env = env or RunEnvironment(jax.device_count(), jax.process_count(), jax.default_backend())
     problems = _batch_problems(cfg, env)
     optimizer, encoding = make_optimizer(cfg.opt, cfg.num_steps), run_encoding(cfg)
     if not evaluation:
         problems += damping.bound_problems(cfg.model, encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
-    for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
-        try:
-            choose_kernel(cfg.model.attention, encoding, length=length, backend=env.platform)
-        except ValueError as err:
-            problems.append(f"model.attention_impl = {cfg.model.attention_impl!r} at length "
-                            f"{length}: {first_line(err)}")  # fmt: skip
-            break
+    problems += kernel_problems(cfg, encoding, env.platform)
     memory = _memory_problems(cfg, env, encoding, optimizer, evaluation=evaluation)
     source, data_problems = (None, []) if memory else _data_problems(cfg, env)  # too big to try
     problems += memory
@@ -65,18 +54,28 @@ def check_run(
         readout := readout_problem(source.train_batch(0), cfg.model.readout)
     ):
         problems.append(readout)  # every batch of a source weights its positions alike
-    if problems:
-        raise ConfigError(problems + data_problems)
-    if data_problems:
-        raise DataError(data_problems)
+    if problems or data_problems:
+        raise (ConfigError if problems else DataError)(problems + data_problems)
     return source
+
+
+def kernel_problems(cfg: TrainConfig, encoding, backend: str) -> list[str]:
+    """The first length of the run whose model.attention_impl does not apply on `backend`."""
+    for length in sorted({cfg.pe.train_context, *cfg.eval.lengths}):
+        try:
+            choose_kernel(cfg.model.attention, encoding, length=length, backend=backend)
+        except ValueError as err:
+            impl = cfg.model.attention_impl
+            return [f"model.attention_impl = {impl!r} at length {length}: {first_line(err)}"]
+    return []
 
 
 def _batch_problems(cfg: TrainConfig, env: RunEnvironment) -> list[str]:
     sizes = mesh_sizes(cfg.mesh, env.num_devices)
     if sizes is None:
-        shown = f"mesh.data, fsdp, tensor = {cfg.mesh.data}, {cfg.mesh.fsdp}, {cfg.mesh.tensor}"
-        return [f"{shown} do not fit {env.num_devices} devices; set one to -1 (the rest)."]
+        mesh, n = cfg.mesh, env.num_devices
+        shown = f"mesh.data, fsdp, tensor = {mesh.data}, {mesh.fsdp}, {mesh.tensor} do not fit {n}"
+        return [f"{shown} devices; set sizes >= 1 that multiply to {n}, or one to -1."]
     axes = dict(cfg.mesh.rules).get("batch")
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     data_parallel = math.prod(sizes[axis] for axis in axes)
@@ -106,8 +105,7 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
     rows_key, rows, length_key, length = max(batches, key=lambda batch: batch[1] * batch[3])
     activation = rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
     needs = model.num_layers * sum(sizes) + activation
-    count = "at least: the train state and one activation"
-    if shortfall := flops.memory_shortfall(needs // env.num_devices, count):
+    if shortfall := flops.memory_shortfall(needs // env.num_devices, "a lower bound"):
         return [f"model.d_model = {model.d_model}, model.num_layers = {model.num_layers}, "
                 f"model.mlp_ratio = {model.mlp_ratio}, {rows_key} = {rows}, {length_key} = "
                 f"{length}: a device {shortfall}; lower them, or shard over more devices."]  # fmt: skip
@@ -117,9 +115,8 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
 def _workdir_problems(cfg: TrainConfig, workdir: str, *, evaluation: bool) -> list[str]:
     """The workdir is writable (or a bucket that answers) and holds a finished checkpoint to
     evaluate, or none beyond num_steps to train (a training run must not end before it)."""
-    if is_uri(workdir):
-        problem = files.uri_problem(workdir, "--workdir")
-        if problem:
+    if files.is_uri(workdir):
+        if problem := files.uri_problem(workdir, "--workdir"):
             return [problem]
     else:
         path = existing = os.path.abspath(os.path.expanduser(workdir))

@@ -21,6 +21,7 @@ from jrope.errors import ConfigError
 from jrope.fields import RESULT, Declared, did_you_mean, flat_keys, setting
 from jrope.model.config import ModelConfig
 from jrope.pe_config import PEConfig, UnknownEncodingName, pe_config_from_name
+from jrope.saved_run_config import with_tuples
 
 LR_SCHEDULES = ("constant", "cosine")
 # What a NaN/Inf loss or gradient norm does (jrope.train.trainer): stop the run or skip the update.
@@ -57,12 +58,6 @@ class MeshConfig(Declared):
     fsdp: int = setting(ge=-1)
     tensor: int = setting(ge=-1)
     rules: tuple[tuple[str, Any], ...]  # (logical axis, mesh axis | tuple of mesh axes | None)
-
-    def __post_init__(self):
-        super().__post_init__()
-        sizes = (self.data, self.fsdp, self.tensor)
-        if 0 in sizes or sizes.count(-1) > 1:
-            raise ValueError(f"mesh.data, fsdp, tensor = {sizes}: each >= 1, one may be -1.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +104,6 @@ class RuntimeConfig(Declared):
     # turns state s into s + 1) into <workdir>/tensorboard; to <= from: no trace.
     profile_from_step: int = setting(0, ge=0)
     profile_to_step: int = setting(0, ge=0)
-
-    @property
-    def profiles(self) -> bool:
-        return self.profile_to_step > self.profile_from_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +236,7 @@ def build_section(name: str, factory, values, problems: list[str], derived=()) -
     if absent:
         return None
     try:  # the known keys, so that their problems are reported with the unknown ones
-        built = factory(**{key: _as_tuples(values[key]) for key in values if key in parameters})
+        built = factory(**{key: with_tuples(values[key]) for key in values if key in parameters})
     except ValueError as error:
         if isinstance(error, UnknownEncodingName):
             problems.append(f"{name}.name: {first_line(error)} (jrope.ACCEPTED_NAMES)")
@@ -262,11 +253,6 @@ def key_problems(prefix: str, values: Mapping, known, required) -> list[str]:
                for key in values if key not in known]  # fmt: skip
     return unknown + [f"{prefix}{key} is missing; set it in the config file."
                       for key in required if key not in values]  # fmt: skip
-
-
-def _as_tuples(value: Any) -> Any:
-    """JSON's lists as the tuples the sections hold, recursively."""
-    return tuple(map(_as_tuples, value)) if isinstance(value, (list, tuple)) else value
 
 
 def keys_without_effect(data: Any) -> tuple[list[str], list[str]]:

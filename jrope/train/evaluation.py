@@ -177,7 +177,7 @@ def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, lo
 
     rows = evaluate_lengths(eval_step, params, run, step=step, on_length=show)
     checkpoint = str(checkpoints.checkpoint_path(run.checkpointer, step))
-    check_evaluation(rows, step, checkpoint, eval_step.plan.measured)
+    check_evaluation(rows, checkpoint, eval_step.plan.measured)
     out_dir = results_dir(workdir, step)
     merged = merge_rows(readable_results(out_dir) or [], rows)
     log(rows)
@@ -224,8 +224,8 @@ def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_d
     if seeds := sorted({row["eval_seed"] for row in earlier} - {None, eval_cfg.seed}):
         raise UsageError(
             f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
-            f"{seeds[0]} (other sequences); evaluate with --config.eval.seed={seeds[0]}, or set "
-            f"those rows aside first: mv {out_dir} {out_dir}.eval_seed{seeds[0]}"
+            f"{seeds[0]}; set --config.eval.seed={seeds[0]}, or move them aside: mv {out_dir} "
+            f"{out_dir}.eval_seed{seeds[0]}"
         )
     done = {
         row["length"]
@@ -257,7 +257,6 @@ def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: 
 
 
 def results_dir(workdir: str, step: int) -> epath.Path:
-    """Where the evaluation of step `step` goes: `<workdir>/eval_step<step>`."""
     return epath.Path(workdir) / f"eval_step{step}"
 
 
@@ -349,7 +348,7 @@ def markdown_table(rows: Sequence[Row], *, task: str) -> str:
     return text
 
 
-def check_evaluation(rows: Sequence[Row], step: int, checkpoint: str, measured=None) -> None:
+def check_evaluation(rows: Sequence[Row], checkpoint: str, measured=None) -> None:
     """NonFiniteError naming the lengths whose loss is NaN or infinite, if any, and first the
     damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]

@@ -99,7 +99,6 @@ class MetricsLogger:
         self._interval_start = (self._interval_start[0], time.perf_counter())
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], prefix: str) -> None:
-        """Log named scalars (e.g. evaluation results) at `step`."""
         self._write(step, {f"{prefix}/{name}": float(value) for name, value in scalars.items()})
 
     def write_hparams(self, hparams: Mapping[str, Any], metric_names: list[str]) -> None:

@@ -41,11 +41,12 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int) -> dict[str, int] | None:
-    """Sizes of the mesh axes over `num_devices`, the -1 axis filled in; None if they do not fit."""
+    """Sizes of the mesh axes over `num_devices`, the first -1 axis filled in; None if they do not
+    fit (a size 0 or a second -1 never does)."""
     sizes = dict(zip(MESH_AXES, (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor), strict=True))
     known = math.prod(size for size in sizes.values() if size != -1)
     for axis in [axis for axis, size in sizes.items() if size == -1][:1]:
-        sizes[axis] = num_devices // known
+        sizes[axis] = num_devices // known if known else 0
     return sizes if math.prod(sizes.values()) == num_devices else None
 
 
@@ -194,7 +195,6 @@ class RunSetup:
             return jax.jit(self.layout.new_state, out_shardings=self.layout.shardings)()
 
     def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """global_batch over this run's mesh."""
         return global_batch(local_batch, self.rules, self.mesh)
 
     def plan_kernels(self, params: Any) -> damping.KernelPlan:
@@ -241,19 +241,12 @@ def set_up_run(
     source: DataSource | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
-    process_index: int | None = None,
-    process_count: int | None = None,
 ) -> RunSetup:
-    """Builds the source, the mesh over `devices` (default: all), the state layout and, for a
-    `workdir`, its checkpointer (`<workdir>/checkpoints`).
-
-    process_index, process_count: this process's place (default: JAX's), for building another
-    process's share of the data. source: this process's source when already built (by the checks).
-    """
+    """Builds the source (unless given: this process's, built by the checks), the mesh over
+    `devices` (default: all), the state layout and, for a `workdir`, its checkpointer
+    (`<workdir>/checkpoints`)."""
     if source is None:
-        index = jax.process_index() if process_index is None else process_index
-        count = jax.process_count() if process_count is None else process_count
-        source = build_source(cfg.data, cfg.batch_size, index, count)
+        source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
     layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)

@@ -123,19 +123,16 @@ def make_train_step(run: RunSetup, *, plan=None, compiler_options=None) -> Calla
     )
 
 
-class _PlanOutgrown(Exception):
-    """The damping at a checkpoint needs other kernels than the run planned before step 1."""
-
-
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     """Train for `num_steps` (resuming from `workdir`'s checkpoints), then evaluate: {'state': the
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
     with contextlib.ExitStack() as held:
         run = _set_up(cfg, workdir, held, role="training")
-        while True:
-            with contextlib.suppress(_PlanOutgrown):
-                return _run(run, workdir)
+        result = None
+        while result is None:  # a damping beyond the kernel plan: plan again from its checkpoint
+            result = _run(run, workdir)
+        return result
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None) -> list[dict]:
@@ -179,14 +176,18 @@ def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role:
     return run
 
 
-def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
+def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
     mesh, num_steps = run.mesh, run.num_steps
     say(
         f"Training {run.method} (seed {run.seed}) for {num_steps} steps; mesh "
         f"{dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].device_kind} devices, "
         f"{jax.process_count()} process(es); workdir {workdir}"
     )
-    state = checkpoints.restore_or_initialize(run.checkpointer, run.layout.abstract, run.init_state)
+    if (latest := run.checkpointer.latest_step()) is None:
+        state = run.init_state()
+    else:
+        say(f"Resuming from checkpoint {checkpoints.checkpoint_path(run.checkpointer, latest)}.")
+        state = checkpoints.restore_compatible(run.checkpointer, run.layout.abstract, latest)
     start = int(jax.device_get(state["step"]))
     if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
@@ -212,8 +213,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
             ["train/loss"] + [f"eval_{length}/loss" for length in run.eval.lengths],
         )
     if jax.process_index() == 0:
-        record = outputs.start_record(run.config_json, start)
-        outputs.append_start_record(workdir, record)
+        outputs.append_start_record(workdir, outputs.start_record(run.config_json, start))
 
     def evaluate(state, step: int) -> list[dict[str, Any]]:
         logger.flush()
@@ -224,12 +224,13 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any]:
         if redo and start < num_steps:
             evaluate(state, start)
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
-        rows = evaluate(state, num_steps)
-    return {"state": state, "eval": rows}
+        rows = None if state is None else evaluate(state, num_steps)
+    return None if state is None else {"state": state, "eval": rows}
 
 
-def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str) -> dict:
-    """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations."""
+def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workdir: str):
+    """Steps `start + 1 .. num_steps` with their checkpoints and periodic evaluations: the last
+    state, or None at a checkpoint whose damping needs kernels that `plan` lacks."""
     checkpointer, num_steps, every_eval = run.checkpointer, run.num_steps, run.eval.every_steps
     train_step, measured = make_train_step(run, plan=plan), plan.measured
     pending = None  # (step, metrics) not yet read on the host
@@ -284,10 +285,10 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     raise errors.TrainingPreempted(done, path, preemption.signum)
                 measured = plan.measure(state["params"])
                 if not plan.carries(measured):
-                    say(f"Step {done}: {measured.describe()}, past what the kernels planned "
-                        f"before step 1 carry; resuming from {path} with kernels planned for it.")  # fmt: skip
+                    say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
+                        f"from {path} with a new plan.")  # fmt: skip
                     checkpointer.wait_until_finished()
-                    raise _PlanOutgrown
+                    return None
             if every_eval and done % every_eval == 0 and not is_last:
                 read_pending()
                 evaluate(state, done)
@@ -299,24 +300,24 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
 def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measured=None) -> None:
     """NonFiniteError for a non-finite step's metrics `values` unless its update was skipped, or
     at `max_in_a_row` skipped in a row, naming the last good checkpoint (and a passed damping)."""
-    bad = first_nonfinite(values)
-    if "skipped" not in values and bad is not None:
-        last_good = checkpoints.describe_last_good(checkpointer)
-        error = errors.NonFiniteError(
-            f"{bad[0]} is {bad[1]} at step {step}; resume from {last_good} at a lower "
-            "opt.learning_rate (or opt.nonfinite=skip)."
-        )
-        raise damping.diagnosed(error, measured)
-    if not values.get("skipped"):
+    bad, in_a_row = first_nonfinite(values), int(values.get("skipped_in_a_row", 0))
+    if values.get("skipped"):
+        skipped = values["skipped_steps"]
+        logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, skipped)
+    if bad is None or "skipped" in values and in_a_row < max_in_a_row:
         return
-    in_a_row, first = int(values["skipped_in_a_row"]), step - int(values["skipped_in_a_row"]) + 1
-    logging.warning(
-        "Step %d: %s is %s; update skipped (%d so far).", step, *bad, values["skipped_steps"]
-    )
-    if in_a_row >= max_in_a_row:
+    if "skipped" in values:
         # Checkpoints from step `first` - 1 on hold the parameters that give the non-finite steps.
+        first = step - in_a_row + 1
         last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
-        raise errors.NonFiniteError(
+        message = (
             f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
             f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
         )
+    else:
+        last_good = checkpoints.describe_last_good(checkpointer)
+        message = (
+            f"{bad[0]} is {bad[1]} at step {step}; resume from {last_good} at a lower "
+            "opt.learning_rate (or opt.nonfinite=skip)."
+        )
+    raise damping.diagnosed(errors.NonFiniteError(message), measured)
