@@ -192,7 +192,7 @@ BAD_INPUTS = [
         "compare_without_methods",
         ["-m", "jrope.compare", TINY, "--workdir={tmp}/compare"],
         2,
-        [r"--methods is required, e\.g\. --methods=rope,jordan_rope"],
+        [r"^--methods is empty: use --methods=rope,jordan_rope\.\n$"],
     ),
 ]
 
