@@ -157,12 +157,13 @@ def last_overrides(argv: list[str]) -> list[str]:
 
 
 def flag_argument(argv: list[str], name: str) -> str | None:
-    """The value of --<name>=VALUE (or --<name> VALUE) in argv, else None."""
+    """The value of the last --<name>=VALUE (or --<name> VALUE) in argv, as absl takes it; None."""
+    found = None
     for arg, following in zip(argv, [*argv[1:], None], strict=True):
         flag, equals, value = arg.partition("=")
         if flag in (f"--{name}", f"-{name}"):
-            return value if equals else following
-    return None
+            found = value if equals else following
+    return found
 
 
 def _flag_problem(error: BaseException, config: str | None, argv: list[str]) -> str:

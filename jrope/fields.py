@@ -129,7 +129,7 @@ def _problem(kind: Any, value: Any, rules: dict, values: Mapping[str, Any]) -> s
         return f" must be {_allowed(kind, rules)}, got {value!r}."
     if kind in (int, float) and "divides" in rules:
         other = values.get(rules["divides"])
-        if isinstance(other, int) and other % value:
+        if isinstance(other, int) and other > 0 and other % value:  # else other's own problem
             return f" must divide {rules['divides']} = {other}, got {value!r}."
     if kind in (bool, str) and type(value) is not kind:
         return f" must be {_allowed(kind, rules)}, got {value!r}."

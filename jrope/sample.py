@@ -19,7 +19,9 @@ flags.register_validator("prompt", lambda prompts: not re.search("[\udc80-\udcff
                          "".join(prompts or ())), "--prompt must be UTF-8 text")  # fmt: skip
 flags.DEFINE_integer("num_tokens", 200, "New bytes per prompt.", lower_bound=1)
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 is greedy.")
-flags.register_validator("temperature", lambda t: t >= 0, "--temperature must be >= 0")  # not NaN
+flags.register_validator(
+    "temperature", lambda t: 0 <= t < float("inf"), "--temperature must be finite, >= 0"
+)
 flags.DEFINE_integer("top_k", 0, "Keep the k most likely bytes (0: all).", lower_bound=0)
 flags.DEFINE_float("top_p", 1.0, "Keep bytes up to this total probability (1: all).")
 flags.register_validator("top_p", lambda p: 0 < p <= 1, "--top_p must lie in (0, 1]")

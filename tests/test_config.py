@@ -243,6 +243,19 @@ def test_sizes_and_steps_stay_within_int32_and_a_length_comes_once_each_named():
     assert problems == ["model.num_layers must be an integer in [1, 256], got 100000."]
 
 
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ({"model.d_model": -1}, "model.d_model must be an integer in [1, 2147483647], got -1."),
+        ({"eval.num_sequences": -1}, "eval.num_sequences must be an integer in [1, 2147483647]"),
+        ({"seed": 2**40}, "seed must be an integer in [0, 4294967295], got 1099511627776."),
+    ],
+)
+def test_one_fault_is_one_line_naming_its_key(overrides, problem):
+    _, problems = convert_config(tiny_config_dict(**overrides))
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
 def test_a_misspelt_accepted_change_is_named_as_matching_no_key():
     accepted = "opt.learning_rat, model"
     _, problems = convert_config(tiny_config_dict(**{"checkpoint.accept_changes": accepted}))

@@ -118,6 +118,12 @@ BAD_INPUTS = [
         [r"^--config=quickstrat is no config file here, nor one of .*quickstart, retrieval"],
     ),
     (
+        "the_last_of_two_configs_is_no_experiment",
+        ["train.py", TINY, "--config=quickstrat", "--workdir={tmp}/run"],
+        2,
+        [r"^--config=quickstrat is no config file here, nor one of .*quickstart, retrieval"],
+    ),
+    (
         "config_is_a_folder",
         ["train.py", "--config=configs", "--workdir={tmp}/run"],
         2,

@@ -93,6 +93,7 @@ def test_the_seed_decides_the_draws():
     [
         ({"temperature": -0.5}, "--temperature"),
         ({"temperature": float("nan")}, "--temperature"),
+        ({"temperature": float("inf")}, "--temperature"),
         ({"top_k": -1}, "--top_k"),
         ({"top_p": 0.0}, "--top_p"),
         ({"top_p": 1.5}, "--top_p"),

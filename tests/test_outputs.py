@@ -104,7 +104,7 @@ def test_progress_line_shows_step_loss_rates_and_time_left(tmp_path, capsys):
     assert records[0]["train/mfu"] == pytest.approx(records[0]["train/steps_per_sec"] / 100)
 
 
-def _start(workdir, *, start_step, num_steps):
+def _start(workdir, *, start_step, num_steps, redo_step=None):
     """A logger of a run (re)starting at `start_step`, closed at once: what it left in the log."""
     MetricsLogger(
         str(workdir),
@@ -112,6 +112,7 @@ def _start(workdir, *, start_step, num_steps):
         num_steps=num_steps,
         tensorboard=False,
         start_step=start_step,
+        redo_step=redo_step,
     ).close()
     return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
 
@@ -128,8 +129,13 @@ def test_a_resumed_run_drops_the_records_it_will_write_again(tmp_path):
         (4, False),
         (4, True),
     ]
-    # Resumed at the last step, the final evaluation is done again: its record goes too.
-    assert [r["step"] for r in _start(tmp_path, start_step=4, num_steps=4)] == [1, 2, 3, 4]
+    # An evaluation done again at the step resumed from: its record goes too.
+    assert [r["step"] for r in _start(tmp_path, start_step=4, num_steps=8, redo_step=4)] == [
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
 def test_hparams_go_to_tensorboard(tmp_path):

@@ -61,6 +61,26 @@ def test_a_kill_as_the_results_table_is_written_leaves_logs_the_rerun_completes(
     assert (evaluation.results_dir(workdir, 2) / evaluation.RESULTS_CSV).exists()
 
 
+def test_a_stop_at_a_periodic_evaluation_is_evaluated_again_on_resume(tmp_path, monkeypatch):
+    settings = {"num_steps": 8, "eval.every_steps": 4, "checkpoint.every_steps": 4}
+    cfg = tiny_config(**settings, **{"eval.lengths": (8,), "mesh.data": -1})
+    workdir = str(tmp_path)
+    write = evaluation.write_results_atomically
+
+    def killed(*args, **kwargs):  # stopped as step 4's table is written, its checkpoint saved
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "write_results_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_and_evaluate(cfg, workdir)
+    monkeypatch.setattr(evaluation, "write_results_atomically", write)
+    train_and_evaluate(cfg, workdir)  # resumes at step 4: its evaluation first
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        evaluated = [record["step"] for record in map(json.loads, f) if "eval_8/loss" in record]
+    assert evaluated == [4, 8]
+    assert (evaluation.results_dir(workdir, 4) / evaluation.RESULTS_CSV).exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_signal_as_the_final_table_appears_loses_no_evaluation_row(tmp_path, signum):
@@ -79,12 +99,12 @@ def test_a_signal_as_the_final_table_appears_loses_no_evaluation_row(tmp_path, s
 # 2. sample.py's flags.
 
 
-@pytest.mark.parametrize("value", ["nan", "-1"])
-def test_sample_refuses_a_temperature_that_is_no_number_at_or_above_zero(tmp_path, value):
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_sample_refuses_a_temperature_that_is_no_finite_number_at_or_above_zero(tmp_path, value):
     args = ["sample.py", f"--workdir={tmp_path}", "--prompt=a", f"--temperature={value}"]
     refused = run_command(args, subprocess_env(1))
     assert refused.returncode == 2
-    assert refused.stderr.endswith(": --temperature must be >= 0; see --help.\n")
+    assert refused.stderr.endswith(": --temperature must be finite, >= 0; see --help.\n")
     assert len(refused.stderr.splitlines()) == 1
 
 
@@ -93,6 +113,23 @@ def test_sample_refuses_a_temperature_that_is_no_number_at_or_above_zero(tmp_pat
 
 def _scores(row):
     return row["length"], row["num_sequences"], row["eval_seed"], row["loss"], row["accuracy"]
+
+
+def test_eval_stopped_before_its_table_logs_its_rows_once_when_run_again(tmp_path, monkeypatch):
+    settings = {"mesh.data": -1, "eval.lengths": (8,)}
+    train_and_evaluate(tiny_config(**settings), str(tmp_path))
+    more = tiny_config(**settings | {"eval.lengths": (8, 16)})
+    write = evaluation.write_results_atomically
+
+    def killed(*args, **kwargs):  # the rows are logged, the table is not written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "write_results_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_checkpoint(more, str(tmp_path))
+    monkeypatch.setattr(evaluation, "write_results_atomically", write)
+    evaluate_checkpoint(more, str(tmp_path))  # length 16 again: its first record gives way
+    assert _eval_records(tmp_path) == ["eval_8", "eval_16"]
 
 
 def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(tmp_path, capsys):

@@ -69,6 +69,7 @@ def test_sample_py_prints_the_same_text_with_and_without_the_cache(text_workdir,
     refused = _sample(text_workdir, "--prompt=x", "--position_offset=2147483600", tmp_path=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert "at most 45 new tokens fit" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1  # before the damping's note: the refusal alone
     no_room = _sample(text_workdir, "--prompt=x", "--position_offset=2147483646", tmp_path=tmp_path)
     assert no_room.returncode == 2, no_room.stderr
     assert "an offset of at most" in no_room.stderr and "Traceback" not in no_room.stderr

@@ -26,7 +26,7 @@ from jrope.data.text_bytes import decode_tokens, encode_text
 from jrope.encodings import Encoding
 from jrope.errors import UsageError
 from jrope.model import damping
-from jrope.model.generation import GenerationSettings, Generator
+from jrope.model.generation import GenerationSettings, Generator, check_request, pad_prompts
 from jrope.train import setup
 from jrope.train.checkpoints import Checkpointer, restore_compatible
 from jrope.train.config import TrainConfig
@@ -50,6 +50,8 @@ class TextRun:
         UsageError before compiling when the positions leave int32."""
         vocab_size = self.cfg.data.vocab_size
         encoded = [encode_text(prompt, vocab_size) for prompt in prompts]
+        # A request that cannot run is refused alone, before the damping's note.
+        check_request(settings, pad_prompts(encoded)[0].shape[1])
         graphdef, settings = self._plan_for_damping(settings)
         generator = Generator(graphdef, settings, mesh=self.mesh, rules=self.cfg.mesh.rules)
         rows = generator(self.params, encoded)

@@ -59,8 +59,10 @@ class SamplingSettings:
 
     def __post_init__(self):
         problems = []
-        if not self.temperature >= 0:
-            problems.append(f"--temperature must be >= 0 (0: greedy), got {self.temperature}.")
+        if not 0 <= self.temperature < np.inf:
+            problems.append(
+                f"--temperature must be finite, >= 0 (0: greedy), got {self.temperature}."
+            )
         if self.top_k < 0:
             problems.append(f"--top_k must be >= 0 (0: no top-k filter), got {self.top_k}.")
         if not 0 < self.top_p <= 1:

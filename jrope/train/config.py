@@ -176,6 +176,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         )
         model = None  # the data section's head dim would only repeat it
     data = dict(raw.get("data", {}))
+    if data.get("seed") == raw.get("seed") and any(p.startswith("seed ") for p in problems):
+        data.pop("seed")  # the data's seed follows seed: its problem is said once
     if data.get("source") not in SOURCES:
         choices = tuple(SOURCES)
         problems.append(f"data.source = {data.get('source')!r} is not one of {choices}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -152,9 +153,14 @@ def _result_row(eval_step, params, run, step, length, distance=None) -> Row:
 def log_rows(logger: outputs.MetricsLogger, step: int, task: str, rows: Sequence[Row]) -> None:
     """`rows` in the run's logs at `step` (flushed), as 'eval_<length>[_d<distance>]/<metric>'."""
     for row in rows:
-        name = f"eval_{row['length']}" + ("" if row["distance"] is None else f"_d{row['distance']}")
-        logger.write_scalars(step, {metric: row[metric] for metric in TASK_COLUMNS[task]}, name)
+        metrics = {metric: row[metric] for metric in TASK_COLUMNS[task]}
+        logger.write_scalars(step, metrics, row_name(row))
     logger.flush()
+
+
+def row_name(row: Row) -> str:
+    """A row's name in the run's logs: 'eval_<length>[_d<distance>]'."""
+    return f"eval_{row['length']}" + ("" if row["distance"] is None else f"_d{row['distance']}")
 
 
 def evaluate_and_report(eval_step, params, run: RunSetup, workdir, step: int, log) -> list[Row]:
@@ -233,7 +239,16 @@ def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_d
 
 def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: Sequence[Row]):
     """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
-    under the training run's names."""
+    under the training run's names, in place of an earlier try's records of the same rows."""
+    names = {row_name(row) for row in rows}
+
+    def earlier_try(line: str) -> bool:  # stopped before the table was written
+        record = json.loads(line)
+        return record.get("step") == step and any(key.split("/")[0] in names for key in record)
+
+    if jax.process_index() == 0:
+        path = epath.Path(workdir) / outputs.METRICS_FILE
+        results.JsonLinesLog(path, keep=lambda line: not earlier_try(line)).close()
     logger = outputs.MetricsLogger(
         workdir, every_steps=1, num_steps=step, tensorboard=tensorboard, start_step=None
     )

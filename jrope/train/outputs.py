@@ -53,8 +53,8 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 class MetricsLogger:
     """Writes every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard
-    (process 0, as `say`). A start at `start_step` first drops the records it will write again; a
-    later evaluation (start_step None) only appends."""
+    (process 0, as `say`). A start at `start_step` first drops the records it will write again (and
+    the evaluation at `redo_step`); a later evaluation (start_step None) only appends."""
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class MetricsLogger:
         num_steps: int,
         tensorboard: bool,
         start_step: int | None = 0,
+        redo_step: int | None = None,
         throughput: flops.Throughput | None = None,
     ):
         self._every_steps = every_steps
@@ -74,7 +75,7 @@ class MetricsLogger:
         if jax.process_index() == 0:
             keep = None
             if start_step is not None:
-                keep = functools.partial(_keeps_record, start_step=start_step, num_steps=num_steps)
+                keep = functools.partial(_keeps_record, start_step=start_step, redo_step=redo_step)
             self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = _summary_writer(epath.Path(workdir) / "tensorboard")
@@ -135,14 +136,14 @@ class MetricsLogger:
             self._tensorboard.flush()
 
 
-def _keeps_record(line: str, start_step: int, num_steps: int) -> bool:
+def _keeps_record(line: str, start_step: int, redo_step: int | None) -> bool:
     """Whether a record of an earlier start stays: not one this start writes again (a later step,
-    or the final evaluation of a run resumed at its last step); one without a step stays."""
+    or an evaluation at `redo_step` that it does again); one without a step stays."""
     record = json.loads(line)
     step = record.get("step")
     if not isinstance(step, int):
         return True
-    redone = step == start_step == num_steps and "train/loss" not in record
+    redone = step == redo_step and "train/loss" not in record
     return step <= start_step and not redone
 
 

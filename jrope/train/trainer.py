@@ -191,6 +191,10 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
     start = int(jax.device_get(state["step"]))
     if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
+    # A stop at an evaluation's step before its table was written: that evaluation is done again.
+    every_eval, table = run.eval.every_steps, evaluation.results_dir(workdir, start)
+    redo = start == num_steps or bool(every_eval and start and start % every_eval == 0)
+    redo = redo and evaluation.readable_results(table) is None
     plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
     eval_step = evaluation.EvalStep(run, plan)
     evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
@@ -200,6 +204,7 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
         num_steps=num_steps,
         tensorboard=run.tensorboard,
         start_step=start,
+        redo_step=start if redo else None,
         throughput=run.throughput,
     )
     if start == 0:
@@ -216,6 +221,8 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
         return evaluation.evaluate_and_report(eval_step, state["params"], run, workdir, step, log)
 
     with contextlib.closing(logger):
+        if redo and start < num_steps:
+            evaluate(state, start)
         state = _train_steps(run, plan, state, start, logger, evaluate, workdir)
         rows = None if state is None else evaluate(state, num_steps)
     return None if state is None else {"state": state, "eval": rows}
