@@ -1,4 +1,4 @@
-"""python -m jrope.compare: the method x seed comparison (jrope.experiments.compare)."""
+"""python -m jrope.compare: methods x seeds, side by side (jrope/experiments/compare.py)."""
 
 import functools
 
@@ -9,8 +9,8 @@ from jrope import command_line
 
 def define_flags(argv: list[str]) -> None:
     command_line.define_run_flags()
-    flags.DEFINE_list("methods", None, "Position-encoding names to compare.")
-    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every method.")
+    flags.DEFINE_list("methods", None, "Encoding names.")
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "Run seeds.")
 
 
 def main(argv: list[str]) -> None:
