@@ -87,16 +87,14 @@ def run(main, define_flags=None) -> None:
     # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
     sys.excepthook = lambda *error: _closed_loop(error[1]) or sys.__excepthook__(*error)
     sys.unraisablehook = lambda hook: _closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
-    app.run(
-        functools.partial(_call, main), flags_parser=functools.partial(parse_flags, define_flags)
-    )
+    app.run(functools.partial(_call, main), flags_parser=functools.partial(_parse, define_flags))
 
 
 def _closed_loop(error: BaseException | None) -> bool:
     return type(error) is RuntimeError and str(error) == "Event loop is closed"
 
 
-def parse_flags(define_flags, argv: list[str]) -> list[str]:
+def _parse(define_flags, argv: list[str]) -> list[str]:
     """absl's parsing of last_overrides(argv); --help exits 0."""
     argv = sys.argv = last_overrides(argv)  # ml_collections reads sys.argv
     config = flag_argument(argv, "config")
@@ -130,9 +128,8 @@ def last_overrides(argv: list[str]) -> list[str]:
         elif previous in ("--config", "-config"):
             arg = config_path(arg)
         resolved.append(arg)
-        keys.append(
-            flag.lstrip("-") if flag.startswith(("--config.", "-config.")) and equals else None
-        )
+        override = equals and flag.startswith(("--config.", "-config."))
+        keys.append(flag.lstrip("-") if override else None)
     return [arg for i, arg in enumerate(resolved) if not keys[i] or keys[i] not in keys[i + 1 :]]
 
 
@@ -184,21 +181,16 @@ def exit_status(error: BaseException | None) -> tuple[int, str] | None:
 def _call(main, argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:  # -v 0 shows the libraries' info records
         logging.set_verbosity(logging.WARNING)
-    try:
-        if "multiprocess" in flags.FLAGS:  # before any JAX backend starts
-            import jax  # here: a flag mistake is told without loading JAX
+    if "multiprocess" in flags.FLAGS:  # before any JAX backend starts
+        import jax  # here: a flag mistake is told without loading JAX
 
-            multiprocess, *explicit = (flags.FLAGS[name].value for name in PROCESS_FLAGS)
-            if multiprocess or any(value is not None for value in explicit):
-                jax.config.update("jax_cpu_collectives_implementation", "gloo")
-                jax.distributed.initialize(*explicit)
-            where = (
-                jax.process_index(),
-                jax.process_count(),
-                jax.local_devices(),
-                jax.device_count(),
-            )
-            logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
+        multiprocess, *explicit = (flags.FLAGS[name].value for name in PROCESS_FLAGS)
+        if multiprocess or any(value is not None for value in explicit):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(*explicit)
+        where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
+        logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
+    try:
         main(argv)
     except Exception as error:
         _fail(*(exit_status(error) or (1, "")), error)  # "": a bug, told by its traceback
