@@ -1,5 +1,5 @@
-"""What every command shares: the experiments by name, absl's app.run with the run flags, and the
-one place an error becomes its message and exit status (README.md's table)."""
+"""What every command shares: experiments by name, app.run, the run flags, and the one place an
+error becomes its message and exit status (README.md's table)."""
 
 import errno
 import functools
@@ -37,13 +37,12 @@ def config_names() -> list[str]:
 
 
 def config_path(value: str) -> str:
-    """--config's value with an experiment's name (`quickstart`, `kernel_probe:ARG`) as its file;
-    a path, a file of that name here, or an unknown name as it is."""
+    """--config's value with an experiment's name (`quickstart`, `kernel_probe:ARG`) as its file,
+    unless a file of that name is here."""
     name, colon, argument = value.partition(":")
-    path = CONFIGS / f"{name}.py" if CONFIGS and name.isidentifier() else None
-    if path is None or not path.is_file() or pathlib.Path(name).exists():
-        return value
-    return f"{path}{colon}{argument}"
+    path = CONFIGS and name.isidentifier() and CONFIGS / f"{name}.py"
+    found = path and path.is_file() and not pathlib.Path(name).exists()
+    return f"{path}{colon}{argument}" if found else value
 
 
 def make_importable(config: str | None) -> None:
@@ -79,19 +78,18 @@ def define_run_flags(config: str | None = None) -> str | None:
 
 
 def run(main, define_flags=None) -> None:
-    """app.run(main) after `define_flags(argv)` defines the flags that depend on argv (and may
-    return --config's default). Ctrl-C ends the command at once, as SIGTERM does (the train loop
-    saves first): a KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
+    """app.run(main) after `define_flags(argv)` defines the flags (and may return --config's
+    default). Ctrl-C ends the command at once, as SIGTERM does (the train loop saves first): a
+    KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
     flags.DEFINE_bool("verbose", False, "Show tracebacks.")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
-    sys.excepthook = lambda *error: _closed_loop(error[1]) or sys.__excepthook__(*error)
-    sys.unraisablehook = lambda hook: _closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
+
+    def closed_loop(error: BaseException | None) -> bool:  # tensorstore's, once orbax abandons
+        return type(error) is RuntimeError and str(error) == "Event loop is closed"  # a read
+
+    sys.excepthook = lambda *error: closed_loop(error[1]) or sys.__excepthook__(*error)
+    sys.unraisablehook = lambda hook: closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
     app.run(functools.partial(_call, main), flags_parser=functools.partial(_parse, define_flags))
-
-
-def _closed_loop(error: BaseException | None) -> bool:
-    return type(error) is RuntimeError and str(error) == "Event loop is closed"
 
 
 def _parse(define_flags, argv: list[str]) -> list[str]:
@@ -144,8 +142,7 @@ def flag_argument(argv: list[str], name: str) -> str | None:
 
 
 def _flag_problem(error: BaseException, config: str | None, argv: list[str]) -> str:
-    """A flag error in one line: the config file's line that raised, an override's missing section
-    with the nearest key, or absl's (ml_collections') message."""
+    """In one line: the config file's line that raised, a missing section's nearest key, or absl's."""
     root = error
     while root.__cause__ or root.__context__:
         root = root.__cause__ or root.__context__
@@ -197,8 +194,8 @@ def _call(main, argv: list[str]) -> None:
 
 
 def _fail(status: int, message: str, error: BaseException | None = None) -> None:
-    """Ends the command with `message` and `status` (a traceback too for a bug or --verbose); no
-    shutdown: the reads orbax abandoned would print their tracebacks."""
+    """Ends the command (a traceback too for a bug or --verbose); no shutdown: the reads orbax
+    abandoned would print their tracebacks."""
     if error and (not message or "--verbose" in sys.argv or flags.FLAGS["verbose"].value):
         traceback.print_exception(error)
     sys.stdout.flush()

@@ -60,9 +60,7 @@ class SamplingSettings:
     def __post_init__(self):
         problems = []
         if not 0 <= self.temperature < np.inf:
-            problems.append(
-                f"--temperature must be finite, >= 0 (0: greedy), got {self.temperature}."
-            )
+            problems.append(f"--temperature must be finite, >= 0, got {self.temperature}.")
         if self.top_k < 0:
             problems.append(f"--top_k must be >= 0 (0: no top-k filter), got {self.top_k}.")
         if not 0 < self.top_p <= 1:
