@@ -1,5 +1,4 @@
-"""The project's errors, each with its command's exit status (README.md's table); a command prints
-the message alone (jrope.command_line)."""
+"""The project's errors, each with its exit status (README.md's table) and its whole message."""
 
 import signal
 
