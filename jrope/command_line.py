@@ -81,12 +81,13 @@ def run(main, define_flags=None) -> None:
     """app.run(main) after `define_flags(argv)` defines the flags (and may return --config's
     default). Ctrl-C ends the command at once, as SIGTERM does (the train loop saves first): a
     KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
+
+    # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
+    def closed_loop(error: BaseException | None) -> bool:
+        return type(error) is RuntimeError and str(error) == "Event loop is closed"
+
     flags.DEFINE_bool("verbose", False, "Show tracebacks.")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-    def closed_loop(error: BaseException | None) -> bool:  # tensorstore's, once orbax abandons
-        return type(error) is RuntimeError and str(error) == "Event loop is closed"  # a read
-
     sys.excepthook = lambda *error: closed_loop(error[1]) or sys.__excepthook__(*error)
     sys.unraisablehook = lambda hook: closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
     app.run(functools.partial(_call, main), flags_parser=functools.partial(_parse, define_flags))
@@ -122,7 +123,7 @@ def last_overrides(argv: list[str]) -> list[str]:
     for previous, arg in zip([None, *argv], argv, strict=False):
         flag, equals, value = arg.partition("=")
         if flag in ("--config", "-config"):
-            arg = f"{flag}={config_path(value)}" if equals else arg
+            arg = f"{flag}{equals}{config_path(value)}"
         elif previous in ("--config", "-config"):
             arg = config_path(arg)
         resolved.append(arg)
