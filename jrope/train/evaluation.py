@@ -288,7 +288,7 @@ def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
         number += 1
         aside = path.parent / f"{RESULTS_CSV}.damaged{number}"
     path.rename(aside)
-    say(f"{path} unreadable ({problem[:200]}): moved to {aside}; evaluating again.")
+    say(f"{path} unreadable ({problem[:200]}): set aside as {aside}; evaluating again.")
     return None
 
 
