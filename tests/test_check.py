@@ -136,7 +136,7 @@ def test_a_kernel_that_disagrees_with_float64_fails_the_check_by_name(monkeypatc
     report = check.Report("python -m jrope.check", "today", tuple(rows))
     assert report.exit_status == check.CHECK_FAILED_STATUS
     assert "first kernels: einsum at 128 (auto)" in report.verdict
-    assert "--config.model.attention_impl" in report.verdict
+    assert "Use a model.attention_impl that passed at 128." in report.verdict
 
 
 @pytest.mark.slow  # about 20 s: the raw shear's logits at three precisions and in float64
