@@ -138,7 +138,7 @@ def test_a_workdir_the_os_cannot_create_is_a_setting_to_fix(tmp_path):
         WorkdirLock("/proc/x").__enter__()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with pytest.raises(UsageError, match="Not a directory; choose a --workdir") as refused:
+    with pytest.raises(UsageError, match="Not a directory; choose a writable --workdir") as refused:
         WorkdirLock(str(blocked / "run")).__enter__()
     assert refused.value.exit_status == 2
 
@@ -165,7 +165,7 @@ def test_a_result_table_that_cannot_be_read_is_set_aside(tmp_path, capsys, text)
     assert evaluation.readable_results(out_dir) is None
     aside = out_dir / "eval.csv.damaged"
     assert aside.read_bytes() == text and not (out_dir / "eval.csv").exists()
-    assert f"set aside as {aside}, evaluating again" in capsys.readouterr().out
+    assert f"set aside as {aside}; evaluating again" in capsys.readouterr().out
     _write_table(out_dir, text)  # damaged again: the first one stays
     assert evaluation.readable_results(out_dir) is None
     assert (out_dir / "eval.csv.damaged2").read_bytes() == text
@@ -280,10 +280,7 @@ def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, p
     with pytest.raises(CheckpointError) as refusal:
         restore_compatible(checkpointer, run.layout.abstract, 1)
     checkpointer.close()
-    assert str(refusal.value) == (
-        f"{array} cannot be read (permission denied); chmod -R u+rX {array.parents[3]}, "
-        "or run as its owner."
-    )
+    assert str(refusal.value) == (f"{array}: permission denied; chmod -R u+rX {array.parents[3]}.")
 
 
 def test_a_workdir_whose_training_has_not_saved_yet_is_busy_while_it_trains(tmp_path):

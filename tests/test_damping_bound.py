@@ -191,7 +191,7 @@ def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate()
     within = damping.MeasuredDamping((0.01, 0.015), layer=1, head=0, bound=0.02)
     with pytest.raises(NonFiniteError) as diverged:
         evaluation.check_evaluation(rows, "ckpt/20", within)
-    assert str(diverged.value).startswith("The loss of ckpt/20 is not finite at length 512")
+    assert str(diverged.value).startswith("Loss of ckpt/20 not finite at length 512")
     assert "damping" not in str(diverged.value)
 
 

@@ -153,9 +153,8 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
     with pytest.raises(UsageError) as refused:
         evaluate_checkpoint(other_seed, str(tmp_path))
     assert str(refused.value) == (
-        f"eval.seed = 5, but {out_dir}/eval.csv holds rows of eval.seed 0; set "
-        f"--config.eval.seed=0, or move them aside: mv {out_dir} "
-        f"{out_dir}.eval_seed0"
+        f"eval.seed = 5, but {out_dir}/eval.csv holds eval.seed 0; set --config.eval.seed=0, "
+        f"or mv {out_dir} {out_dir}.eval_seed0"
     )
     assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
     with pytest.raises(CheckpointError, match=r"^No finished checkpoint .*checkpoints/3\.$"):

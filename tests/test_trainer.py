@@ -279,7 +279,7 @@ def test_an_evaluation_larger_than_memory_is_refused_before_the_work(tmp_path):
     before = written()
     # Every query sees every key at 2**20 positions: terabytes by XLA's own count of the forward.
     huge = {"mesh.data": -1, "eval.lengths": (16, 2**20)}
-    refusal = r"^eval.lengths: the evaluation at length 1048576 needs [\d.]+ GiB of host memory"
+    refusal = r"^eval.lengths: 1048576 needs [\d.]+ GiB of host memory"
     with pytest.raises(UsageError, match=refusal):
         evaluate_checkpoint(tiny_config(**huge), str(tmp_path))
     with pytest.raises(UsageError, match=refusal):  # on resume, before step 3
