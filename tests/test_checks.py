@@ -206,7 +206,7 @@ BAD_INPUTS = [
         _text_config(path=__file__, **{"model.readout": "last"}),
         EIGHT_CPUS,
         "fresh",
-        r"model\.readout = 'last' drops positions this data source weights; set it to all\.",
+        r"model\.readout = 'last' ignores weighted positions; set 'all'\.",
     ),
     (
         "no_steps",
@@ -303,7 +303,7 @@ def test_sizes_the_devices_cannot_hold_are_refused_before_anything_is_built(
     shown = {"eval.lengths": f"max(eval.lengths) = {10**8}"}.get(key, f"{key} = {value}")
     assert shown in str(refused.value), str(refused.value)
     assert re.search(r"a device needs [\d.]+ GiB of device memory \(a lower bound\), which holds "
-                     r"0\.01 GiB; lower them, or shard over more devices", str(refused.value))  # fmt: skip
+                     r"0\.01 GiB; lower them, or add devices", str(refused.value))  # fmt: skip
 
 
 def test_every_misspelt_command_line_override_is_named_by_the_config(monkeypatch):

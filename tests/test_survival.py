@@ -145,7 +145,7 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
     assert [row["length"] for row in rows] == [8, 16]
     again = evaluate_checkpoint(more, str(tmp_path))  # nothing to evaluate
     assert [_scores(row) for row in again] == [_scores(row) for row in rows]
-    assert "holds every length asked (move it aside to redo them)" in capsys.readouterr().out
+    assert "holds every length asked." in capsys.readouterr().out
     assert _eval_records(tmp_path) == ["eval_8", "eval_16"]
 
     other_seed = tiny_config(**settings | {"eval.seed": 5})

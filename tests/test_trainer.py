@@ -137,7 +137,7 @@ def test_each_encoding_trains_one_step(pe_name):
 
 def test_last_position_readout_rejects_weights_elsewhere():
     lm_batch = {"weights": np.ones((2, 5), np.float32)}
-    assert "set it to all" in readout_problem(lm_batch, "last")
+    assert "set 'all'" in readout_problem(lm_batch, "last")
     assert readout_problem(lm_batch, "all") is None
     last_only = {"weights": np.eye(5, dtype=np.float32)[[4, 4]]}
     assert readout_problem(last_only, "last") is None
@@ -388,7 +388,7 @@ def test_a_streak_of_skips_goes_on_counting_across_a_resume(tmp_path, monkeypatc
     _nan_batches_from_third_step(monkeypatch)
     with pytest.raises(NonFiniteError) as resumed:
         train_and_evaluate(cfg, str(tmp_path / "resumed"))
-    assert str(straight.value).startswith("Steps 3 to 5 were skipped (loss not finite), 3 in a row")
+    assert str(straight.value).startswith("Steps 3 to 5 skipped (loss not finite): resume from")
     assert str(resumed.value).replace("resumed", "straight") == str(straight.value)
 
     def skipped_counts(workdir):

@@ -106,9 +106,10 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
     activation = rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
     needs = model.num_layers * sum(sizes) + activation
     if shortfall := flops.memory_shortfall(needs // env.num_devices, "a lower bound"):
-        return [f"model.d_model = {model.d_model}, model.num_layers = {model.num_layers}, "
-                f"model.mlp_ratio = {model.mlp_ratio}, {rows_key} = {rows}, {length_key} = "
-                f"{length}: a device {shortfall}; lower them, or shard over more devices."]  # fmt: skip
+        sizes = {"model.d_model": model.d_model, "model.num_layers": model.num_layers,
+                 "model.mlp_ratio": model.mlp_ratio, rows_key: rows, length_key: length}  # fmt: skip
+        return [", ".join(f"{key} = {value}" for key, value in sizes.items())
+                + f": a device {shortfall}; lower them, or add devices."]  # fmt: skip
     return []
 
 
@@ -183,5 +184,5 @@ def readout_problem(local_batch: dict[str, np.ndarray], readout: str) -> str | N
     """readout='last' (the loss sees the last position only) needs zero weights elsewhere; a NaN
     weight is left to the non-finite check (a broken batch, not a weighting)."""
     if readout == "last" and np.any(np.abs(local_batch["weights"][:, :-1]) > 0):
-        return "model.readout = 'last' drops positions this data source weights; set it to all."
+        return "model.readout = 'last' ignores weighted positions; set 'all'."
     return None

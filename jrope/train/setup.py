@@ -201,9 +201,9 @@ class RunSetup:
         """The kernels of the train step and the evaluations for the damping of `params`."""
         plan = self.plan.for_params(params)
         if plan.measured.passed:
-            say(f"{plan.measured.describe()}: the kernels plan for it (blockwise blocks of "
-                f"{plan.measured.block_size}; at length {self.train_length} the "
-                f"{plan.kernel(self.train_length)!r} kernel).")  # fmt: skip
+            kernel, length = plan.kernel(self.train_length), self.train_length
+            say(f"{plan.measured.describe()}: kernel {kernel!r} at length {length}, blockwise "
+                f"blocks of {plan.measured.block_size}.")  # fmt: skip
         return plan
 
 

@@ -157,8 +157,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             log = functools.partial(evaluation.log_evaluation, workdir, step, tensorboard, task)
             new = evaluation.evaluate_and_report(eval_step, params, run, workdir, step, log)
         else:
-            say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
-                "redo them).")  # fmt: skip
+            say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked.")
             evaluation.show_results(earlier, out_dir, task=run.source.task)
     asked = cfg.eval.lengths
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
@@ -259,8 +258,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                 train_step = train_step.lower(state, batch).compile()
                 if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
                     raise errors.UsageError(
-                        f"batch_size = {run.batch_size}: the train step {shortfall}; lower it, "
-                        "or shard over more devices."
+                        f"batch_size = {run.batch_size}: the train step {shortfall}; lower it, or add devices."
                     )
             trace.before_step(step)
             state, metrics = train_step(state, batch)
@@ -285,8 +283,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     raise errors.TrainingPreempted(done, path, preemption.signum)
                 measured = plan.measure(state["params"])
                 if not plan.carries(measured):
-                    say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
-                        f"from {path} with a new plan.")  # fmt: skip
+                    say(f"Step {done}: {measured.describe()}; planning again from {path}.")
                     checkpointer.wait_until_finished()
                     return None
             if every_eval and done % every_eval == 0 and not is_last:
@@ -303,7 +300,7 @@ def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measur
     bad, in_a_row = first_nonfinite(values), int(values.get("skipped_in_a_row", 0))
     if values.get("skipped"):
         skipped = values["skipped_steps"]
-        logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, skipped)
+        logging.warning("Step %d: %s is %s; skipped (%d in all).", step, *bad, skipped)
     if bad is None or "skipped" in values and in_a_row < max_in_a_row:
         return
     if "skipped" in values:
@@ -311,8 +308,8 @@ def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measur
         first = step - in_a_row + 1
         last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
         message = (
-            f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
-            f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
+            f"Steps {first} to {step} skipped ({bad[0]} not finite): resume from {last_good}, "
+            "later ones moved aside, at a lower opt.learning_rate."
         )
     else:
         last_good = checkpoints.describe_last_good(checkpointer)
