@@ -28,9 +28,8 @@ from jrope.train.checkpoints import (
     WorkdirLock,
     restore_compatible,
 )
-from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.outputs import MetricsLogger
-from jrope.train.setup import set_up_run
+from jrope.train.setup import RunEnvironment, check_run, set_up_run
 
 ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu")
 RANDOM_BYTES = bytes(range(256))[::-1] + b"\x00\xff\n\xfe{not json"  # invalid UTF-8 and JSON

@@ -17,11 +17,10 @@ from jrope import flops
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteError, TrainingPreempted, UsageError
 from jrope.losses import weighted_sums
-from jrope.train import checks, evaluation, setup
+from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
-from jrope.train.checks import readout_problem
 from jrope.train.outputs import first_nonfinite
-from jrope.train.setup import model_from_params, set_up_run
+from jrope.train.setup import model_from_params, readout_problem, set_up_run
 from jrope.train.trainer import (
     evaluate_checkpoint,
     make_train_step,
@@ -259,7 +258,7 @@ def test_a_train_step_larger_than_memory_is_refused_before_its_first_step(tmp_pa
     # XLA's peak of this step is some kilobytes per device; a device of 1 KiB cannot hold it.
     monkeypatch.setattr(flops, "device_memory", lambda: (1024, "device memory"))
     monkeypatch.setattr(evaluation, "compile_lengths", lambda *_: None)  # the train step's alone
-    monkeypatch.setattr(checks, "_memory_problems", lambda *_, **__: [])  # XLA's count alone
+    monkeypatch.setattr(setup, "_memory_problems", lambda *_, **__: [])  # XLA's count alone
     with pytest.raises(UsageError, match=r"^batch_size = 8: the train step needs [\d.]+ GiB of "):
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}), str(tmp_path))
     # Refused on resume, at step 2, with every file of the run as it was.

@@ -27,8 +27,7 @@ from flax import traverse_util
 
 from jrope import errors, flops, losses
 from jrope.model import damping
-from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
-from jrope.train.checkpoints import WorkdirLock
+from jrope.train import checkpoints, evaluation, outputs, runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
@@ -128,7 +127,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
     with contextlib.ExitStack() as held:
-        run = _set_up(cfg, workdir, held, role="training")
+        run = setup.open_run(cfg, workdir, held, role="training")
         result = None
         while result is None:  # a damping beyond the kernel plan: plan again from its checkpoint
             result = _run(run, workdir)
@@ -140,7 +139,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     those `eval_step<step>/` lacks, which join it and the run's logs. Under the workdir's lock as an
     evaluation (waits for another, WorkdirBusy while training runs)."""
     with contextlib.ExitStack() as held:
-        run = _set_up(cfg, workdir, held, role="evaluation")
+        run = setup.open_run(cfg, workdir, held, role="evaluation")
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
@@ -162,17 +161,6 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     asked = cfg.eval.lengths
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
-
-
-def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role: str) -> RunSetup:
-    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run) until
-    `held` closes, which closes the checkpointer (an in-flight save finishes, also on errors)."""
-    source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
-    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    held.enter_context(WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role))
-    run = setup.set_up_run(cfg, workdir, source)
-    held.callback(run.checkpointer.close)
-    return run
 
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
