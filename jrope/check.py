@@ -400,7 +400,7 @@ def main(argv: Sequence[str], name: str) -> None:
     """The check of config `name` (as the command line gives it) under the parsed flags."""
     from absl import flags
 
-    from jrope.train import checks
+    from jrope.train import setup
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
@@ -415,7 +415,7 @@ def main(argv: Sequence[str], name: str) -> None:
     else:
         cfg, problems = convert_config(values.config)
     if cfg:  # refused here as train.py refuses it
-        problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
+        problems = setup.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
     if values.output_dir:
         _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
         problems += [f"--output_dir={values.output_dir}: {error.strerror}."] if error else []

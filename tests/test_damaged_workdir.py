@@ -14,7 +14,7 @@ import sys
 import jax
 import pytest
 from etils import epath
-from helpers.tiny_config import tiny_config
+from helpers.tiny_config import result_row, tiny_config
 from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope import results, saved_run_config
@@ -28,9 +28,8 @@ from jrope.train.checkpoints import (
     WorkdirLock,
     restore_compatible,
 )
-from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.outputs import MetricsLogger
-from jrope.train.setup import set_up_run
+from jrope.train.setup import RunEnvironment, check_run, set_up_run
 
 ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu")
 RANDOM_BYTES = bytes(range(256))[::-1] + b"\x00\xff\n\xfe{not json"  # invalid UTF-8 and JSON
@@ -172,17 +171,7 @@ def test_a_result_table_that_cannot_be_read_is_set_aside(tmp_path, capsys, text)
 
 
 def test_a_readable_result_table_is_read_as_it_is(tmp_path):
-    row = {
-        "method": "rope",
-        "seed": 0,
-        "step": 8,
-        "length": 8,
-        "distance": None,
-        "num_sequences": 8,
-        **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
-        "compute_dtype": "float32",
-        "eval_seed": 0,
-    }
+    row = result_row()
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS)
     assert evaluation.readable_results(out_dir) == [row]

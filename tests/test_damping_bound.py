@@ -17,7 +17,7 @@ from jrope.errors import ConfigError, NonFiniteError, UsageError
 from jrope.experiments.text_generation import TextRun
 from jrope.model import damping
 from jrope.model.generation import GenerationSettings
-from jrope.train import checks, evaluation, trainer
+from jrope.train import evaluation, setup, trainer
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params, run_encoding, set_up_run
 from tests.helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
@@ -44,11 +44,11 @@ def _with_gamma(cfg: TrainConfig, params, gamma: float, layer: int, head: int):
 def test_a_bound_the_blockwise_blocks_cannot_carry_is_refused_with_the_fix(tmp_path):
     config = tiny_config_dict(**{"model.max_damping": 0.5, "mesh.data": -1})
     with pytest.raises(ConfigError) as refused:
-        checks.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
+        setup.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
     # 0.5 * 511 is past float32 in blocks of 512; 0.5 * 127 is not.
     assert "set --config.model.block_size to at most 128" in str(refused.value)
     fixed = tiny_config_dict(**{"model.max_damping": 0.5, "model.block_size": 128, "mesh.data": -1})
-    checks.check_run(TrainConfig.from_config_dict(fixed), str(tmp_path / "fixed"))
+    setup.check_run(TrainConfig.from_config_dict(fixed), str(tmp_path / "fixed"))
 
 
 @pytest.mark.slow
