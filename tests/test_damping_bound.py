@@ -67,10 +67,10 @@ def test_an_encoding_starting_past_the_bound_is_followed_from_step_1(tmp_path, c
     said = capsys.readouterr().out
     # 0.5 * 16 < 80: the train step keeps its kernel; 512 is evaluated blockwise.
     assert (
-        "layer 0, head 0 has damping gamma = 0.5, above model.max_damping = 0.02: the "
-        "kernels plan for it (blockwise blocks of 128; at length 16 the 'einsum' kernel)." in said
+        "layer 0, head 0 has damping gamma = 0.5, above model.max_damping = 0.02: kernel "
+        "'einsum' at length 16, blockwise blocks of 128." in said
     )
-    assert "resuming from" not in said  # planned once: the learned damping stays carried
+    assert "planning again" not in said  # planned once: the learned damping stays carried
     assert [row["length"] for row in result["eval"]] == [256, 512]
     assert all(math.isfinite(row["loss"]) for row in result["eval"])
 
@@ -136,7 +136,7 @@ def test_the_kernel_plan_follows_the_starting_damping_and_knows_what_it_carries(
     plan = run.plan_kernels(params)
     said = capsys.readouterr().out
     assert "layer 1, head 1 has damping gamma = 6, above model.max_damping = 0.02" in said
-    assert "(blockwise blocks of 8; at length 16 the 'blockwise' kernel)" in said
+    assert "kernel 'blockwise' at length 16, blockwise blocks of 8." in said
     kept_params = jax.tree.map(jnp.copy, params)  # the steps donate their state
     # A larger damping that blocks of 8 still carry needs no other plan.
     assert plan.carries(plan.measure(_with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, 0)))
