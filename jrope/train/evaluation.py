@@ -98,10 +98,8 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
         for length in run.eval.lengths:
             jitted, local_batch = eval_step.for_length(length), next(iter(_batches(run, length)))
             lowered = jitted.lower(eval_step.graphdef, params, run.global_batch(local_batch))
-            if shortfall := flops.memory_shortfall(lowered.compile()):
-                raise UsageError(
-                    f"eval.lengths: {length} {shortfall}; drop it or lower eval.batch_size."
-                )
+            what, fix = f"eval.lengths: {length}", "drop it or lower eval.batch_size"
+            flops.require_memory(lowered.compile(), what=what, fix=fix)
 
 
 def evaluate_lengths(eval_step, params, run: RunSetup, *, step: int, on_length=None) -> list[Row]:

@@ -244,10 +244,8 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
                 train_step = train_step.lower(state, batch).compile()
-                if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
-                    raise errors.UsageError(
-                        f"batch_size = {run.batch_size}: the train step {shortfall}; lower it, or add devices."
-                    )
+                what = f"batch_size = {run.batch_size}: the train step"  # refused before step 1
+                flops.require_memory(train_step, what=what, fix="lower it, or add devices")
             trace.before_step(step)
             state, metrics = train_step(state, batch)
             trace.after_step(step, state)
