@@ -131,9 +131,9 @@ def backend_problem(backend: str) -> str | None:
     if error is None:
         return None
     packages, extra = ACCELERATORS.get(backend, ((), ""))
-    problem = f"--backend={backend}: JAX cannot start the {backend.upper()} ({_first_line(error)})"
+    problem = f"--backend={backend}: {_first_line(error)}"
     if extra and not any(flops.installed_version(package) for package in packages):
-        problem += f"; install the extra: {command_line.install_command(extra)}"
+        problem += f"; install: {command_line.install_command(extra)}"
     return problem + "."
 
 
@@ -146,7 +146,7 @@ def environment_rows(requested: str) -> list[Row]:
     for accelerator, (packages, _) in ACCELERATORS.items():
         found = [package for package in packages if flops.installed_version(package)]
         if backend == "cpu" and found and not requested:
-            advice = f"See --backend={accelerator}, or use --backend=cpu."
+            advice = f"Use --backend={accelerator} or --backend=cpu."
             rows.append(Row("environment", "unused accelerator", found[0], "", FAIL, advice))
     return rows
 
@@ -215,7 +215,7 @@ def _kernel_row(cfg, enc, params, case, label, backend) -> Row:
         kind = "reduced"
     values, gradients = TOLERANCES[kind]
     limit = f"{_error(values)} / {_error(gradients)} ({kind})"
-    advice = f"Set --config.model.attention_impl to a kernel that passed at {case['length']}."
+    advice = f"Use a model.attention_impl that passed at {case['length']}."
     case_errors = functools.partial(_case_errors, cfg, enc, params, case, precision)
     errors, error = attempt(Exception, lambda: [case_errors(offset) for offset in OFFSETS])
     if error:  # a kernel that fails to compile or run is the finding
@@ -370,7 +370,7 @@ def step_rows(cfg, timed_steps: int, say: Callable[[str], None]) -> list[Row]:
     rate += f"{100 * rates['mfu']:.1f} %" if "mfu" in rates else "unknown"
     memory, kind = flops.device_memory()
     shortfall = flops.memory_shortfall(compiled)
-    reads = ", random tokens: data.source reads files" if isinstance(source, RandomTokens) else ""
+    reads = ", random tokens" if isinstance(source, RandomTokens) else ""
     shape = f"compile ({cfg.batch_size} x {cfg.pe.train_context}{reads})"
     rows = [Row("train step", shape, f"{compile_seconds:.1f} s")]
     finite = (PASS, "") if math.isfinite(loss) else (FAIL, "Not finite.")
@@ -400,7 +400,7 @@ def main(argv: Sequence[str], name: str) -> None:
     """The check of config `name` (as the command line gives it) under the parsed flags."""
     from absl import flags
 
-    from jrope.train import checks
+    from jrope.train import setup
     from jrope.train.config import convert_config
     from jrope.train.setup import run_encoding
 
@@ -411,11 +411,11 @@ def main(argv: Sequence[str], name: str) -> None:
     if problem := backend_problem(values.backend or jax.default_backend()):
         raise UsageError(problem)
     if "probe" in values.config:
-        cfg, problems = None, [f"--config={name} is a kernel probe: give a run's config."]
+        cfg, problems = None, [f"--config={name} is a probe: give a run config."]
     else:
         cfg, problems = convert_config(values.config)
     if cfg:  # refused here as train.py refuses it
-        problems = checks.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
+        problems = setup.kernel_problems(cfg, run_encoding(cfg), jax.default_backend())
     if values.output_dir:
         _, error = attempt(OSError, os.makedirs, values.output_dir, exist_ok=True)
         problems += [f"--output_dir={values.output_dir}: {error.strerror}."] if error else []
@@ -447,8 +447,8 @@ def run_main() -> None:
     def define_flags(argv: Sequence[str]) -> None:
         from ml_collections import config_flags
 
-        config_flags.DEFINE_config_file("config", None, "The run's config.", lock_config=True)
-        flags.DEFINE_string("output_dir", "", "Report folder (.md, .json).")
+        config_flags.DEFINE_config_file("config", None, "Run config.", lock_config=True)
+        flags.DEFINE_string("output_dir", "", "Report folder.")
         flags.DEFINE_enum("backend", "", ["", *PLATFORMS], "Backend (default: JAX's).")
         flags.DEFINE_integer("timed_steps", 3, "Timed steps.", lower_bound=1)
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import jax
 
+from jrope.errors import UsageError
 from jrope.model.config import ModelConfig
 
 # device_kind -> (bfloat16 peak, float32 peak at XLA's default precision), published dense matmul
@@ -148,6 +149,12 @@ def memory_shortfall(compiled, count: str = "XLA's count") -> str | None:
     if needs > limit:
         return f"needs {needs / 2**30:.2f} GiB of {where} ({count}), which holds {limit / 2**30:.2f} GiB"
     return None
+
+
+def require_memory(*compiled, what: str, fix: str) -> None:
+    """UsageError '<what> needs X GiB ...; <fix>.' where a compiled program does not fit a device."""
+    if shortfall := next(filter(None, map(memory_shortfall, compiled)), None):
+        raise UsageError(f"{what} {shortfall}; {fix}.")
 
 
 def median_seconds(call, repeats: int) -> float:

@@ -13,7 +13,7 @@ import soundfile
 from configs import audio_lm_musicnet
 from jrope.data import audio
 from jrope.errors import ConfigError
-from jrope.train import checks
+from jrope.train import setup
 from jrope.train.config import TrainConfig
 from jrope.train.setup import run_encoding
 from jrope.train.trainer import train_and_evaluate
@@ -40,7 +40,7 @@ def test_training_without_prepared_tokens_stops_with_the_preparation_command(tmp
     config = audio_lm_musicnet.get_config()
     config.data.path = config.data.eval_path = str(tmp_path / "absent")
     with pytest.raises(ConfigError) as raised:
-        checks.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
+        setup.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
     message = str(raised.value)
     assert "python -m jrope.data.audio --wav_dir=WAVS" in message
     assert "zenodo.org/records/5120004" in message and "data.eval_path" in message

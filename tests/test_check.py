@@ -33,10 +33,9 @@ TINY_OVERRIDES = [
 
 def test_asking_for_an_accelerator_that_is_not_installed_says_what_to_install():
     problem = check.backend_problem("tpu")
-    assert problem.startswith("--backend=tpu: JAX cannot start the TPU")
+    assert problem.startswith("--backend=tpu: ")
     assert problem.endswith(
-        '; install the extra: pip install ".[train,tpu,gcs]" in a clone, or the wheel with '
-        "[train,tpu,gcs]."
+        '; install: pip install ".[train,tpu,gcs]" in a clone, or the wheel with [train,tpu,gcs].'
     )
     assert 'pip install ".[train,cuda12,gcs]"' in check.backend_problem("gpu")
     assert check.backend_problem("cpu") is None
@@ -137,7 +136,7 @@ def test_a_kernel_that_disagrees_with_float64_fails_the_check_by_name(monkeypatc
     report = check.Report("python -m jrope.check", "today", tuple(rows))
     assert report.exit_status == check.CHECK_FAILED_STATUS
     assert "first kernels: einsum at 128 (auto)" in report.verdict
-    assert "--config.model.attention_impl" in report.verdict
+    assert "Use a model.attention_impl that passed at 128." in report.verdict
 
 
 @pytest.mark.slow  # about 20 s: the raw shear's logits at three precisions and in float64
@@ -175,4 +174,4 @@ def test_a_config_or_folder_that_cannot_run_here_exits_2_before_any_check(tmp_pa
         assert "Traceback" not in result.stderr and "Kernels" not in result.stdout
     probe = run_command(["-m", "jrope.check", "--config=kernel_probe"], subprocess_env(1))
     assert probe.returncode == 2
-    assert "is a kernel probe: give a run's config" in probe.stderr
+    assert "is a probe: give a run config" in probe.stderr

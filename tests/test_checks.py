@@ -1,5 +1,5 @@
-"""The checks before step 1 (jrope.train.checks, after the config's own): one message per problem,
-naming the key and the fix, all at once."""
+"""The checks before step 1 (jrope.train.setup.check_run, after the config's own): one message
+per problem, naming the key and the fix, all at once."""
 
 import os
 import re
@@ -13,9 +13,9 @@ from ml_collections import config_flags
 from configs import wikitext_cpu
 from jrope import flops
 from jrope.errors import CheckpointError, ConfigError, DataError
-from jrope.train import checks
-from jrope.train.checks import RunEnvironment, check_run
+from jrope.train import setup
 from jrope.train.config import TrainConfig, convert_config
+from jrope.train.setup import RunEnvironment, check_run
 from jrope.train.trainer import evaluate_checkpoint, train_and_evaluate
 
 GIB = 2**30
@@ -68,17 +68,14 @@ BAD_INPUTS = [
         _tiny(**{"pe.name": "jordan_m3"}),
         EIGHT_CPUS,
         "fresh",
-        (
-            r"model\.d_model = 32 \(head dim 16 with 2 heads\): jordan_m3 needs a head dim divisible by 6; "
-            r"choose d_model / num_heads as a multiple of 6\."
-        ),
+        (r"model\.d_model = 32: jordan_m3 needs d_model / num_heads \(16\) a multiple of 6\."),
     ),
     (
         "direct_sum_needs_multiple_of_8",
         _tiny(**{"pe.name": "direct_sum", "model.d_model": 24}),
         EIGHT_CPUS,
         "fresh",
-        r"\(head dim 12 with 2 heads\): direct_sum needs a head dim divisible by 8",
+        r"direct_sum needs d_model / num_heads \(12\) a multiple of 8\.",
     ),
     (
         "encoding_settings",
@@ -206,7 +203,7 @@ BAD_INPUTS = [
         _text_config(path=__file__, **{"model.readout": "last"}),
         EIGHT_CPUS,
         "fresh",
-        r"model\.readout = 'last' drops positions this data source weights; set it to all\.",
+        r"model\.readout = 'last' ignores weighted positions; set 'all'\.",
     ),
     (
         "no_steps",
@@ -296,14 +293,14 @@ def test_sizes_the_devices_cannot_hold_are_refused_before_anything_is_built(
     """Each would hang or crash building the data, the state or the program; refused from the
     abstract block and the batch shapes, with no data generated."""
     monkeypatch.setattr(flops, "device_memory", lambda: (2**23, "device memory"))
-    monkeypatch.setattr(checks, "build_source", lambda *_: pytest.fail("built the data"))
+    monkeypatch.setattr(setup, "build_source", lambda *_: pytest.fail("built the data"))
     with pytest.raises(ConfigError) as refused:
         check_run(TrainConfig.from_config_dict(_tiny(**{key: value})), str(tmp_path), ONE_CPU)
     assert refused.value.exit_status == 2
     shown = {"eval.lengths": f"max(eval.lengths) = {10**8}"}.get(key, f"{key} = {value}")
     assert shown in str(refused.value), str(refused.value)
     assert re.search(r"a device needs [\d.]+ GiB of device memory \(a lower bound\), which holds "
-                     r"0\.01 GiB; lower them, or shard over more devices", str(refused.value))  # fmt: skip
+                     r"0\.01 GiB; lower them, or add devices", str(refused.value))  # fmt: skip
 
 
 def test_every_misspelt_command_line_override_is_named_by_the_config(monkeypatch):

@@ -110,7 +110,9 @@ def test_optimizer_settings_and_non_finite_numbers_are_refused_by_name(key, valu
 
 def test_a_head_dim_the_encoding_cannot_take_blames_the_model_keys():
     _, problems = convert_config(tiny_config_dict(**{"model.d_model": 30}))  # 2 heads of 15
-    assert len(problems) == 1 and problems[0].startswith("model.d_model = 30 (head dim 15 with 2")
+    assert len(problems) == 1 and problems[0].startswith(
+        "model.d_model = 30: jordan_rope needs d_model / num_heads (15)"
+    )
     assert "data." not in problems[0]
 
 
@@ -224,7 +226,7 @@ def test_the_data_keys_that_are_the_models_are_set_from_it_and_refused_in_a_conf
     config = tiny_config_dict()
     config.data.seq_len = 24
     _, problems = convert_config(config)
-    assert problems == ["data.seq_len: set from pe.train_context; set that key instead."]
+    assert problems == ["data.seq_len: set from pe.train_context; set pe.train_context instead."]
     config = tiny_config_dict()
     config.data.pack = True  # the synthetic task has no such key
     assert convert_config(config)[1] == ["data.pack: no such key; drop it."]
@@ -260,6 +262,6 @@ def test_a_misspelt_accepted_change_is_named_as_matching_no_key():
     accepted = "opt.learning_rat, model"
     _, problems = convert_config(tiny_config_dict(**{"checkpoint.accept_changes": accepted}))
     assert problems == [
-        "checkpoint.accept_changes names 'opt.learning_rat', which matches no key; "
+        "checkpoint.accept_changes names 'opt.learning_rat': no such key; "
         "did you mean opt.learning_rate?"
     ]

@@ -14,7 +14,7 @@ import sys
 import jax
 import pytest
 from etils import epath
-from helpers.tiny_config import tiny_config
+from helpers.tiny_config import result_row, tiny_config
 from helpers.train_process import REPO_ROOT, subprocess_env
 
 from jrope import results, saved_run_config
@@ -28,9 +28,8 @@ from jrope.train.checkpoints import (
     WorkdirLock,
     restore_compatible,
 )
-from jrope.train.checks import RunEnvironment, check_run
 from jrope.train.outputs import MetricsLogger
-from jrope.train.setup import set_up_run
+from jrope.train.setup import RunEnvironment, check_run, set_up_run
 
 ONE_CPU = RunEnvironment(num_devices=1, process_count=1, platform="cpu")
 RANDOM_BYTES = bytes(range(256))[::-1] + b"\x00\xff\n\xfe{not json"  # invalid UTF-8 and JSON
@@ -138,7 +137,7 @@ def test_a_workdir_the_os_cannot_create_is_a_setting_to_fix(tmp_path):
         WorkdirLock("/proc/x").__enter__()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with pytest.raises(UsageError, match="Not a directory; choose a --workdir") as refused:
+    with pytest.raises(UsageError, match="Not a directory; choose a writable --workdir") as refused:
         WorkdirLock(str(blocked / "run")).__enter__()
     assert refused.value.exit_status == 2
 
@@ -165,24 +164,14 @@ def test_a_result_table_that_cannot_be_read_is_set_aside(tmp_path, capsys, text)
     assert evaluation.readable_results(out_dir) is None
     aside = out_dir / "eval.csv.damaged"
     assert aside.read_bytes() == text and not (out_dir / "eval.csv").exists()
-    assert f"set aside as {aside}, evaluating again" in capsys.readouterr().out
+    assert f"set aside as {aside}; evaluating again" in capsys.readouterr().out
     _write_table(out_dir, text)  # damaged again: the first one stays
     assert evaluation.readable_results(out_dir) is None
     assert (out_dir / "eval.csv.damaged2").read_bytes() == text
 
 
 def test_a_readable_result_table_is_read_as_it_is(tmp_path):
-    row = {
-        "method": "rope",
-        "seed": 0,
-        "step": 8,
-        "length": 8,
-        "distance": None,
-        "num_sequences": 8,
-        **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
-        "compute_dtype": "float32",
-        "eval_seed": 0,
-    }
+    row = result_row()
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS)
     assert evaluation.readable_results(out_dir) == [row]
@@ -280,10 +269,7 @@ def test_a_checkpoint_array_without_read_permission_is_named_as_such(tmp_path, p
     with pytest.raises(CheckpointError) as refusal:
         restore_compatible(checkpointer, run.layout.abstract, 1)
     checkpointer.close()
-    assert str(refusal.value) == (
-        f"{array} cannot be read (permission denied); chmod -R u+rX {array.parents[3]}, "
-        "or run as its owner."
-    )
+    assert str(refusal.value) == (f"{array}: permission denied; chmod -R u+rX {array.parents[3]}.")
 
 
 def test_a_workdir_whose_training_has_not_saved_yet_is_busy_while_it_trains(tmp_path):

@@ -147,7 +147,7 @@ def test_a_workdir_the_os_cannot_create_ends_with_one_message(env):
     done = train_process.run_command(["train.py", *RUN, "--workdir=/proc/x"], env)
     _assert_clean_exit(done, 2)
     assert done.stderr.strip() == (
-        "--workdir /proc/x: No such file or directory; choose a --workdir you can write to."
+        "--workdir /proc/x: No such file or directory; choose a writable --workdir."
     )
     assert "Training" not in done.stdout
 

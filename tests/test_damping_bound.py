@@ -17,7 +17,7 @@ from jrope.errors import ConfigError, NonFiniteError, UsageError
 from jrope.experiments.text_generation import TextRun
 from jrope.model import damping
 from jrope.model.generation import GenerationSettings
-from jrope.train import checks, evaluation, trainer
+from jrope.train import evaluation, setup, trainer
 from jrope.train.config import TrainConfig
 from jrope.train.setup import model_from_params, run_encoding, set_up_run
 from tests.helpers.tiny_config import tiny_config, tiny_config_dict, tiny_text_config_dict
@@ -44,11 +44,11 @@ def _with_gamma(cfg: TrainConfig, params, gamma: float, layer: int, head: int):
 def test_a_bound_the_blockwise_blocks_cannot_carry_is_refused_with_the_fix(tmp_path):
     config = tiny_config_dict(**{"model.max_damping": 0.5, "mesh.data": -1})
     with pytest.raises(ConfigError) as refused:
-        checks.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
+        setup.check_run(TrainConfig.from_config_dict(config), str(tmp_path / "run"))
     # 0.5 * 511 is past float32 in blocks of 512; 0.5 * 127 is not.
     assert "set --config.model.block_size to at most 128" in str(refused.value)
     fixed = tiny_config_dict(**{"model.max_damping": 0.5, "model.block_size": 128, "mesh.data": -1})
-    checks.check_run(TrainConfig.from_config_dict(fixed), str(tmp_path / "fixed"))
+    setup.check_run(TrainConfig.from_config_dict(fixed), str(tmp_path / "fixed"))
 
 
 @pytest.mark.slow
@@ -67,10 +67,10 @@ def test_an_encoding_starting_past_the_bound_is_followed_from_step_1(tmp_path, c
     said = capsys.readouterr().out
     # 0.5 * 16 < 80: the train step keeps its kernel; 512 is evaluated blockwise.
     assert (
-        "layer 0, head 0 has damping gamma = 0.5, above model.max_damping = 0.02: the "
-        "kernels plan for it (blockwise blocks of 128; at length 16 the 'einsum' kernel)." in said
+        "layer 0, head 0 has damping gamma = 0.5, above model.max_damping = 0.02: kernel "
+        "'einsum' at length 16, blockwise blocks of 128." in said
     )
-    assert "resuming from" not in said  # planned once: the learned damping stays carried
+    assert "planning again" not in said  # planned once: the learned damping stays carried
     assert [row["length"] for row in result["eval"]] == [256, 512]
     assert all(math.isfinite(row["loss"]) for row in result["eval"])
 
@@ -136,7 +136,7 @@ def test_the_kernel_plan_follows_the_starting_damping_and_knows_what_it_carries(
     plan = run.plan_kernels(params)
     said = capsys.readouterr().out
     assert "layer 1, head 1 has damping gamma = 6, above model.max_damping = 0.02" in said
-    assert "(blockwise blocks of 8; at length 16 the 'blockwise' kernel)" in said
+    assert "kernel 'blockwise' at length 16, blockwise blocks of 8." in said
     kept_params = jax.tree.map(jnp.copy, params)  # the steps donate their state
     # A larger damping that blocks of 8 still carry needs no other plan.
     assert plan.carries(plan.measure(_with_gamma(cfg, kept_params, 9.0, DAMPED_LAYER, 0)))
@@ -191,7 +191,7 @@ def test_a_non_finite_evaluation_names_a_passed_bound_before_the_learning_rate()
     within = damping.MeasuredDamping((0.01, 0.015), layer=1, head=0, bound=0.02)
     with pytest.raises(NonFiniteError) as diverged:
         evaluation.check_evaluation(rows, "ckpt/20", within)
-    assert str(diverged.value).startswith("The loss of ckpt/20 is not finite at length 512")
+    assert str(diverged.value).startswith("Loss of ckpt/20 not finite at length 512")
     assert "damping" not in str(diverged.value)
 
 

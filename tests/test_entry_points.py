@@ -102,7 +102,7 @@ BAD_INPUTS = [
         ],
         2,
         [
-            r"checkpoint\.accept_changes names 'opt\.learning_rat', which matches no key; did you mean opt\.learning_rate\?"
+            r"checkpoint\.accept_changes names 'opt\.learning_rat': no such key; did you mean opt\.learning_rate\?"
         ],
     ),
     (

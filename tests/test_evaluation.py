@@ -231,7 +231,7 @@ def test_a_length_evaluated_again_is_said_with_the_compute_dtypes_that_differ(tm
     assert [row["compute_dtype"] for row in earlier] == ["float32", "float32"]
     again = [_result_row(length, 4) | {"compute_dtype": "bfloat16"} for length in (32, 64)]
     evaluation.merge_rows(earlier, again)
-    said = "  length 32: replaces its earlier row (float32 there, bfloat16 now)\n"
+    said = "  length 32: row replaced (float32 there, bfloat16 now)\n"
     assert capsys.readouterr().out == said
     # A CSV written before the columns: read without a dtype, its row replaced all the same.
     lines = (tmp_path / "eval.csv").read_text().splitlines()
@@ -239,7 +239,7 @@ def test_a_length_evaluated_again_is_said_with_the_compute_dtypes_that_differ(tm
     earlier = evaluation.read_results(tmp_path)
     assert [row["compute_dtype"] for row in earlier] == [None, None]
     evaluation.merge_rows(earlier, again)
-    assert capsys.readouterr().out == "  length 32: replaces its earlier row\n"
+    assert capsys.readouterr().out == "  length 32: row replaced\n"
 
 
 def _table_cells(table: str, header_start: str) -> list[list[str]]:

@@ -81,7 +81,7 @@ def test_an_evaluation_during_training_is_refused(tmp_path):
 
 def test_a_lock_file_that_is_a_directory_is_named_with_the_fix(tmp_path):
     (tmp_path / LOCK_FILE).mkdir()
-    with pytest.raises(UsageError, match=r"run\.lock: Is a directory; choose a --workdir"):
+    with pytest.raises(UsageError, match=r"run\.lock: Is a directory; choose a writable --workdir"):
         WorkdirLock(str(tmp_path)).__enter__()
 
 
@@ -139,7 +139,7 @@ def test_a_checkpoint_saved_while_skipping_is_never_the_last_good_one(tmp_path):
         str(tmp_path / "other"), every_steps=1, max_to_keep=10, config_json={}
     )
     only_skipping.save(6, _small_state(1.0))
-    assert checkpoints.describe_last_good(only_skipping, before=1) == "the start (none saved)"
+    assert checkpoints.describe_last_good(only_skipping, before=1) == "the start"
     only_skipping.close()
 
 

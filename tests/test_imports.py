@@ -113,10 +113,10 @@ def test_only_the_harness_modules_that_open_workdir_paths_import_the_path_helper
         if _in(name, ("jrope.train",)) and "jrope.data.files" in _imports(name)
     }
     assert importing <= {
-        "jrope.train.checks",  # a workdir or data path is writable, or a bucket answers
         "jrope.train.checkpoints",  # the checkpoint folder and the lock
         "jrope.train.outputs",  # the metrics log on a bucket
         "jrope.train.runtime",  # the compilation cache and the profile folder
+        "jrope.train.setup",  # the checks: a workdir or data path is writable, a bucket answers
     }, importing
 
 

@@ -11,7 +11,7 @@ from helpers.repository import ROOT, tracked_files
 from helpers.tiny_config import tiny_config
 
 from jrope.model.transformer import CausalSelfAttention
-from jrope.train import checks
+from jrope.train import setup
 from jrope.train.setup import model_from_params, set_up_run
 from jrope.train.trainer import make_train_step
 
@@ -45,7 +45,7 @@ def test_the_harness_is_a_few_modules_each_named_for_its_role():
     modules = sorted(path.stem for path in (ROOT / "jrope" / "train").glob("*.py"))
     modules.remove("__init__")
     assert len(modules) <= 10, modules
-    assert {"config", "checks", "setup", "trainer", "checkpoints", "evaluation"} <= set(modules)
+    assert {"config", "setup", "trainer", "checkpoints", "evaluation"} <= set(modules)
 
 
 @pytest.mark.slow
@@ -85,8 +85,8 @@ def test_every_document_the_repository_cites_is_in_the_repository():
 
 def test_every_attention_layer_holds_the_runs_one_encoding(tmp_path):
     cfg = tiny_config()
-    one_cpu = checks.RunEnvironment(1, 1, "cpu")
-    checks.check_run(cfg, str(tmp_path / "run"), one_cpu)
+    one_cpu = setup.RunEnvironment(1, 1, "cpu")
+    setup.check_run(cfg, str(tmp_path / "run"), one_cpu)
     run = set_up_run(cfg, devices=jax.devices()[:1])
     state = run.init_state()
     make_train_step(run)

@@ -132,7 +132,7 @@ def test_finished_run_is_left_as_it_is_and_damage_is_refused_with_nothing_change
         checkpoint = workdir / "checkpoints" / "16"
         # Either the digests differ, or the damage breaks the compression: the array is named.
         assert re.search(
-            rf"^Checkpoint {checkpoint} (differs from its digests in (params|opt_state)/\S+"
+            rf"^Checkpoint {checkpoint} (digest mismatch in (params|opt_state)/\S+"
             rf"|cannot be read \(.*(params|opt_state)\.)",
             message,
         ), message
@@ -164,10 +164,7 @@ def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(tmp_path, env)
     end = latest + 8
     resumed = run_training(workdir, env, f"--config.num_steps={end}")
     log = log_tail(resumed, lines=10_000)
-    assert (
-        f"Taking over {workdir / LOCK_FILE} from a run that ended (training by process {first.pid} on"
-        in log
-    )
+    assert f"Taking over {workdir / LOCK_FILE} (training by process {first.pid} on" in log
     # Each step once (the killed run's steps after its checkpoint were dropped), valid JSON.
     assert [record["step"] for record in train_records(workdir)] == list(range(1, end + 1))
     records = _strict_json_lines(workdir / "metrics.jsonl")
@@ -214,8 +211,7 @@ def test_skip_gives_up_after_too_many_skipped_steps_in_a_row(tmp_path, env):
     result = _train(workdir, env, *DIVERGING, "--config.opt.max_consecutive_skips=4")
     assert result.returncode == 5, result.stderr
     gave_up = re.search(
-        r"Steps (\d+) to (\d+) were skipped \((loss|grad_norm) not finite\), 4 in a row: "
-        r"resume from ",
+        r"Steps (\d+) to (\d+) skipped \((loss|grad_norm) not finite\): resume from ",
         result.stderr,
     )
     assert gave_up and int(gave_up.group(2)) - int(gave_up.group(1)) == 3, result.stderr
@@ -229,7 +225,7 @@ def test_a_nan_evaluation_is_a_failure_not_a_result(tmp_path, env):
     result = _train(workdir, env, *DIVERGING, "--config.opt.max_consecutive_skips=1000")
     assert result.returncode == 5, result.stderr
     assert re.search(
-        r"The loss of .*/checkpoints/60 is not finite at length 8 \(nan\) \(nothing written\)",
+        r"Loss of .*/checkpoints/60 not finite at length 8 \(nan\); nothing written",
         result.stderr,
     ), result.stderr
     assert not list(workdir.glob("eval_step*"))

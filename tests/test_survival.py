@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from helpers.tiny_config import tiny_config
+from helpers.tiny_config import result_row, tiny_config
 from helpers.train_process import (
     run_command,
     run_training,
@@ -145,7 +145,7 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
     assert [row["length"] for row in rows] == [8, 16]
     again = evaluate_checkpoint(more, str(tmp_path))  # nothing to evaluate
     assert [_scores(row) for row in again] == [_scores(row) for row in rows]
-    assert "holds every length asked (move it aside to redo them)" in capsys.readouterr().out
+    assert "holds every length asked." in capsys.readouterr().out
     assert _eval_records(tmp_path) == ["eval_8", "eval_16"]
 
     other_seed = tiny_config(**settings | {"eval.seed": 5})
@@ -153,9 +153,8 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
     with pytest.raises(UsageError) as refused:
         evaluate_checkpoint(other_seed, str(tmp_path))
     assert str(refused.value) == (
-        f"eval.seed = 5, but {out_dir}/eval.csv holds rows of eval.seed 0; set "
-        f"--config.eval.seed=0, or move them aside: mv {out_dir} "
-        f"{out_dir}.eval_seed0"
+        f"eval.seed = 5, but {out_dir}/eval.csv holds eval.seed 0; set --config.eval.seed=0, "
+        f"or mv {out_dir} {out_dir}.eval_seed0"
     )
     assert [_scores(row) for row in evaluation.read_results(out_dir)] == list(map(_scores, rows))
     with pytest.raises(CheckpointError, match=r"^No finished checkpoint .*checkpoints/3\.$"):
@@ -167,16 +166,8 @@ def test_eval_adds_only_the_lengths_a_step_lacks_and_refuses_another_eval_seed(t
 
 
 def test_a_table_written_before_the_eval_seed_column_reads_and_is_added_to(tmp_path):
-    row = {
-        "method": "rope",
-        "seed": 0,
-        "step": 8,
-        "length": 8,
-        "distance": None,
-        "num_sequences": 8,
-        **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5),
-        "compute_dtype": "float32",
-    }
+    row = result_row()
+    del row["eval_seed"]
     out_dir = tmp_path / "eval_step8"
     results.write_csv(out_dir / evaluation.RESULTS_CSV, [row], evaluation.CSV_COLUMNS[:-1])
     earlier = evaluation.read_results(out_dir)

@@ -17,11 +17,10 @@ from jrope import flops
 from jrope.data.synthetic import SyntheticSource
 from jrope.errors import NonFiniteError, TrainingPreempted, UsageError
 from jrope.losses import weighted_sums
-from jrope.train import checks, evaluation, setup
+from jrope.train import evaluation, setup
 from jrope.train.checkpoints import Checkpointer
-from jrope.train.checks import readout_problem
 from jrope.train.outputs import first_nonfinite
-from jrope.train.setup import model_from_params, set_up_run
+from jrope.train.setup import model_from_params, readout_problem, set_up_run
 from jrope.train.trainer import (
     evaluate_checkpoint,
     make_train_step,
@@ -137,7 +136,7 @@ def test_each_encoding_trains_one_step(pe_name):
 
 def test_last_position_readout_rejects_weights_elsewhere():
     lm_batch = {"weights": np.ones((2, 5), np.float32)}
-    assert "set it to all" in readout_problem(lm_batch, "last")
+    assert "set 'all'" in readout_problem(lm_batch, "last")
     assert readout_problem(lm_batch, "all") is None
     last_only = {"weights": np.eye(5, dtype=np.float32)[[4, 4]]}
     assert readout_problem(last_only, "last") is None
@@ -259,7 +258,7 @@ def test_a_train_step_larger_than_memory_is_refused_before_its_first_step(tmp_pa
     # XLA's peak of this step is some kilobytes per device; a device of 1 KiB cannot hold it.
     monkeypatch.setattr(flops, "device_memory", lambda: (1024, "device memory"))
     monkeypatch.setattr(evaluation, "compile_lengths", lambda *_: None)  # the train step's alone
-    monkeypatch.setattr(checks, "_memory_problems", lambda *_, **__: [])  # XLA's count alone
+    monkeypatch.setattr(setup, "_memory_problems", lambda *_, **__: [])  # XLA's count alone
     with pytest.raises(UsageError, match=r"^batch_size = 8: the train step needs [\d.]+ GiB of "):
         train_and_evaluate(tiny_config(num_steps=4, **{"mesh.data": -1}), str(tmp_path))
     # Refused on resume, at step 2, with every file of the run as it was.
@@ -279,7 +278,7 @@ def test_an_evaluation_larger_than_memory_is_refused_before_the_work(tmp_path):
     before = written()
     # Every query sees every key at 2**20 positions: terabytes by XLA's own count of the forward.
     huge = {"mesh.data": -1, "eval.lengths": (16, 2**20)}
-    refusal = r"^eval.lengths: the evaluation at length 1048576 needs [\d.]+ GiB of host memory"
+    refusal = r"^eval.lengths: 1048576 needs [\d.]+ GiB of host memory"
     with pytest.raises(UsageError, match=refusal):
         evaluate_checkpoint(tiny_config(**huge), str(tmp_path))
     with pytest.raises(UsageError, match=refusal):  # on resume, before step 3
@@ -388,7 +387,7 @@ def test_a_streak_of_skips_goes_on_counting_across_a_resume(tmp_path, monkeypatc
     _nan_batches_from_third_step(monkeypatch)
     with pytest.raises(NonFiniteError) as resumed:
         train_and_evaluate(cfg, str(tmp_path / "resumed"))
-    assert str(straight.value).startswith("Steps 3 to 5 were skipped (loss not finite), 3 in a row")
+    assert str(straight.value).startswith("Steps 3 to 5 skipped (loss not finite): resume from")
     assert str(resumed.value).replace("resumed", "straight") == str(straight.value)
 
     def skipped_counts(workdir):

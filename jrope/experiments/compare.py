@@ -32,7 +32,7 @@ from etils import epath
 
 from jrope import results
 from jrope.errors import ConfigError, DataError, UsageError
-from jrope.train import checks, evaluation, outputs
+from jrope.train import evaluation, outputs, setup
 from jrope.train.checkpoints import config_differences
 from jrope.train.config import TrainConfig
 from jrope.train.evaluation import CSV_COLUMNS, TASK_COLUMNS
@@ -106,7 +106,7 @@ def _check_every_run(runs: dict) -> dict:
     for (method, seed), (run_config, run_dir) in runs.items():
         try:
             cfg = TrainConfig.from_config_dict(run_config)
-            checks.check_run(cfg, str(run_dir))
+            setup.check_run(cfg, str(run_dir))
             checked[method, seed] = cfg
         except ConfigError as error:
             only_data &= isinstance(error, DataError)

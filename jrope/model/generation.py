@@ -174,11 +174,8 @@ class Generator:
         with jax.set_mesh(self._mesh):
             start = self.start.lower(params, tokens, lengths, offsets).compile()
             finish = self.finish.lower(params, *start.out_info, key).compile()
-            if shortfall := flops.memory_shortfall(start) or flops.memory_shortfall(finish):
-                raise UsageError(
-                    f"--num_tokens={self.settings.num_tokens}: generating {shortfall}; lower "
-                    "--num_tokens, or pass fewer prompts."
-                )
+            what = f"--num_tokens={self.settings.num_tokens}: generating"
+            flops.require_memory(start, finish, what=what, fix="lower --num_tokens or the prompts")
             logits, state = start(params, tokens, lengths, offsets)
             new_tokens = np.asarray(finish(params, logits, state, key))
         return [row[row != NO_TOKEN] for row in new_tokens]

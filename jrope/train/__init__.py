@@ -1,2 +1,2 @@
-"""The training harness: config, checks, setup, trainer, checkpoints, evaluation, damping,
+"""The training harness: config, setup (its checks, then its parts), trainer, checkpoints, evaluation, damping,
 outputs, runtime."""

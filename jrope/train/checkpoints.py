@@ -157,7 +157,7 @@ def describe_last_good(checkpointer: Checkpointer, before: int | None = None) ->
     """The latest finished checkpoint (saved before step `before`, where given), for messages."""
     checkpointer.wait_until_finished()  # the last save is listed (or not) for good
     steps = [s for s in finished_steps(checkpointer.directory) if before is None or s < before]
-    return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start (none saved)"
+    return str(checkpoint_path(checkpointer, steps[-1])) if steps else "the start"
 
 
 def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpose="resume"):
@@ -174,8 +174,7 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
     if not is_uri(str(path)):  # what the user may not read is no damage
         walked = [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]
         if denied := [p for p in walked if not os.access(p, os.R_OK | os.X_OK * os.path.isdir(p))]:
-            raise CheckpointError(f"{denied[0]} cannot be read (permission denied); chmod -R u+rX "
-                                  f"{path}, or run as its owner.")  # fmt: skip
+            raise CheckpointError(f"{denied[0]}: permission denied; chmod -R u+rX {path}.")
     checked = (path / DIGESTS_ITEM).exists()
     if not (checked or checkpointer.accept_missing_digests):
         raise damaged(path, "has no digests (accept_missing_digests=True takes it)")
@@ -186,7 +185,7 @@ def restore_compatible(checkpointer: Checkpointer, abstract, step: int, *, purpo
     except Exception as error:  # orbax and tensorstore raise many kinds: all mean "unreadable"
         raise damaged(path, f"cannot be read ({_cause(error)})") from error
     if differing:
-        raise damaged(path, f"differs from its digests in {', '.join(differing[:3])}")
+        raise damaged(path, f"digest mismatch in {', '.join(differing[:3])}")
     if not checked:
         say(f"Restoring {path} unchecked (no digests).")
     return state
@@ -228,15 +227,14 @@ def config_differences(saved: Mapping, current: Mapping, *, purpose="evaluate") 
         defines = declared_effect(key, saved_flat.get("data.source"))
         if defines == PARAMETERS or (defines == RESULT and not names & accepted):
             incompatible.append(line)
-        elif key == "opt.clip_norm" and (before == 0) != (now == 0):
-            # Clipping adds a transformation to the optimizer chain: another state structure.
-            incompatible.append(f"{line} (clipping on/off changes the optimizer state)")
-        elif key == "opt.nonfinite" and purpose == "resume":
-            incompatible.append(f"{line} (skipping wraps the optimizer state)")
+        elif (key == "opt.clip_norm" and (before == 0) != (now == 0)) or (
+            key == "opt.nonfinite" and purpose == "resume"
+        ):  # clipping on or off, or skipping, changes the optimizer chain and so its state
+            incompatible.append(f"{line} (another optimizer state)")
         elif purpose == "evaluate" or names & free:
             changed.append(line)
         elif key == "num_steps":
-            incompatible.append(f"{line} (the learning-rate schedule spans num_steps)")
+            incompatible.append(f"{line} (the schedule spans num_steps)")
         else:
             incompatible.append(line)
     return incompatible, changed
@@ -264,7 +262,7 @@ class WorkdirLock:
         self._file = None
         self.previous_holder: str | None = None  # the line of a holder that ended without release
         if enabled and is_uri(workdir):
-            logging.warning("%s has no locks (an object store): one run at a time.", workdir)
+            logging.warning("No lock on object store %s: run one at a time.", workdir)
 
     def __enter__(self) -> WorkdirLock:
         if not self._enabled:
@@ -274,7 +272,7 @@ class WorkdirLock:
             handle = open(self.path, "a+b")  # noqa: SIM115 (held until __exit__)
         except OSError as error:  # a setting to fix, not a storage failure
             raise UsageError(f"--workdir {error.filename}: {error.strerror or error}; choose a "
-                             "--workdir you can write to.") from None  # fmt: skip
+                             "writable --workdir.") from None  # fmt: skip
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -288,7 +286,7 @@ class WorkdirLock:
             fcntl.flock(handle, fcntl.LOCK_EX)
         self.previous_holder = _holder(handle) or None
         if self.previous_holder:
-            say(f"Taking over {self.path} from a run that ended ({self.previous_holder}).")
+            say(f"Taking over {self.path} ({self.previous_holder}, ended).")
         started = time.strftime("%Y-%m-%d %H:%M:%S")
         holder = f"{self.role} by process {os.getpid()} on {socket.gethostname()} since {started}\n"
         _rewrite(handle, holder)

@@ -170,9 +170,8 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
     model, pe = built["model"], built["pe"]
     if model and pe and model.head_dim % pe.head_block:
         problems.append(
-            f"model.d_model = {model.d_model} (head dim {model.head_dim} with {model.num_heads} "
-            f"heads): {pe.name} needs a head dim divisible by {pe.head_block}; choose d_model / "
-            f"num_heads as a multiple of {pe.head_block}."
+            f"model.d_model = {model.d_model}: {pe.name} needs d_model / num_heads "
+            f"({model.head_dim}) a multiple of {pe.head_block}."
         )
         model = None  # the data section's head dim would only repeat it
     data = dict(raw.get("data", {}))
@@ -184,7 +183,7 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
                         f"{did_you_mean(data.get('source'), choices) or '.'}")  # fmt: skip
     else:
         data_class = SOURCES[data["source"]].load()[0]
-        problems += [f"data.{key}: set from {source}; set that key instead."
+        problems += [f"data.{key}: set from {source}; set {source} instead."
                      for key, source in DERIVED_DATA_KEYS.items() if key in data]  # fmt: skip
         if model and pe:
             derived = {"seq_len": pe.train_context, "head_dim": model.head_dim, "theta": pe.theta}
@@ -198,11 +197,12 @@ def convert_config(config: Mapping[str, Any]) -> tuple[TrainConfig | None, list[
         _warn_once(warning)
     impl = cfg.model.attention_impl
     if getattr(cfg.data, "pack", False) and impl not in ("auto", *PACKING_KERNELS):
-        refused.append(f"data.pack needs segment ids: model.attention_impl = {impl!r} takes none.")
+        refused.append(f"data.pack needs model.attention_impl in {('auto', *PACKING_KERNELS)}, "
+                       f"not {impl!r}.")  # fmt: skip
     keys = flat_keys(cfg.to_json_dict())
     for name in filter(None, map(str.strip, cfg.checkpoint.accept_changes.split(","))):
         if not any(key == name or key.startswith(f"{name}.") for key in keys):
-            refused.append(f"checkpoint.accept_changes names {name!r}, which matches no key"
+            refused.append(f"checkpoint.accept_changes names {name!r}: no such key"
                            f"{did_you_mean(name, keys) or '; drop it.'}")  # fmt: skip
     return (None, refused) if refused else (cfg, [])
 
@@ -226,7 +226,7 @@ def build_section(name: str, factory, values, problems: list[str], derived=()) -
     derives from have their problems)."""
     parameters = inspect.signature(factory).parameters
     if not isinstance(values, Mapping):
-        problems.append(f"{name} must be a section of keys, got {values!r}.")
+        problems.append(f"{name} must be a section, got {values!r}.")
         return None
     absent = [key for key, p in parameters.items() if key not in values and p.default is p.empty]
     unknown = [key for key in values if key not in parameters]

@@ -98,11 +98,8 @@ def compile_lengths(eval_step: EvalStep, params: Any, run: RunSetup) -> None:
         for length in run.eval.lengths:
             jitted, local_batch = eval_step.for_length(length), next(iter(_batches(run, length)))
             lowered = jitted.lower(eval_step.graphdef, params, run.global_batch(local_batch))
-            if shortfall := flops.memory_shortfall(lowered.compile()):
-                raise UsageError(
-                    f"eval.lengths: the evaluation at length {length} {shortfall}; shorten "
-                    "eval.lengths, or lower eval.batch_size."
-                )
+            what, fix = f"eval.lengths: {length}", "drop it or lower eval.batch_size"
+            flops.require_memory(lowered.compile(), what=what, fix=fix)
 
 
 def evaluate_lengths(eval_step, params, run: RunSetup, *, step: int, on_length=None) -> list[Row]:
@@ -196,7 +193,7 @@ def merge_rows(earlier: Sequence[Row], new: Sequence[Row]) -> list[Row]:
         if old is not None and row["distance"] is None:
             before, now = old.get("compute_dtype"), row.get("compute_dtype")
             dtypes = f" ({before} there, {now} now)" if before and before != now else ""
-            say(f"  length {row['length']}: replaces its earlier row{dtypes}")
+            say(f"  length {row['length']}: row replaced{dtypes}")
         by_key[row["length"], row["distance"]] = row
     keys = sorted(by_key, key=lambda key: (key[0], -1 if key[1] is None else key[1]))
     return [by_key[key] for key in keys]
@@ -223,9 +220,8 @@ def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_d
     sequences, which one table does not mix)."""
     if seeds := sorted({row["eval_seed"] for row in earlier} - {None, eval_cfg.seed}):
         raise UsageError(
-            f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds rows of eval.seed "
-            f"{seeds[0]}; set --config.eval.seed={seeds[0]}, or move them aside: mv {out_dir} "
-            f"{out_dir}.eval_seed{seeds[0]}"
+            f"eval.seed = {eval_cfg.seed}, but {out_dir / RESULTS_CSV} holds eval.seed {seeds[0]}; "
+            f"set --config.eval.seed={seeds[0]}, or mv {out_dir} {out_dir}.eval_seed{seeds[0]}"
         )
     done = {
         row["length"]
@@ -290,7 +286,7 @@ def readable_results(out_dir: epath.PathLike) -> list[Row] | None:
         number += 1
         aside = path.parent / f"{RESULTS_CSV}.damaged{number}"
     path.rename(aside)
-    say(f"{path} cannot be read ({problem[:200]}): set aside as {aside}, evaluating again.")
+    say(f"{path} unreadable ({problem[:200]}): set aside as {aside}; evaluating again.")
     return None
 
 
@@ -353,6 +349,6 @@ def check_evaluation(rows: Sequence[Row], checkpoint: str, measured=None) -> Non
     damping `measured` (the kernel plan's) where it passed model.max_damping."""
     bad = [f"{row['length']} ({row['loss']})" for row in rows if not math.isfinite(row["loss"])]
     if bad:
-        error = NonFiniteError(f"The loss of {checkpoint} is not finite at length {', '.join(bad)} "
-                               "(nothing written); train again at a lower opt.learning_rate.")  # fmt: skip
+        error = NonFiniteError(f"Loss of {checkpoint} not finite at length {', '.join(bad)}; "
+                               "nothing written. Retrain with lower opt.learning_rate.")  # fmt: skip
         raise damping.diagnosed(error, measured)

@@ -38,7 +38,7 @@ def enable_compilation_cache(cache_dir: str) -> None:
     """Use `cache_dir` (local, gs://; '' for none) as JAX's compilation cache, before compiling."""
     if cache_dir:  # JAX reads a local folder (from this process's folder) or a bucket's URI
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache_dir))
-        absl_logging.info("Persistent compilation cache: %s", cache_dir)
+        absl_logging.info("Compilation cache: %s", cache_dir)
 
 
 class StepTrace:
@@ -59,7 +59,7 @@ class StepTrace:
             self._staging = tempfile.TemporaryDirectory(prefix="jrope-profile-")
         jax.profiler.start_trace(self._staging.name if self._staging else str(self._destination))
         self._active = True
-        absl_logging.info("Profiling train steps %d to %d.", step, self._steps.stop - 1)
+        absl_logging.info("Profiling steps %d to %d.", step, self._steps.stop - 1)
 
     def after_step(self, step: int, state: object) -> None:
         """Call after dispatching train step `step`, with the state it returned."""
@@ -80,4 +80,4 @@ class StepTrace:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(path.read_bytes())
             self._staging.cleanup()
-        absl_logging.info("Profile written to %s/plugins/profile.", self._destination)
+        absl_logging.info("Profile: %s/plugins/profile", self._destination)

@@ -27,8 +27,7 @@ from flax import traverse_util
 
 from jrope import errors, flops, losses
 from jrope.model import damping
-from jrope.train import checkpoints, checks, evaluation, outputs, runtime, setup
-from jrope.train.checkpoints import WorkdirLock
+from jrope.train import checkpoints, evaluation, outputs, runtime, setup
 from jrope.train.config import TrainConfig
 from jrope.train.outputs import MetricsLogger, first_nonfinite, say
 from jrope.train.setup import RunSetup
@@ -128,7 +127,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, Any]:
     final train state, 'eval': [row per length]}; a finished run is only restored and read. A
     damping learned past what the kernels planned before step 1 carry resumes with a new plan."""
     with contextlib.ExitStack() as held:
-        run = _set_up(cfg, workdir, held, role="training")
+        run = setup.open_run(cfg, workdir, held, role="training")
         result = None
         while result is None:  # a damping beyond the kernel plan: plan again from its checkpoint
             result = _run(run, workdir)
@@ -140,7 +139,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     those `eval_step<step>/` lacks, which join it and the run's logs. Under the workdir's lock as an
     evaluation (waits for another, WorkdirBusy while training runs)."""
     with contextlib.ExitStack() as held:
-        run = _set_up(cfg, workdir, held, role="evaluation")
+        run = setup.open_run(cfg, workdir, held, role="evaluation")
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
@@ -157,23 +156,11 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
             log = functools.partial(evaluation.log_evaluation, workdir, step, tensorboard, task)
             new = evaluation.evaluate_and_report(eval_step, params, run, workdir, step, log)
         else:
-            say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked (move it aside to "
-                "redo them).")  # fmt: skip
+            say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked.")
             evaluation.show_results(earlier, out_dir, task=run.source.task)
     asked = cfg.eval.lengths
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
-
-
-def _set_up(cfg: TrainConfig, workdir: str, held: contextlib.ExitStack, *, role: str) -> RunSetup:
-    """The checks, then `workdir`'s lock held for `role` and the run's parts (set_up_run) until
-    `held` closes, which closes the checkpointer (an in-flight save finishes, also on errors)."""
-    source = checks.check_run(cfg, workdir, evaluation=role == "evaluation")
-    runtime.enable_compilation_cache(cfg.runtime.compilation_cache_dir)  # before anything compiles
-    held.enter_context(WorkdirLock(workdir, enabled=jax.process_index() == 0, role=role))
-    run = setup.set_up_run(cfg, workdir, source)
-    held.callback(run.checkpointer.close)
-    return run
 
 
 def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
@@ -257,11 +244,8 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                 say("Compiling the train step ...", end=" ")
                 compile_started = time.perf_counter()
                 train_step = train_step.lower(state, batch).compile()
-                if shortfall := flops.memory_shortfall(train_step):  # refused before step 1
-                    raise errors.UsageError(
-                        f"batch_size = {run.batch_size}: the train step {shortfall}; lower it, "
-                        "or shard over more devices."
-                    )
+                what = f"batch_size = {run.batch_size}: the train step"  # refused before step 1
+                flops.require_memory(train_step, what=what, fix="lower it, or add devices")
             trace.before_step(step)
             state, metrics = train_step(state, batch)
             trace.after_step(step, state)
@@ -285,8 +269,7 @@ def _train_steps(run: RunSetup, plan, state, start: int, logger, evaluate, workd
                     raise errors.TrainingPreempted(done, path, preemption.signum)
                 measured = plan.measure(state["params"])
                 if not plan.carries(measured):
-                    say(f"Step {done}: {measured.describe()}, beyond the kernel plan; resuming "
-                        f"from {path} with a new plan.")  # fmt: skip
+                    say(f"Step {done}: {measured.describe()}; planning again from {path}.")
                     checkpointer.wait_until_finished()
                     return None
             if every_eval and done % every_eval == 0 and not is_last:
@@ -303,7 +286,7 @@ def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measur
     bad, in_a_row = first_nonfinite(values), int(values.get("skipped_in_a_row", 0))
     if values.get("skipped"):
         skipped = values["skipped_steps"]
-        logging.warning("Step %d: %s is %s; update skipped (%d so far).", step, *bad, skipped)
+        logging.warning("Step %d: %s is %s; skipped (%d in all).", step, *bad, skipped)
     if bad is None or "skipped" in values and in_a_row < max_in_a_row:
         return
     if "skipped" in values:
@@ -311,8 +294,8 @@ def stop_if_nonfinite(step: int, values, max_in_a_row: int, checkpointer, measur
         first = step - in_a_row + 1
         last_good = checkpoints.describe_last_good(checkpointer, before=first - 1)
         message = (
-            f"Steps {first} to {step} were skipped ({bad[0]} not finite), {in_a_row} in a row: "
-            f"resume from {last_good}, the later ones moved aside, at a lower opt.learning_rate."
+            f"Steps {first} to {step} skipped ({bad[0]} not finite): resume from {last_good}, "
+            "later ones moved aside, at a lower opt.learning_rate."
         )
     else:
         last_good = checkpoints.describe_last_good(checkpointer)

@@ -71,3 +71,12 @@ def apply_overrides(config, overrides):
             target = target[part]
         target[key] = value
     return config
+
+
+def result_row(**changes) -> dict:
+    """A row of a length's evaluation, as eval.csv holds it: rope, seed 0, step 8, length 8."""
+    from jrope.train import evaluation
+
+    row = {"method": "rope", "seed": 0, "step": 8, "length": 8, "distance": None}
+    row |= {"num_sequences": 8, **dict.fromkeys(evaluation.METRIC_COLUMNS, 0.5)}
+    return row | {"compute_dtype": "float32", "eval_seed": 0} | changes
