@@ -18,6 +18,7 @@ from jrope.fields import did_you_mean, flat_keys
 _CLONE = pathlib.Path(__file__).resolve().parent.parent
 _FOLDERS = (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")  # a wheel's copy
 CONFIGS = next((folder for folder in _FOLDERS if (folder / "base.py").is_file()), None)
+EXPERIMENTS = sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
 
@@ -30,10 +31,6 @@ def command(entry_point: str) -> str:
 
 def install_command(extras: str) -> str:
     return f'pip install ".[{extras}]" in a clone, or the wheel with [{extras}]'
-
-
-def config_names() -> list[str]:
-    return sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []
 
 
 def config_path(value: str) -> str:
@@ -54,7 +51,7 @@ def make_importable(config: str | None) -> None:
 
 def define_run_flags(config: str | None = None) -> str | None:
     """--config (default `config`, returned), --workdir and the multi-process flags."""
-    about = f"Experiment ({', '.join(config_names())}) or config file."
+    about = f"Experiment ({', '.join(EXPERIMENTS)}) or config file."
     if importlib.util.find_spec("ml_collections"):  # else --help answers; a run names the extra
         from ml_collections import config_flags
 
@@ -105,7 +102,7 @@ def _parse(define_flags, argv: list[str]) -> list[str]:
                 flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)  # the main module's
         if config and not os.path.isfile(config.partition(":")[0]):
             _fail(2, f"--config={config} is no config file here, nor one of "
-                     f"{', '.join(config_names())}.")  # fmt: skip
+                     f"{', '.join(EXPERIMENTS)}.")  # fmt: skip
         make_importable(config)
         if (argv := flags.FLAGS(argv))[1:]:
             _fail(2, f"Unexpected arguments {argv[1:]}; flags only.")
