@@ -58,16 +58,16 @@ def _compare(argv: list[str]) -> None:
 
 def _sample_flags(argv: list[str]) -> None:
     flags.DEFINE_string("workdir", None, "Trained run.", required=True)
-    flags.DEFINE_multi_string("prompt", None, "Prompt (repeatable).", required=True)
+    flags.DEFINE_multi_string("prompt", None, "Prompt text.", required=True)
     # Python keeps an argument's bytes that are not UTF-8 as the surrogates U+DC80 to U+DCFF.
     flags.register_validator("prompt", lambda prompts: not re.search("[\udc80-\udcff]",
                              "".join(prompts or ())), "--prompt must be UTF-8 text")  # fmt: skip
     flags.DEFINE_integer("num_tokens", 200, "New bytes.", lower_bound=1)
-    flags.DEFINE_float("temperature", 1.0, "0: greedy.")
-    flags.DEFINE_integer("top_k", 0, "0: all.", lower_bound=0)
-    flags.DEFINE_float("top_p", 1.0, "1: all.")
+    flags.DEFINE_float("temperature", 1.0, "Temperature; 0: greedy.")
+    flags.DEFINE_integer("top_k", 0, "Top-k; 0: all.", lower_bound=0)
+    flags.DEFINE_float("top_p", 1.0, "Top-p; 1: all.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
-    flags.DEFINE_integer("stop_byte", -1, "-1: none.", -1, 255)
+    flags.DEFINE_integer("stop_byte", -1, "Stop byte; -1: none.", -1, 255)
     flags.DEFINE_bool("no_cache", False, "Uncached decoding.")
     flags.DEFINE_integer("position_offset", 0, "First position.", lower_bound=0)
     flags.DEFINE_integer("rebase_bound", 1024, "Cache rebase period.", lower_bound=1)
