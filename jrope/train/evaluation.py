@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -236,18 +235,11 @@ def lengths_to_evaluate(eval_cfg: EvalConfig, compute_dtype: str, earlier, out_d
 def log_evaluation(workdir: str, step: int, tensorboard: bool, task: str, rows: Sequence[Row]):
     """Appends a later evaluation of checkpoint `step` to the run's metrics.jsonl (and TensorBoard)
     under the training run's names, in place of an earlier try's records of the same rows."""
-    names = {row_name(row) for row in rows}
-
-    def earlier_try(line: str) -> bool:  # stopped before the table was written
-        record = json.loads(line)
-        return record.get("step") == step and any(key.split("/")[0] in names for key in record)
-
-    if jax.process_index() == 0:
-        path = epath.Path(workdir) / outputs.METRICS_FILE
-        results.JsonLinesLog(path, keep=lambda line: not earlier_try(line)).close()
+    names = {row_name(row) for row in rows}  # an earlier try stopped before the table was written
     logger = outputs.MetricsLogger(
-        workdir, every_steps=1, num_steps=step, tensorboard=tensorboard, start_step=None
-    )
+        workdir, every_steps=1, num_steps=step, tensorboard=tensorboard, start_step=None,
+        redo_step=step, redo_names=names,
+    )  # fmt: skip
     with contextlib.closing(logger):
         log_rows(logger, step, task, rows)
 

@@ -53,8 +53,9 @@ def first_nonfinite(values: Mapping[str, float]) -> tuple[str, float] | None:
 
 class MetricsLogger:
     """Writes every `every_steps`-th step and the last to the console, metrics.jsonl and TensorBoard
-    (process 0, as `say`). A start at `start_step` first drops the records it will write again (and
-    the evaluation at `redo_step`); a later evaluation (start_step None) only appends."""
+    (process 0, as `say`). A start at `start_step` first drops the records it will write again,
+    and the evaluation records at `redo_step` (of `redo_names` alone, where given); a later
+    evaluation (start_step None) keeps every step's records but those."""
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class MetricsLogger:
         tensorboard: bool,
         start_step: int | None = 0,
         redo_step: int | None = None,
+        redo_names: set[str] | None = None,
         throughput: flops.Throughput | None = None,
     ):
         self._every_steps = every_steps
@@ -73,9 +75,9 @@ class MetricsLogger:
         self._interval_start = (start_step or 0, time.perf_counter())
         self._jsonl = self._tensorboard = None
         if jax.process_index() == 0:
-            keep = None
-            if start_step is not None:
-                keep = functools.partial(_keeps_record, start_step=start_step, redo_step=redo_step)
+            keep = functools.partial(
+                _keeps_record, start_step=start_step, redo_step=redo_step, redo_names=redo_names
+            )
             self._jsonl = results.JsonLinesLog(epath.Path(workdir) / METRICS_FILE, keep=keep)
             if tensorboard:
                 self._tensorboard = _summary_writer(epath.Path(workdir) / "tensorboard")
@@ -136,15 +138,16 @@ class MetricsLogger:
             self._tensorboard.flush()
 
 
-def _keeps_record(line: str, start_step: int, redo_step: int | None) -> bool:
-    """Whether a record of an earlier start stays: not one this start writes again (a later step,
-    or an evaluation at `redo_step` that it does again); one without a step stays."""
+def _keeps_record(line: str, start_step: int | None, redo_step: int | None, redo_names) -> bool:
+    """Whether an earlier record stays: not one written again (a step after `start_step`, or an
+    evaluation at `redo_step`, of `redo_names` where given); one without a step stays."""
     record = json.loads(line)
     step = record.get("step")
     if not isinstance(step, int):
         return True
     redone = step == redo_step and "train/loss" not in record
-    return step <= start_step and not redone
+    redone = redone and (redo_names is None or any(k.split("/")[0] in redo_names for k in record))
+    return (start_step is None or step <= start_step) and not redone
 
 
 def _progress_line(step: int, num_steps: int, values: Mapping[str, float]) -> str:
