@@ -1,4 +1,3 @@
-# A clone's `python -m jrope.sample`; its docstring is what --help prints.
-from jrope.sample import __doc__, run_main  # noqa: F401
+from jrope.sample import __doc__, run_main  # noqa: F401 (--help prints __doc__)
 
 run_main()

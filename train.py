@@ -1,4 +1,3 @@
-# A clone's `python -m jrope.train`; its docstring is what --help prints.
-from jrope.train.__main__ import __doc__, run_main  # noqa: F401
+from jrope.train.__main__ import __doc__, run_main  # noqa: F401 (--help prints __doc__)
 
 run_main()

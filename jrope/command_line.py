@@ -1,7 +1,5 @@
-"""What every command shares: the experiments by name (a clone's configs/, or the copy a wheel
-carries), absl's app.run with the run flags, and the one place an error becomes its message and
-exit status (README.md's table): a project error (jrope.errors) its own, a storage failure 7, a
-missing extra or a bad flag 2; anything else is a bug, shown with its traceback."""
+"""What every command shares: experiments by name, app.run, the run flags, and the one place an
+error becomes its message and exit status (README.md's table)."""
 
 import errno
 import functools
@@ -14,68 +12,60 @@ import traceback
 
 from absl import app, flags, logging
 
-from jrope.errors import JropeError, UsageError
+from jrope.errors import JropeError
 from jrope.fields import did_you_mean, flat_keys
 
 _CLONE = pathlib.Path(__file__).resolve().parent.parent
-_FOLDERS = (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")
+_FOLDERS = (_CLONE / "configs", _CLONE / "jrope/installed_configs/configs")  # a wheel's copy
 CONFIGS = next((folder for folder in _FOLDERS if (folder / "base.py").is_file()), None)
+EXPERIMENTS = sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 PROCESS_FLAGS = ("multiprocess", "coordinator_address", "num_processes", "process_id")
 
 
 def command(entry_point: str) -> str:
-    """How to run 'train', 'eval' or 'sample' from here: a clone's script in its root."""
+    """How to run 'train', 'eval' or 'sample' from here: a clone's root has its scripts."""
     in_root = (_CLONE / "train.py").is_file() and pathlib.Path.cwd().resolve() == _CLONE
     return f"python {entry_point}.py" if in_root else f"python -m jrope.{entry_point}"
 
 
 def install_command(extras: str) -> str:
-    """How to add extras (jrope comes from a clone or a wheel built there, not from the index)."""
     return f'pip install ".[{extras}]" in a clone, or the wheel with [{extras}]'
 
 
-def config_names() -> list[str]:
-    """The experiments' names (quickstart, synthetic_cpu, ...), sorted."""
-    return sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "base") if CONFIGS else []
-
-
 def config_path(value: str) -> str:
-    """A --config value with an experiment's name (`quickstart`, `kernel_probe:ARG`) replaced by
-    its file's path; a path, a file of that name here, or an unknown name comes back as it is."""
+    """--config's value with an experiment's name (`quickstart`, `kernel_probe:ARG`) as its file,
+    unless a file of that name is here."""
     name, colon, argument = value.partition(":")
-    path = CONFIGS / f"{name}.py" if CONFIGS and name.isidentifier() else None
-    if path is None or not path.is_file() or pathlib.Path(name).exists():
-        return value
-    return f"{path}{colon}{argument}"
+    path = CONFIGS and name.isidentifier() and CONFIGS / f"{name}.py"
+    found = path and path.is_file() and not pathlib.Path(name).exists()
+    return f"{path}{colon}{argument}" if found else value
 
 
 def make_importable(config: str | None) -> None:
-    """The parent of the config file's folder first on sys.path: its `from configs import base`
-    resolves from any folder (`config` may end in ':ARG'; None: nothing to do)."""
+    """The config file's grandparent first on sys.path, for its `from configs import base`."""
     root = config and str(pathlib.Path(config.partition(":")[0]).resolve().parent.parent)
     if root and root not in sys.path:
         sys.path.insert(0, root)
 
 
 def define_run_flags(config: str | None = None) -> str | None:
-    """--config (an experiment's name or file; default `config`, returned), --workdir and the
-    flags of a multi-process run."""
-    about = f"Experiment: a config file, or one of {', '.join(config_names())}."
-    if importlib.util.find_spec("ml_collections"):
+    """--config (default `config`, returned), --workdir and the multi-process flags."""
+    about = f"Experiment ({', '.join(EXPERIMENTS)}) or config file."
+    if importlib.util.find_spec("ml_collections"):  # else --help answers; a run names the extra
         from ml_collections import config_flags
 
         config_flags.DEFINE_config_file(
             "config", config, about, lock_config=False, accept_new_attributes=True
         )  # a key the config lacks reaches jrope.train.config, which names it
-    else:  # no 'train' extra: --help answers, and the run's first import names it
+    else:
         flags.DEFINE_string("config", config, about)
-    flags.DEFINE_string("workdir", None, "The run's folder: checkpoints, logs, results.")
+    flags.DEFINE_string("workdir", None, "Run folder.")
     flags.mark_flags_as_required(["workdir"] + (["config"] if config is None else []))
-    flags.DEFINE_bool("multiprocess", False, "Start jax.distributed (cluster detected).")
-    flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator.")
-    flags.DEFINE_integer("num_processes", None, "Number of processes.", lower_bound=1)
-    flags.DEFINE_integer("process_id", None, "This process's index.", lower_bound=0)
+    flags.DEFINE_bool("multiprocess", False, "Start jax.distributed.")
+    flags.DEFINE_string("coordinator_address", None, "Coordinator HOST:PORT.")
+    flags.DEFINE_integer("num_processes", None, "Process count.", lower_bound=1)
+    flags.DEFINE_integer("process_id", None, "Process index.", lower_bound=0)
     flags.register_multi_flags_validator(
         PROCESS_FLAGS[2:],
         lambda v: None in v.values() or v["process_id"] < v["num_processes"],
@@ -84,39 +74,24 @@ def define_run_flags(config: str | None = None) -> str | None:
     return config
 
 
-def start_processes() -> None:
-    """jax.distributed.initialize (gloo on CPU) if the flags ask, before any JAX backend starts."""
-    import jax  # here: a mistake on the command line is told without loading JAX
-
-    multiprocess, *explicit = (flags.FLAGS[name].value for name in PROCESS_FLAGS)
-    if multiprocess or any(value is not None for value in explicit):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(*explicit)
-    where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
-    logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
-
-
 def run(main, define_flags=None) -> None:
-    """app.run(main) after `define_flags(argv)` defines the flags that depend on argv (and may
-    return the default --config); a command with the run flags starts its processes first.
-    Ctrl-C ends the command at once, as SIGTERM does (the train loop saves first): a
+    """app.run(main) after `define_flags(argv)` defines the flags (and may return --config's
+    default). Ctrl-C ends the command at once, as SIGTERM does (the train loop saves first): a
     KeyboardInterrupt raised in one of JAX's callbacks would be lost."""
-    flags.DEFINE_bool("verbose", False, "Show an error's traceback too.")
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     # tensorstore's threads report a closed event loop once orbax abandons their reads: no error.
-    sys.excepthook = lambda *error: _closed_loop(error[1]) or sys.__excepthook__(*error)
-    sys.unraisablehook = lambda hook: _closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
-    parser = functools.partial(parse_flags, define_flags=define_flags)
-    app.run(functools.partial(_call, main), flags_parser=parser)
+    def closed_loop(error: BaseException | None) -> bool:
+        return type(error) is RuntimeError and str(error) == "Event loop is closed"
+
+    flags.DEFINE_bool("verbose", False, "Show tracebacks.")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    sys.excepthook = lambda *error: closed_loop(error[1]) or sys.__excepthook__(*error)
+    sys.unraisablehook = lambda hook: closed_loop(hook.exc_value) or sys.__unraisablehook__(hook)
+    app.run(functools.partial(_call, main), flags_parser=functools.partial(_parse, define_flags))
 
 
-def _closed_loop(error: BaseException | None) -> bool:
-    return type(error) is RuntimeError and str(error) == "Event loop is closed"
-
-
-def parse_flags(argv: list[str], define_flags=None) -> list[str]:
-    """absl's parsing, --config=<experiment> read as its file and the last of a repeated override
-    taken; --help exits 0."""
+def _parse(define_flags, argv: list[str]) -> list[str]:
+    """absl's parsing of last_overrides(argv); --help exits 0."""
     argv = sys.argv = last_overrides(argv)  # ml_collections reads sys.argv
     config = flag_argument(argv, "config")
     try:
@@ -126,38 +101,36 @@ def parse_flags(argv: list[str], define_flags=None) -> list[str]:
             for flag in defined if name.startswith("jrope.") else ():  # absl's --help lists
                 flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)  # the main module's
         if config and not os.path.isfile(config.partition(":")[0]):
-            raise UsageError(f"--config={config} is no config file here, nor one of "
-                             f"{', '.join(config_names())}.")  # fmt: skip
+            _fail(2, f"--config={config} is no config file here, nor one of "
+                     f"{', '.join(EXPERIMENTS)}.")  # fmt: skip
         make_importable(config)
         if (argv := flags.FLAGS(argv))[1:]:
-            raise UsageError(f"Unexpected arguments {argv[1:]}; flags only.")
+            _fail(2, f"Unexpected arguments {argv[1:]}; flags only.")
         return argv
     except SystemExit:  # absl's --help exits 1 after printing: no failure
         sys.exit(0)
     except Exception as error:  # absl and ml_collections raise many kinds: all mean a bad flag
-        _fail(error, *(exit_status(error) or (2, _flag_problem(error, config, argv))))
+        _fail(*(exit_status(error) or (2, _flag_problem(error, config, argv))), error)
 
 
 def last_overrides(argv: list[str]) -> list[str]:
-    """argv with an experiment's name after --config replaced by its file's path, and only the
-    last --config.<key>=<value> of each key: ml_collections joins the values of a tuple key given
-    twice, where the last should win."""
+    """argv with --config's experiment name as its file, and of each --config.<key>=<value> the
+    last alone: ml_collections joins the values of a tuple key given twice."""
     resolved, keys = [], []
     for previous, arg in zip([None, *argv], argv, strict=False):
         flag, equals, value = arg.partition("=")
         if flag in ("--config", "-config"):
-            arg = f"{flag}={config_path(value)}" if equals else arg
+            arg = f"{flag}{equals}{config_path(value)}"
         elif previous in ("--config", "-config"):
             arg = config_path(arg)
         resolved.append(arg)
-        keys.append(
-            flag.lstrip("-") if flag.startswith(("--config.", "-config.")) and equals else None
-        )
+        override = equals and flag.startswith(("--config.", "-config."))
+        keys.append(flag.lstrip("-") if override else None)
     return [arg for i, arg in enumerate(resolved) if not keys[i] or keys[i] not in keys[i + 1 :]]
 
 
 def flag_argument(argv: list[str], name: str) -> str | None:
-    """The value of the last --<name>=VALUE (or --<name> VALUE) in argv, as absl takes it; None."""
+    """The value of the last --<name>=VALUE (or --<name> VALUE) in argv, as absl takes it."""
     found = None
     for arg, following in zip(argv, [*argv[1:], None], strict=True):
         flag, equals, value = arg.partition("=")
@@ -167,8 +140,7 @@ def flag_argument(argv: list[str], name: str) -> str | None:
 
 
 def _flag_problem(error: BaseException, config: str | None, argv: list[str]) -> str:
-    """The flag error in one line: the config file's line where it raised, an override's missing
-    section with the nearest key, or absl's (ml_collections') message."""
+    """In one line: the config file's line that raised, a missing section's nearest key, or absl's."""
     root = error
     while root.__cause__ or root.__context__:
         root = root.__cause__ or root.__context__
@@ -204,19 +176,26 @@ def exit_status(error: BaseException | None) -> tuple[int, str] | None:
 def _call(main, argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:  # -v 0 shows the libraries' info records
         logging.set_verbosity(logging.WARNING)
+    if "multiprocess" in flags.FLAGS:  # before any JAX backend starts
+        import jax  # here: a flag mistake is told without loading JAX
+
+        multiprocess, *explicit = (flags.FLAGS[name].value for name in PROCESS_FLAGS)
+        if multiprocess or any(value is not None for value in explicit):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(*explicit)
+        where = jax.process_index(), jax.process_count(), jax.local_devices(), jax.device_count()
+        logging.info("JAX process %d of %d; local devices %s; all devices %d.", *where)
     try:
-        if "multiprocess" in flags.FLAGS:
-            start_processes()
         main(argv)
     except Exception as error:
-        if (reported := exit_status(error)) is None:
-            raise
-        _fail(error, *reported)
+        _fail(*(exit_status(error) or (1, "")), error)  # "": a bug, told by its traceback
 
 
-def _fail(error: BaseException, status: int, message: str) -> None:
-    if flags.FLAGS["verbose"].value or "--verbose" in sys.argv:
+def _fail(status: int, message: str, error: BaseException | None = None) -> None:
+    """Ends the command (a traceback too for a bug or --verbose); no shutdown: the reads orbax
+    abandoned would print their tracebacks."""
+    if error and (not message or "--verbose" in sys.argv or flags.FLAGS["verbose"].value):
         traceback.print_exception(error)
     sys.stdout.flush()
-    print(message, file=sys.stderr, flush=True)
-    os._exit(status)  # no shutdown: the reads orbax abandoned would print their tracebacks
+    print(message, file=sys.stderr, end="\n" if message else "", flush=True)
+    os._exit(status)

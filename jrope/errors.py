@@ -1,13 +1,10 @@
-"""The project's errors, each with the exit status its command ends with (README.md's table); a
-command prints the message alone (jrope.command_line)."""
+"""The project's errors, each with its exit status (README.md's table) and its whole message."""
 
 import signal
 
 
 class JropeError(Exception):
-    """A failure the user can fix; `str(error)` is the whole message."""
-
-    exit_status = 1
+    exit_status = 1  # a failure the user can fix; str(error) is the whole message
 
 
 class UsageError(JropeError, ValueError):
@@ -15,9 +12,7 @@ class UsageError(JropeError, ValueError):
 
 
 class ConfigError(UsageError):
-    """Every problem found in a config, one per line, each naming its key and the fix."""
-
-    def __init__(self, problems):
+    def __init__(self, problems):  # every problem found, each naming its key and the fix
         self.problems = tuple(problems)
         lines = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in self.problems)
         super().__init__(f"Found before compiling (docs/runs.md):\n{lines}")
@@ -44,9 +39,7 @@ class WorkdirBusy(JropeError, RuntimeError):
 
 
 class TrainingPreempted(JropeError):
-    """The train loop saved its step on SIGTERM or Ctrl-C; the status is a shell's for the signal."""
-
     def __init__(self, step: int, checkpoint_path: str, signum: int = signal.SIGTERM):
-        self.step, self.exit_status = step, 128 + signum
+        self.step, self.exit_status = step, 128 + signum  # a shell's status for the signal
         what = "Interrupted (Ctrl-C)" if signum == signal.SIGINT else "Preempted (SIGTERM)"
         super().__init__(f"{what} at step {step}: saved {checkpoint_path}; run again to resume.")

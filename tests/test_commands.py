@@ -17,7 +17,7 @@ def test_an_experiment_s_name_is_its_config_file_and_a_path_stays_a_path(tmp_pat
     assert commands.last_overrides(["p", "--config", "synthetic_cpu", "--config.seed=1"]) == [
         "p", "--config", str(ROOT / "configs" / "synthetic_cpu.py"), "--config.seed=1"
     ]  # fmt: skip
-    assert "quickstart" in commands.config_names() and "base" not in commands.config_names()
+    assert "quickstart" in commands.EXPERIMENTS and "base" not in commands.EXPERIMENTS
 
 
 def test_the_last_of_a_repeated_override_wins_with_one_dash_or_two():

@@ -104,7 +104,7 @@ def test_sample_refuses_a_temperature_that_is_no_finite_number_at_or_above_zero(
     args = ["sample.py", f"--workdir={tmp_path}", "--prompt=a", f"--temperature={value}"]
     refused = run_command(args, subprocess_env(1))
     assert refused.returncode == 2
-    assert refused.stderr.endswith(": --temperature must be finite, >= 0; see --help.\n")
+    assert refused.stderr == f"--temperature must be finite, >= 0, got {float(value)}.\n"
     assert len(refused.stderr.splitlines()) == 1
 
 

@@ -261,9 +261,7 @@ def _cli() -> None:
     which = "Which WikiText to prepare."
     dataset = flags.DEFINE_enum("dataset", None, list(BUILDERS), which, required=True)
     data_dir = flags.DEFINE_string("data_dir", "", "TFDS data directory (empty: TFDS's default).")
-    help_manual = (
-        "Folder with the archive or the extracted files (empty: <data_dir>/downloads/manual)."
-    )
+    help_manual = "Archive's or extracted files' folder (empty: <data_dir>/downloads/manual)."
     manual_dir = flags.DEFINE_string("manual_dir", "", help_manual)
 
     def main(argv: Sequence[str]) -> None:

@@ -50,7 +50,7 @@ from jrope.model.axes import Rules, logical_to_spec
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    """How tokens are drawn; every check raises ValueError naming the flag and the fix."""
+    """How tokens are drawn; every check raises UsageError naming the flag and the fix."""
 
     temperature: float = 0.0  # 0: greedy decoding; else the logits are divided by it
     top_k: int = 0  # keep the k most likely tokens (0: all)
@@ -60,15 +60,13 @@ class SamplingSettings:
     def __post_init__(self):
         problems = []
         if not 0 <= self.temperature < np.inf:
-            problems.append(
-                f"--temperature must be finite, >= 0 (0: greedy), got {self.temperature}."
-            )
+            problems.append(f"--temperature must be finite, >= 0, got {self.temperature}.")
         if self.top_k < 0:
             problems.append(f"--top_k must be >= 0 (0: no top-k filter), got {self.top_k}.")
         if not 0 < self.top_p <= 1:
             problems.append(f"--top_p must lie in (0, 1] (1: no nucleus filter), got {self.top_p}.")
         if problems:
-            raise ValueError(" ".join(problems))
+            raise UsageError(" ".join(problems))
 
     @property
     def greedy(self) -> bool:
@@ -108,7 +106,7 @@ NO_TOKEN = -1
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings:
-    """What to generate; every check raises ValueError naming the flag and the fix."""
+    """What to generate; every check raises UsageError naming the flag and the fix."""
 
     num_tokens: int  # new tokens per prompt (fewer when the stop token comes first)
     sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
