@@ -335,5 +335,7 @@ def test_a_multi_process_run_reports_from_process_0(tmp_path):
     assert [result.returncode for result in results] == [0, 0], results[0].stderr
     first, second = results
     assert "step 4/4" in first.stdout and "eval_step4/eval.md" in first.stdout
-    # Process 1 shows nothing of its own (Gloo, JAX's CPU collectives, prints its connections).
-    assert [line for line in second.stdout.splitlines() if not line.startswith("[Gloo]")] == []
+    # Process 1 shows nothing of its own. (Gloo, JAX's CPU collectives, prints its connections
+    # from several threads at once: their lines may interleave, so they are not matched.)
+    own = ("Training ", "Compiling", "step ", "eval_step", "|")
+    assert [line for line in second.stdout.splitlines() if line.startswith(own)] == []
