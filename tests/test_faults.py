@@ -354,7 +354,7 @@ def test_the_named_last_good_checkpoint_resumes_and_a_changed_seed_is_refused(tm
     ]
     result = run_command(["train.py", TINY, f"--workdir={workdir}", *diverging], env)
     assert result.returncode == 5, result.stderr
-    named = re.search(r"resume from \S+/checkpoints/(\d+), the later", result.stderr)
+    named = re.search(r"resume from \S+/checkpoints/(\d+), later ones", result.stderr)
     assert named, result.stderr
     good = int(named.group(1))
     (workdir / "aside").mkdir()
