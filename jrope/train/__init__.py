@@ -1,2 +1,2 @@
-"""The training harness: config, setup (its checks, then its parts), trainer, checkpoints, evaluation, damping,
-outputs, runtime."""
+"""The training harness: config, setup (the checks before step 1, then the run's parts), trainer,
+checkpoints, evaluation, outputs, runtime."""

@@ -365,14 +365,15 @@ def _memory_problems(cfg: TrainConfig, env, encoding, optimizer, *, evaluation: 
     state = (params, jax.eval_shape(optimizer.init, params))
     sizes = [math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if x.shape]
     batches = [("eval.batch_size", cfg.eval.batch_size, "max(eval.lengths)", max(cfg.eval.lengths))]
-    batches += [] if evaluation else [("batch_size", cfg.batch_size, "pe.train_context", cfg.pe.train_context)]  # fmt: skip
+    if not evaluation:
+        batches.append(("batch_size", cfg.batch_size, "pe.train_context", cfg.pe.train_context))
     rows_key, rows, length_key, length = max(batches, key=lambda batch: batch[1] * batch[3])
     activation = rows * length * model.d_model * np.dtype(model.compute_dtype).itemsize
     needs = model.num_layers * sum(sizes) + activation
     if shortfall := flops.memory_shortfall(needs // env.num_devices, "a lower bound"):
-        sizes = {"model.d_model": model.d_model, "model.num_layers": model.num_layers,
-                 "model.mlp_ratio": model.mlp_ratio, rows_key: rows, length_key: length}  # fmt: skip
-        return [", ".join(f"{key} = {value}" for key, value in sizes.items())
+        shown = {"model.d_model": model.d_model, "model.num_layers": model.num_layers}
+        shown |= {"model.mlp_ratio": model.mlp_ratio, rows_key: rows, length_key: length}
+        return [", ".join(f"{key} = {value}" for key, value in shown.items())
                 + f": a device {shortfall}; lower them, or add devices."]  # fmt: skip
     return []
 
