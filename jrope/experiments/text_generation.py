@@ -96,7 +96,11 @@ def load_text_run(workdir: str, devices: Sequence[jax.Device] | None = None) -> 
         tensor = tensor if tensor > 0 and num_devices % tensor == 0 else 1
         mesh_cfg = dataclasses.replace(cfg.mesh, data=-1, fsdp=1, tensor=tensor)
         mesh, encoding = setup.make_mesh(mesh_cfg, devices), setup.run_encoding(cfg)
-        layout = setup.state_layout(cfg, encoding, {"vocab_size": cfg.data.vocab_size}, mesh)
+        optimizer = setup.make_optimizer(
+            cfg.opt, setup.learning_rate_schedule(cfg.opt, cfg.num_steps)
+        )
+        io = {"vocab_size": cfg.data.vocab_size}
+        layout = setup.state_layout(cfg, encoding, io, mesh, optimizer)
         state = restore_compatible(checkpointer, layout.abstract, step)
     logging.info("Loaded %s (%s, step %d).", workdir, cfg.pe.name, step)
     return TextRun(cfg, encoding, step, layout.graphdef, state["params"], mesh)

@@ -113,11 +113,11 @@ def learning_rate_schedule(cfg: OptimConfig, num_steps: int) -> optax.Schedule:
     return optax.join_schedules([warmup, main], boundaries=[cfg.warmup_steps])
 
 
-def make_optimizer(cfg: OptimConfig, num_steps: int) -> optax.GradientTransformation:
-    """AdamW (weight decay on every parameter, as in the paper's code), after global-norm clipping
-    unless opt.clip_norm is 0; with opt.nonfinite = 'skip', inside optax.apply_if_finite, whose
-    state counts the updates skipped (in all and in a row) and so checkpoints them."""
-    schedule = learning_rate_schedule(cfg, num_steps)
+def make_optimizer(cfg: OptimConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """AdamW at the learning rates of `schedule` (weight decay on every parameter, as in the
+    paper's code), after global-norm clipping unless opt.clip_norm is 0; with opt.nonfinite =
+    'skip', inside optax.apply_if_finite, whose state counts the updates skipped (in all and in a
+    row) and so checkpoints them."""
     optimizer = optax.adamw(
         schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
     )
@@ -226,10 +226,11 @@ def _new_state(new_model: Callable[[], Transformer], optimizer) -> dict[str, Any
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
-def state_layout(cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh) -> StateLayout:
-    """Abstract shapes, shardings and graphdef of the train state, without allocating it.
-    io: the model's input and output sizes (model_io)."""
-    optimizer = make_optimizer(cfg.opt, cfg.num_steps)
+def state_layout(
+    cfg: TrainConfig, encoding: Encoding, io: dict, mesh: Mesh, optimizer
+) -> StateLayout:
+    """Abstract shapes, shardings and graphdef of the train state of `optimizer`, without
+    allocating it. io: the model's input and output sizes (model_io)."""
     new_model = functools.partial(_new_model, cfg.model, cfg.seed, encoding, io, mesh)
     with jax.set_mesh(mesh):
         graphdef, params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
@@ -258,7 +259,8 @@ def set_up_run(
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
-    layout, devices = state_layout(cfg, encoding, io, mesh), list(mesh.devices.flat)
+    layout = state_layout(cfg, encoding, io, mesh, make_optimizer(cfg.opt, schedule))
+    devices = list(mesh.devices.flat)
     rows, length, model = cfg.batch_size, cfg.pe.train_context, cfg.model
     batch_sharding = NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh))
     lengths, config_json, saves = (length, *cfg.eval.lengths), cfg.to_json_dict(), cfg.checkpoint
@@ -306,7 +308,8 @@ def check_run(
     every problem that would stop or spoil a training run (or an evaluation)."""
     env = env or RunEnvironment(jax.device_count(), jax.process_count(), jax.default_backend())
     problems = _batch_problems(cfg, env)
-    optimizer, encoding = make_optimizer(cfg.opt, cfg.num_steps), run_encoding(cfg)
+    encoding = run_encoding(cfg)
+    optimizer = make_optimizer(cfg.opt, learning_rate_schedule(cfg.opt, cfg.num_steps))
     if not evaluation:
         problems += damping.bound_problems(cfg.model, encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)

@@ -140,6 +140,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
     evaluation (waits for another, WorkdirBusy while training runs)."""
     with contextlib.ExitStack() as held:
         run = setup.open_run(cfg, workdir, held, role="evaluation")
+        asked = run.eval.lengths
         step = run.checkpointer.latest_step() if step is None else step
         out_dir = evaluation.results_dir(workdir, step)
         earlier = evaluation.readable_results(out_dir) or []
@@ -158,7 +159,6 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, step: int | None = None)
         else:
             say(f"{out_dir / evaluation.RESULTS_CSV} holds every length asked.")
             evaluation.show_results(earlier, out_dir, task=run.source.task)
-    asked = cfg.eval.lengths
     kept = [row for row in earlier if row["length"] in asked and row["length"] not in missing]
     return sorted(kept + new, key=lambda row: (row["length"], row["distance"] or -1))
 
@@ -178,10 +178,11 @@ def _run(run: RunSetup, workdir: str) -> dict[str, Any] | None:
     start = int(jax.device_get(state["step"]))
     if start == num_steps and (rows := evaluation.finished_rows(workdir, start, run.source.task)):
         return {"state": state, "eval": rows}
-    # A stop at an evaluation's step before its table was written: that evaluation is done again.
+    # A stop at an evaluation's step before its table was written: that evaluation is done again
+    # (a finished run's final one always is: it has no readable table, or it returned above).
     every_eval, table = run.eval.every_steps, evaluation.results_dir(workdir, start)
-    redo = start == num_steps or bool(every_eval and start and start % every_eval == 0)
-    redo = redo and evaluation.readable_results(table) is None
+    periodic = bool(every_eval and start and start % every_eval == 0)
+    redo = start == num_steps or periodic and evaluation.readable_results(table) is None
     plan = run.plan_kernels(state["params"])  # the only plan: the loop compiles nothing else
     eval_step = evaluation.EvalStep(run, plan)
     evaluation.compile_lengths(eval_step, state["params"], run)  # refused before step 1
