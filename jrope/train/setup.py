@@ -259,8 +259,8 @@ def set_up_run(
         source = build_source(cfg.data, cfg.batch_size, jax.process_index(), jax.process_count())
     mesh, encoding, rules = make_mesh(cfg.mesh, devices), run_encoding(cfg), cfg.mesh.rules
     io, schedule = model_io(source), learning_rate_schedule(cfg.opt, cfg.num_steps)
-    layout = state_layout(cfg, encoding, io, mesh, make_optimizer(cfg.opt, schedule))
-    devices = list(mesh.devices.flat)
+    optimizer, devices = make_optimizer(cfg.opt, schedule), list(mesh.devices.flat)
+    layout = state_layout(cfg, encoding, io, mesh, optimizer)
     rows, length, model = cfg.batch_size, cfg.pe.train_context, cfg.model
     batch_sharding = NamedSharding(mesh, logical_to_spec((BATCH, None), (rows, 1), rules, mesh))
     lengths, config_json, saves = (length, *cfg.eval.lengths), cfg.to_json_dict(), cfg.checkpoint
@@ -308,8 +308,8 @@ def check_run(
     every problem that would stop or spoil a training run (or an evaluation)."""
     env = env or RunEnvironment(jax.device_count(), jax.process_count(), jax.default_backend())
     problems = _batch_problems(cfg, env)
-    encoding = run_encoding(cfg)
     optimizer = make_optimizer(cfg.opt, learning_rate_schedule(cfg.opt, cfg.num_steps))
+    encoding = run_encoding(cfg)
     if not evaluation:
         problems += damping.bound_problems(cfg.model, encoding)
     problems += _workdir_problems(cfg, workdir, evaluation=evaluation)
